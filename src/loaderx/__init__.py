@@ -1,0 +1,1 @@
+"""loaderx: feed ML training from local disk."""

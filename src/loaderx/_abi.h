@@ -1,0 +1,51 @@
+/* The C ABI of libloaderx, the single source of truth for the cffi cdef.
+ * zig/root.zig implements exactly these functions; tests/test_abi.py checks
+ * the sizes of the structs against the library. Every call that can fail
+ * returns a status code (LX_OK = 0); the message of the last failure on the
+ * calling thread is read with lx_error_message. */
+
+uint32_t lx_version(void);
+size_t lx_error_message(char *target, size_t capacity);
+
+/* ---- zrecord ---------------------------------------------------------- */
+
+typedef struct lx_store lx_store;
+
+typedef struct {
+    uint64_t records;        /* live records, indices 0..records */
+    uint64_t live_bytes;     /* stored (compressed) bytes of live records */
+    uint64_t chunk_bytes;    /* bytes of the data file */
+    uint64_t reclaimable;    /* chunk_bytes - live_bytes: what compact() frees */
+    uint64_t record_bytes;   /* fixed layout: bytes per record; else 0 */
+    uint64_t generation;     /* commit counter */
+    uint32_t layout;         /* 0 empty, 1 fixed, 2 indexed */
+    uint32_t has_dict;
+} lx_store_info;
+
+int lx_store_open(const char *path, uint32_t threads, uint32_t verify, lx_store **out);
+void lx_store_close(lx_store *store);
+int lx_store_refresh(lx_store *store);
+uint64_t lx_store_count(lx_store *store);
+int lx_store_info_get(lx_store *store, lx_store_info *out);
+int lx_store_append(lx_store *store, const uint8_t *source, uint64_t source_bytes,
+                    const uint64_t *offsets, uint64_t count, uint32_t codec,
+                    uint64_t *first_out);
+int lx_store_gather(lx_store *store, const uint64_t *indices, uint64_t count,
+                    uint8_t *target, uint64_t target_bytes,
+                    const uint64_t *target_offsets, uint64_t target_stride);
+int lx_store_lengths(lx_store *store, const uint64_t *indices, uint64_t count,
+                     uint64_t *out);
+int lx_store_delete(lx_store *store, const uint64_t *indices, uint64_t count,
+                    uint32_t keep_order);
+int lx_store_replace(lx_store *store, const uint64_t *indices, uint64_t count,
+                     const uint8_t *source, uint64_t source_bytes,
+                     const uint64_t *offsets, uint32_t codec);
+int lx_store_compact(lx_store *store);
+int lx_store_sync(lx_store *store);
+int lx_store_train_dict(lx_store *store, const uint8_t *samples,
+                        const uint64_t *sizes, uint64_t count,
+                        uint64_t target_bytes, uint64_t *dict_bytes_out);
+int lx_store_verify(lx_store *store, uint64_t start, uint64_t end,
+                    uint64_t *damaged_out, uint64_t *damaged_count_out);
+
+/* ---- zsampler --------------------------------------------------------- */
