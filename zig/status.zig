@@ -85,9 +85,11 @@ pub fn fail(err: Error, comptime format: []const u8, args: anytype) Error {
 }
 
 /// Sets the message only if none was set since the last `clear`.
-pub fn failDefault(err: Error, comptime format: []const u8, args: anytype) Error {
-    if (message_len == 0) return fail(err, format, args);
-    return err;
+pub fn failDefault(err: Error, comptime format: []const u8, args: anytype) void {
+    if (message_len == 0) {
+        const same = fail(err, format, args);
+        std.debug.assert(same == err);
+    }
 }
 
 pub fn clear() void {

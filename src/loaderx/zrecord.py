@@ -1,0 +1,390 @@
+"""Zrecord: the persistent record store (Python side of zig/store.zig).
+
+A record is a byte range. ``append`` takes records packed back to back in
+one buffer, ``gather`` decodes a batch of records straight into a caller's
+buffer on native threads with the GIL released. Every write commits
+atomically; see the README's "Store format" section for the guarantees.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Iterable
+
+import numpy as np
+
+from ._native import (
+    ChecksumError,
+    CorruptStoreError,
+    NoDictionaryError,
+    StoreFullError,
+    StoreLockedError,
+    StoreReadOnlyError,
+    ZrecordError,
+    check,
+    ffi,
+    last_message,
+    lib,
+)
+
+__all__ = [
+    "CODECS",
+    "MAX_RECORD_LEN",
+    "ChecksumError",
+    "CorruptStoreError",
+    "NoDictionaryError",
+    "StoreClosedError",
+    "StoreFullError",
+    "StoreLockedError",
+    "StoreReadOnlyError",
+    "Zrecord",
+    "ZrecordError",
+]
+
+CODECS = {"raw": 0, "zstd": 1, "zstd_dict": 2}
+MAX_RECORD_LEN = 1 << 48
+_VERIFY_CHUNK = 1 << 20
+
+_INFO_BYTES = ffi.sizeof("lx_store_info")
+if lib.lx_store_info_bytes() != _INFO_BYTES:  # pragma: no cover - a stale build
+    raise ImportError(
+        f"lx_store_info is {lib.lx_store_info_bytes()} bytes in the library but "
+        f"{_INFO_BYTES} in _abi.h: rebuild loaderx with `pip install -e .`"
+    )
+
+
+class StoreClosedError(ZrecordError, ValueError):
+    """An operation on a closed ``Zrecord``."""
+
+
+def codec_id(codec) -> int:
+    """The numeric id of a codec name (or id); ValueError for anything else."""
+    if isinstance(codec, str) and codec in CODECS:
+        return CODECS[codec]
+    if isinstance(codec, (int, np.integer)) and not isinstance(codec, bool) and int(codec) in CODECS.values():
+        return int(codec)
+    raise ValueError(f"unknown codec {codec!r}: use one of {sorted(CODECS)}")
+
+
+def as_indices(idxs, name: str = "indices") -> np.ndarray:
+    """Indices as a contiguous uint64 array; IndexError for negative values."""
+    if isinstance(idxs, (int, np.integer)) and not isinstance(idxs, bool):
+        idxs = [idxs]
+    array = np.asarray(idxs)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional, got shape {array.shape}")
+    if array.size == 0:
+        return np.empty(0, dtype=np.uint64)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers, got dtype {array.dtype}")
+    if array.dtype.kind == "i" and array.min() < 0:
+        raise IndexError(f"negative index {int(array.min())} in {name}: zrecord indices run from 0 to len-1")
+    return np.ascontiguousarray(array, dtype=np.uint64)
+
+
+def _read_buffer(source, name: str):
+    """A cffi view of a C-contiguous bytes-like object, and its length."""
+    if isinstance(source, np.ndarray):
+        if not source.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous: pass np.ascontiguousarray({name})")
+        return ffi.from_buffer(source), source.nbytes
+    try:
+        view = memoryview(source)
+    except TypeError:
+        raise TypeError(f"{name} must be a bytes-like object or a NumPy array, got {type(source).__name__}") from None
+    if not view.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    return ffi.from_buffer(view), view.nbytes
+
+
+def _write_buffer(target, name: str):
+    """A cffi view of a writable C-contiguous buffer, and its length."""
+    if isinstance(target, np.ndarray):
+        if not target.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous: gather into a contiguous array, then copy")
+        if not target.flags.writeable:
+            raise ValueError(f"{name} is read-only")
+        return ffi.from_buffer(target, require_writable=True), target.nbytes
+    view = memoryview(target)
+    if view.readonly:
+        raise ValueError(f"{name} is read-only: pass a bytearray or a writable NumPy array")
+    if not view.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    return ffi.from_buffer(view, require_writable=True), view.nbytes
+
+
+def _offsets(offsets, source_bytes: int) -> np.ndarray:
+    array = np.asarray(offsets)
+    if array.ndim != 1:
+        raise ValueError(f"offsets must be one-dimensional, got shape {array.shape}")
+    if array.size == 0:
+        raise ValueError("empty batch: give at least one record (offsets is empty)")
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"offsets must be integers, got dtype {array.dtype}")
+    if array.dtype.kind == "i" and array.min() < 0:
+        raise ValueError("offsets must be non-negative")
+    array = np.ascontiguousarray(array, dtype=np.uint64)
+    if array.size > 1 and np.any(array[1:] < array[:-1]):
+        raise ValueError("offsets must be non-decreasing: record i spans offsets[i] to offsets[i+1]")
+    if int(array[-1]) > source_bytes:
+        raise ValueError(f"offsets[-1] = {int(array[-1])} is past the end of the source ({source_bytes} bytes)")
+    return array
+
+
+def _u64(array: np.ndarray):
+    return ffi.cast("uint64_t *", ffi.from_buffer(array)) if array.size else ffi.NULL
+
+
+class Zrecord:
+    """A zrecord store directory, opened (or created) at ``path``.
+
+    ``codec`` is the default for ``append`` and ``replace``; ``verify=True``
+    checks every record's checksum on read; ``threads`` caps the native
+    threads a batch call uses (0: one per core).
+    """
+
+    def __init__(self, path, codec: str = "zstd", verify: bool = False, threads: int = 0):
+        self.path = os.fspath(path)
+        self.codec = codec
+        self._codec = codec_id(codec)
+        if not isinstance(threads, int) or threads < 0:
+            raise ValueError(f"threads must be a non-negative int (0: one per core), got {threads!r}")
+        handle = ffi.new("lx_store **")
+        check(lib.lx_store_open(self.path.encode(), threads, int(bool(verify)), handle), f"cannot open store '{self.path}'")
+        self._handle = handle[0]
+        self.verify_reads = bool(verify)
+        self._state = threading.Condition()
+        self._active = 0
+        self._closed = False
+
+    # -- lifetime: every native call runs between _enter and _leave, so close()
+    # waits for calls in flight and no call ever sees a freed handle.
+
+    def _enter(self):
+        with self._state:
+            if self._closed:
+                raise StoreClosedError(f"store '{self.path}' is closed; open it again with Zrecord(path)")
+            self._active += 1
+        return self._handle
+
+    def _leave(self):
+        with self._state:
+            self._active -= 1
+            if self._active == 0:
+                self._state.notify_all()
+
+    def close(self) -> None:
+        """Closes the store (idempotent); waits for calls in flight on other threads."""
+        with self._state:
+            if self._closed:
+                return
+            self._closed = True
+            while self._active:
+                self._state.wait()
+        lib.lx_store_close(self._handle)
+        self._handle = ffi.NULL
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if not self._closed:
+                self.close()
+        except Exception:
+            pass
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _call(self, function, *args, context: str = ""):
+        handle = self._enter()
+        try:
+            check(function(handle, *args), context)
+        finally:
+            self._leave()
+
+    # -- reads
+
+    def __len__(self) -> int:
+        handle = self._enter()
+        try:
+            return int(lib.lx_store_count(handle))
+        finally:
+            self._leave()
+
+    def refresh(self) -> int:
+        """Sees records committed by other processes since open; returns len()."""
+        self._call(lib.lx_store_refresh)
+        return len(self)
+
+    def gather(self, idxs, dst, offsets=None) -> None:
+        """Decodes records ``idxs`` into ``dst``: record k at byte ``offsets[k]``.
+
+        Without ``offsets`` the records must share one length L and land at
+        ``k * L``. Raises IndexError for an index outside ``0..len-1``.
+        """
+        indices = as_indices(idxs)
+        target, target_bytes = _write_buffer(dst, "dst")
+        stride = 0
+        if offsets is None:
+            if indices.size:
+                stride = int(self.lengths(indices[:1])[0])
+            offsets_pointer = ffi.NULL
+        else:
+            target_offsets = np.ascontiguousarray(np.asarray(offsets), dtype=np.uint64)
+            if target_offsets.shape != indices.shape:
+                raise ValueError(f"gather got {indices.size} indices but {target_offsets.size} offsets")
+            offsets_pointer = _u64(target_offsets)
+        if indices.size == 0:
+            return
+        handle = self._enter()
+        try:
+            status = lib.lx_store_gather(
+                handle, _u64(indices), indices.size,
+                ffi.cast("uint8_t *", target), target_bytes, offsets_pointer, stride,
+            )
+        finally:
+            self._leave()
+        _raise_index_error_or_check(status)
+
+    def lengths(self, idxs) -> np.ndarray:
+        """The raw (decoded) byte length of each record in ``idxs``."""
+        indices = as_indices(idxs)
+        out = np.empty(indices.size, dtype=np.uint64)
+        if indices.size == 0:
+            return out
+        handle = self._enter()
+        try:
+            status = lib.lx_store_lengths(handle, _u64(indices), indices.size, _u64(out))
+        finally:
+            self._leave()
+        _raise_index_error_or_check(status)
+        return out
+
+    def read(self, idx: int) -> bytes:
+        """One record as bytes (a convenience over ``gather``)."""
+        length = int(self.lengths([idx])[0])
+        buffer = bytearray(length)
+        if length:
+            self.gather([idx], buffer, [0])
+        return bytes(buffer)
+
+    def stats(self) -> dict:
+        info = self._info()
+        return {
+            "records": info.records,
+            "live_bytes": info.live_bytes,
+            "chunk_bytes": info.chunk_bytes,
+            "reclaimable": info.reclaimable,
+            "layout": ("empty", "fixed", "indexed")[info.layout],
+            "record_bytes": info.record_bytes,
+            "generation": info.generation,
+        }
+
+    def has_dict(self) -> bool:
+        return bool(self._info().has_dict)
+
+    def _info(self):
+        info = ffi.new("lx_store_info *")
+        self._call(lib.lx_store_info_get, info)
+        return info
+
+    def verify(self) -> list[int]:
+        """Checks every record's checksum; returns the indices of damaged records."""
+        damaged: list[int] = []
+        total = len(self)
+        out = np.empty(min(total, _VERIFY_CHUNK), dtype=np.uint64)
+        found = ffi.new("uint64_t *")
+        for start in range(0, total, _VERIFY_CHUNK):
+            end = min(total, start + _VERIFY_CHUNK)
+            self._call(lib.lx_store_verify, start, end, _u64(out), found)
+            damaged.extend(int(i) for i in out[: found[0]])
+        return damaged
+
+    # -- writes
+
+    def append(self, src, offsets, codec=None) -> int:
+        """Appends the records packed in ``src`` (record i starts at
+        ``offsets[i]``, the last runs to the end); returns the first new index."""
+        codec_value = self._codec if codec is None else codec_id(codec)
+        source, source_bytes = _read_buffer(src, "src")
+        starts = _offsets(offsets, source_bytes)
+        first = ffi.new("uint64_t *")
+        self._call(
+            lib.lx_store_append, ffi.cast("uint8_t *", source), source_bytes,
+            _u64(starts), starts.size, codec_value, first,
+        )
+        return int(first[0])
+
+    def replace(self, idxs, src, offsets, codec=None) -> None:
+        """Gives records ``idxs`` new contents, packed in ``src`` as for ``append``."""
+        codec_value = self._codec if codec is None else codec_id(codec)
+        indices = as_indices(idxs)
+        source, source_bytes = _read_buffer(src, "src")
+        starts = _offsets(offsets, source_bytes)
+        if starts.size != indices.size:
+            raise ValueError(f"replace got {indices.size} indices but {starts.size} records")
+        handle = self._enter()
+        try:
+            status = lib.lx_store_replace(
+                handle, _u64(indices), indices.size, ffi.cast("uint8_t *", source),
+                source_bytes, _u64(starts), codec_value,
+            )
+        finally:
+            self._leave()
+        _raise_index_error_or_check(status)
+
+    def delete(self, idxs, keep_order: bool = False) -> None:
+        """Deletes records ``idxs``. The tail fills the holes (the moved records
+        keep their relative order), or with ``keep_order=True`` every survivor
+        keeps its order. Live records are always ``0..len-1``."""
+        indices = as_indices(idxs)
+        if indices.size == 0:
+            raise ValueError("delete got no indices")
+        handle = self._enter()
+        try:
+            status = lib.lx_store_delete(handle, _u64(indices), indices.size, int(bool(keep_order)))
+        finally:
+            self._leave()
+        _raise_index_error_or_check(status)
+
+    def compact(self) -> None:
+        """Reclaims the space of deleted and replaced records (crash-safe)."""
+        self._call(lib.lx_store_compact)
+
+    def sync(self) -> None:
+        """Makes every commit so far durable (survives power loss)."""
+        self._call(lib.lx_store_sync)
+
+    def train_dict(self, samples, sizes: Iterable[int], target: int) -> int:
+        """Trains the store's zstd dictionary from ``samples`` (sample i is
+        ``sizes[i]`` bytes, back to back); returns the dictionary's size."""
+        source, source_bytes = _read_buffer(samples, "samples")
+        sample_sizes = np.ascontiguousarray(np.asarray(list(sizes) if not isinstance(sizes, np.ndarray) else sizes), dtype=np.uint64)
+        if sample_sizes.size == 0:
+            raise ValueError("train_dict needs at least one sample")
+        if int(sample_sizes.sum()) != source_bytes:
+            raise ValueError(f"sample sizes sum to {int(sample_sizes.sum())} but samples hold {source_bytes} bytes")
+        out = ffi.new("uint64_t *")
+        self._call(
+            lib.lx_store_train_dict, ffi.cast("uint8_t *", source), _u64(sample_sizes),
+            sample_sizes.size, int(target), out,
+        )
+        return int(out[0])
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self)} records"
+        return f"Zrecord({self.path!r}, codec={self.codec!r}, {state})"
+
+
+def _raise_index_error_or_check(status: int) -> None:
+    """Index errors from the core surface as IndexError, the rest as usual."""
+    if status == 2:  # index_out_of_range
+        raise IndexError(last_message())
+    check(status)
