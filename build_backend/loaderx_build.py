@@ -55,7 +55,15 @@ def build_native() -> None:
         "--prefix", str(prefix),
     ]
     subprocess.run(command, cwd=ROOT, check=True)
-    shutil.copy2(prefix / "lib" / "libloaderx.so", PACKAGE / "libloaderx.so")
+    # Replace the library by rename, never in place: a running process that
+    # mapped the old file must keep reading the old bytes.
+    staging = PACKAGE / ".libloaderx.so.new"
+    shutil.copy2(prefix / "lib" / "libloaderx.so", staging)
+    os.replace(staging, PACKAGE / "libloaderx.so")
+
+
+if __name__ == "__main__":
+    build_native()
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):

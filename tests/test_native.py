@@ -1,0 +1,45 @@
+"""The Zig core's own unit tests, and the ABI checks between Zig and _abi.h."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from loaderx import _native
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_zig_unit_tests_pass():
+    """`zig build test` (every inline test in zig/) passes in Debug with safety checks on."""
+    sys.path.insert(0, str(ROOT / "build_backend"))
+    from loaderx_build import find_zstd
+
+    result = subprocess.run(
+        [sys.executable, "-m", "ziglang", "build", "test", "-Doptimize=Debug",
+         f"-Dzstd={find_zstd()}", "--summary", "all"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "tests passed" in result.stdout + result.stderr
+
+
+def test_library_reports_the_abi_version_python_expects():
+    """A stale library would be refused at import; this one matches."""
+    assert _native.lib.lx_version() == _native.ABI_VERSION
+
+
+def test_struct_sizes_agree_between_zig_and_cdef():
+    """The cdef's structs have the sizes the library was compiled with."""
+    assert _native.lib.lx_store_info_bytes() == _native.ffi.sizeof("lx_store_info")
+
+
+def test_status_codes_match_the_zig_enum():
+    """Every status code of zig/status.zig has an exception class, and no other."""
+    source = (ROOT / "zig" / "status.zig").read_text()
+    enum = source.split("pub const Code = enum(c_int) {")[1].split("};")[0]
+    codes = {}
+    for line in enum.strip().splitlines():
+        name, value = line.strip().rstrip(",").split(" = ")
+        codes[int(value)] = name
+    del codes[0]
+    assert {code: name for code, (name, _cls) in _native.CODES.items()} == codes
