@@ -168,6 +168,45 @@ def test_gather_into_offsets_and_out_of_range(tmp_path):
         assert read_all(store) == [b"abc", b"de", b"fgh"]
 
 
+def test_gather_without_offsets_needs_equal_lengths(tmp_path):
+    """Without offsets records land at k * length; records of other lengths are refused."""
+    with Zrecord(tmp_path / "s") as store:
+        store.append(b"abcdefgh", [0, 3, 6])
+        dst = bytearray(6)
+        store.gather([1, 0], dst)
+        assert bytes(dst) == b"defabc"
+        with pytest.raises(ZrecordError, match="explicit destination offsets"):
+            store.gather([0, 2], bytearray(6))
+
+
+def test_disk_full_mid_append_keeps_committed_data(tmp_path):
+    """A write that runs out of space raises StoreFullError; the store keeps every commit."""
+    path = tmp_path / "s"
+    code = f"""
+import resource, signal, numpy as np
+from loaderx.zrecord import Zrecord, StoreFullError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+store = Zrecord({str(path)!r}, codec="raw")
+store.append(b"x" * 1000, [0, 500])
+hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, hard))
+try:
+    store.append(np.zeros(1_000_000, np.uint8), [0, 500_000])
+except StoreFullError as exc:
+    print("full:", exc)
+assert len(store) == 2 and store.read(1) == b"x" * 500
+resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+store.append(b"y" * 500, [0])
+print("after:", len(store))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "full: cannot write to store" in result.stdout and "free some space" in result.stdout, result.stdout + result.stderr
+    assert "after: 3" in result.stdout
+    with Zrecord(path) as store:
+        assert read_all(store) == [b"x" * 500, b"x" * 500, b"y" * 500]
+        assert store.verify() == []
+
+
 def test_bad_writes_raise_and_change_nothing(tmp_path):
     """Every rejected write leaves the store as it was."""
     with Zrecord(tmp_path / "s", codec="zstd") as store:

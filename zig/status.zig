@@ -109,7 +109,12 @@ pub fn fromOs(err: anyerror, comptime what: []const u8, args: anytype) Error {
         error.OutOfMemory, error.SystemResources => error.OutOfMemory,
         else => error.Io,
     };
-    return fail(kind, what ++ ": {s}", args ++ .{@errorName(err)});
+    const hint = switch (kind) {
+        error.NoSpace => " (out of disk space or over a size limit): free some space and retry; committed records are intact",
+        error.ReadOnly => " (permission denied or read-only file system)",
+        else => "",
+    };
+    return fail(kind, what ++ ": {s}{s}", args ++ .{ @errorName(err), hint });
 }
 
 test "every error maps to a distinct status code" {

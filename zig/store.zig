@@ -455,6 +455,9 @@ pub const Store = struct {
         var total_bytes: u64 = 0;
         for (indices, 0..) |index, k| {
             const length = try snapshot.recordLength(index);
+            if (target_offsets == null and length != target_stride) {
+                return status.fail(error.InvalidArgument, "record {d} has {d} bytes, not the stride {d}: records of different lengths need explicit destination offsets", .{ index, length, target_stride });
+            }
             const start = if (target_offsets) |offsets| offsets[k] else std.math.mul(u64, k, target_stride) catch std.math.maxInt(u64);
             const end = std.math.add(u64, start, length) catch std.math.maxInt(u64);
             if (end > target.len) {
