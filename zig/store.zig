@@ -440,23 +440,25 @@ pub const Store = struct {
     }
 
     /// Decodes records `indices` into `target`: record k at byte
-    /// `target_offsets[k]` or, without offsets, at `k * target_stride`.
+    /// `target_offsets[k]` or, without offsets, at `k * length` when all the
+    /// records share one length.
     pub fn gather(
         store: *Store,
         indices: []const u64,
         target: []u8,
         target_offsets: ?[]const u64,
-        target_stride: u64,
     ) Error!void {
         status.clear();
         const snapshot = store.acquire();
         defer store.release();
         try checkIndices(snapshot, indices);
+        // Without offsets every record must have the first one's length.
+        const target_stride = if (indices.len == 0) 0 else try snapshot.recordLength(indices[0]);
         var total_bytes: u64 = 0;
         for (indices, 0..) |index, k| {
             const length = try snapshot.recordLength(index);
             if (target_offsets == null and length != target_stride) {
-                return status.fail(error.InvalidArgument, "record {d} has {d} bytes, not the stride {d}: records of different lengths need explicit destination offsets", .{ index, length, target_stride });
+                return status.fail(error.InvalidArgument, "record {d} has {d} bytes but record {d} has {d}: records of different lengths need explicit destination offsets", .{ index, length, indices[0], target_stride });
             }
             const start = if (target_offsets) |offsets| offsets[k] else std.math.mul(u64, k, target_stride) catch std.math.maxInt(u64);
             const end = std.math.add(u64, start, length) catch std.math.maxInt(u64);
@@ -1497,7 +1499,7 @@ test "append, gather and reopen round trip in both layouts" {
     var target: [14]u8 = undefined;
     const indices = [_]u64{ 3, 0, 2, 1 };
     const target_offsets = [_]u64{ 0, 2, 6, 10 };
-    try reopened.gather(&indices, &target, &target_offsets, 0);
+    try reopened.gather(&indices, &target, &target_offsets);
     try testing.expectEqualStrings("ddaaaaccccbbbb", &target);
 }
 
@@ -1516,7 +1518,7 @@ test "delete in both modes matches repeated swap-remove and order-keeping remova
         _ = try store.append(source, &offsets, .raw);
         try store.delete(&.{ 8, 2, 5, 2 }, keep_order);
         var target: [7]u8 = undefined;
-        try store.gather(&.{ 0, 1, 2, 3, 4, 5, 6 }, &target, null, 1);
+        try store.gather(&.{ 0, 1, 2, 3, 4, 5, 6 }, &target, null);
         // Holes below the new end (7) are 2 and 5; the tail's survivors 7 and
         // 9 fill them in order, as swap-remove of 8, 5, 2 would.
         try testing.expectEqualStrings(if (keep_order) "0134679" else "0173496", &target);

@@ -69,6 +69,8 @@ def codec_id(codec) -> int:
 
 def as_indices(idxs, name: str = "indices") -> np.ndarray:
     """Indices as a contiguous uint64 array; IndexError for negative values."""
+    if type(idxs) is np.ndarray and idxs.dtype == np.uint64 and idxs.ndim == 1 and idxs.flags.c_contiguous:
+        return idxs  # the loader's hot path: nothing to convert or check
     if isinstance(idxs, (int, np.integer)) and not isinstance(idxs, bool):
         idxs = [idxs]
     array = np.asarray(idxs)
@@ -231,12 +233,8 @@ class Zrecord:
         """
         indices = as_indices(idxs)
         target, target_bytes = _write_buffer(dst, "dst")
-        stride = 0
-        if offsets is None:
-            if indices.size:
-                stride = int(self.lengths(indices[:1])[0])
-            offsets_pointer = ffi.NULL
-        else:
+        offsets_pointer = ffi.NULL
+        if offsets is not None:
             target_offsets = np.ascontiguousarray(np.asarray(offsets), dtype=np.uint64)
             if target_offsets.shape != indices.shape:
                 raise ValueError(f"gather got {indices.size} indices but {target_offsets.size} offsets")
@@ -246,12 +244,12 @@ class Zrecord:
         handle = self._enter()
         try:
             status = lib.lx_store_gather(
-                handle, _u64(indices), indices.size,
-                ffi.cast("uint8_t *", target), target_bytes, offsets_pointer, stride,
+                handle, _u64(indices), indices.size, ffi.cast("uint8_t *", target), target_bytes, offsets_pointer,
             )
         finally:
             self._leave()
-        _raise_index_error_or_check(status)
+        if status:
+            _raise_index_error_or_check(status)
 
     def lengths(self, idxs) -> np.ndarray:
         """The raw (decoded) byte length of each record in ``idxs``."""
