@@ -4,6 +4,8 @@
 //! sampler.zig; errors map to status codes in status.zig.
 const std = @import("std");
 const status = @import("status.zig");
+const format = @import("format.zig");
+const store_module = @import("store.zig");
 
 /// Bumped whenever the ABI or the on-disk format changes; `_native.py`
 /// refuses a library whose version differs from the one it was written for.
@@ -34,11 +36,172 @@ fn result(outcome: status.Error!void) c_int {
     }
 }
 
+export fn lx_store_info_bytes() u64 {
+    return @sizeOf(store_module.Info);
+}
+
 // ---- zrecord -------------------------------------------------------------
 
+const Store = store_module.Store;
+
+fn slice(comptime T: type, pointer: ?[*]const T, len: u64) []const T {
+    if (len == 0) return &.{};
+    return pointer.?[0..len];
+}
+
+fn codecFrom(value: u32) status.Error!format.Codec {
+    return format.Codec.from(value) orelse
+        status.fail(error.InvalidArgument, "unknown codec {d}: use 0 (raw), 1 (zstd) or 2 (zstd_dict)", .{value});
+}
+
+export fn lx_store_open(path: [*:0]const u8, threads: u32, verify: u32, out: *?*Store) c_int {
+    status.clear();
+    out.* = null;
+    const store = Store.open(std.mem.span(path), threads, verify != 0) catch |err| return result(err);
+    out.* = store;
+    return 0;
+}
+
+export fn lx_store_close(store: *Store) void {
+    store.close();
+}
+
+export fn lx_store_refresh(store: *Store) c_int {
+    return result(store.refresh());
+}
+
+export fn lx_store_count(store: *Store) u64 {
+    return store.count();
+}
+
+export fn lx_store_info_get(store: *Store, out: *store_module.Info) c_int {
+    out.* = store.info();
+    return 0;
+}
+
+export fn lx_store_append(
+    store: *Store,
+    source: ?[*]const u8,
+    source_bytes: u64,
+    offsets: ?[*]const u64,
+    count: u64,
+    codec: u32,
+    first_out: *u64,
+) c_int {
+    status.clear();
+    const record_codec = codecFrom(codec) catch |err| return result(err);
+    first_out.* = store.append(slice(u8, source, source_bytes), slice(u64, offsets, count), record_codec) catch |err| return result(err);
+    return 0;
+}
+
+export fn lx_store_gather(
+    store: *Store,
+    indices: ?[*]const u64,
+    count: u64,
+    target: ?[*]u8,
+    target_bytes: u64,
+    target_offsets: ?[*]const u64,
+) c_int {
+    const target_slice: []u8 = if (target_bytes == 0) &.{} else target.?[0..target_bytes];
+    const offsets: ?[]const u64 = if (target_offsets) |pointer| pointer[0..count] else null;
+    return result(store.gather(slice(u64, indices, count), target_slice, offsets));
+}
+
+export fn lx_store_lengths(store: *Store, indices: ?[*]const u64, count: u64, out: ?[*]u64) c_int {
+    const out_slice: []u64 = if (count == 0) &.{} else out.?[0..count];
+    return result(store.lengths(slice(u64, indices, count), out_slice));
+}
+
+export fn lx_store_delete(store: *Store, indices: ?[*]const u64, count: u64, keep_order: u32) c_int {
+    return result(store.delete(slice(u64, indices, count), keep_order != 0));
+}
+
+export fn lx_store_replace(
+    store: *Store,
+    indices: ?[*]const u64,
+    count: u64,
+    source: ?[*]const u8,
+    source_bytes: u64,
+    offsets: ?[*]const u64,
+    codec: u32,
+) c_int {
+    status.clear();
+    const record_codec = codecFrom(codec) catch |err| return result(err);
+    return result(store.replace(slice(u64, indices, count), slice(u8, source, source_bytes), slice(u64, offsets, count), record_codec));
+}
+
+export fn lx_store_compact(store: *Store) c_int {
+    return result(store.compact());
+}
+
+export fn lx_store_sync(store: *Store) c_int {
+    return result(store.sync());
+}
+
+export fn lx_store_train_dict(
+    store: *Store,
+    samples: ?[*]const u8,
+    sizes: ?[*]const u64,
+    count: u64,
+    target_bytes: u64,
+    dict_bytes_out: *u64,
+) c_int {
+    status.clear();
+    const samples_bytes = blk: {
+        var total: u64 = 0;
+        for (slice(u64, sizes, count)) |size| total +|= size;
+        break :blk total;
+    };
+    dict_bytes_out.* = store.trainDict(slice(u8, samples, samples_bytes), slice(u64, sizes, count), target_bytes) catch |err| return result(err);
+    return 0;
+}
+
+/// Writes the damaged indices in [start, end) to `damaged_out`, which holds
+/// at least end - start values, and their number to `damaged_count_out`.
+export fn lx_store_verify(store: *Store, start: u64, end: u64, damaged_out: ?[*]u64, damaged_count_out: *u64) c_int {
+    status.clear();
+    damaged_count_out.* = 0;
+    const capacity = if (end > start) end - start else 0;
+    const out: []u64 = if (capacity == 0) &.{} else damaged_out.?[0..capacity];
+    damaged_count_out.* = store.verify(start, end, out) catch |err| return result(err);
+    return 0;
+}
+
 // ---- zsampler ------------------------------------------------------------
+
+const sampler = @import("sampler.zig");
+
+/// The size of `lx_sampler_config`, for Python's layout check at import.
+export fn lx_sampler_config_bytes() u64 {
+    return @sizeOf(sampler.Config);
+}
+
+/// Writes this rank's `config.batch_size` indices of batch `step` into
+/// `target`, which holds `target_count` slots. Validates the config on every
+/// call: it costs a few compares against a batch of hashing.
+export fn lx_sampler_batch(
+    config: *const sampler.Config,
+    step: u64,
+    target: [*]u64,
+    target_count: u64,
+) c_int {
+    sampler.validate(config) catch |err| return result(err);
+    if (target_count < config.batch_size) {
+        return result(status.fail(error.BufferTooSmall, "sampler target holds {d} indices " ++
+            "but batch_size is {d}: pass a uint64 buffer of batch_size", .{ target_count, config.batch_size }));
+    }
+    sampler.batch(config, step, target[0..config.batch_size]);
+    return 0;
+}
+
+test {
+    _ = sampler;
+}
 
 test {
     std.testing.refAllDecls(@This());
     _ = status;
+    _ = format;
+    _ = store_module;
+    _ = @import("codec.zig");
 }

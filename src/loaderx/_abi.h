@@ -22,6 +22,7 @@ typedef struct {
     uint32_t has_dict;
 } lx_store_info;
 
+uint64_t lx_store_info_bytes(void);
 int lx_store_open(const char *path, uint32_t threads, uint32_t verify, lx_store **out);
 void lx_store_close(lx_store *store);
 int lx_store_refresh(lx_store *store);
@@ -32,7 +33,7 @@ int lx_store_append(lx_store *store, const uint8_t *source, uint64_t source_byte
                     uint64_t *first_out);
 int lx_store_gather(lx_store *store, const uint64_t *indices, uint64_t count,
                     uint8_t *target, uint64_t target_bytes,
-                    const uint64_t *target_offsets, uint64_t target_stride);
+                    const uint64_t *target_offsets /* NULL: k * length */);
 int lx_store_lengths(lx_store *store, const uint64_t *indices, uint64_t count,
                      uint64_t *out);
 int lx_store_delete(lx_store *store, const uint64_t *indices, uint64_t count,
@@ -49,3 +50,18 @@ int lx_store_verify(lx_store *store, uint64_t start, uint64_t end,
                     uint64_t *damaged_out, uint64_t *damaged_count_out);
 
 /* ---- zsampler --------------------------------------------------------- */
+
+/* Every batch is a pure function of (config, step); see zig/sampler.zig. */
+typedef struct {
+    uint64_t length;       /* index space 0..length, 1 <= length <= 2^63 */
+    uint64_t batch_size;   /* this rank's share of the global batch */
+    uint64_t seed;
+    uint64_t rank;         /* 0 <= rank < world_size */
+    uint64_t world_size;   /* global batch = batch_size * world_size */
+    uint32_t mode;         /* 0 SEQUENTIAL, 1 IID, 2 CYCLIC */
+    uint32_t reserved;     /* 0 */
+} lx_sampler_config;
+
+uint64_t lx_sampler_config_bytes(void);
+int lx_sampler_batch(const lx_sampler_config *config, uint64_t step,
+                     uint64_t *target, uint64_t target_count);

@@ -1,0 +1,247 @@
+"""Index streams for training loops: zsampler, the native sampler.
+
+Every batch is a pure function of ``(seed, step)`` (see ``zig/sampler.zig``):
+``seek(k)`` followed by ``next()`` gives exactly the k-th batch of a fresh
+sampler, and with ``shard=(rank, world_size)`` every process computes its own
+slice of one global stream without communication.
+
+Modes:
+
+- ``SEQUENTIAL``: a window sliding over ``0..length`` that wraps around the end
+  (a batch can span the end and the start).
+- ``IID``: uniform with replacement, unbiased for every length.
+- ``CYCLIC``: without replacement. Each cycle is a fresh pseudo-random
+  permutation of ``0..length`` read ``batch_size * world_size`` indices at a
+  time; when that global batch does not divide ``length``, the last
+  ``length % (batch_size * world_size)`` indices of each cycle's permutation
+  are dropped (different ones every cycle), so every batch is whole. Needs
+  ``length >= batch_size * world_size``.
+"""
+
+from __future__ import annotations
+
+import enum
+import operator
+
+import numpy as np
+
+from ._native import check, ffi, lib
+
+__all__ = ["Sampler", "LENGTH_MAX"]
+
+#: The largest index space: every index then fits an int64 as well as a uint64.
+LENGTH_MAX = 1 << 63
+_U64_LIMIT = 1 << 64
+_UINT64 = np.dtype(np.uint64)
+_empty = np.empty
+_from_buffer = ffi.from_buffer
+_native_batch = lib.lx_sampler_batch
+
+if lib.lx_sampler_config_bytes() != ffi.sizeof("lx_sampler_config"):
+    raise ImportError(
+        f"loaderx's native library lays out lx_sampler_config in {lib.lx_sampler_config_bytes()} "
+        f"bytes but _abi.h in {ffi.sizeof('lx_sampler_config')}: the build is stale. "
+        "Rebuild it with `pip install -e .`."
+    )
+
+
+def _integer(name: str, value) -> int:
+    """``value`` as a Python int; bools and floats are refused."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, not bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__}") from None
+
+
+class Sampler:
+    """An endless stream of ``batch_size`` uint64 indices into ``0..length``.
+
+    ``Sampler(length, batch_size, mode, seed=42, shard=None)``; ``mode`` is a
+    ``Sampler.Mode`` or its int value. With ``shard=(rank, world_size)``,
+    ``batch_size`` is this process's share: the ranks' batches at step k,
+    concatenated in rank order, are the unsharded batch of size
+    ``batch_size * world_size`` at step k.
+    """
+
+    class Mode(enum.IntEnum):
+        SEQUENTIAL = 0
+        IID = 1
+        CYCLIC = 2
+
+    __slots__ = ("_length", "_batch_size", "_mode", "_seed", "_rank", "_world_size",
+                 "_config", "_step", "__weakref__")
+
+    def __init__(self, length, batch_size, mode, seed=42, shard=None):
+        length = _integer("length", length)
+        batch_size = _integer("batch_size", batch_size)
+        seed = _integer("seed", seed)
+        rank, world_size = self._parse_shard(shard)
+        mode = self._parse_mode(mode)
+        if not 1 <= length <= LENGTH_MAX:
+            raise ValueError(
+                f"length must be in 1..2**63, got {length}"
+                + (": the index space is empty (is the dataset empty?)" if length == 0 else "")
+            )
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if not 0 <= seed < _U64_LIMIT:
+            raise ValueError(f"seed must be in 0..2**64 - 1, got {seed}")
+        global_batch = batch_size * world_size
+        if global_batch >= _U64_LIMIT:
+            raise ValueError(
+                f"batch_size * world_size = {global_batch} does not fit 64 bits: "
+                "use a smaller batch or fewer ranks"
+            )
+        if mode is Sampler.Mode.CYCLIC and length < global_batch:
+            raise ValueError(
+                f"CYCLIC sampling without replacement needs a whole global batch per cycle, "
+                f"but length {length} < batch_size * world_size = {global_batch}: "
+                "use a smaller batch or mode IID"
+            )
+        self._length = length
+        self._batch_size = batch_size
+        self._mode = mode
+        self._seed = seed
+        self._rank = rank
+        self._world_size = world_size
+        # Built once: every batch passes this same struct to the library.
+        self._config = ffi.new("lx_sampler_config *", {
+            "length": length,
+            "batch_size": batch_size,
+            "seed": seed,
+            "rank": rank,
+            "world_size": world_size,
+            "mode": int(mode),
+            "reserved": 0,
+        })
+        self._step = 0
+
+    @classmethod
+    def _parse_mode(cls, mode) -> "Sampler.Mode":
+        value = _integer("mode", mode)
+        try:
+            return cls.Mode(value)
+        except ValueError:
+            raise ValueError(
+                f"mode must be Sampler.Mode.SEQUENTIAL (0), IID (1) or CYCLIC (2), got {mode!r}"
+            ) from None
+
+    @staticmethod
+    def _parse_shard(shard) -> tuple[int, int]:
+        if shard is None:
+            return 0, 1
+        if isinstance(shard, (str, bytes)) or not hasattr(shard, "__len__") or len(shard) != 2:
+            raise TypeError(f"shard must be None or a (rank, world_size) pair, got {shard!r}")
+        rank = _integer("shard rank", shard[0])
+        world_size = _integer("shard world_size", shard[1])
+        if world_size < 1:
+            raise ValueError(f"shard world_size must be at least 1, got {world_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"shard rank must be in 0..{world_size - 1} for world_size {world_size}, got {rank}")
+        return rank, world_size
+
+    # -- the stream ----------------------------------------------------------
+
+    def next(self) -> np.ndarray:
+        """The batch at the current step, as a new uint64 array; advances one step."""
+        # The hot path of every training step: `_write` inlined, names bound
+        # at import, one allocation (the result).
+        out = _empty(self._batch_size, _UINT64)
+        target = _from_buffer("uint64_t[]", out, True)
+        status = _native_batch(self._config, self._step, target, self._batch_size)
+        if status:
+            check(status, "Sampler")
+        self._step += 1
+        return out
+
+    def fill(self, out: np.ndarray) -> np.ndarray:
+        """Writes the batch at the current step into ``out`` and advances one step.
+
+        ``out`` is a writable, C-contiguous uint64 array of shape
+        ``(batch_size,)``; nothing is allocated. Returns ``out``.
+        """
+        self._write(self._step, self._check_out(out))
+        self._step += 1
+        return out
+
+    def batch(self, step: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The batch at ``step`` (random access; the current step is unchanged)."""
+        step = self._check_step(step)
+        if out is None:
+            out = np.empty(self._batch_size, _UINT64)
+        else:
+            self._check_out(out)
+        self._write(step, out)
+        return out
+
+    def seek(self, step: int) -> None:
+        """Makes ``step`` the current step: the next batch is the batch at ``step``."""
+        self._step = self._check_step(step)
+
+    @property
+    def step(self) -> int:
+        """The step whose batch ``next()`` returns."""
+        return self._step
+
+    def __iter__(self) -> "Sampler":
+        return self
+
+    def __next__(self) -> np.ndarray:
+        return self.next()
+
+    def _write(self, step: int, out: np.ndarray) -> None:
+        target = _from_buffer("uint64_t[]", out, True)
+        status = _native_batch(self._config, step, target, self._batch_size)
+        if status:
+            check(status, "Sampler")
+
+    def _check_out(self, out) -> np.ndarray:
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a numpy uint64 array, not {type(out).__name__}")
+        if out.dtype != _UINT64:
+            raise TypeError(f"out must have dtype uint64, not {out.dtype}")
+        if out.shape != (self._batch_size,):
+            raise ValueError(f"out must have shape ({self._batch_size},), not {out.shape}")
+        if not (out.flags.c_contiguous and out.flags.writeable):
+            raise ValueError("out must be a writable, C-contiguous array")
+        return out
+
+    @staticmethod
+    def _check_step(step) -> int:
+        step = _integer("step", step)
+        if not 0 <= step < _U64_LIMIT:
+            raise ValueError(f"step must be in 0..2**64 - 1, got {step}")
+        return step
+
+    # -- what the sampler is -------------------------------------------------
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def batch_size(self) -> int:
+        """This process's share of each global batch."""
+        return self._batch_size
+
+    @property
+    def mode(self) -> "Sampler.Mode":
+        return self._mode
+
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @property
+    def shard(self) -> tuple[int, int]:
+        """``(rank, world_size)``; ``(0, 1)`` when unsharded."""
+        return self._rank, self._world_size
+
+    def __repr__(self) -> str:
+        shard = "" if self._world_size == 1 else f", shard=({self._rank}, {self._world_size})"
+        return (
+            f"Sampler(length={self._length}, batch_size={self._batch_size}, "
+            f"mode=Sampler.Mode.{self._mode.name}, seed={self._seed}{shard}) at step {self._step}"
+        )
