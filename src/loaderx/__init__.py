@@ -1,1 +1,22 @@
 """loaderx: feed ML training from local disk."""
+
+from .converter import from_iterator, from_numpy
+from .dataloader import DataLoader
+from .dataset import DenseDataset, RaggedDataset, pad
+from .sampler import Sampler
+from .zrecord import Zrecord, ZrecordError
+
+__version__ = "1.0.0.dev0"
+
+__all__ = [
+    "DataLoader",
+    "DenseDataset",
+    "RaggedDataset",
+    "Sampler",
+    "Zrecord",
+    "ZrecordError",
+    "__version__",
+    "from_iterator",
+    "from_numpy",
+    "pad",
+]

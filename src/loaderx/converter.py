@@ -1,0 +1,484 @@
+"""Writing loaderx stores: ``from_numpy`` (dense) and ``from_iterator`` (ragged).
+
+Both stream their input in bounded chunks (``chunk_bytes`` of record bytes,
+and at most ``chunk_bytes // 64`` records, per native append), so a
+memory-mapped array or an endless-looking generator is never held whole.
+
+A call is all or nothing. A new store gets its ``schema.msgpack`` only after
+its data is durable, so an interrupted conversion never looks like a finished
+store; when a call fails, the records it appended are deleted again (a store
+it created is removed). Appending to an existing store first checks that the
+new data has the store's schema (kind, dtype, item shape and codec): a
+mismatch raises ``ValueError`` before anything is written.
+
+``schema=`` forces the item schema instead of taking it from the data: a
+mapping with ``dtype`` and/or ``item_shape`` (``kind`` may be given but must
+match the function). A forced ``dtype`` converts the data with NumPy's
+``same_kind`` casting (float64 to float32 is fine, float to int is refused);
+a forced ``item_shape`` in ``from_numpy`` reshapes each row (the element
+counts must agree). For ``from_iterator`` the forced schema also lets an empty
+source create an empty store, and the item shape must match the records.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+
+from .dataset import Schema, read_schema, write_schema
+from .zrecord import CODECS, Zrecord, ZrecordError, codec_id
+
+__all__ = ["from_iterator", "from_numpy"]
+
+MiB = 1 << 20
+CHUNK_BYTES = 64 * MiB
+DICT_BYTES = 112 * 1024
+DICT_BYTES_MIN = 256
+DICT_BYTES_MAX = 16 * MiB
+# Bounds the records per append (and so the native per-record state) when
+# records are tiny: a chunk holds at most chunk_bytes // 64 records.
+_RECORD_COST_BYTES = 64
+# Dictionary training: samples of at most this many bytes each, about 100x
+# the dictionary size in total (zstd's advice), and at least this many.
+_SAMPLE_PIECE_BYTES = 128 * 1024
+_SAMPLE_BUDGET_MAX = 32 * MiB
+_SAMPLE_PIECES_MIN = 16
+
+
+def from_numpy(path, array, codec="zstd", chunk_bytes=CHUNK_BYTES, dict_size=None, schema=None, progress=True) -> int:
+    """Writes one dense record per row of ``array`` (along axis 0) to the store
+    at ``path``, creating it or appending to it; returns the rows written.
+
+    A 1-D array becomes scalar records (``item_shape == ()``). ``array`` may
+    be a memory-mapped array (or any array-like with ``shape``, ``dtype`` and
+    slicing, such as an HDF5 dataset): it is read ``chunk_bytes`` at a time.
+    ``codec`` is ``"zstd"``, ``"raw"`` (dense raw stores cost no per-record
+    metadata) or ``"zstd_dict"``, whose dictionary is trained from a sample of
+    rows before the first write (``dict_size`` bytes, 112 KiB by default; a
+    store keeps its first dictionary for life). ``progress`` shows a progress
+    bar on a terminal when writing takes more than a second.
+    """
+    codec = _codec_name(codec)
+    chunk_bytes = _positive_int(chunk_bytes, "chunk_bytes")
+    dict_size = _dict_size(dict_size, codec)
+    source = _array_like(array)
+    shape = tuple(int(size) for size in source.shape)
+    if not shape:
+        raise ValueError("from_numpy writes one record per row along axis 0, so it needs an array of at least one dimension, got a 0-d array")
+    dtype = np.dtype(source.dtype)
+    _check_dtype(dtype, "array")
+    target = _forced_schema("dense", dtype, shape[1:], codec, schema)
+    if target.dtype != dtype and not np.can_cast(dtype, target.dtype, casting="same_kind"):
+        raise ValueError(f"cannot convert {dtype} to the schema's {target.dtype} (only same-kind casts, e.g. float64 to float32)")
+    if math.prod(target.item_shape) != math.prod(shape[1:]):
+        raise ValueError(f"rows of shape {shape[1:]} cannot be reshaped to the schema's item_shape {target.item_shape}")
+    row_count = shape[0]
+    row_bytes = target.item_bytes
+    rows_per_chunk = max(1, min(chunk_bytes // max(row_bytes, 1), chunk_bytes // _RECORD_COST_BYTES))
+
+    def rows(start: int, end: int) -> np.ndarray:
+        block = np.asarray(source[start:end])
+        if block.dtype != target.dtype:
+            block = block.astype(target.dtype, casting="same_kind")
+        return np.ascontiguousarray(block).reshape(end - start, *target.item_shape)
+
+    with _Writer(path, target) as writer:
+        if codec == "zstd_dict" and row_count and not writer.store.has_dict():
+            writer.train_dictionary(_dense_samples(rows, row_count, row_bytes, dict_size), dict_size)
+        meter = _Progress(progress, "from_numpy", total_bytes=row_count * row_bytes)
+        offsets = np.arange(min(rows_per_chunk, row_count), dtype=np.uint64) * np.uint64(row_bytes)
+        for start in range(0, row_count, rows_per_chunk):
+            end = min(row_count, start + rows_per_chunk)
+            writer.append(rows(start, end), offsets[: end - start])
+            meter.update(end, end * row_bytes)
+        writer.commit()
+        meter.finish(row_count, row_count * row_bytes)
+    return row_count
+
+
+def from_iterator(path, source, codec="zstd", chunk_bytes=CHUNK_BYTES, dict_size=None, schema=None, progress=True) -> int:
+    """Writes one ragged record per item of ``source`` to the store at
+    ``path``, creating it or appending to it; returns the records written.
+
+    A record is an array ``(rows, *item_shape)`` with any number of rows
+    (zero included), or ``bytes`` (raw rows of the store's dtype; ``uint8``
+    when the first record is bytes). The dtype and ``item_shape`` come from
+    the first record (or from ``schema=``); a record of another dtype or row
+    shape raises ``ValueError`` naming it, and nothing of the call is kept.
+    ``codec``, ``chunk_bytes``, ``dict_size`` and ``progress`` are as for
+    ``from_numpy`` (the dictionary is trained from the first chunk).
+    """
+    codec = _codec_name(codec)
+    chunk_bytes = _positive_int(chunk_bytes, "chunk_bytes")
+    dict_size = _dict_size(dict_size, codec)
+    try:
+        total = len(source)
+    except TypeError:
+        total = None
+    iterator = iter(source)
+    first = next(iterator, _END)
+    if first is _END:
+        if schema is None:
+            existing = read_schema(path) if os.path.isdir(os.fspath(path)) else None
+            if existing is not None and existing.kind == "ragged":
+                return 0
+            raise ValueError("from_iterator got an empty source, so there is no record to infer the dtype and item shape from: pass schema={'dtype': ..., 'item_shape': ...} to create an empty store")
+        target = _forced_schema("ragged", None, None, codec, schema)
+        forced_dtype = True
+    else:
+        record = _record_array(first, 0, None)
+        target = _forced_schema("ragged", record.dtype, record.shape[1:], codec, schema)
+        forced_dtype = isinstance(schema, Schema) or (isinstance(schema, dict) and "dtype" in schema)
+    if target.item_bytes == 0:
+        raise ValueError(f"rows of shape {target.item_shape} hold no bytes, so a ragged record could not tell its row count: give rows at least one element")
+    records_per_chunk = max(1, chunk_bytes // _RECORD_COST_BYTES)
+
+    with _Writer(path, target) as writer:
+        meter = _Progress(progress, "from_iterator", total_records=total)
+        packed = _PackedRecords(chunk_bytes, records_per_chunk)
+        count = written_bytes = 0
+
+        def write(buffer: np.ndarray, sizes: list) -> None:
+            nonlocal written_bytes
+            if codec == "zstd_dict" and not writer.store.has_dict():
+                ends = np.cumsum(sizes)
+                writer.train_dictionary([buffer[end - size : end] for size, end in zip(sizes, ends.tolist())], dict_size)
+            sizes_array = np.asarray(sizes, dtype=np.uint64)
+            writer.append(buffer, np.cumsum(sizes_array) - sizes_array)
+            written_bytes += buffer.size
+            meter.update(count, written_bytes)
+
+        for position, item in enumerate(itertools.chain([] if first is _END else [first], iterator)):
+            record = _record_array(item, position, target, cast=forced_dtype)
+            data = np.ascontiguousarray(record).reshape(-1).view(np.uint8)
+            count += 1
+            if packed.sizes and not packed.fits(data.size):
+                write(*packed.take())
+            if data.size >= chunk_bytes:
+                write(data, [data.size])  # appended at once, so the source may reuse its buffer
+            else:
+                packed.add(data)  # copied, so the source may reuse its buffer
+        if packed.sizes:
+            write(*packed.take())
+        writer.commit()
+        meter.finish(count, written_bytes)
+    return count
+
+
+class _PackedRecords:
+    """Ragged records copied back to back into one reused buffer, so a source
+    that refills one array for every record is read correctly."""
+
+    def __init__(self, capacity_bytes: int, capacity_records: int):
+        self.buffer = np.empty(capacity_bytes, dtype=np.uint8)
+        self.capacity_records = capacity_records
+        self.sizes: list[int] = []
+        self.used = 0
+
+    def fits(self, size: int) -> bool:
+        return self.used + size <= self.buffer.size and len(self.sizes) < self.capacity_records
+
+    def add(self, data: np.ndarray) -> None:
+        self.buffer[self.used : self.used + data.size] = data
+        self.used += data.size
+        self.sizes.append(data.size)
+
+    def take(self) -> tuple:
+        """The packed bytes and their sizes; the buffer is free again after
+        the caller has written them."""
+        packed = (self.buffer[: self.used], self.sizes)
+        self.sizes, self.used = [], 0
+        return packed
+
+
+# ---- the write session --------------------------------------------------------
+
+
+class _Writer:
+    """One conversion into a store: checks the schema before any write, and
+    on failure takes back everything this call appended."""
+
+    def __init__(self, path, schema: Schema):
+        self.path = os.fspath(path)
+        self.schema = schema
+        self.fresh = _is_fresh(self.path)
+        existing = None if self.fresh else _existing_schema(self.path)
+        if existing is not None and existing != schema:
+            raise ValueError(_mismatch(self.path, existing, schema))
+        self.new = existing is None
+        self.existed = os.path.isdir(self.path)
+        self.store = Zrecord(self.path, codec=schema.codec)
+        self.first = len(self.store)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if error is None:
+            self.store.close()
+            return False
+        self._roll_back()
+        return False
+
+    def append(self, buffer: np.ndarray, offsets: np.ndarray) -> None:
+        self.store.append(buffer, offsets)
+
+    def train_dictionary(self, samples: list, dict_size: int) -> None:
+        _train_dictionary(self.store, samples, dict_size)
+
+    def commit(self) -> None:
+        """Data durable first, then the schema that makes it a loaderx store."""
+        self.store.sync()
+        if self.new:
+            write_schema(self.path, self.schema)
+
+    def _roll_back(self) -> None:
+        try:
+            if self.fresh:
+                self.store.close()
+                shutil.rmtree(self.path, ignore_errors=True)
+                if self.existed:
+                    os.makedirs(self.path, exist_ok=True)
+                return
+            end = len(self.store)
+            if end > self.first:
+                self.store.delete(np.arange(self.first, end, dtype=np.uint64), keep_order=True)
+                self.store.sync()
+        except Exception:
+            pass  # the error that stopped the conversion is the one to report
+        finally:
+            self.store.close()
+
+
+def _is_fresh(path: str) -> bool:
+    """True when ``path`` is absent or an empty directory: ours to remove on failure."""
+    if not os.path.exists(path):
+        return True
+    if not os.path.isdir(path):
+        raise ValueError(f"'{path}' exists and is not a directory: give a new or empty directory for the store")
+    return not os.listdir(path)
+
+
+def _existing_schema(path: str):
+    """The schema of the store at ``path``, or None for an empty zrecord store
+    without one; a clear error for anything else."""
+    schema = read_schema(path)
+    if schema is not None:
+        return schema
+    if not os.path.exists(os.path.join(path, "superblock")):
+        raise ValueError(f"'{path}' is a non-empty directory that is not a loaderx store: give a new or empty directory, or an existing store")
+    with Zrecord(path) as store:
+        count = len(store)
+    if count:
+        raise ValueError(
+            f"'{path}' holds {count} records but no schema.msgpack (an interrupted conversion, or a bare Zrecord "
+            "store): delete the directory and convert again, or read it with loaderx.Zrecord"
+        )
+    return None
+
+
+def _mismatch(path: str, existing: Schema, new: Schema) -> str:
+    hints = []
+    if existing.kind != new.kind:
+        hints.append(f"it is a {existing.kind} store (write it with {'from_numpy' if existing.kind == 'dense' else 'from_iterator'})")
+    if existing.dtype != new.dtype:
+        hints.append(f"its dtype is {existing.dtype.str}, the data's is {new.dtype.str} (pass schema={{'dtype': '{existing.dtype.str}'}} to convert)")
+    if existing.item_shape != new.item_shape:
+        hints.append(f"its item shape is {existing.item_shape}, the data's is {new.item_shape}")
+    if existing.codec != new.codec:
+        hints.append(f"it was written with codec={existing.codec!r}, this call uses {new.codec!r} (pass codec={existing.codec!r})")
+    return f"cannot append to '{path}': the schema does not match, nothing was written: " + "; ".join(hints)
+
+
+# ---- input checks ---------------------------------------------------------------
+
+_END = object()
+
+
+def _codec_name(codec) -> str:
+    """The codec's name (codecs may also be given by id); ValueError if unknown."""
+    value = codec_id(codec)
+    return next(name for name, number in CODECS.items() if number == value)
+
+
+def _positive_int(value, name: str) -> int:
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if number <= 0:
+        raise ValueError(f"{name} must be positive, got {number}")
+    return number
+
+
+def _dict_size(dict_size, codec: str) -> int:
+    if dict_size is None:
+        return DICT_BYTES
+    if codec != "zstd_dict":
+        raise ValueError(f"dict_size only applies to codec='zstd_dict', not {codec!r}")
+    size = _positive_int(dict_size, "dict_size")
+    if not DICT_BYTES_MIN <= size <= DICT_BYTES_MAX:
+        raise ValueError(f"dict_size must be {DICT_BYTES_MIN} B to {DICT_BYTES_MAX} B, got {size}")
+    return size
+
+
+def _check_dtype(dtype: np.dtype, what: str) -> None:
+    if dtype.hasobject:
+        raise TypeError(f"{what} has dtype {dtype}, which holds Python objects a store cannot hold: convert it to a numeric, string or bytes dtype first")
+
+
+def _array_like(array):
+    """``array`` itself when it can be sliced lazily (NumPy arrays, memmaps,
+    HDF5 or zarr arrays), else ``np.asarray(array)``."""
+    if isinstance(array, np.ndarray):
+        return array
+    if hasattr(array, "shape") and hasattr(array, "dtype") and hasattr(array, "__getitem__"):
+        return array
+    return np.asarray(array)
+
+
+def _forced_schema(kind: str, dtype, item_shape, codec: str, schema) -> Schema:
+    """The schema of the data, with the fields ``schema`` forces."""
+    if schema is not None:
+        if isinstance(schema, Schema):
+            schema = {"kind": schema.kind, "dtype": schema.dtype, "item_shape": schema.item_shape}
+        if not isinstance(schema, dict):
+            raise TypeError(f"schema must be a dict with 'dtype' and/or 'item_shape', got {type(schema).__name__}")
+        unknown = set(schema) - {"kind", "dtype", "item_shape", "codec"}
+        if unknown:
+            raise ValueError(f"schema has unknown keys {sorted(unknown)}: it takes 'dtype' and 'item_shape'")
+        if schema.get("kind", kind) != kind:
+            raise ValueError(f"schema kind {schema['kind']!r} does not fit: {'from_numpy' if kind == 'dense' else 'from_iterator'} writes {kind} stores")
+        if schema.get("codec", codec) != codec:
+            raise ValueError(f"schema codec {schema['codec']!r} differs from codec={codec!r}: give the codec once")
+        if "dtype" in schema:
+            dtype = np.dtype(schema["dtype"])
+        if "item_shape" in schema:
+            item_shape = tuple(schema["item_shape"])
+    if dtype is None or item_shape is None:
+        raise ValueError("schema must give both 'dtype' and 'item_shape' when there is no data to take them from")
+    _check_dtype(np.dtype(dtype), "schema")
+    return Schema(kind, np.dtype(dtype), tuple(item_shape), codec)
+
+
+def _record_array(item, position: int, target, cast: bool = False) -> np.ndarray:
+    """Record ``position`` of a ragged source as an array of rows; checked
+    against ``target`` (the store's schema) when given."""
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        raw = np.frombuffer(item, dtype=np.uint8)
+        if target is None or (target.dtype == np.uint8 and target.item_shape == ()):
+            return raw
+        if raw.size % target.item_bytes:
+            raise ValueError(f"record {position} is {raw.size} bytes, not a whole number of {target.item_bytes}-byte rows ({target.dtype} items of shape {target.item_shape})")
+        return raw.view(target.dtype).reshape(-1, *target.item_shape)
+    record = item if isinstance(item, np.ndarray) else np.asarray(item)
+    if record.ndim == 0:
+        raise ValueError(f"record {position} is a scalar ({record.dtype}): a ragged record needs a leading row axis, e.g. np.atleast_1d(x)")
+    _check_dtype(record.dtype, f"record {position}")
+    if target is None:
+        return record
+    if record.shape[1:] != target.item_shape:
+        raise ValueError(f"record {position} has rows of shape {record.shape[1:]}, but the store's rows have shape {target.item_shape}")
+    if record.dtype != target.dtype:
+        if not cast or not np.can_cast(record.dtype, target.dtype, casting="same_kind"):
+            raise ValueError(f"record {position} has dtype {record.dtype}, but the store's dtype is {target.dtype}")
+        record = record.astype(target.dtype, casting="same_kind")
+    return record
+
+
+# ---- dictionary training ---------------------------------------------------------
+
+
+def _dense_samples(rows, row_count: int, row_bytes: int, dict_size: int) -> list:
+    """Rows spread evenly over the array, about 100x ``dict_size`` bytes."""
+    budget = min(100 * dict_size, _SAMPLE_BUDGET_MAX)
+    wanted = min(row_count, max(1, budget // max(row_bytes, 1)))
+    blocks = min(64, wanted)
+    per_block = max(1, wanted // blocks)
+    starts = np.linspace(0, row_count - per_block, blocks).astype(np.int64)
+    return [rows(int(start), int(start) + per_block).reshape(-1).view(np.uint8) for start in np.unique(starts)]
+
+
+def _train_dictionary(store: Zrecord, samples: list, dict_size: int) -> None:
+    """Trains the store's dictionary from byte ``samples`` cut into pieces, so
+    that few large records still give zstd enough samples."""
+    total = sum(sample.size for sample in samples)
+    budget = min(100 * dict_size, _SAMPLE_BUDGET_MAX)
+    piece_bytes = max(8, min(_SAMPLE_PIECE_BYTES, min(total, budget) // _SAMPLE_PIECES_MIN))
+    pieces, used = [], 0
+    for sample in samples:
+        for start in range(0, sample.size, piece_bytes):
+            piece = sample[start : start + piece_bytes]
+            pieces.append(piece)
+            used += piece.size
+            if used >= budget:
+                break
+        if used >= budget:
+            break
+    if used < DICT_BYTES_MIN or len(pieces) < 8:
+        raise ValueError(
+            f"too little data to train a zstd dictionary ({used} bytes in {len(pieces)} samples): "
+            "use codec='zstd' for data this small, or convert more rows"
+        )
+    target = max(DICT_BYTES_MIN, min(dict_size, used))
+    sizes = np.fromiter((piece.size for piece in pieces), dtype=np.uint64, count=len(pieces))
+    try:
+        store.train_dict(np.concatenate(pieces), sizes, target)
+    except ZrecordError as exc:
+        raise ValueError(f"could not train a zstd dictionary from {used} bytes in {len(pieces)} samples ({exc}); use codec='zstd', or convert more varied rows") from exc
+
+
+# ---- progress ----------------------------------------------------------------------
+
+
+class _Progress:
+    """A one-line progress bar on stderr, shown only on a terminal and only
+    once the work has taken more than a second."""
+
+    delay_seconds = 1.0
+    interval_seconds = 0.2
+
+    def __init__(self, enabled: bool, label: str, total_bytes=None, total_records=None):
+        stream = sys.stderr
+        try:
+            self.enabled = bool(enabled) and stream is not None and stream.isatty()
+        except (AttributeError, ValueError):
+            self.enabled = False
+        self.label = label
+        self.total_bytes = total_bytes
+        self.total_records = total_records
+        self.started = time.monotonic()
+        self.last = 0.0
+        self.shown = False
+
+    def update(self, records: int, done_bytes: int, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and (now - self.started < self.delay_seconds or now - self.last < self.interval_seconds):
+            return
+        self.last = now
+        self.shown = True
+        rate = done_bytes / max(now - self.started, 1e-9) / MiB
+        if self.total_bytes:
+            fraction = min(1.0, done_bytes / self.total_bytes)
+            filled = int(fraction * 30)
+            text = f"{self.label} [{'#' * filled}{'.' * (30 - filled)}] {fraction:4.0%} {done_bytes / MiB:,.0f}/{self.total_bytes / MiB:,.0f} MiB {rate:,.0f} MiB/s"
+        else:
+            of = f"/{self.total_records:,}" if self.total_records is not None else ""
+            text = f"{self.label}: {records:,}{of} records, {done_bytes / MiB:,.0f} MiB, {rate:,.0f} MiB/s"
+        sys.stderr.write("\r" + text)
+        sys.stderr.flush()
+
+    def finish(self, records: int, done_bytes: int) -> None:
+        if self.shown:
+            self.update(records, done_bytes, force=True)
+            sys.stderr.write("\n")
+            sys.stderr.flush()

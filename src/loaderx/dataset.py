@@ -1,0 +1,465 @@
+"""NumPy views over zrecord stores: ``DenseDataset``, ``RaggedDataset``, ``pad``.
+
+A loaderx store is a zrecord directory plus ``schema.msgpack``, the only
+loaderx-level metadata. The schema is a small map::
+
+    {"format": "loaderx", "version": 1, "kind": "dense" | "ragged",
+     "dtype": "<f4", "item_shape": [2, 4], "codec": "zstd"}
+
+``dtype`` is ``np.dtype.str`` (for structured dtypes, ``np.dtype.descr``).
+A dense record is exactly one item of ``item_shape``; a ragged record is any
+number of rows, each of ``item_shape``. Datasets only read: the converters in
+``loaderx.converter`` write stores.
+
+Every batch read is one native gather straight into a fresh array (dense), or
+one lengths call and one gather into one flat buffer that is split into views
+(ragged).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import os
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+
+from .zrecord import CODECS, Zrecord
+
+__all__ = ["DenseDataset", "RaggedDataset", "Schema", "pad", "read_schema", "write_schema"]
+
+SCHEMA_FILE = "schema.msgpack"
+FORMAT_NAME = "loaderx"
+FORMAT_VERSION = 1
+KINDS = ("dense", "ragged")
+_SCHEMA_BYTES_MAX = 1 << 20
+
+
+# ---- schema ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Schema:
+    """What the records of a store are: kind, dtype, item shape and codec."""
+
+    kind: str
+    dtype: np.dtype
+    item_shape: tuple
+    codec: str
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"schema kind must be one of {KINDS}, got {self.kind!r}")
+        dtype = np.dtype(self.dtype)
+        if dtype.hasobject:
+            raise TypeError(f"dtype {dtype} holds Python objects, which a store cannot hold: convert to a numeric, string or bytes dtype")
+        object.__setattr__(self, "dtype", dtype)
+        shape = tuple(self.item_shape)
+        if not all(isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size >= 0 for size in shape):
+            raise ValueError(f"item_shape must be a tuple of non-negative ints, got {self.item_shape!r}")
+        object.__setattr__(self, "item_shape", tuple(int(size) for size in shape))
+        if self.codec not in CODECS:
+            raise ValueError(f"unknown codec {self.codec!r}: use one of {sorted(CODECS)}")
+
+    @property
+    def item_bytes(self) -> int:
+        """Bytes of one item (a dense record, or one row of a ragged record)."""
+        return self.dtype.itemsize * math.prod(self.item_shape)
+
+    def to_dict(self) -> dict:
+        dtype = self.dtype.str if self.dtype.fields is None else _descr_to_lists(self.dtype.descr)
+        return {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "kind": self.kind,
+            "dtype": dtype,
+            "item_shape": list(self.item_shape),
+            "codec": self.codec,
+        }
+
+    @classmethod
+    def from_dict(cls, data, where: str = "schema") -> "Schema":
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} is not a loaderx schema (expected a map, got {type(data).__name__})")
+        if data.get("format") != FORMAT_NAME:
+            raise ValueError(f"{where} is not a loaderx schema (format is {data.get('format')!r})")
+        version = data.get("version")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise ValueError(f"{where} has no valid version ({version!r})")
+        if version > FORMAT_VERSION:
+            raise ValueError(f"{where} has version {version}, newer than this loaderx understands ({FORMAT_VERSION}): upgrade loaderx")
+        if version < 1:
+            raise ValueError(f"{where} has an invalid version {version}")
+        missing = [key for key in ("kind", "dtype", "item_shape", "codec") if key not in data]
+        if missing:
+            raise ValueError(f"{where} lacks {', '.join(missing)}")
+        try:
+            raw = data["dtype"]
+            dtype = np.dtype(raw) if isinstance(raw, str) else np.dtype(_lists_to_descr(raw))
+            if not isinstance(data["item_shape"], (list, tuple)):
+                raise ValueError(f"item_shape is {data['item_shape']!r}, not a list")
+            return cls(data["kind"], dtype, tuple(data["item_shape"]), data["codec"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where} is invalid: {exc}") from exc
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.dtype} items of shape {self.item_shape}, codec {self.codec!r}"
+
+
+def _descr_to_lists(descr):
+    return [[name, _descr_to_lists(kind) if isinstance(kind, list) else kind, *map(list, rest)] for name, kind, *rest in descr]
+
+
+def _lists_to_descr(lists):
+    if not isinstance(lists, (list, tuple)):
+        raise ValueError(f"dtype {lists!r} is neither a dtype string nor a field list")
+    fields = []
+    for field in lists:
+        name, kind, *rest = field
+        kind = _lists_to_descr(kind) if isinstance(kind, (list, tuple)) else kind
+        fields.append((name, kind, *(tuple(shape) for shape in rest)))
+    return fields
+
+
+def schema_path(path) -> str:
+    return os.path.join(os.fspath(path), SCHEMA_FILE)
+
+
+def read_schema(path) -> Schema | None:
+    """The schema of the store at ``path``, or None when it has no schema file."""
+    file = schema_path(path)
+    try:
+        with open(file, "rb") as handle:
+            payload = handle.read(_SCHEMA_BYTES_MAX + 1)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return None
+    if len(payload) > _SCHEMA_BYTES_MAX:
+        raise ValueError(f"{file} is over {_SCHEMA_BYTES_MAX} bytes: not a loaderx schema")
+    try:
+        data = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types for bad bytes
+        raise ValueError(f"{file} is damaged or not a loaderx schema: {exc}") from exc
+    return Schema.from_dict(data, where=file)
+
+
+def write_schema(path, schema: Schema) -> None:
+    """Writes ``schema.msgpack`` atomically and durably (temp file, fsync, rename)."""
+    directory = os.fspath(path)
+    target = schema_path(directory)
+    temporary = f"{target}.tmp-{os.getpid()}"
+    payload = msgpack.packb(schema.to_dict(), use_bin_type=True)
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def open_schema(path, kind: str) -> Schema:
+    """The schema of an existing store of ``kind``; a clear error otherwise."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no loaderx store at '{path}': write one with loaderx.from_numpy or loaderx.from_iterator")
+    schema = read_schema(path)
+    if schema is None:
+        raise FileNotFoundError(
+            f"'{path}' is not a loaderx store (it has no {SCHEMA_FILE}): write one with "
+            "loaderx.from_numpy or loaderx.from_iterator, or open a bare record store with loaderx.Zrecord"
+        )
+    if schema.kind != kind:
+        other = "RaggedDataset" if schema.kind == "ragged" else "DenseDataset"
+        raise ValueError(f"'{path}' is a {schema.kind} store: open it with {other}")
+    return schema
+
+
+# ---- indexing ---------------------------------------------------------------
+
+
+def _is_int(key) -> bool:
+    return isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
+
+
+def _int_index(key, length: int) -> int:
+    index = operator.index(key)
+    position = index + length if index < 0 else index
+    if not 0 <= position < length:
+        raise IndexError(f"index {index} is out of range for a dataset of {length} records")
+    return position
+
+
+def _record_indices(key, length: int):
+    """Normalizes a record selector to (uint64 indices, result shape).
+
+    ``key`` is a slice, a list or array of ints (negative counts from the
+    end; any order; repeats allowed; any shape) or a boolean mask of length
+    ``length``. Out of range raises IndexError.
+    """
+    if isinstance(key, slice):
+        start, stop, step = key.indices(length)
+        indices = np.arange(start, stop, step, dtype=np.int64).astype(np.uint64)
+        return indices, indices.shape
+    array = np.asarray(key)
+    if array.dtype == np.bool_:
+        if array.shape != (length,):
+            raise IndexError(f"boolean mask has shape {array.shape} but the dataset has {length} records")
+        indices = np.flatnonzero(array).astype(np.uint64)
+        return indices, indices.shape
+    if array.size == 0:
+        return np.empty(0, dtype=np.uint64), array.shape
+    if array.dtype.kind not in "iu":
+        raise IndexError(f"record indices must be integers or a boolean mask, got dtype {array.dtype}")
+    flat = array.reshape(-1)
+    if flat.dtype.kind == "i":
+        low = int(flat.min())
+        if low < 0:
+            flat = np.where(flat < 0, flat + length, flat)
+            low = int(flat.min())
+            if low < 0:
+                raise IndexError(f"index {low - length} is out of range for a dataset of {length} records")
+    high = int(flat.max())
+    if high >= length:
+        raise IndexError(f"index {high} is out of range for a dataset of {length} records")
+    return np.ascontiguousarray(flat, dtype=np.uint64), array.shape
+
+
+class _Dataset:
+    """The part dense and ragged datasets share: the store and its schema."""
+
+    _kind = ""
+
+    def __init__(self, path, verify: bool = False, threads: int = 0):
+        self.path = os.fspath(path)
+        self._schema = open_schema(self.path, self._kind)
+        self.dtype = self._schema.dtype
+        self.item_shape = self._schema.item_shape
+        self.codec = self._schema.codec
+        self._item_bytes = self._schema.item_bytes
+        self._store = Zrecord(self.path, codec=self.codec, verify=verify, threads=threads)
+
+    @property
+    def schema(self) -> Schema:
+        return self._schema
+
+    @property
+    def store(self) -> Zrecord:
+        """The underlying record store (read it, do not write through it)."""
+        return self._store
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def refresh(self) -> int:
+        """Sees records appended by other processes since open; returns len()."""
+        return self._store.refresh()
+
+    def close(self) -> None:
+        self._store.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._store.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self)} records"
+        return f"{type(self).__name__}({self.path!r}, dtype={self.dtype}, item_shape={self.item_shape}, codec={self.codec!r}, {state})"
+
+
+class DenseDataset(_Dataset):
+    """A dense store: every record is one item of ``item_shape`` and ``dtype``.
+
+    ``ds[i]`` is one item; ``ds[slice | int array | list | bool mask]`` and
+    ``ds.__getitems__(idxs)`` are arrays ``(n, *item_shape)`` gathered with
+    one native call. ``verify=True`` checks record checksums on every read;
+    ``threads`` caps the native threads of a gather (0: one per core).
+    """
+
+    _kind = "dense"
+
+    def __init__(self, path, verify: bool = False, threads: int = 0):
+        super().__init__(path, verify=verify, threads=threads)
+        self._offsets_cache = (0, np.empty(0, dtype=np.uint64))
+        try:
+            self._check_record_bytes()
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_record_bytes(self) -> None:
+        """A store whose records do not have the schema's size is not this dense
+        store (written around the converters, or damaged): refuse it on open."""
+        stats = self._store.stats()
+        count = stats["records"]
+        if stats["layout"] == "fixed":
+            sizes = {stats["record_bytes"]}
+        elif count:
+            sizes = set(int(size) for size in self._store.lengths([0, count - 1]))
+        else:
+            return
+        if sizes != {self._item_bytes}:
+            raise ValueError(
+                f"'{self.path}' holds records of {sorted(sizes)} bytes, but its schema says "
+                f"{self._item_bytes} bytes ({self.dtype} items of shape {self.item_shape}): the store does not match its schema"
+            )
+
+    @property
+    def shape(self) -> tuple:
+        return (len(self), *self.item_shape)
+
+    def _offsets(self, count: int) -> np.ndarray:
+        cached_count, cached = self._offsets_cache
+        if cached_count == count:
+            return cached
+        offsets = np.arange(count, dtype=np.uint64) * np.uint64(self._item_bytes)
+        offsets.flags.writeable = False
+        self._offsets_cache = (count, offsets)
+        return offsets
+
+    def gather_into(self, indices, out: np.ndarray) -> np.ndarray:
+        """Decodes records ``indices`` (in range, non-negative) into ``out``, a
+        writable C-contiguous array of shape ``(n, *item_shape)`` and this
+        dataset's dtype, with one native call; returns ``out``."""
+        count = len(indices)
+        if out.dtype != self.dtype or out.shape != (count, *self.item_shape):
+            raise ValueError(
+                f"out must have dtype {self.dtype} and shape {(count, *self.item_shape)}, "
+                f"got {out.dtype} {out.shape}"
+            )
+        if count:
+            self._store.gather(indices, out, self._offsets(count))
+        return out
+
+    def _gather(self, indices: np.ndarray, shape: tuple) -> np.ndarray:
+        out = np.empty((indices.size, *self.item_shape), dtype=self.dtype)
+        self.gather_into(indices, out)
+        return out.reshape(*shape, *self.item_shape)
+
+    def __getitem__(self, key):
+        rest = None
+        if isinstance(key, tuple):
+            if key and key[0] is Ellipsis:
+                return self[:][key]
+            key, rest = (key[0], key[1:]) if key else (slice(None), ())
+        if key is Ellipsis:
+            key = slice(None)
+        if _is_int(key):
+            item = self._gather(np.array([_int_index(key, len(self))], dtype=np.uint64), (1,))[0]
+            return item if rest is None else item[rest]
+        indices, shape = _record_indices(key, len(self))
+        out = self._gather(indices, shape)
+        return out if rest is None else out[(slice(None),) * len(shape) + rest]
+
+    def __getitems__(self, idxs) -> np.ndarray:
+        """Records ``idxs`` (a sequence of ints) as one ``(n, *item_shape)`` array."""
+        indices, shape = _record_indices(idxs, len(self))
+        if len(shape) != 1:
+            raise ValueError(f"__getitems__ takes a flat sequence of indices, got shape {shape}")
+        return self._gather(indices, shape)
+
+
+class RaggedDataset(_Dataset):
+    """A ragged store: record i is ``rows_i`` rows of ``item_shape``.
+
+    ``ds[i]`` is one array ``(rows_i, *item_shape)``; any other selector
+    returns a list of such arrays, all views into one flat buffer filled by
+    one native gather.
+    """
+
+    _kind = "ragged"
+
+    def row_counts(self, key=None) -> np.ndarray:
+        """The row count of each selected record (all records by default)."""
+        indices, _ = _record_indices(slice(None) if key is None else key, len(self))
+        return self._row_counts(indices)
+
+    def _row_counts(self, indices: np.ndarray) -> np.ndarray:
+        byte_lengths = self._store.lengths(indices).astype(np.int64)
+        if self._item_bytes == 0:
+            return np.zeros(indices.size, dtype=np.int64)
+        rows, remainder = np.divmod(byte_lengths, self._item_bytes)
+        if np.any(remainder):
+            bad = int(indices[np.flatnonzero(remainder)[0]])
+            raise ValueError(
+                f"record {bad} of '{self.path}' is {int(byte_lengths[np.flatnonzero(remainder)[0]])} bytes, "
+                f"not a whole number of {self._item_bytes}-byte rows: the store does not match its schema"
+            )
+        return rows
+
+    def _gather(self, indices: np.ndarray) -> list:
+        rows = self._row_counts(indices)
+        item_size = math.prod(self.item_shape)
+        ends = np.cumsum(rows * item_size)
+        starts = ends - rows * item_size
+        flat = np.empty(int(ends[-1]) if ends.size else 0, dtype=self.dtype)
+        if indices.size and flat.nbytes:
+            self._store.gather(indices, flat, (starts * self.dtype.itemsize).astype(np.uint64))
+        return [flat[start:end].reshape(count, *self.item_shape) for start, end, count in zip(starts.tolist(), ends.tolist(), rows.tolist())]
+
+    def __getitem__(self, key):
+        if _is_int(key):
+            index = _int_index(key, len(self))
+            return self._gather(np.array([index], dtype=np.uint64))[0]
+        if isinstance(key, tuple) or key is Ellipsis:
+            raise TypeError("a RaggedDataset is indexed by records only (int, slice, int array, list or bool mask)")
+        indices, shape = _record_indices(key, len(self))
+        if len(shape) > 1:
+            raise IndexError(f"a RaggedDataset takes a flat selector, got an index array of shape {shape}")
+        return self._gather(indices)
+
+    def __getitems__(self, idxs) -> list:
+        return self[list(idxs) if not isinstance(idxs, np.ndarray) else idxs]
+
+
+def pad(records, max_len=None, pad_value=0):
+    """Pads variable-length records into one dense array.
+
+    ``records`` is a sequence of arrays ``(rows_i, *tail)`` sharing ``tail``.
+    Returns ``(padded, lengths)``: ``padded`` is ``(B, max_len, *tail)`` with
+    ``pad_value`` past each record's rows, ``lengths`` the int64 row counts.
+    ``max_len`` defaults to the longest record; longer records are truncated
+    to it (and ``lengths`` says how many rows were kept).
+    """
+    arrays = [np.asarray(record) for record in records]
+    if not arrays:
+        raise ValueError("pad got no records: give at least one")
+    for position, array in enumerate(arrays):
+        if array.ndim == 0:
+            raise ValueError(f"record {position} is a scalar: pad takes arrays with a leading row axis")
+    tail = arrays[0].shape[1:]
+    for position, array in enumerate(arrays):
+        if array.shape[1:] != tail:
+            raise ValueError(f"record {position} has rows of shape {array.shape[1:]}, but record 0 has {tail}")
+    row_counts = np.array([array.shape[0] for array in arrays], dtype=np.int64)
+    if max_len is None:
+        width = int(row_counts.max())
+    else:
+        width = operator.index(max_len)
+        if width < 0:
+            raise ValueError(f"max_len must be non-negative, got {width}")
+    dtype = np.result_type(*{array.dtype for array in arrays})
+    padded = np.full((len(arrays), width, *tail), pad_value, dtype=dtype)
+    lengths = np.minimum(row_counts, width)
+    for position, (array, count) in enumerate(zip(arrays, lengths.tolist())):
+        padded[position, :count] = array[:count]
+    return padded, lengths
