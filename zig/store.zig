@@ -975,15 +975,14 @@ pub const Store = struct {
         defer data.close();
         const index = try store.createFile(.index, id);
         defer index.close();
-        const plan = CompactPlan{ .old_entries = current.entries(), .data_bytes = current.superblock.data_bytes };
         // The payloads stream into the new data file as the entries are made.
         var payloads = RowWriter.init(store, data, null) catch return error.OutOfMemory;
         defer payloads.deinit();
         var entries = RowWriter.init(store, index, null) catch return error.OutOfMemory;
         defer entries.deinit();
         const old_data = current.dataBytes();
-        for (plan.old_entries, 0..) |old, k| {
-            if (old.invalidReason(plan.data_bytes)) |reason| {
+        for (current.entries(), 0..) |old, k| {
+            if (old.invalidReason(current.superblock.data_bytes)) |reason| {
                 return status.fail(error.Corrupt, "cannot compact: record {d}: {s}", .{ k, reason });
             }
             var entry = old;
@@ -1394,11 +1393,6 @@ const ConvertPlan = struct {
     fn begin(plan: *const ConvertPlan) Cursor {
         return .{ .plan = plan };
     }
-};
-
-const CompactPlan = struct {
-    old_entries: []const Entry,
-    data_bytes: u64,
 };
 
 /// Buffered sequential writer of a new store file that computes the block
