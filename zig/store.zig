@@ -123,6 +123,7 @@ pub const Store = struct {
     mutex: std.Thread.Mutex = .{},
     retired_snapshots: std.ArrayList(*Snapshot) = .empty,
     retired_mappings: std.ArrayList(*Mapping) = .empty,
+    has_retired: std.atomic.Value(bool) = .init(false),
     dictionary: ?*codec.Dictionary = null,
     dictionary_file: u64 = 0,
     writer: ?Writer = null,
@@ -383,6 +384,7 @@ pub const Store = struct {
             };
         }
         store.retired_snapshots.append(allocator, old) catch {};
+        store.has_retired.store(true, .seq_cst);
     }
 
     /// Frees retired snapshots and mappings when no gather can still see them.
@@ -390,6 +392,7 @@ pub const Store = struct {
     /// that started after the swap sees the new snapshot.
     fn reclaim(store: *Store) void {
         if (store.in_flight.load(.seq_cst) != 0) return;
+        store.has_retired.store(false, .seq_cst);
         for (store.retired_mappings.items) |mapping| mapping.destroy();
         store.retired_mappings.clearRetainingCapacity();
         for (store.retired_snapshots.items) |snapshot| allocator.destroy(snapshot);
@@ -401,9 +404,16 @@ pub const Store = struct {
         return store.snapshot.load(.seq_cst);
     }
 
+    /// The last reader out frees what writers retired meanwhile, so a store
+    /// that is read without pause while it is written does not pile up old
+    /// snapshots until the next quiet commit.
     fn release(store: *Store) void {
         const before = store.in_flight.fetchSub(1, .seq_cst);
         assert(before > 0);
+        if (before == 1 and store.has_retired.load(.seq_cst) and store.mutex.tryLock()) {
+            defer store.mutex.unlock();
+            store.reclaim();
+        }
     }
 
     // ---- reads ----------------------------------------------------------
