@@ -686,7 +686,6 @@ pub const Store = struct {
             return status.fromOs(err, "cannot open the superblock of '{s}' for writing", .{store.path});
         };
         errdefer superblock.close();
-        superblock.sync() catch |err| return status.fromOs(err, "cannot sync '{s}'", .{store.path});
         const latest = try store.loadSnapshot(store.head());
         if (latest != store.head()) store.publish(latest);
         store.writer = .{ .lock = lock, .superblock = superblock };
@@ -695,6 +694,9 @@ pub const Store = struct {
 
     /// Truncates the current files to their committed lengths and deletes
     /// files no committed superblock names (left by an interrupted writer).
+    /// Before deleting, the latest superblock is made durable: once older
+    /// files are gone, a power loss must not fall back to a superblock that
+    /// names them.
     fn recover(store: *Store) Error!void {
         const superblock = store.head().superblock;
         const keep = [_]struct { kind: format.FileKind, id: u64, bytes: u64 }{
@@ -703,15 +705,6 @@ pub const Store = struct {
             .{ .kind = .sums, .id = superblock.sums_file, .bytes = (superblock.data_bytes / block_bytes) * 8 },
             .{ .kind = .dict, .id = superblock.dict_file, .bytes = superblock.dict_bytes },
         };
-        for (keep) |file| {
-            if (file.id == 0) continue;
-            const handle = try store.openFile(file.kind, file.id);
-            defer handle.close();
-            const size = handle.getEndPos() catch |err| return status.fromOs(err, "cannot stat a file of '{s}'", .{store.path});
-            if (size > file.bytes) {
-                handle.setEndPos(file.bytes) catch |err| return status.fromOs(err, "cannot truncate a file of '{s}'", .{store.path});
-            }
-        }
         const Orphan = struct { kind: format.FileKind, id: u64 };
         var orphans: std.ArrayList(Orphan) = .empty;
         defer orphans.deinit(allocator);
@@ -721,11 +714,24 @@ pub const Store = struct {
             const wanted = for (keep) |file| {
                 if (file.kind == parsed.kind and file.id == parsed.id) break true;
             } else false;
-            if (wanted) continue;
-            if (parsed.id == 0) continue;
+            if (wanted or parsed.id == 0) continue;
             orphans.append(allocator, .{ .kind = parsed.kind, .id = parsed.id }) catch return error.OutOfMemory;
         }
+        var synced = false;
+        for (keep) |file| {
+            if (file.id == 0) continue;
+            const handle = try store.openFile(file.kind, file.id);
+            defer handle.close();
+            const size = handle.getEndPos() catch |err| return status.fromOs(err, "cannot stat a file of '{s}'", .{store.path});
+            // Committed lengths of a file only grow, so cutting past the
+            // latest one never cuts what an older superblock points at.
+            if (size > file.bytes) {
+                handle.setEndPos(file.bytes) catch |err| return status.fromOs(err, "cannot truncate a file of '{s}'", .{store.path});
+            }
+        }
         for (orphans.items) |orphan| {
+            if (!synced) try store.syncFile(store.writer.?.superblock);
+            synced = true;
             var name_buffer: [format.file_name_bytes]u8 = undefined;
             const name = format.fileName(&name_buffer, orphan.kind, orphan.id);
             store.dir.deleteFileZ(name) catch |err| return status.fromOs(err, "cannot delete a stale file of '{s}'", .{store.path});
@@ -1019,10 +1025,16 @@ pub const Store = struct {
         var writer = RowWriter.init(store, file, sums_file) catch return error.OutOfMemory;
         defer writer.deinit();
         var cursor = plan.begin();
-        for (0..row_count) |row| {
-            const bytes = cursor.next(row);
-            assert(bytes.len == stride);
+        // A plan hands out runs of consecutive rows (one memcpy per run of
+        // untouched rows), but no more than the rows left.
+        var row: u64 = 0;
+        while (row < row_count) {
+            const bytes = cursor.next(row, row_count - row);
+            const rows = if (stride == 0) row_count - row else bytes.len / stride;
+            assert(rows >= 1 and rows <= row_count - row);
+            assert(bytes.len == rows * stride);
             try writer.write(bytes);
+            row += rows;
         }
         return writer.finish();
     }
@@ -1297,13 +1309,21 @@ const PatchPlan = struct {
         plan: *const PatchPlan,
         next_patch: usize = 0,
 
-        fn next(cursor: *Cursor, row: u64) []const u8 {
+        /// Rows from `row` on: one patch, or the old rows up to the next patch.
+        fn next(cursor: *Cursor, row: u64, rows_max: u64) []const u8 {
             const patches = cursor.plan.patches;
-            if (cursor.next_patch < patches.len and patches[cursor.next_patch].row == row) {
-                cursor.next_patch += 1;
-                return patches[cursor.next_patch - 1].bytes;
+            var run = rows_max;
+            if (cursor.next_patch < patches.len) {
+                const patch = patches[cursor.next_patch];
+                if (patch.row == row) {
+                    cursor.next_patch += 1;
+                    return patch.bytes;
+                }
+                assert(patch.row > row);
+                run = @min(run, patch.row - row);
             }
-            return cursor.plan.old[row * cursor.plan.stride ..][0..cursor.plan.stride];
+            const stride = cursor.plan.stride;
+            return cursor.plan.old[row * stride ..][0 .. run * stride];
         }
     };
 
@@ -1341,7 +1361,10 @@ const DeletePlan = struct {
         /// Tail mode: next doomed index at or past the new end.
         tail_doomed: usize,
 
-        fn next(cursor: *Cursor, row: u64) []const u8 {
+        /// Rows from `row` on: survivors up to the next deleted row
+        /// (keep_order), or one tail row for a hole, or the rows up to the
+        /// next hole.
+        fn next(cursor: *Cursor, row: u64, rows_max: u64) []const u8 {
             const plan = cursor.plan;
             const doomed = plan.doomed;
             if (plan.keep_order) {
@@ -1349,11 +1372,17 @@ const DeletePlan = struct {
                     cursor.doomed_next += 1;
                     cursor.old_row += 1;
                 }
-                cursor.old_row += 1;
-                return plan.oldRow(cursor.old_row - 1);
+                var run = rows_max;
+                if (cursor.doomed_next < doomed.len) run = @min(run, doomed[cursor.doomed_next] - cursor.old_row);
+                cursor.old_row += run;
+                return plan.oldRows(cursor.old_row - run, run);
             }
             const is_hole = cursor.doomed_next < doomed.len and doomed[cursor.doomed_next] == row;
-            if (!is_hole) return plan.oldRow(row);
+            if (!is_hole) {
+                var run = rows_max;
+                if (cursor.doomed_next < doomed.len) run = @min(run, doomed[cursor.doomed_next] - row);
+                return plan.oldRows(row, run);
+            }
             cursor.doomed_next += 1;
             // The next survivor in the tail: skip tail rows that are doomed too.
             while (cursor.tail_doomed < doomed.len and doomed[cursor.tail_doomed] == cursor.old_row) {
@@ -1361,12 +1390,12 @@ const DeletePlan = struct {
                 cursor.old_row += 1;
             }
             cursor.old_row += 1;
-            return plan.oldRow(cursor.old_row - 1);
+            return plan.oldRows(cursor.old_row - 1, 1);
         }
     };
 
-    fn oldRow(plan: *const DeletePlan, old_row: u64) []const u8 {
-        return plan.old[old_row * plan.stride ..][0..plan.stride];
+    fn oldRows(plan: *const DeletePlan, old_row: u64, rows: u64) []const u8 {
+        return plan.old[old_row * plan.stride ..][0 .. rows * plan.stride];
     }
 
     fn begin(plan: *const DeletePlan) Cursor {
@@ -1392,7 +1421,8 @@ const ConvertPlan = struct {
         plan: *const ConvertPlan,
         entry: Entry = undefined,
 
-        fn next(cursor: *Cursor, row: u64) []const u8 {
+        fn next(cursor: *Cursor, row: u64, rows_max: u64) []const u8 {
+            assert(rows_max >= 1);
             const stride = cursor.plan.stride;
             const bytes = cursor.plan.old[row * stride ..][0..stride];
             cursor.entry = Entry.init(row * stride, stride, stride, .raw, bytes);
