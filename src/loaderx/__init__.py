@@ -1,5 +1,6 @@
 """loaderx: feed ML training from local disk."""
 
+from .arraystore import ArrayStore
 from .converter import from_iterator, from_numpy
 from .dataloader import DataLoader
 from .dataset import DenseDataset, RaggedDataset, pad
@@ -9,6 +10,7 @@ from .zrecord import Zrecord, ZrecordError
 __version__ = "1.0.0.dev0"
 
 __all__ = [
+    "ArrayStore",
     "DataLoader",
     "DenseDataset",
     "RaggedDataset",

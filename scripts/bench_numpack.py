@@ -1,0 +1,424 @@
+"""The numpack benchmark: numpack's own table, for ArrayStore, numpack, NPY and NPZ.
+
+    python scripts/bench_numpack.py [--quick]
+
+`bench_numpack(quick)` returns the markdown table (scripts/bench.py prints it
+as its `numpack` table). Two float32 arrays, `a` of N x 10 and `b` of
+N/2 x 5 (N = 1M; 100K with --quick), and numpack's operations on them. For
+NPY (one .npy file per array) and NPZ (one uncompressed .npz), as in
+numpack's README, an edit is load, modify, save. Every figure is the median
+of several runs, interleaved across contenders; each contender's results
+are checked against NumPy on the first run. Directories live under the
+system temporary directory (TMPDIR chooses the disk).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import loaderx  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+from loaderx import ArrayStore
+
+NUMPACK_INSTALL = "numpack==0.4.5"  # 0.5.0's wheel needs glibc 2.38
+
+
+# ---- contenders: one small adapter each --------------------------------------------
+
+
+class ArrayStoreOps:
+    """ArrayStore and numpack share numpack's method names, so one adapter
+    serves both; the subclass says how to open and save."""
+
+    name = "loaderx ArrayStore"
+
+    def save(self, path, arrays):
+        with ArrayStore(path) as store:
+            store.save(arrays)
+
+    def open(self, path):
+        return ArrayStore(path)
+
+    def close(self, handle):
+        handle.close()
+
+    def load(self, handle, name):
+        return handle.load(name)
+
+    def lazy(self, handle, name):
+        return handle.load(name, lazy=True)
+
+    def replace(self, handle, name, rows, key):
+        handle.replace({name: rows}, key)
+
+    def drop_array(self, handle, name):
+        handle.drop(name)
+
+    def drop_rows(self, handle, name, indices):
+        handle.drop(name, indices)
+
+    def append(self, handle, name, rows):
+        handle.append({name: rows})
+
+    def getitem(self, handle, name, indices):
+        return handle.getitem(name, indices)
+
+
+class NumpackOps(ArrayStoreOps):
+    name = "numpack"
+
+    def __init__(self):
+        from numpack import NumPack
+
+        self.NumPack = NumPack
+        self.index_replace_works = _numpack_index_replace_works()
+
+    def save(self, path, arrays):
+        with self.NumPack(path, drop_if_exists=True) as pack:
+            pack.save(arrays)
+
+    def open(self, path):
+        pack = self.NumPack(path, warn_no_context=False)
+        pack.open()
+        return pack
+
+    def replace(self, handle, name, rows, key):
+        if not isinstance(key, slice) and len(key) > 1 and not self.index_replace_works:
+            raise RuntimeError("numpack's replace with an index list of several rows writes wrong rows here (and "
+                               "crashes the process on large lists), so it is not run")
+        handle.replace({name: rows}, key)
+
+
+_NUMPACK_PROBE = """
+import sys, tempfile
+import numpy as np
+from numpack import NumPack
+with tempfile.TemporaryDirectory() as path:
+    with NumPack(path, drop_if_exists=True) as pack:
+        pack.save({"a": np.arange(30, dtype=np.float32).reshape(10, 3)})
+        pack.replace({"a": np.full((2, 3), -1, np.float32)}, [2, 5])
+        ok = np.array_equal(np.array(pack.load("a"))[[2, 5]], np.full((2, 3), -1, np.float32))
+sys.exit(0 if ok else 1)
+"""
+
+
+def _numpack_index_replace_works() -> bool:
+    """Whether numpack replaces rows at an index list correctly (numpack 0.4.5
+    writes garbage past the first row and can segfault), tried in a child."""
+    return subprocess.run([sys.executable, "-c", _NUMPACK_PROBE], capture_output=True).returncode == 0
+
+
+class NpyOps:
+    """One .npy file per array; an edit is load, modify, save."""
+
+    name = "NPY"
+
+    def save(self, path, arrays):
+        os.makedirs(path, exist_ok=True)
+        for name, array in arrays.items():
+            np.save(os.path.join(path, name + ".npy"), array)
+
+    def open(self, path):
+        return path
+
+    def close(self, handle):
+        pass
+
+    def _file(self, path, name):
+        return os.path.join(path, name + ".npy")
+
+    def load(self, path, name):
+        return np.load(self._file(path, name))
+
+    def lazy(self, path, name):
+        return np.load(self._file(path, name), mmap_mode="r")
+
+    def replace(self, path, name, rows, key):
+        array = self.load(path, name)
+        array[key] = rows
+        np.save(self._file(path, name), array)
+
+    def drop_array(self, path, name):
+        os.remove(self._file(path, name))
+
+    def drop_rows(self, path, name, indices):
+        np.save(self._file(path, name), np.delete(self.load(path, name), indices, axis=0))
+
+    def append(self, path, name, rows):
+        np.save(self._file(path, name), np.concatenate([self.load(path, name), rows]))
+
+    def getitem(self, path, name, indices):
+        return np.load(self._file(path, name), mmap_mode="r")[indices]
+
+
+class NpzOps:
+    """One uncompressed .npz of all arrays; an edit is load all, modify, save all."""
+
+    name = "NPZ"
+
+    def _file(self, path):
+        return os.path.join(path, "arrays.npz")
+
+    def _all(self, path):
+        with np.load(self._file(path)) as archive:
+            return {name: archive[name] for name in archive.files}
+
+    def save(self, path, arrays):
+        os.makedirs(path, exist_ok=True)
+        np.savez(self._file(path), **arrays)
+
+    def open(self, path):
+        return path
+
+    def close(self, handle):
+        pass
+
+    def load(self, path, name):
+        with np.load(self._file(path)) as archive:
+            return archive[name]
+
+    def lazy(self, path, name):
+        return self.load(path, name)  # an .npz member cannot be memory-mapped
+
+    def _edit(self, path, name, change):
+        arrays = self._all(path)
+        arrays[name] = change(arrays[name])
+        np.savez(self._file(path), **arrays)
+
+    def replace(self, path, name, rows, key):
+        def change(array):
+            array[key] = rows
+            return array
+
+        self._edit(path, name, change)
+
+    def drop_array(self, path, name):
+        arrays = self._all(path)
+        del arrays[name]
+        np.savez(self._file(path), **arrays)
+
+    def drop_rows(self, path, name, indices):
+        self._edit(path, name, lambda array: np.delete(array, indices, axis=0))
+
+    def append(self, path, name, rows):
+        self._edit(path, name, lambda array: np.concatenate([array, rows]))
+
+    def getitem(self, path, name, indices):
+        return self.load(path, name)[indices]
+
+
+def fsync_tree(path) -> None:
+    """fsync every file under ``path`` and the directories (what makes a
+    contender's files durable after its own call returns)."""
+    for directory, _, files in os.walk(path):
+        for file in files:
+            descriptor = os.open(os.path.join(directory, file), os.O_RDONLY)
+            try:
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
+        descriptor = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def tree_bytes(path) -> int:
+    return sum(os.path.getsize(os.path.join(directory, file)) for directory, _, files in os.walk(path) for file in files)
+
+
+# ---- the operations --------------------------------------------------------------------
+
+
+class Operation:
+    """One row of the table: ``run(ops, handle, path) -> result`` (timed) and
+    ``check(ops, handle, path, result)`` (first run only). ``setup`` says what
+    ``path`` holds before the run (untimed): nothing (``empty``, no handle),
+    a fresh copy of the saved arrays (``fresh``) or the saved arrays (``open``)."""
+
+    def __init__(self, label, run, check, setup="open"):
+        self.label = label
+        self.run = run
+        self.check = check
+        self.setup = setup
+
+
+def build_operations(a: np.ndarray, b: np.ndarray, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    rows = len(a)
+    block = min(10_000, rows // 10)
+    large = rows // 2
+    one_row = rng.random((1, a.shape[1]), dtype=np.float32)
+    block_rows = rng.random((block, a.shape[1]), dtype=np.float32)
+    large_rows = rng.random((large, a.shape[1]), dtype=np.float32)
+    row = int(rng.integers(rows))
+    start = int(rng.integers(rows - block))
+    random_rows = np.sort(rng.choice(rows, block, replace=False))
+    doomed = np.sort(rng.choice(rows, large, replace=False))
+    access = rng.integers(0, rows, block)
+    arrays = {"a": a, "b": b}
+
+    def replaced(key, new):
+        expected = a.copy()
+        expected[key] = new
+        return expected
+
+    def loaded_equal(name, expected):
+        return lambda ops, handle, path, _: np.array_equal(ops.load(handle, name), expected)
+
+    def saved_equal(ops, handle, path, _):
+        reopened = ops.open(path)
+        try:
+            return np.array_equal(ops.load(reopened, "a"), a) and np.array_equal(ops.load(reopened, "b"), b)
+        finally:
+            ops.close(reopened)
+
+    operations = [
+        Operation("save", lambda ops, handle, path: ops.save(path, arrays), saved_equal, setup="empty"),
+        Operation("save + fsync (durable)", lambda ops, handle, path: (ops.save(path, arrays), fsync_tree(path)), saved_equal, setup="empty"),
+        Operation("full load (a and b)", lambda ops, handle, path: (ops.load(handle, "a"), ops.load(handle, "b")),
+                  lambda ops, handle, path, result: np.array_equal(result[0], a) and np.array_equal(result[1], b)),
+        Operation("selective load (a)", lambda ops, handle, path: ops.load(handle, "a"), lambda ops, handle, path, result: np.array_equal(result, a)),
+        Operation("lazy / mmap load (a and b)", lambda ops, handle, path: (ops.lazy(handle, "a"), ops.lazy(handle, "b")),
+                  lambda ops, handle, path, result: result[0].shape == a.shape and np.array_equal(result[0][5:9], a[5:9])),
+        Operation("replace 1 row", lambda ops, handle, path: ops.replace(handle, "a", one_row, [row]), loaded_equal("a", replaced([row], one_row)), setup="fresh"),
+        Operation("replace 1 row + fsync (durable)", lambda ops, handle, path: (ops.replace(handle, "a", one_row, [row]), fsync_tree(path)),
+                  loaded_equal("a", replaced([row], one_row)), setup="fresh"),
+        Operation(f"replace {block:,} contiguous rows", lambda ops, handle, path: ops.replace(handle, "a", block_rows, slice(start, start + block)),
+                  loaded_equal("a", replaced(slice(start, start + block), block_rows)), setup="fresh"),
+        Operation(f"replace {block:,} random rows", lambda ops, handle, path: ops.replace(handle, "a", block_rows, random_rows),
+                  loaded_equal("a", replaced(random_rows, block_rows)), setup="fresh"),
+        Operation(f"replace {large:,} rows", lambda ops, handle, path: ops.replace(handle, "a", large_rows, slice(0, large)),
+                  loaded_equal("a", replaced(slice(0, large), large_rows)), setup="fresh"),
+        Operation("drop array (b)", lambda ops, handle, path: ops.drop_array(handle, "b"),
+                  lambda ops, handle, path, _: np.array_equal(ops.load(handle, "a"), a), setup="fresh"),
+        Operation(f"drop {large:,} rows", lambda ops, handle, path: ops.drop_rows(handle, "a", doomed),
+                  loaded_equal("a", np.delete(a, doomed, axis=0)), setup="fresh"),
+        Operation(f"append {len(b):,} rows (to b)", lambda ops, handle, path: ops.append(handle, "b", b),
+                  loaded_equal("b", np.concatenate([b, b])), setup="fresh"),
+        Operation(f"{block:,} random-index access", lambda ops, handle, path: ops.getitem(handle, "a", access),
+                  lambda ops, handle, path, result: np.array_equal(result, a[access])),
+    ]
+    return operations, arrays
+
+
+# ---- running ---------------------------------------------------------------------------
+
+
+def _prepare(ops, operation, work: Path, saved: Path):
+    """The untimed setup; returns (handle, path) for ``run``. It ends with
+    ``os.sync()`` so no write-back of earlier runs overlaps the timed one."""
+    if operation.setup == "open":
+        handle, path = ops.open(str(saved)), str(saved)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+        if operation.setup == "empty":
+            handle, path = None, str(work)
+        else:
+            shutil.copytree(saved, work)
+            handle, path = ops.open(str(work)), str(work)
+    os.sync()
+    gc.collect()
+    return handle, path
+
+
+def _time_operation(contenders, operation, root: Path, runs: int) -> dict:
+    samples = {ops.name: [] for ops in contenders}
+    failures = {}
+    for run in range(runs):
+        for ops in contenders:
+            if ops.name in failures:
+                continue
+            stem = ops.name.replace(" ", "_")
+            handle, path = _prepare(ops, operation, root / f"{stem}-work", root / f"{stem}-saved")
+            try:
+                started = time.perf_counter()
+                result = operation.run(ops, handle, path)
+                samples[ops.name].append(time.perf_counter() - started)
+                if run == 0 and not operation.check(ops, handle, path, result):
+                    failures[ops.name] = "wrong result"
+            except Exception as exc:  # a contender that fails is reported, not fatal
+                failures[ops.name] = f"{type(exc).__name__}: {exc}"
+            finally:
+                if handle is not None:
+                    ops.close(handle)
+    return {name: (failures.get(name) or statistics.median(values)) for name, values in samples.items()}
+
+
+def _cell(value, best: float) -> str:
+    if isinstance(value, str):
+        return "FAILED"
+    text = f"{value * 1e3:.3f} ms" if value < 0.01 else f"{value * 1e3:.1f} ms"
+    return f"**{text}**" if value == best else text
+
+
+def bench_numpack(quick: bool) -> str:
+    """numpack's benchmark table; returns markdown."""
+    rows = 100_000 if quick else 1_000_000
+    runs = 3 if quick else 7
+    rng = np.random.default_rng(42)
+    a = rng.random((rows, 10), dtype=np.float32)
+    b = rng.random((rows // 2, 5), dtype=np.float32)
+    contenders, notes = [ArrayStoreOps()], []
+    try:
+        contenders.append(NumpackOps())
+    except ImportError:
+        notes.append(f"skipped: numpack not installed (pip install {NUMPACK_INSTALL})")
+    contenders += [NpyOps(), NpzOps()]
+    operations, arrays = build_operations(a, b)
+    table_rows, errors = [], []
+    with tempfile.TemporaryDirectory(prefix="loaderx-bench-numpack-") as temporary:
+        root = Path(temporary)
+        sizes = {}
+        for ops in contenders:
+            saved = root / (ops.name.replace(" ", "_") + "-saved")
+            ops.save(str(saved), arrays)
+            sizes[ops.name] = tree_bytes(saved)
+        for operation in operations:
+            results = _time_operation(contenders, operation, root, runs)
+            times = [value for value in results.values() if not isinstance(value, str)]
+            best = min(times) if times else None
+            table_rows.append([operation.label] + [_cell(results[ops.name], best) for ops in contenders])
+            errors += [f"FAILED: {name}, {operation.label}: {value}" for name, value in results.items() if isinstance(value, str)]
+        npy = sizes["NPY"]
+        table_rows.append(["file size"] + [f"{sizes[ops.name] / 2**20:.2f} MiB ({sizes[ops.name] / npy:.4f}x NPY)" for ops in contenders])
+    header = ["operation"] + [ops.name for ops in contenders]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows]
+    table = "\n".join(lines)
+    text = "\n".join(notes + errors)
+    return (
+        f"### numpack: arrays a = {rows:,} x 10 and b = {rows // 2:,} x 5 float32, warm page cache\n\n{table}\n\n"
+        + (f"{text}\n\n" if text else "")
+        + f"Median of {runs} interleaved runs; fastest in bold; each contender's results checked against NumPy on the "
+        "first run. Edits run on a fresh copy of the saved arrays (copied untimed); reads on an open store. "
+        "NPY and NPZ edits are load, modify, save (numpack's README method). loaderx's save, replace and drop "
+        "fsync before returning (append is atomic, durable at sync() or close()); numpack, NPY and NPZ do not fsync, so the "
+        "`+ fsync` rows add an fsync of every file of the directory to show the durable cost. "
+        "`drop ... rows` in numpack marks rows deleted (its `update()` compacts later); loaderx rewrites the array. "
+        "Random access: `getitem` for loaderx and numpack, a memory map for NPY, a full member read for NPZ."
+    )
+
+
+def main(argv=None) -> int:
+    quick = "--quick" in (sys.argv[1:] if argv is None else argv)
+    print(bench_numpack(quick))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

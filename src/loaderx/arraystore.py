@@ -1,0 +1,832 @@
+"""ArrayStore: a directory of named NumPy arrays with in-place row edits.
+
+The numpack operations (``save``, ``load``, lazy loads, ``getitem``,
+``replace``, ``append``, ``drop``, ...) over zrecord stores. Layout::
+
+    <root>/.arraystore.msgpack   {"format": "loaderx-arraystore", "version": 1}
+    <root>/.lock                 flock(LOCK_EX) held by the one writing ArrayStore
+    <root>/<name>/               a dense loaderx store (zrecord + schema.msgpack),
+                                 one record per row along axis 0
+    <root>/<name>/array.msgpack  only for 0-d arrays, stored as one scalar row
+    <root>/.new-<name>  .old-<name>  .drop-<name>   saves and drops in flight
+
+The directory is the only list of arrays, so there is no catalogue to keep in
+step with the data. Row edits are the store's atomic commits. ``save`` writes
+the whole new array into ``.new-<name>`` (data, schema and directory fsynced),
+then swaps it in with one ``renameat2(RENAME_EXCHANGE)`` (or, where the
+kernel or file system lacks it, two renames through ``.old-<name>``), fsyncs
+the root and deletes the old data. ``drop`` renames to ``.drop-<name>`` first.
+The first write of an ArrayStore takes the root lock and finishes what a
+crashed writer left: ``.new-`` and ``.drop-`` directories are deleted, and an
+``.old-<name>`` whose ``<name>`` is missing is renamed back. So after a crash
+every array is its old or its new contents, never a mix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import math
+import os
+import shutil
+import threading
+
+import msgpack
+import numpy as np
+
+from .converter import from_numpy
+from .dataset import SCHEMA_FILE, DenseDataset, _int_index, _is_int, _record_indices
+from .zrecord import CODECS, StoreClosedError, StoreLockedError, StoreReadOnlyError
+
+__all__ = ["ArrayStore", "LazyArray"]
+
+FORMAT_NAME = "loaderx-arraystore"
+FORMAT_VERSION = 1
+MARKER_FILE = ".arraystore.msgpack"
+LOCK_FILE = ".lock"
+ARRAY_FILE = "array.msgpack"  # only in the directory of a 0-d array
+NAME_BYTES_MAX = 200  # leaves room for the ".drop-" prefix within NAME_MAX (255)
+STREAM_BYTES = 64 << 20  # stream_load's default chunk, in bytes of rows
+_STAGING = (".new-", ".old-", ".drop-")
+_MARKER_BYTES_MAX = 1 << 16
+
+
+class ArrayStore:
+    """A directory of named dense arrays, opened (or created) at ``path``.
+
+    One record per row, raw by default (``save(..., codec=...)`` per call).
+    Reading never locks; the first write takes the directory's lock until
+    ``close()``, so one ArrayStore at a time writes (a second one raises
+    ``StoreLockedError``). ``save``, ``replace``, ``drop`` and ``compact`` are
+    durable when they return; ``append`` is atomic, and durable after
+    ``sync()`` or ``close()`` (the store's own rule).
+
+    ``replace`` and ``append`` take rows of the array's dtype, or of a dtype
+    NumPy casts to it with ``same_kind`` casting (float64 into float32 is fine,
+    float into int is refused); integers must fit the array's integer dtype.
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._lock = threading.RLock()
+        self._arrays: dict[str, _Array] = {}
+        self._lock_fd = None
+        self._closed = False
+        _open_root(self.path)
+
+    # ---- lifetime
+
+    def close(self) -> None:
+        """Makes appends durable, closes every array and releases the write lock."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._sync_arrays()
+            finally:
+                for entry in self._arrays.values():
+                    entry.close()
+                self._arrays.clear()
+                if self._lock_fd is not None:
+                    os.close(self._lock_fd)  # releases the flock
+                    self._lock_fd = None
+
+    def sync(self) -> None:
+        """Makes every append so far durable (survives power loss)."""
+        with self._lock:
+            self._check_open()
+            self._sync_arrays()
+
+    def _sync_arrays(self) -> None:
+        for entry in self._arrays.values():
+            if entry.appended and not entry.closed:
+                entry.store.sync()
+                entry.appended = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self)} arrays"
+        return f"ArrayStore({self.path!r}, {state})"
+
+    # ---- names
+
+    def get_member_list(self) -> list:
+        """The names of the arrays, sorted."""
+        self._check_open()
+        names = []
+        with os.scandir(self.path) as entries:
+            for item in entries:
+                if not item.name.startswith(".") and os.path.isfile(os.path.join(item.path, SCHEMA_FILE)):
+                    names.append(item.name)
+        return sorted(names)
+
+    def has_array(self, name) -> bool:
+        self._check_open()
+        if not _valid_name(name):
+            return False
+        return os.path.isfile(os.path.join(self.path, name, SCHEMA_FILE))
+
+    def __contains__(self, name) -> bool:
+        return self.has_array(name)
+
+    def __iter__(self):
+        return iter(self.get_member_list())
+
+    def __len__(self) -> int:
+        return len(self.get_member_list())
+
+    # ---- reads
+
+    def load(self, name, lazy: bool = False):
+        """The whole array (one native gather into a fresh array), or with
+        ``lazy=True`` at once a ``LazyArray`` that reads only the rows asked for."""
+        entry = self._entry(name)
+        return LazyArray(entry) if lazy else entry.read_all()
+
+    def __getitem__(self, name):
+        return self.load(name)
+
+    @contextlib.contextmanager
+    def mmap_mode(self):
+        """``with store.mmap_mode() as view:`` ``view.load(name)`` is lazy (numpack 0.1)."""
+        self._check_open()
+        yield _LazyLoading(self)
+
+    def getitem(self, name, idx):
+        """Rows of ``name``: an int gives one row, a slice, list, int array or
+        boolean mask gives an array of rows, read with one gather."""
+        entry = self._entry(name)
+        if entry.scalar:
+            raise IndexError(f"array '{name}' is 0-d: it has no rows; load it with load('{name}')")
+        try:
+            return entry.dataset[idx]
+        except IndexError as exc:
+            raise IndexError(f"array '{name}': {exc}") from None
+
+    def get_shape(self, name=None):
+        """The shape of ``name``, or a dict of the shapes of all arrays."""
+        if name is not None:
+            return self._entry(name).shape
+        return {member: self._entry(member).shape for member in self.get_member_list()}
+
+    def get_modify_time(self, name) -> float:
+        """When ``name`` last changed, in seconds since the epoch (its last commit)."""
+        self._require(name)
+        return os.stat(os.path.join(self.path, name, "superblock")).st_mtime
+
+    def get_metadata(self) -> dict:
+        """The format, and for each array its shape, dtype, codec, logical and
+        on-disk bytes and modify time."""
+        arrays = {}
+        for name in self.get_member_list():
+            entry = self._entry(name)
+            arrays[name] = {
+                "shape": list(entry.shape),
+                "dtype": entry.dataset.dtype.str,
+                "codec": entry.dataset.codec,
+                "nbytes": math.prod(entry.shape) * entry.dataset.dtype.itemsize,
+                "disk_bytes": _tree_bytes(entry.path),
+                "modify_time": self.get_modify_time(name),
+            }
+        return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "path": self.path, "arrays": arrays}
+
+    def stream_load(self, name, buffer_size=None):
+        """Iterates over ``name`` in chunks of at most ``buffer_size`` rows
+        (default: 64 MiB of rows), each read with one gather."""
+        entry = self._entry(name)
+        if entry.scalar:
+            raise ValueError(f"array '{name}' is 0-d: it has no rows to stream; load it with load('{name}')")
+        if buffer_size is None:
+            rows = max(1, STREAM_BYTES // max(entry.row_bytes, 1))
+        else:
+            if not _is_int(buffer_size) or buffer_size <= 0:
+                raise ValueError(f"buffer_size must be a positive number of rows, got {buffer_size!r}")
+            rows = int(buffer_size)
+        return _stream(entry, rows)
+
+    def dataset(self, name) -> DenseDataset:
+        """The array ``name`` as a new ``DenseDataset`` (for the ``DataLoader``).
+        It reads the array as it is now; close it when done."""
+        entry = self._entry(name)
+        if entry.scalar:
+            raise ValueError(f"array '{name}' is 0-d: a dataset needs rows")
+        return DenseDataset(entry.path)
+
+    # ---- writes
+
+    def save(self, arrays, codec: str = "raw") -> None:
+        """Creates or overwrites each named array (one record per row along
+        axis 0). An overwrite is atomic: a crash leaves the old array or the
+        new one. All names and arrays are checked before anything is written."""
+        codec = _codec_name(codec)
+        items = [(name, _array_to_save(name, value)) for name, value in _named(arrays, "save")]
+        with self._lock:
+            self._begin_write()
+            for name, array in items:
+                self._save_one(name, array, codec)
+
+    def replace(self, arrays, idx) -> None:
+        """Gives rows ``idx`` (int, slice, list, int array or boolean mask) of
+        each named array new contents, in place and atomically. ``arrays`` maps
+        names to rows of shape ``(len(idx), *row_shape)``; a repeated index
+        takes its last row."""
+        items = _named(arrays, "replace")
+        with self._lock:
+            self._begin_write()
+            plans = []
+            for name, rows in items:
+                entry = self._row_entry(name, "replace")
+                indices = _row_indices(idx, len(entry.dataset), name)
+                data = entry.rows(rows, indices.size, "replace")
+                plans.append((entry, *_last_wins(indices, data, idx)))
+            for entry, indices, data in plans:
+                if indices.size:
+                    entry.store.replace(indices, data, entry.offsets(indices.size))
+
+    def append(self, arrays) -> None:
+        """Appends rows to each named (existing) array."""
+        items = _named(arrays, "append")
+        with self._lock:
+            self._begin_write()
+            plans = []
+            for name, rows in items:
+                entry = self._row_entry(name, "append")
+                plans.append((entry, entry.rows(rows, None, "append")))
+            for entry, data in plans:
+                if len(data):
+                    entry.store.append(data, entry.offsets(len(data)))
+                    entry.appended = True
+
+    def drop(self, name, rows=None) -> None:
+        """Drops arrays (a name or a list of names), or with ``rows`` drops
+        those rows of each named array, keeping the order of the rest."""
+        names = list(dict.fromkeys([name] if isinstance(name, str) else _name_list(name)))
+        with self._lock:
+            self._begin_write()
+            if rows is None:
+                for member in names:
+                    self._require(member)  # KeyError before any change
+                self._drop_arrays(names)
+                return
+            plans = []
+            for entry in [self._entry(member) for member in names]:
+                if entry.scalar:
+                    raise ValueError(f"array '{entry.name}' is 0-d: it has no rows to drop; drop the array with drop('{entry.name}')")
+                plans.append((entry, _row_indices(rows, len(entry.dataset), entry.name)))
+            for entry, indices in plans:
+                if indices.size:
+                    entry.store.delete(indices, keep_order=True)
+
+    def compact(self) -> None:
+        """Reclaims the space of replaced and dropped rows in every array."""
+        with self._lock:
+            self._begin_write()
+            for name in self.get_member_list():
+                self._entry(name).store.compact()
+
+    def reset(self) -> None:
+        """Drops every array."""
+        with self._lock:
+            self._begin_write()
+            self._drop_arrays(self.get_member_list())
+
+    # ---- internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"ArrayStore '{self.path}' is closed; open it again with ArrayStore(path)")
+
+    def _entry(self, name) -> "_Array":
+        """The open array ``name``; KeyError when there is none.
+
+        The writer's handles are current by construction. A reader checks
+        that the directory is still the one it opened (its open handle pins
+        the inode, so the number cannot be reused) and refreshes the store
+        to see other processes' commits.
+        """
+        _check_name(name)
+        with self._lock:
+            self._check_open()
+            entry = self._arrays.get(name)
+            if entry is not None and self._lock_fd is not None:
+                return entry
+            path = os.path.join(self.path, name)
+            try:
+                inode = os.stat(path).st_ino
+            except FileNotFoundError:
+                inode = None
+            if entry is not None:
+                if inode == entry.inode:
+                    entry.store.refresh()
+                    return entry
+                self._forget(name)
+            if inode is None or not os.path.isfile(os.path.join(path, SCHEMA_FILE)):
+                self._require(name)
+            entry = _Array.open(name, path, inode)
+            self._arrays[name] = entry
+            return entry
+
+    def _require(self, name) -> None:
+        """KeyError unless ``name`` is an array (without opening it)."""
+        if not self.has_array(name):
+            _check_name(name)
+            raise KeyError(f"no array named {name!r} in ArrayStore '{self.path}' (it has {self.get_member_list()})")
+
+    def _row_entry(self, name, what: str) -> "_Array":
+        entry = self._entry(name)
+        if entry.scalar:
+            raise ValueError(f"cannot {what} rows of '{name}': it is a 0-d array; save a new value with save()")
+        return entry
+
+    def _forget(self, name) -> None:
+        entry = self._arrays.pop(name, None)
+        if entry is not None:
+            entry.close()
+
+    def _begin_write(self) -> None:
+        """Takes the directory's write lock on first use, then finishes what a
+        crashed writer left and revalidates handles opened as a reader."""
+        self._check_open()
+        if self._lock_fd is not None:
+            return
+        try:
+            descriptor = os.open(os.path.join(self.path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError:
+            raise StoreReadOnlyError(f"cannot write ArrayStore '{self.path}': the directory is read-only (open it for reading only, or fix its permissions)") from None
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            raise StoreLockedError(f"ArrayStore '{self.path}' is open for writing by another ArrayStore (in this or another process); one writer at a time: close the other first") from None
+        try:
+            _recover(self.path)
+            for name in list(self._arrays):
+                try:
+                    self._entry(name)  # as a reader still: reopens or refreshes stale handles
+                except KeyError:
+                    pass  # dropped by another writer: _entry forgot it
+        except BaseException:
+            os.close(descriptor)
+            raise
+        self._lock_fd = descriptor
+
+    def _save_one(self, name: str, array: np.ndarray, codec: str) -> None:
+        target = os.path.join(self.path, name)
+        staging = os.path.join(self.path, ".new-" + name)
+        _remove_tree(staging)
+        try:
+            from_numpy(staging, array.reshape(1) if array.ndim == 0 else array, codec=codec, progress=False)
+            if array.ndim == 0:
+                _write_file(os.path.join(staging, ARRAY_FILE), msgpack.packb({"shape": []}))
+        except BaseException:
+            _remove_tree(staging)
+            raise
+        self._forget(name)
+        old = _swap_in(self.path, name, staging, target)
+        _fsync_dir(self.path)
+        if old is not None:
+            _remove_tree(old)
+
+    def _drop_arrays(self, names) -> None:
+        doomed = []
+        for name in names:
+            self._forget(name)
+            trash = os.path.join(self.path, ".drop-" + name)
+            os.rename(os.path.join(self.path, name), trash)
+            doomed.append(trash)
+        if doomed:
+            _fsync_dir(self.path)
+        for trash in doomed:
+            _remove_tree(trash)
+
+
+class LazyArray:
+    """An array of an ArrayStore that reads only the rows asked for.
+
+    ``shape``, ``dtype``, ``ndim``, ``len``; ``lazy[i]`` is one row,
+    ``lazy[slice | list | int array | bool mask]`` (with optional trailing
+    indices) an array read with one gather; ``np.asarray(lazy)`` loads all.
+    It shows the array's current rows, edits included, and stops working
+    (ValueError) once the array is overwritten or dropped or its ArrayStore
+    closed.
+    """
+
+    def __init__(self, entry: "_Array"):
+        self._entry = entry
+
+    def _live(self) -> "_Array":
+        if self._entry.closed:
+            raise ValueError(f"this lazy array of '{self._entry.name}' is gone: the array was overwritten or dropped, or its ArrayStore closed; load it again")
+        return self._entry
+
+    @property
+    def name(self) -> str:
+        return self._entry.name
+
+    @property
+    def shape(self) -> tuple:
+        return self._live().shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._entry.dataset.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        shape = self.shape
+        if not shape:
+            raise TypeError("len() of a 0-d array")
+        return shape[0]
+
+    def __getitem__(self, key):
+        entry = self._live()
+        if entry.scalar:
+            if key is Ellipsis or (isinstance(key, tuple) and key == ()):
+                return entry.read_all()
+            raise IndexError(f"array '{entry.name}' is 0-d: index it with [()] or [...]")
+        return entry.dataset[key]
+
+    def __array__(self, dtype=None, copy=None):
+        array = self._live().read_all()
+        return array if dtype is None else array.astype(dtype, copy=False)
+
+    def __iter__(self):
+        entry = self._live()
+        if entry.scalar:
+            raise TypeError("iteration over a 0-d array")
+        for chunk in _stream(entry, max(1, STREAM_BYTES // max(entry.row_bytes, 1))):
+            yield from chunk
+
+    def __repr__(self) -> str:
+        if self._entry.closed:
+            return f"LazyArray({self._entry.name!r}, gone)"
+        return f"LazyArray({self._entry.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+class _LazyLoading:
+    """The view ``mmap_mode()`` yields: the store, with lazy ``load``."""
+
+    def __init__(self, store: ArrayStore):
+        self._store = store
+
+    def load(self, name, lazy: bool = True):
+        return self._store.load(name, lazy=lazy)
+
+    def __getitem__(self, name):
+        return self._store.load(name, lazy=True)
+
+    def __getattr__(self, attribute):
+        return getattr(self._store, attribute)
+
+    def __contains__(self, name):
+        return name in self._store
+
+    def __iter__(self):
+        return iter(self._store)
+
+    def __len__(self):
+        return len(self._store)
+
+
+class _Array:
+    """One open array: its dataset (reads) and the dataset's store (writes)."""
+
+    def __init__(self, name: str, path: str, inode: int, dataset: DenseDataset, scalar: bool):
+        self.name = name
+        self.path = path
+        self.inode = inode
+        self.dataset = dataset
+        self.store = dataset.store
+        self.scalar = scalar
+        self.row_bytes = dataset.dtype.itemsize * math.prod(dataset.item_shape)
+        self.appended = False
+        self._offsets = np.empty(0, dtype=np.uint64)
+
+    @classmethod
+    def open(cls, name: str, path: str, inode: int) -> "_Array":
+        dataset = DenseDataset(path)
+        try:
+            scalar = _read_scalar_marker(path, dataset)
+        except BaseException:
+            dataset.close()
+            raise
+        return cls(name, path, inode, dataset, scalar)
+
+    @property
+    def closed(self) -> bool:
+        return self.dataset.closed
+
+    def close(self) -> None:
+        self.dataset.close()
+
+    @property
+    def shape(self) -> tuple:
+        return () if self.scalar else (len(self.dataset), *self.dataset.item_shape)
+
+    def read_all(self) -> np.ndarray:
+        """The whole array: one gather into a fresh array of its shape."""
+        out = self.read_rows(0, len(self.dataset))
+        return out.reshape(()) if self.scalar else out
+
+    def read_rows(self, start: int, end: int) -> np.ndarray:
+        """Rows ``start..end`` with one gather (equal-length records need no
+        offsets: row k lands at k times the row size)."""
+        out = np.empty((end - start, *self.dataset.item_shape), dtype=self.dataset.dtype)
+        if end > start and self.row_bytes:
+            self.store.gather(np.arange(start, end, dtype=np.uint64), out)
+        return out
+
+    def offsets(self, count: int) -> np.ndarray:
+        """Byte offsets of ``count`` packed rows (cached: replace and append
+        of the same batch size reuse them)."""
+        if self._offsets.size != count:
+            self._offsets = np.arange(count, dtype=np.uint64) * np.uint64(self.row_bytes)
+        return self._offsets
+
+    def rows(self, rows, count, what: str) -> np.ndarray:
+        """``rows`` as a C-contiguous ``(n, *item_shape)`` array of this
+        array's dtype (``n == count`` when given); ValueError otherwise."""
+        item_shape = self.dataset.item_shape
+        array = np.asarray(rows)
+        if array.shape == item_shape and count in (None, 1):
+            array = array.reshape(1, *item_shape)  # one row given without its row axis
+        if array.ndim != len(item_shape) + 1 or array.shape[1:] != item_shape or (count is not None and len(array) != count):
+            expected = _shape_text("n" if count is None else str(count), item_shape)
+            raise ValueError(f"cannot {what} rows of '{self.name}': got shape {array.shape}, expected {expected} (rows of shape {item_shape})")
+        return np.ascontiguousarray(_cast(array, self.dataset.dtype, f"cannot {what} rows of '{self.name}'"))
+
+
+# ---- helpers ------------------------------------------------------------------
+
+
+def _shape_text(first: str, item_shape: tuple) -> str:
+    parts = [first, *map(str, item_shape)]
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def _stream(entry: _Array, rows: int):
+    start = 0
+    while True:
+        end = min(start + rows, len(entry.dataset))
+        if end <= start:
+            return
+        yield entry.read_rows(start, end)
+        start = end
+
+
+def _named(arrays, what: str) -> list:
+    """The ``(name, value)`` pairs of a ``{name: array}`` argument, names checked."""
+    if not hasattr(arrays, "items"):
+        raise TypeError(f"{what} takes a dict {{name: array}}, got {type(arrays).__name__}")
+    items = list(arrays.items())
+    for name, _ in items:
+        _check_name(name)
+    return items
+
+
+def _name_list(names) -> list:
+    if isinstance(names, (list, tuple)):
+        for name in names:
+            _check_name(name)
+        return list(names)
+    _check_name(names)
+    return [names]
+
+
+def _valid_name(name) -> bool:
+    return (
+        isinstance(name, str)
+        and name != ""
+        and not name.startswith(".")
+        and "/" not in name
+        and "\\" not in name
+        and "\0" not in name
+        and len(name.encode("utf-8", "surrogatepass")) <= NAME_BYTES_MAX
+    )
+
+
+def _check_name(name) -> None:
+    if not _valid_name(name):
+        raise ValueError(
+            f"invalid array name {name!r}: a name is a non-empty str of at most {NAME_BYTES_MAX} bytes, "
+            "without '/', '\\' or NUL, not starting with '.'"
+        )
+
+
+def _codec_name(codec) -> str:
+    if codec not in CODECS:
+        raise ValueError(f"unknown codec {codec!r}: use one of {sorted(CODECS)}")
+    return codec
+
+
+def _array_to_save(name: str, value) -> np.ndarray:
+    array = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if array.dtype.hasobject:
+        raise ValueError(f"cannot save '{name}': dtype {array.dtype} holds Python objects; convert it to a numeric, string or bytes dtype")
+    return array
+
+
+def _cast(array: np.ndarray, dtype: np.dtype, context: str) -> np.ndarray:
+    """``array`` as ``dtype``: equal, or a ``same_kind`` cast of numbers whose
+    integer values fit; ValueError otherwise."""
+    source = array.dtype
+    if source == dtype:
+        return array
+    numeric = source.kind in "biuf" and dtype.kind in "biuf"
+    allowed = np.can_cast(source, dtype, "same_kind") if numeric else np.can_cast(source, dtype, "safe")
+    if not allowed:
+        raise ValueError(f"{context}: dtype {source} does not cast to the array's {dtype} (same_kind casting): convert it first")
+    if dtype.kind in "iu" and source.kind in "iu" and not np.can_cast(source, dtype, "safe") and array.size:
+        limits = np.iinfo(dtype)
+        low, high = int(array.min()), int(array.max())
+        if low < limits.min or high > limits.max:
+            bad = low if low < limits.min else high
+            raise ValueError(f"{context}: value {bad} does not fit in the array's {dtype}")
+    return array.astype(dtype)
+
+
+def _row_indices(key, length: int, name: str) -> np.ndarray:
+    """Row selector (int, slice, list, int array, bool mask; negative counts
+    from the end) as flat uint64 indices; IndexError when out of range."""
+    try:
+        if _is_int(key):
+            return np.array([_int_index(key, length)], dtype=np.uint64)
+        indices, shape = _record_indices(key, length)
+    except IndexError as exc:
+        raise IndexError(f"array '{name}': {exc}") from None
+    if len(shape) != 1:
+        raise ValueError(f"array '{name}': give row indices as a flat list, got an index array of shape {shape}")
+    return indices
+
+
+def _last_wins(indices: np.ndarray, data: np.ndarray, key):
+    """Drops repeated indices but the last (NumPy's assignment order), since
+    the store takes each record once per replace."""
+    if isinstance(key, slice) or indices.size < 2 or np.all(indices[1:] > indices[:-1]):
+        return indices, data
+    reversed_unique, first_in_reversed = np.unique(indices[::-1], return_index=True)
+    if reversed_unique.size == indices.size:
+        return indices, data
+    keep = indices.size - 1 - first_in_reversed
+    return reversed_unique, np.ascontiguousarray(data[keep])
+
+
+def _read_scalar_marker(path: str, dataset: DenseDataset) -> bool:
+    file = os.path.join(path, ARRAY_FILE)
+    try:
+        with open(file, "rb") as handle:
+            payload = handle.read(_MARKER_BYTES_MAX + 1)
+    except FileNotFoundError:
+        return False
+    try:
+        data = msgpack.unpackb(payload, raw=False)
+    except Exception as exc:
+        raise ValueError(f"{file} is damaged: {exc}") from exc
+    if not isinstance(data, dict) or data.get("shape") != [] or dataset.item_shape != () or len(dataset) != 1:
+        raise ValueError(f"{file} says a 0-d array, but the store holds {len(dataset)} rows of shape {dataset.item_shape}: the array is damaged")
+    return True
+
+
+def _open_root(path: str) -> None:
+    """Creates the ArrayStore directory or checks that ``path`` is one."""
+    marker = os.path.join(path, MARKER_FILE)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"'{path}' is a file, not an ArrayStore directory")
+    os.makedirs(path, exist_ok=True)
+    try:
+        with open(marker, "rb") as handle:
+            payload = handle.read(_MARKER_BYTES_MAX + 1)
+    except FileNotFoundError:
+        if any(not item.startswith(MARKER_FILE + ".tmp") for item in os.listdir(path)):
+            raise ValueError(f"'{path}' is a non-empty directory that is not an ArrayStore (it has no {MARKER_FILE}): give a new or empty directory") from None
+        _write_file(marker, msgpack.packb({"format": FORMAT_NAME, "version": FORMAT_VERSION}))
+        return
+    try:
+        data = msgpack.unpackb(payload, raw=False)
+    except Exception as exc:
+        raise ValueError(f"{marker} is damaged or not an ArrayStore marker: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
+        raise ValueError(f"'{path}' is not an ArrayStore ({marker} names format {data.get('format') if isinstance(data, dict) else data!r})")
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ValueError(f"{marker} has an invalid version {version!r}")
+    if version > FORMAT_VERSION:
+        raise ValueError(f"ArrayStore '{path}' has version {version}, newer than this loaderx understands ({FORMAT_VERSION}): upgrade loaderx")
+
+
+def _recover(root: str) -> None:
+    """Finishes what a crashed writer left (see the module docstring)."""
+    changed = False
+    with os.scandir(root) as entries:
+        leftovers = [item.name for item in entries if item.name.startswith(_STAGING) or item.name.startswith(MARKER_FILE + ".tmp")]
+    for leftover in leftovers:
+        path = os.path.join(root, leftover)
+        changed = True
+        if leftover.startswith(".old-"):
+            target = os.path.join(root, leftover[len(".old-"):])
+            if not os.path.exists(target):
+                os.rename(path, target)  # the swap stopped between its two renames: roll back
+                continue
+        _remove_tree(path)
+    if changed:
+        _fsync_dir(root)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+_exchange_works = _renameat2 is not None
+
+
+def _exchange(source: str, target: str) -> bool:
+    """Atomically swaps two paths; False where the OS or file system cannot."""
+    global _exchange_works
+    if not _exchange_works:
+        return False
+    if _renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        _exchange_works = False
+        return False
+    raise OSError(code, f"cannot swap '{source}' and '{target}': {os.strerror(code)}")
+
+
+def _swap_in(root: str, name: str, staging: str, target: str):
+    """Moves the complete ``staging`` to ``target``; returns where the old
+    contents now are (to delete), or None when there were none."""
+    if not os.path.lexists(target):
+        os.rename(staging, target)
+        return None
+    if _exchange(staging, target):
+        return staging
+    old = os.path.join(root, ".old-" + name)
+    os.rename(target, old)
+    os.rename(staging, target)
+    return old
+
+
+def _write_file(path: str, payload: bytes) -> None:
+    """Writes a small file atomically and durably: temp file, fsync, rename, directory fsync."""
+    temporary = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    _fsync_dir(os.path.dirname(path))
+
+
+def _fsync_dir(path: str) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _remove_tree(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _tree_bytes(path: str) -> int:
+    with os.scandir(path) as entries:
+        return sum(item.stat().st_size for item in entries if item.is_file())
