@@ -49,3 +49,13 @@ def test_readme_dataset_and_store_blocks_run(tmp_path, monkeypatch):
     assert ragged["lengths"].tolist() == [3, 4]
     assert ragged["padded"].shape == (2, 4)
     assert store["lengths"].tolist() == [12, 5]
+
+
+def test_readme_arraystore_block_runs(tmp_path, monkeypatch):
+    """The README's ArrayStore block runs as written."""
+    monkeypatch.chdir(tmp_path)
+    block = next(b for b in python_blocks() if 'ArrayStore("arrays")' in b)
+    namespace = {}
+    exec(compile(block, "README ArrayStore block", "exec"), namespace)
+    assert namespace["rows"].shape == (3, 10)
+    assert namespace["store"].closed
