@@ -59,6 +59,8 @@ pub const record_count_max: u64 = 1 << 48;
 pub const dict_bytes_max: u64 = 16 << 20;
 
 pub const zstd_level: c_int = 3;
+pub const zstd_block_bytes_max: u64 = 128 * 1024;
+pub const zstd_expansion_max: u64 = zstd_block_bytes_max / 4;
 
 pub const Codec = enum(u8) {
     raw = 0,
@@ -206,6 +208,12 @@ pub const Entry = extern struct {
         const stored = entry.storedBytes();
         if (entry.raw_bytes > record_bytes_max) return "record length out of range";
         if (codec_value == .raw and stored != entry.raw_bytes) return "raw record with stored length != length";
+        // A zstd block of 4 bytes (an RLE block) expands to at most 128 KiB,
+        // so no frame decodes to more than this: a damaged length cannot
+        // make a reader allocate without bound.
+        if (codec_value != .raw and entry.raw_bytes > stored *| zstd_expansion_max +| zstd_block_bytes_max) {
+            return "compressed record claims more bytes than its frame can hold";
+        }
         const end = std.math.add(u64, entry.offset, stored) catch return "record offset overflows";
         if (end > data_bytes) return "record lies past the end of the data file";
         return null;

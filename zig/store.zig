@@ -213,10 +213,15 @@ pub const Store = struct {
                 return status.fail(error.Corrupt, "store '{s}' has data files but no superblock; it is damaged", .{store.path});
             }
         }
-        const file = store.dir.createFile("superblock", .{ .exclusive = true }) catch |err| switch (err) {
-            error.PathAlreadyExists => return, // Another process created it first.
-            else => return status.fromOs(err, "cannot create a store in '{s}'", .{store.path}),
+        // Written whole under a temporary name, then linked into place, so
+        // a crash never leaves a half-written superblock; link() fails if
+        // another process created the store first, and then theirs stands.
+        var temp_buffer: [64]u8 = undefined;
+        const temp = std.fmt.bufPrint(&temp_buffer, "superblock.tmp-{d}", .{std.os.linux.getpid()}) catch unreachable;
+        const file = store.dir.createFile(temp, .{ .exclusive = false }) catch |err| {
+            return status.fromOs(err, "cannot create a store in '{s}'", .{store.path});
         };
+        defer store.dir.deleteFile(temp) catch {};
         defer file.close();
         var superblock = Superblock.empty();
         superblock.seal();
@@ -224,6 +229,10 @@ pub const Store = struct {
         @memcpy(slots[0..@sizeOf(Superblock)], std.mem.asBytes(&superblock));
         file.pwriteAll(&slots, 0) catch |err| return status.fromOs(err, "cannot write the superblock of '{s}'", .{store.path});
         file.sync() catch |err| return status.fromOs(err, "cannot sync the superblock of '{s}'", .{store.path});
+        posix.linkat(store.dir.fd, temp, store.dir.fd, "superblock", 0) catch |err| switch (err) {
+            error.PathAlreadyExists => return,
+            else => return status.fromOs(err, "cannot create a store in '{s}'", .{store.path}),
+        };
         posix.fsync(store.dir.fd) catch |err| return status.fromOs(err, "cannot sync directory '{s}'", .{store.path});
     }
 
@@ -248,10 +257,12 @@ pub const Store = struct {
             }
             if (best == null or candidate.generation > best.?.generation) best = candidate;
         }
-        if (best) |superblock| return superblock;
+        // A sound slot of another version means another loaderx wrote here:
+        // reading the older slot would silently drop its commits.
         if (std.mem.eql(u8, reasons[0], "unsupported version") or std.mem.eql(u8, reasons[1], "unsupported version")) {
             return status.fail(error.UnsupportedVersion, "store '{s}' has an on-disk format version this loaderx cannot read (it reads version {d}); upgrade loaderx", .{ store.path, format.version });
         }
+        if (best) |superblock| return superblock;
         if (std.mem.eql(u8, reasons[0], "wrong magic") and std.mem.eql(u8, reasons[1], "wrong magic")) {
             return status.fail(error.NotAStore, "'{s}' is not a zrecord store (its superblock has the wrong magic)", .{store.path});
         }
@@ -272,7 +283,11 @@ pub const Store = struct {
             return store.buildSnapshot(superblock, current) catch |err| switch (err) {
                 error.NotFound => {
                     if (attempt + 1 < attempts_max) continue;
-                    return status.fail(error.Corrupt, "store '{s}' is damaged: {s}", .{ store.path, status.message() });
+                    var detail: [256]u8 = undefined;
+                    const message = status.message();
+                    const kept = message[0..@min(message.len, detail.len)];
+                    @memcpy(detail[0..kept.len], kept);
+                    return status.fail(error.Corrupt, "store '{s}' is damaged: {s}", .{ store.path, detail[0..kept.len] });
                 },
                 else => return err,
             };
@@ -446,7 +461,12 @@ pub const Store = struct {
         const snapshot = store.acquire();
         defer store.release();
         try checkIndices(snapshot, indices);
-        for (indices, out) |index, *length| length.* = try snapshot.recordLength(index);
+        for (indices, out) |index, *length| {
+            length.* = try snapshot.recordLength(index);
+            if (store.verify_reads and !recordSound(snapshot, index)) {
+                return status.fail(error.ChecksumMismatch, "record {d}: checksum mismatch (the record or its index entry is damaged)", .{index});
+            }
+        }
     }
 
     /// Decodes records `indices` into `target`: record k at byte

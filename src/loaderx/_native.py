@@ -25,7 +25,9 @@ ffi.cdef((_HERE / "_abi.h").read_text())
 if not _LIBRARY.exists():
     raise ImportError(f"loaderx's native library is missing: {_LIBRARY} does not exist. {_REBUILD}")
 try:
-    lib = ffi.dlopen(str(_LIBRARY))
+    # RTLD_NODELETE: the native worker threads outlive the interpreter's
+    # teardown, so the library must stay mapped until the process exits.
+    lib = ffi.dlopen(str(_LIBRARY), ffi.RTLD_NOW | ffi.RTLD_NODELETE)
 except OSError as exc:
     raise ImportError(f"loaderx could not load its native library {_LIBRARY}: {exc}. {_REBUILD}") from exc
 if lib.lx_version() != ABI_VERSION:

@@ -269,8 +269,7 @@ class Zrecord:
         """One record as bytes (a convenience over ``gather``)."""
         length = int(self.lengths([idx])[0])
         buffer = bytearray(length)
-        if length:
-            self.gather([idx], buffer, [0])
+        self.gather([idx], buffer, [0])  # also for 0 bytes: a verified read checks it
         return bytes(buffer)
 
     def stats(self) -> dict:
