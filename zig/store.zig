@@ -148,6 +148,10 @@ pub const Store = struct {
             .in_flight = .init(0),
         };
         try store.ensureSuperblock();
+        errdefer if (store.dictionary) |dictionary| {
+            dictionary.deinit();
+            allocator.destroy(dictionary);
+        };
         const snapshot = try store.loadSnapshot(null);
         store.snapshot = .init(snapshot);
         return store;
@@ -546,8 +550,8 @@ pub const Store = struct {
         status.clear();
         store.mutex.lock();
         defer store.mutex.unlock();
-        try store.beginWrite();
         try checkBatch(source, offsets);
+        try store.beginWrite();
         const current = store.head();
         const first = current.count();
         if (first + offsets.len > format.record_count_max) {
@@ -576,11 +580,11 @@ pub const Store = struct {
         status.clear();
         store.mutex.lock();
         defer store.mutex.unlock();
-        try store.beginWrite();
         if (indices.len != offsets.len) {
             return status.fail(error.InvalidArgument, "replace got {d} indices but {d} records", .{ indices.len, offsets.len });
         }
         try checkBatch(source, offsets);
+        try store.beginWrite();
         const current = store.head();
         try checkIndices(current, indices);
         try checkCodec(current, record_codec);
