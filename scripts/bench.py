@@ -6,7 +6,12 @@ Prints a machine block, then one markdown table per benchmark. Every figure
 is the median of several runs (the count is printed under each table); runs
 of the contenders are interleaved so a burst of noise on a shared machine
 hits all of them alike. Every contender's output is checked for correctness
-before it is timed. `--quick` runs small sizes and few runs in a few seconds.
+before it is timed; a contender that returns wrong data is reported FAILED,
+one that is not installed is skipped with a line saying how to install it
+(`pip install -e '.[bench]'` brings them all). `--quick` runs small sizes and
+few runs, every table in well under a minute, for smoke testing. The stores
+are written under the system temporary directory (set TMPDIR to choose the
+disk); the full `store` table needs about 4 GiB there.
 
 Each table is a function registered in `TABLES`; a table that is not written
 yet prints a line saying so.
@@ -15,11 +20,19 @@ yet prints a line saying so.
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib
 import os
 import platform
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import warnings
+import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -169,13 +182,889 @@ def bench_sampler(quick: bool) -> str:
     )
 
 
+# -- shared by the store and loader tables ----------------------------------------
+
+RECORD_FLOATS = 3072  # one record: 3072 float32, 12 KiB
+RECORD_BYTES = RECORD_FLOATS * 4
+BATCH_SIZE = 256
+MiB = 1 << 20
+
+
+def structured_rows(count: int, seed: int = 0) -> np.ndarray:
+    """`count` mildly compressible float32 records, like sensor or feature data.
+
+    Each row is a sum of three random sinusoids plus small Gaussian noise,
+    quantized to 2**-16: the quantization zeroes the low mantissa bits, so
+    zstd finds about 1.3x, far from the 5-15x of smooth images or text.
+    """
+    rng = np.random.default_rng(seed)
+    grid = np.linspace(0.0, 1.0, RECORD_FLOATS, dtype=np.float32)
+    rows = np.empty((count, RECORD_FLOATS), dtype=np.float32)
+    for start in range(0, count, 1024):
+        block = rows[start : start + 1024]
+        shape = (len(block), 3, 1)
+        frequency = rng.uniform(1.0, 8.0, shape).astype(np.float32)
+        phase = rng.uniform(0.0, 2 * np.pi, shape).astype(np.float32)
+        amplitude = rng.uniform(0.2, 1.0, shape).astype(np.float32)
+        signal = (amplitude * np.sin(2 * np.pi * frequency * grid + phase)).sum(axis=1)
+        signal += rng.standard_normal(signal.shape, dtype=np.float32) * np.float32(0.01)
+        block[:] = np.round(signal * 65536) / 65536
+    return rows
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(path for path in directory.rglob("*") if path.is_file())
+
+
+def allocated_bytes(directory: Path) -> int:
+    """Bytes of disk blocks the files under `directory` occupy (sparse holes are free)."""
+    return sum(path.stat().st_blocks * 512 for path in _files(directory))
+
+
+def sync_tree(directory: Path) -> None:
+    """fsyncs every file under `directory`: a write counts once it is on disk
+    (loaderx commits durably by itself, the others do not), and only clean
+    pages can be evicted for the cold-cache runs."""
+    for path in _files(directory):
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def warm_tree(directory: Path) -> None:
+    """Reads every file under `directory` once, so all reads start from the page cache."""
+    for path in _files(directory):
+        with open(path, "rb", buffering=0) as handle:
+            while handle.read(8 * MiB):
+                pass
+
+
+def evict_tree(directory: Path) -> None:
+    """Asks the kernel to drop the (clean, unmapped) cached pages of every file."""
+    for path in _files(directory):
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(descriptor)
+
+
+def resident_bytes(directory: Path) -> int | None:
+    """Bytes of the files under `directory` in the page cache (util-linux
+    `fincore`), or None when fincore is not installed."""
+    files = [str(path) for path in _files(directory)]
+    if shutil.which("fincore") is None:
+        return None
+    if not files:
+        return 0
+    result = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", *files],
+        capture_output=True, text=True, check=True,
+    )
+    return sum(int(field) for field in result.stdout.split())
+
+
+def _missing(modules: tuple[str, ...]) -> str | None:
+    """The first of `modules` that cannot be imported, or None when all import."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception:  # a broken install (a missing shared library) is missing too
+            return module
+    return None
+
+
+def _mib_per_second(byte_count: int, seconds: float) -> str:
+    return f"{byte_count / seconds / MiB:,.0f}"
+
+
+# -- store ------------------------------------------------------------------------
+#
+# A contender is a writer and an opener. `write(directory, rows)` stores the
+# rows under `directory`; `open(directory, rows)` returns `(read, close)`, where
+# `read(indices)` returns the records at `indices` (int64, any order, repeats
+# allowed) as a (len(indices), RECORD_FLOATS) float32 array, through the
+# contender's public API the way its documentation reads a batch. Only the
+# in-memory ceiling looks at `rows` when opening.
+
+Reader = Callable[[np.ndarray], np.ndarray]
+Opened = tuple[Reader, Callable[[], None]]
+
+
+@dataclass(frozen=True)
+class StoreContender:
+    name: str
+    modules: tuple[str, ...]  # what it imports; if any is missing it is skipped
+    install: str  # the pip requirement that brings it
+    write: Callable[[Path, np.ndarray], None] | None  # None: nothing on disk
+    open: Callable[[Path, np.ndarray], Opened]
+
+
+def _open_memory(directory: Path, rows: np.ndarray) -> Opened:
+    out = np.empty((BATCH_SIZE, RECORD_FLOATS), dtype=np.float32)
+    # mode="clip": with the default "raise" NumPy buffers `out` (a second copy);
+    # the indices are in range, so clipping changes nothing.
+    return (lambda indices: np.take(rows, indices, axis=0, out=out, mode="clip")), (lambda: None)
+
+
+def _loaderx(codec: str) -> tuple[Callable, Callable]:
+    def write(directory: Path, rows: np.ndarray) -> None:
+        from loaderx.zrecord import Zrecord
+
+        with Zrecord(directory / "store", codec=codec) as store:
+            if codec == "zstd_dict":
+                # zstd wants about 100x the dictionary in samples: ~1000 rows
+                # spread over the data for a 112 KiB dictionary.
+                sample = np.ascontiguousarray(rows[:: max(1, len(rows) // 1000)])
+                store.train_dict(sample, [RECORD_BYTES] * len(sample), 112 * 1024)
+            store.append(rows, np.arange(len(rows), dtype=np.uint64) * np.uint64(RECORD_BYTES))
+
+    def open_(directory: Path, rows: np.ndarray) -> Opened:
+        from loaderx.zrecord import Zrecord
+
+        store = Zrecord(directory / "store", codec=codec)
+        out = np.empty((BATCH_SIZE, RECORD_FLOATS), dtype=np.float32)
+
+        def read(indices: np.ndarray) -> np.ndarray:
+            store.gather(indices, out)
+            return out
+
+        return read, store.close
+
+    return write, open_
+
+
+def _write_npy(directory: Path, rows: np.ndarray) -> None:
+    np.save(directory / "rows.npy", rows)
+
+
+def _open_npy(directory: Path, rows: np.ndarray) -> Opened:
+    array = np.load(directory / "rows.npy", mmap_mode="r")
+    return (lambda indices: array[indices]), (lambda: None)
+
+
+def _write_hdf5(compression: str | None) -> Callable[[Path, np.ndarray], None]:
+    def write(directory: Path, rows: np.ndarray) -> None:
+        import h5py
+
+        with h5py.File(directory / "rows.h5", "w") as file:
+            if compression is None:
+                file.create_dataset("rows", data=rows)  # contiguous, h5py's default
+            else:  # one record per chunk: random records decompress nothing extra
+                file.create_dataset("rows", data=rows, chunks=(1, RECORD_FLOATS), compression=compression)
+
+    return write
+
+
+def _open_hdf5(directory: Path, rows: np.ndarray) -> Opened:
+    import h5py
+
+    file = h5py.File(directory / "rows.h5", "r")
+    dataset = file["rows"]
+
+    def read(indices: np.ndarray) -> np.ndarray:
+        # h5py selects only increasing, distinct indices: sort, read, restore order.
+        unique, inverse = np.unique(indices, return_inverse=True)
+        return dataset[unique][inverse]
+
+    return read, file.close
+
+
+def _lmdb(compress: bool) -> tuple[Callable, Callable]:
+    def write(directory: Path, rows: np.ndarray) -> None:
+        import lmdb
+
+        environment = lmdb.open(str(directory / "lmdb"), map_size=2 * rows.nbytes + 64 * MiB)
+        try:
+            with environment.begin(write=True) as transaction:
+                for index, row in enumerate(rows):
+                    value = row.tobytes()
+                    transaction.put(index.to_bytes(8, "big"), zlib.compress(value) if compress else value)
+        finally:
+            environment.close()
+
+    def open_(directory: Path, rows: np.ndarray) -> Opened:
+        import lmdb
+
+        environment = lmdb.open(str(directory / "lmdb"), readonly=True, lock=False)
+
+        def read(indices: np.ndarray) -> np.ndarray:
+            out = np.empty((len(indices), RECORD_FLOATS), dtype=np.float32)
+            with environment.begin() as transaction:
+                for position, index in enumerate(indices.tolist()):
+                    value = transaction.get(index.to_bytes(8, "big"))
+                    out[position] = np.frombuffer(zlib.decompress(value) if compress else value, dtype=np.float32)
+            return out
+
+        return read, environment.close
+
+    return write, open_
+
+
+def _write_blosc2(directory: Path, rows: np.ndarray) -> None:
+    import blosc2
+
+    # One record per chunk (blosc2's defaults otherwise: zstd, shuffle, all cores).
+    blosc2.asarray(rows, urlpath=str(directory / "rows.b2nd"), mode="w", chunks=(1, RECORD_FLOATS))
+
+
+def _open_blosc2(directory: Path, rows: np.ndarray) -> Opened:
+    import blosc2
+
+    array = blosc2.open(str(directory / "rows.b2nd"), mode="r")
+    return (lambda indices: array[indices]), (lambda: None)
+
+
+def _shard_rows(count: int) -> int:
+    # Sharded so `on disk` measures compression, not one 4 KiB-rounded file per record.
+    return min(1000, count)
+
+
+def _write_zarr(directory: Path, rows: np.ndarray) -> None:
+    import zarr
+
+    array = zarr.create_array(
+        store=str(directory / "rows.zarr"), shape=rows.shape, dtype=rows.dtype,
+        chunks=(1, RECORD_FLOATS), shards=(_shard_rows(len(rows)), RECORD_FLOATS),
+    )  # zarr's default codec: zstd
+    array[...] = rows
+
+
+def _open_zarr(directory: Path, rows: np.ndarray) -> Opened:
+    import zarr
+
+    array = zarr.open_array(str(directory / "rows.zarr"), mode="r")
+    return (lambda indices: array.oindex[indices]), (lambda: None)
+
+
+def _tensorstore_spec(directory: Path) -> dict:
+    return {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(directory / "rows.zarr")}}
+
+
+def _write_tensorstore(directory: Path, rows: np.ndarray) -> None:
+    import tensorstore
+
+    chunk = {"name": "regular", "configuration": {"chunk_shape": [_shard_rows(len(rows)), RECORD_FLOATS]}}
+    inner = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd", "configuration": {"level": 3}}]
+    sharding = {"name": "sharding_indexed", "configuration": {
+        "chunk_shape": [1, RECORD_FLOATS], "codecs": inner,
+        "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+    }}
+    spec = dict(_tensorstore_spec(directory), create=True, metadata={
+        "shape": list(rows.shape), "data_type": "float32", "chunk_grid": chunk, "codecs": [sharding],
+    })
+    tensorstore.open(spec).result().write(rows).result()
+
+
+def _open_tensorstore(directory: Path, rows: np.ndarray) -> Opened:
+    import tensorstore
+
+    array = tensorstore.open(_tensorstore_spec(directory), read=True).result()
+    return (lambda indices: array[indices].read().result()), (lambda: None)
+
+
+def _write_arrayrecord(directory: Path, rows: np.ndarray) -> None:
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    # group_size:1 is what ArrayRecord recommends for random access (default codec zstd).
+    writer = ArrayRecordWriter(str(directory / "rows.array_record"), "group_size:1")
+    for row in rows:
+        writer.write(row.tobytes())
+    writer.close()
+
+
+def _open_arrayrecord(directory: Path, rows: np.ndarray) -> Opened:
+    from array_record.python.array_record_data_source import ArrayRecordDataSource
+
+    source = ArrayRecordDataSource(str(directory / "rows.array_record"))
+
+    def read(indices: np.ndarray) -> np.ndarray:
+        records = source.__getitems__(indices.tolist())
+        return np.stack([np.frombuffer(record, dtype=np.float32) for record in records])
+
+    return read, (lambda: source.__exit__(None, None, None))
+
+
+def _write_numpack(directory: Path, rows: np.ndarray) -> None:
+    from numpack import NumPack
+
+    with NumPack(str(directory / "numpack"), drop_if_exists=True) as pack:
+        pack.save({"rows": rows})
+
+
+def _open_numpack(directory: Path, rows: np.ndarray) -> Opened:
+    from numpack import NumPack
+
+    pack = NumPack(str(directory / "numpack"))
+    pack.open()
+    return (lambda indices: pack.getitem("rows", indices)), pack.close
+
+
+def store_contenders() -> list[StoreContender]:
+    loaderx = [_loaderx(codec) for codec in ("raw", "zstd", "zstd_dict")]
+    lmdb_plain, lmdb_zlib = _lmdb(False), _lmdb(True)
+    return [
+        StoreContender("numpy in memory (ceiling)", (), "", None, _open_memory),
+        StoreContender("loaderx raw", ("loaderx",), "-e .", *loaderx[0]),
+        StoreContender("loaderx zstd", ("loaderx",), "-e .", *loaderx[1]),
+        StoreContender("loaderx zstd_dict", ("loaderx",), "-e .", *loaderx[2]),
+        StoreContender("npy-mmap", (), "", _write_npy, _open_npy),
+        StoreContender("hdf5", ("h5py",), "h5py", _write_hdf5(None), _open_hdf5),
+        StoreContender("hdf5-gzip", ("h5py",), "h5py", _write_hdf5("gzip"), _open_hdf5),
+        StoreContender("lmdb", ("lmdb",), "lmdb", *lmdb_plain),
+        StoreContender("lmdb-zlib", ("lmdb",), "lmdb", *lmdb_zlib),
+        StoreContender("blosc2", ("blosc2",), "blosc2", _write_blosc2, _open_blosc2),
+        StoreContender("zarr", ("zarr",), "zarr", _write_zarr, _open_zarr),
+        StoreContender("tensorstore", ("tensorstore",), "tensorstore", _write_tensorstore, _open_tensorstore),
+        StoreContender(
+            "arrayrecord", ("array_record.python.array_record_module",), "array-record",
+            _write_arrayrecord, _open_arrayrecord,
+        ),
+        StoreContender("numpack", ("numpack",), "numpack==0.4.5", _write_numpack, _open_numpack),
+    ]
+
+
+# The contenders of the cold-cache table: stores a loader reads through the
+# page cache, whose pages fadvise can drop once the store is closed.
+COLD_CONTENDERS = ("loaderx raw", "loaderx zstd", "npy-mmap")
+
+
+@dataclass
+class StoreResult:
+    contender: StoreContender
+    directory: Path
+    write_seconds: list[float]
+    read_seconds: list[float]
+    cold_seconds: list[float]
+    failure: str = ""
+    cold_cached: list[int] = field(default_factory=list)  # bytes a cold batch left in the page cache
+
+
+def _write_store(contender: StoreContender, directory: Path, rows: np.ndarray, runs: int) -> StoreResult:
+    """Writes `runs` times, each into a fresh `directory` and timed to the last
+    fsync; the last write stays for the reads."""
+    seconds = []
+    for _ in range(runs if contender.write else 1):
+        if directory.exists():
+            shutil.rmtree(directory)
+        directory.mkdir()
+        if contender.write is None:
+            break
+        start = time.perf_counter()
+        contender.write(directory, rows)
+        sync_tree(directory)
+        seconds.append(time.perf_counter() - start)
+    return StoreResult(contender, directory, seconds, [], [])
+
+
+def _check_batch(name: str, batch, rows: np.ndarray, indices: np.ndarray) -> None:
+    batch = np.asarray(batch)
+    expected = rows[indices]
+    if batch.shape != expected.shape or batch.dtype != expected.dtype:
+        raise AssertionError(f"{name}: returned {batch.dtype} {batch.shape}, expected {expected.dtype} {expected.shape}")
+    if not np.array_equal(batch, expected):
+        wrong = int((batch != expected).any(axis=1).sum())
+        raise AssertionError(f"{name}: {wrong} of {len(indices)} records differ from the source")
+
+
+def _read_run(reader: Reader, batches: np.ndarray) -> float:
+    start = time.perf_counter()
+    for indices in batches:
+        reader(indices)
+    return time.perf_counter() - start
+
+
+def _evict_settled(directory: Path, tries: int = 5) -> int | None:
+    """Evicts `directory` until fincore finds none of it cached (readahead
+    started by the last read can land pages after an eviction), at most
+    `tries` times; returns the bytes still cached (None: no fincore)."""
+    for _ in range(tries):
+        evict_tree(directory)
+        cached = resident_bytes(directory)
+        if not cached:
+            return cached
+        time.sleep(0.02)
+    return cached
+
+
+def _cold_run(result: StoreResult, rows: np.ndarray, batches: np.ndarray) -> tuple[float, int | None]:
+    """Seconds to read `batches`, each from a cold page cache: the store is
+    closed (unmapping it), its files evicted, and reopened before every batch;
+    only the read is timed. Records in `result.cold_cached` what each batch
+    brought into the page cache, and returns the most bytes an eviction left
+    cached (None: fincore is not installed, so neither is measurable)."""
+    elapsed, left = 0.0, 0
+    for indices in batches:
+        cached = _evict_settled(result.directory)
+        left = None if cached is None or left is None else max(left, cached)
+        read, close = result.contender.open(result.directory, rows)
+        start = time.perf_counter()
+        read(indices)
+        elapsed += time.perf_counter() - start
+        if left is not None:
+            result.cold_cached.append(resident_bytes(result.directory))
+        close()
+        del read  # drops the last reference to a memory map, so the next eviction reaches it
+    return elapsed, left
+
+
+def _store_row(result: StoreResult, source_bytes: int, batch_count: int) -> list[str]:
+    name = result.contender.name
+    if result.failure:
+        return [name, "FAILED", "FAILED", "—", "—", "—"]
+    read = statistics.median(result.read_seconds)
+    gathered = batch_count * BATCH_SIZE * RECORD_BYTES
+    if result.contender.write is None:
+        write, on_disk, ratio = "—", "— (in memory)", "—"
+    else:
+        disk = allocated_bytes(result.directory)
+        write = _mib_per_second(source_bytes, statistics.median(result.write_seconds))
+        on_disk, ratio = f"{disk / MiB:,.1f} MiB", f"{source_bytes / disk:.2f}x"
+    return [name, write, _mib_per_second(gathered, read), f"{read / batch_count * 1e3:.2f}", on_disk, ratio]
+
+
+def _write_stores(root: Path, rows: np.ndarray, runs: int) -> tuple[list[StoreResult], list[str]]:
+    """Writes every installed contender's store under `root` and reads its
+    files once; returns the results so far and the skipped lines."""
+    results, skipped = [], []
+    for number, contender in enumerate(store_contenders()):
+        if _missing(contender.modules) is not None:
+            skipped.append(f"skipped: {contender.name} not installed (pip install {contender.install})")
+            continue
+        directory = root / f"{number:02d}"
+        try:
+            result = _write_store(contender, directory, rows, runs)
+        except Exception as exc:
+            result = StoreResult(contender, directory, [], [], [], f"write raised {type(exc).__name__}: {exc}")
+        else:
+            warm_tree(directory)
+        results.append(result)
+    return results, skipped
+
+
+def _time_reads(results: list[StoreResult], rows: np.ndarray, batches: np.ndarray, runs: int) -> None:
+    """Checks each store's first and last batch against the source (which also
+    warms its own caches), then times `runs` passes over all batches,
+    interleaved so noise on the shared box hits every store alike. A store
+    that returns wrong data or raises is marked failed and not timed."""
+    readers: dict[str, Opened] = {}
+    for result in results:
+        if result.failure:
+            continue
+        try:
+            readers[result.contender.name] = result.contender.open(result.directory, rows)
+            for indices in (batches[0], batches[-1]):
+                _check_batch(result.contender.name, readers[result.contender.name][0](indices), rows, indices)
+        except Exception as exc:
+            result.failure = f"{type(exc).__name__}: {exc}"
+    for _ in range(runs):
+        for result in results:
+            if result.failure:
+                continue
+            try:
+                result.read_seconds.append(_read_run(readers[result.contender.name][0], batches))
+            except Exception as exc:
+                result.failure = f"{type(exc).__name__}: {exc}"
+    for read, close in readers.values():
+        close()
+    readers.clear()  # drops memory maps, so the cold runs can evict their pages
+
+
+def bench_store(quick: bool) -> str:
+    """Random batch gathers from every record store, the same batches for all."""
+    count, batch_count = (2000, 8) if quick else (20000, 200)
+    write_runs, read_runs = (1, 1) if quick else (3, 5)
+    cold_batches, cold_runs = (3, 1) if quick else (50, 3)
+    rows = structured_rows(count)
+    batches = np.random.default_rng(1).integers(0, count, (batch_count, BATCH_SIZE))
+    with tempfile.TemporaryDirectory(prefix="loaderx-bench-store-") as temporary:
+        results, skipped = _write_stores(Path(temporary), rows, write_runs)
+        _time_reads(results, rows, batches, read_runs)
+        cold = [result for result in results if result.contender.name in COLD_CONTENDERS and not result.failure]
+        cold_note = _cold_table(cold, rows, batches[:cold_batches], cold_runs)
+        table_rows = [_store_row(result, rows.nbytes, batch_count) for result in results]
+    failures = [f"FAILED: {result.contender.name}: {result.failure}" for result in results if result.failure]
+    table = markdown_table(["store", "write MiB/s", "gather MiB/s", "ms / batch", "on disk", "ratio"], table_rows)
+    notes = "\n".join(skipped + failures)
+    return (
+        f"### store: {count:,} records of {RECORD_BYTES // 1024} KiB (float32, zstd-compressible ~1.3x), "
+        f"{batch_count} random batches of {BATCH_SIZE}, warm page cache\n\n{table}\n\n"
+        + (f"{notes}\n\n" if notes else "")
+        + f"Write: median of {write_runs} (to the last fsync; loaderx zstd_dict includes training its "
+        f"dictionary). Gather: median of {read_runs} interleaved runs of all {batch_count} batches, after "
+        "every file was read once and each store's first and last batch were checked against the source. "
+        "`on disk` is allocated blocks; `ratio` is source bytes over that. Reads go through each "
+        "library's own batch API: loaderx `gather` into a reused buffer, NumPy `take` into one, h5py "
+        "fancy indexing (sorted, then reordered), one `get` per record in LMDB, `oindex` in zarr, index "
+        "arrays in TensorStore and blosc2, `__getitems__` for ArrayRecord, `getitem` in numpack. "
+        "Chunked stores keep one record per chunk; zarr and TensorStore shard them 1000 to a file."
+        f"\n\n{cold_note}"
+    )
+
+
+def _cold_table(results: list[StoreResult], rows: np.ndarray, batches: np.ndarray, runs: int) -> str:
+    header = f"### store, cold page cache: {len(batches)} batches of {BATCH_SIZE}, files evicted before each batch"
+    if not results:
+        return f"{header}\n\nskipped: none of {', '.join(COLD_CONTENDERS)} ran"
+    if not hasattr(os, "posix_fadvise"):
+        return f"{header}\n\nnot measured: this platform has no posix_fadvise"
+    verified = True
+    for _ in range(runs):
+        for result in results:
+            seconds, left = _cold_run(result, rows, batches)
+            result.cold_seconds.append(seconds)
+            if left is None:
+                verified = False
+            elif left > 0:
+                return (
+                    f"{header}\n\nnot measured: posix_fadvise(DONTNEED) left {left:,} bytes of "
+                    f"{result.contender.name} in the page cache, so a cold read cannot be forced here"
+                )
+    gathered = len(batches) * BATCH_SIZE * RECORD_BYTES
+    table_rows = []
+    for result in results:
+        seconds = statistics.median(result.cold_seconds)
+        cached = f"{statistics.median(result.cold_cached) / MiB:.1f}" if result.cold_cached else "—"
+        table_rows.append([
+            result.contender.name, _mib_per_second(gathered, seconds), f"{seconds / len(batches) * 1e3:.2f}", cached,
+        ])
+    table = markdown_table(["store", "gather MiB/s", "ms / batch", "MiB cached per batch"], table_rows)
+    check = (
+        "fincore confirmed every eviction" if verified
+        else "fincore is not installed, so the evictions are unverified"
+    )
+    return (
+        f"{header}\n\n{table}\n\nMedian of {runs} runs. Before every batch the store is closed, its files "
+        f"evicted with posix_fadvise(POSIX_FADV_DONTNEED) and the store reopened (untimed); {check}. "
+        f"`MiB cached per batch` is what one batch of {BATCH_SIZE * RECORD_BYTES / MiB:.0f} MiB of records "
+        "brought into the page cache (the kernel reads ahead around each fault or read). "
+        "\"Cold\" here is whatever backs this machine's disk, often a host cache, not a bare device."
+    )
+
+
+# -- loader -----------------------------------------------------------------------
+#
+# A loader contender is `start(directory) -> (next_batch, close)`:
+# `next_batch()` returns the next batch as NumPy arrays (features, labels),
+# endlessly (loaders with epochs start the next one), and `close()` stops its
+# workers. Every loader reads what it is built for from `directory`, written
+# by `_write_loader_data`. Labels are a permutation of 0..count, so a batch is
+# checked against the source by its labels alone, whatever sampler made it.
+
+LOADER_WORKERS = 4
+Batch = tuple[np.ndarray, np.ndarray]
+Started = tuple[Callable[[], Batch], Callable[[], None]]
+
+
+@dataclass(frozen=True)
+class LoaderContender:
+    name: str
+    modules: tuple[str, ...]
+    install: str
+    data: str  # what it reads: "loaderx" stores, "npy" files or an "arrayrecord" file
+    start: Callable[[Path], Started]
+
+
+def _write_loader_data(directory: Path, rows: np.ndarray, labels: np.ndarray, contenders: list[LoaderContender]) -> None:
+    """Writes what the runnable `contenders` read: loaderx stores, `.npy` files, an ArrayRecord file."""
+    kinds = {contender.data for contender in contenders}
+    if "loaderx" in kinds:
+        from loaderx import from_numpy
+
+        from_numpy(directory / "x-zstd", rows, codec="zstd", progress=False)
+        from_numpy(directory / "x-raw", rows, codec="raw", progress=False)
+        # 8-byte labels gain nothing from a zstd frame each: both loaderx rows store them raw.
+        from_numpy(directory / "y", labels, codec="raw", progress=False)
+    if "npy" in kinds:
+        np.save(directory / "x.npy", rows)
+        np.save(directory / "y.npy", labels)
+    if "arrayrecord" in kinds:
+        from array_record.python.array_record_module import ArrayRecordWriter
+
+        writer = ArrayRecordWriter(str(directory / "xy.array_record"), "group_size:1")
+        for row, label in zip(rows, labels.tolist()):
+            writer.write(row.tobytes() + label.to_bytes(8, "little", signed=True))
+        writer.close()
+
+
+def _loaderx_streams(directory: Path, codec: str) -> dict:
+    from loaderx import DenseDataset
+
+    return {"x": DenseDataset(directory / f"x-{codec}"), "y": DenseDataset(directory / "y")}
+
+
+def _start_loaderx(codec: str) -> Callable[[Path], Started]:
+    def start(directory: Path) -> Started:
+        from loaderx import DataLoader
+
+        streams = _loaderx_streams(directory, codec)
+        loader = DataLoader(streams, num_workers=LOADER_WORKERS, batch_size=BATCH_SIZE, prefetch_size=4, mode=1, seed=42)
+
+        def next_batch() -> Batch:
+            batch = next(loader)
+            return batch["x"], batch["y"]
+
+        def close() -> None:
+            loader.close()
+            for dataset in streams.values():
+                dataset.close()
+
+        return next_batch, close
+
+    return start
+
+
+def _start_bare(codec: str) -> Callable[[Path], Started]:
+    """The loaderx DataLoader's work per batch in a plain loop on one Python
+    thread: the same sampler steps, two gathers into fresh arrays."""
+
+    def start(directory: Path) -> Started:
+        from loaderx import Sampler
+
+        streams = _loaderx_streams(directory, codec)
+        features, labels = streams["x"], streams["y"]
+        sampler = Sampler(len(features), BATCH_SIZE, Sampler.Mode.IID, seed=42)
+        indices = np.empty(BATCH_SIZE, dtype=np.uint64)
+        step = 0
+
+        def next_batch() -> Batch:
+            nonlocal step
+            sampler.batch(step, indices)
+            step += 1
+            x = features.gather_into(indices, np.empty((BATCH_SIZE, *features.item_shape), features.dtype))
+            y = labels.gather_into(indices, np.empty(BATCH_SIZE, labels.dtype))
+            return x, y
+
+        def close() -> None:
+            features.close()
+            labels.close()
+
+        return next_batch, close
+
+    return start
+
+
+class _NpyRecords:
+    """A torch map-style dataset over memory-mapped `.npy` files, as torch's
+    tutorials write one: `__getitem__` per record, torch's default collate
+    stacks the batch. The files are mapped lazily, in each worker process."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.count = len(np.load(directory / "y.npy", mmap_mode="r"))
+        self.features = self.labels = None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def _open(self) -> None:
+        if self.features is None:
+            self.features = np.load(self.directory / "x.npy", mmap_mode="r")
+            self.labels = np.load(self.directory / "y.npy", mmap_mode="r")
+
+    def __getitem__(self, index: int):
+        import torch
+
+        self._open()
+        return torch.from_numpy(np.array(self.features[index])), int(self.labels[index])
+
+
+class _NpyBatches(_NpyRecords):
+    """The same with `__getitems__`, torch's batched fetch: one fancy index
+    per batch, and a collate_fn that keeps the batch as it is."""
+
+    def __getitems__(self, indices: list):
+        import torch
+
+        self._open()
+        order = np.asarray(indices)
+        return torch.from_numpy(self.features[order]), torch.from_numpy(self.labels[order])
+
+
+def _start_torch(batched: bool) -> Callable[[Path], Started]:
+    def start(directory: Path) -> Started:
+        import torch.utils.data as data
+
+        # Four workers on fewer cores is this benchmark's point, not a mistake.
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+        dataset = _NpyBatches(directory) if batched else _NpyRecords(directory)
+        loader = data.DataLoader(
+            dataset, batch_size=BATCH_SIZE, sampler=data.RandomSampler(dataset), num_workers=LOADER_WORKERS,
+            persistent_workers=True, drop_last=True, collate_fn=_keep_batch if batched else None,
+        )
+        epochs = _endless(loader)
+
+        def next_batch() -> Batch:
+            features, labels = next(epochs)
+            return features.numpy(), labels.numpy()
+
+        def close() -> None:
+            nonlocal epochs
+            # The generator holds the last reference to the loader: dropping it
+            # shuts the persistent workers down.
+            epochs.close()
+            epochs = None
+            gc.collect()
+
+        return next_batch, close
+
+    return start
+
+
+def _keep_batch(batch):
+    """collate_fn for `__getitems__`, whose result already is the batch."""
+    return batch
+
+
+def _endless(loader):
+    while True:
+        yield from loader
+
+
+def _start_grain(directory: Path) -> Started:
+    import grain.python as grain
+    from array_record.python.array_record_data_source import ArrayRecordDataSource
+
+    class Parse(grain.MapTransform):
+        def map(self, record: bytes):
+            return {
+                "x": np.frombuffer(record, dtype=np.float32, count=RECORD_FLOATS),
+                "y": np.frombuffer(record, dtype=np.int64, count=1, offset=RECORD_BYTES)[0],
+            }
+
+    source = ArrayRecordDataSource(str(directory / "xy.array_record"))
+    sampler = grain.IndexSampler(
+        num_records=len(source), shard_options=grain.NoSharding(), shuffle=True, num_epochs=None, seed=42,
+    )
+    loader = grain.DataLoader(
+        data_source=source, sampler=sampler, operations=[Parse(), grain.Batch(BATCH_SIZE, drop_remainder=True)],
+        worker_count=LOADER_WORKERS,
+    )
+    iterator = iter(loader)
+
+    def next_batch() -> Batch:
+        batch = next(iterator)
+        return batch["x"], batch["y"]
+
+    def close() -> None:
+        nonlocal iterator
+        iterator = None  # grain stops its worker processes when the iterator is collected
+        gc.collect()
+
+    return next_batch, close
+
+
+def loader_contenders() -> list[LoaderContender]:
+    return [
+        LoaderContender("loaderx zstd", ("loaderx.dataloader",), "-e .", "loaderx", _start_loaderx("zstd")),
+        LoaderContender("loaderx raw", ("loaderx.dataloader",), "-e .", "loaderx", _start_loaderx("raw")),
+        LoaderContender("bare gather loop, zstd (no DataLoader)", ("loaderx.dataset",), "-e .", "loaderx", _start_bare("zstd")),
+        LoaderContender("bare gather loop, raw (no DataLoader)", ("loaderx.dataset",), "-e .", "loaderx", _start_bare("raw")),
+        LoaderContender("torch DataLoader, npy-mmap, per-record", ("torch",), "torch==2.13.0", "npy", _start_torch(False)),
+        LoaderContender("torch DataLoader, npy-mmap, __getitems__", ("torch",), "torch==2.13.0", "npy", _start_torch(True)),
+        LoaderContender(
+            "grain over ArrayRecord", ("grain.python", "array_record.python.array_record_data_source"),
+            "grain array-record", "arrayrecord", _start_grain,
+        ),
+    ]
+
+
+def _check_loader_batch(name: str, batch: Batch, rows: np.ndarray, position: np.ndarray) -> None:
+    features, labels = (np.asarray(part) for part in batch)
+    if features.shape != (BATCH_SIZE, RECORD_FLOATS) or labels.shape != (BATCH_SIZE,):
+        raise AssertionError(f"{name}: batch shapes {features.shape} and {labels.shape}")
+    if labels.min() < 0 or labels.max() >= len(rows):
+        raise AssertionError(f"{name}: a label is not one of the source's")
+    if not np.array_equal(features, rows[position[labels]]):
+        raise AssertionError(f"{name}: features do not match their labels' source records")
+
+
+def _loader_run(contender: LoaderContender, directory: Path, rows: np.ndarray, position: np.ndarray,
+                warmup: int, seconds: float) -> float:
+    """Seconds per batch over `seconds` of batches (at least 10), after
+    `warmup` checked batches that also start the workers."""
+    next_batch, close = contender.start(directory)
+    try:
+        for _ in range(warmup):
+            _check_loader_batch(contender.name, next_batch(), rows, position)
+        start = time.perf_counter()
+        done = 0
+        while done < 10 or time.perf_counter() - start < seconds:
+            next_batch()
+            done += 1
+        return (time.perf_counter() - start) / done
+    finally:
+        close()
+
+
+def bench_loader(quick: bool) -> str:
+    """End-to-end batches from each loader: sample, fetch two streams, collate, hand over."""
+    count = 2000 if quick else 20000
+    runs, warmup, seconds = (1, 2, 0.2) if quick else (5, 8, 2.0)
+    rows = structured_rows(count)
+    labels = np.random.default_rng(2).permutation(count).astype(np.int64)
+    position = np.argsort(labels)
+    lines, runnable = [], []
+    for contender in loader_contenders():
+        if _missing(contender.modules) is None:
+            runnable.append(contender)
+        else:
+            lines.append(f"skipped: {contender.name} not installed (pip install {contender.install})")
+    samples: dict[str, list[float]] = {contender.name: [] for contender in runnable}
+    failures: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="loaderx-bench-loader-") as temporary:
+        directory = Path(temporary)
+        _write_loader_data(directory, rows, labels, runnable)
+        warm_tree(directory)
+        for _ in range(runs):  # interleaved, as in the store table
+            for contender in runnable:
+                if contender.name in failures:
+                    continue
+                try:
+                    samples[contender.name].append(
+                        _loader_run(contender, directory, rows, position, warmup, seconds)
+                    )
+                except Exception as exc:
+                    failures[contender.name] = f"{type(exc).__name__}: {exc}"
+    batch_bytes = BATCH_SIZE * (RECORD_BYTES + 8)
+    table_rows = []
+    for contender in runnable:
+        if contender.name in failures:
+            table_rows.append([contender.name, "FAILED", "—", "—", "—"])
+            lines.append(f"FAILED: {contender.name}: {failures[contender.name]}")
+            continue
+        per_batch = statistics.median(samples[contender.name])
+        table_rows.append([
+            contender.name, f"{1 / per_batch:,.1f}", f"{per_batch * 1e3:.2f}",
+            f"{BATCH_SIZE / per_batch:,.0f}", _mib_per_second(batch_bytes, per_batch),
+        ])
+    table = markdown_table(["loader", "batches/s", "ms / batch", "samples/s", "MiB/s"], table_rows)
+    notes = "\n".join(lines)
+    return (
+        f"### loader: end to end, {count:,} records, batches of {BATCH_SIZE} x (a {RECORD_BYTES // 1024} KiB "
+        f"float32 record + an int64 label), {LOADER_WORKERS} workers\n\n{table}\n\n"
+        + (f"{notes}\n\n" if notes else "")
+        + f"Median of {runs} interleaved runs; each run starts a fresh loader, checks {warmup} batches "
+        f"against the source (starting its workers), then times {seconds:g} s of batches (at least 10). loaderx uses threads and IID sampling and never ends an epoch; torch "
+        "(persistent worker processes, RandomSampler, drop_last) and grain (worker processes, "
+        "shuffled IndexSampler) read without replacement and pay their epoch restarts and the "
+        "inter-process hand-over. The bare loop is the DataLoader's work without the DataLoader: "
+        "what its threads and prefetching cost or win."
+    )
+
+
 # -- registry ---------------------------------------------------------------------
+
+# The numpack table lives beside this script (it is long enough for a file).
+from bench_numpack import bench_numpack  # noqa: E402
 
 TABLES: dict[str, Callable[[bool], str] | None] = {
     "sampler": bench_sampler,
-    "store": None,
-    "loader": None,
-    "numpack": None,
+    "store": bench_store,
+    "loader": bench_loader,
+    "numpack": bench_numpack,
 }
 
 
@@ -185,8 +1074,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes and few runs (seconds)")
     arguments = parser.parse_args(argv)
 
+    started = time.perf_counter()
     print("## machine\n")
-    print(machine_block())
+    print(machine_block(), flush=True)
     names = list(TABLES) if arguments.table == "all" else [arguments.table]
     for name in names:
         print()
@@ -195,6 +1085,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"### {name}: table not implemented yet")
             continue
         print(table(arguments.quick), flush=True)
+    print(f"\ntotal time: {time.perf_counter() - started:.1f} s ({arguments.table}{' --quick' if arguments.quick else ''})")
     return 0
 
 

@@ -1,0 +1,72 @@
+"""scripts/bench.py runs end to end, so the benchmark script cannot rot.
+
+This checks that every table runs and prints, not what the numbers are:
+benchmarks report speed, tests check behaviour. The script runs twice at
+its `--quick` sizes: with whatever contenders are installed here, and with
+all of them hidden, so both the timed path and the "skipped" path work
+whether or not `.[bench]` is installed.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench.py"
+
+# The optional contenders (the `bench` extra), by top-level module.
+CONTENDERS = ("h5py", "lmdb", "blosc2", "zarr", "tensorstore", "array_record", "numpack", "torch", "grain")
+
+# Runs bench.py with the contenders unimportable, as on a machine with only `.[test]`.
+HIDING_RUNNER = """
+import runpy, sys
+hidden = set(sys.argv[2:])
+class Hide:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in hidden:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, Hide())
+script = sys.argv[1]
+sys.argv = [script, "all", "--quick"]
+runpy.run_path(script, run_name="__main__")
+"""
+
+HEADERS = (
+    "## machine",
+    "- CPU:",
+    "- NumPy:",
+    "- loaderx:",
+    "### sampler:",
+    "### store:",
+    "### store, cold page cache:",
+    "### loader:",
+    "### numpack:",
+    "total time:",
+)
+
+
+def run(command):
+    # The quick run takes about 15 s here; the limit leaves room for a busy CI box.
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def check_output(result):
+    assert result.returncode == 0, f"bench.py exited {result.returncode}\n{result.stdout}\n{result.stderr}"
+    for header in HEADERS:
+        assert header in result.stdout, f"missing {header!r} in:\n{result.stdout}"
+    assert "FAILED" not in result.stdout, result.stdout
+    assert "| loaderx zstd |" in result.stdout
+
+
+@pytest.mark.parametrize("contenders", ["as installed", "hidden"])
+def test_bench_all_quick_prints_every_table(contenders):
+    if contenders == "hidden":
+        result = run([sys.executable, "-c", HIDING_RUNNER, str(SCRIPT), *CONTENDERS])
+    else:
+        result = run([sys.executable, str(SCRIPT), "all", "--quick"])
+    check_output(result)
+    if contenders == "hidden":
+        assert "skipped: hdf5 not installed (pip install h5py)" in result.stdout
+        assert "skipped: grain over ArrayRecord not installed" in result.stdout
