@@ -1058,6 +1058,7 @@ def bench_loader(quick: bool) -> str:
 # -- registry ---------------------------------------------------------------------
 
 # The numpack table lives beside this script (it is long enough for a file).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_numpack import bench_numpack  # noqa: E402
 
 TABLES: dict[str, Callable[[bool], str] | None] = {
