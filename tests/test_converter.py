@@ -2,6 +2,7 @@
 
 import io
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -354,6 +355,7 @@ def test_bounded_memory_converting_a_large_memmap(tmp_path):
     finally:
         if npy.exists():
             npy.unlink()
+        shutil.rmtree(tmp_path / "store", ignore_errors=True)
     assert peak_kib - before_kib < 300 * 1024, f"conversion used {(peak_kib - before_kib) / 1024:.0f} MiB of anonymous memory"
 
 
