@@ -503,13 +503,13 @@ def _open_numpack(directory: Path, rows: np.ndarray) -> Opened:
 
 
 def store_contenders() -> list[StoreContender]:
-    loaderx = [_loaderx(codec) for codec in ("raw", "zstd", "zstd_dict")]
+    ours = [_loaderx(codec) for codec in ("raw", "zstd", "zstd_dict")]
     lmdb_plain, lmdb_zlib = _lmdb(False), _lmdb(True)
     return [
         StoreContender("numpy in memory (ceiling)", (), "", None, _open_memory),
-        StoreContender("loaderx raw", ("loaderx",), "-e .", *loaderx[0]),
-        StoreContender("loaderx zstd", ("loaderx",), "-e .", *loaderx[1]),
-        StoreContender("loaderx zstd_dict", ("loaderx",), "-e .", *loaderx[2]),
+        StoreContender("loaderx raw", ("loaderx",), "-e .", *ours[0]),
+        StoreContender("loaderx zstd", ("loaderx",), "-e .", *ours[1]),
+        StoreContender("loaderx zstd_dict", ("loaderx",), "-e .", *ours[2]),
         StoreContender("npy-mmap", (), "", _write_npy, _open_npy),
         StoreContender("hdf5", ("h5py",), "h5py", _write_hdf5(None), _open_hdf5),
         StoreContender("hdf5-gzip", ("h5py",), "h5py", _write_hdf5("gzip"), _open_hdf5),

@@ -36,6 +36,7 @@ import threading
 import msgpack
 import numpy as np
 
+from ._files import fsync_dir, write_file_atomic
 from .converter import from_numpy
 from .dataset import SCHEMA_FILE, DenseDataset, _int_index, _is_int, _record_indices
 from .zrecord import CODECS, StoreClosedError, StoreLockedError, StoreReadOnlyError
@@ -395,13 +396,13 @@ class ArrayStore:
         try:
             from_numpy(staging, array.reshape(1) if array.ndim == 0 else array, codec=codec, progress=False)
             if array.ndim == 0:
-                _write_file(os.path.join(staging, ARRAY_FILE), msgpack.packb({"shape": []}))
+                write_file_atomic(os.path.join(staging, ARRAY_FILE), msgpack.packb({"shape": []}))
         except BaseException:
             _remove_tree(staging)
             raise
         self._forget(name)
         old = _swap_in(self.path, name, staging, target)
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         if old is not None:
             _remove_tree(old)
 
@@ -413,7 +414,7 @@ class ArrayStore:
             os.rename(os.path.join(self.path, name), trash)
             doomed.append(trash)
         if doomed:
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
         for trash in doomed:
             _remove_tree(trash)
 
@@ -728,7 +729,7 @@ def _open_root(path: str) -> None:
     except FileNotFoundError:
         if any(not item.startswith(MARKER_FILE + ".tmp") for item in os.listdir(path)):
             raise ValueError(f"'{path}' is a non-empty directory that is not an ArrayStore (it has no {MARKER_FILE}): give a new or empty directory") from None
-        _write_file(marker, msgpack.packb({"format": FORMAT_NAME, "version": FORMAT_VERSION}))
+        write_file_atomic(marker, msgpack.packb({"format": FORMAT_NAME, "version": FORMAT_VERSION}))
         return
     try:
         data = msgpack.unpackb(payload, raw=False)
@@ -758,7 +759,7 @@ def _recover(root: str) -> None:
                 continue
         _remove_tree(path)
     if changed:
-        _fsync_dir(root)
+        fsync_dir(root)
 
 
 _RENAME_EXCHANGE = 2
@@ -793,30 +794,6 @@ def _swap_in(root: str, name: str, staging: str, target: str):
     os.rename(target, old)
     os.rename(staging, target)
     return old
-
-
-def _write_file(path: str, payload: bytes) -> None:
-    """Writes a small file atomically and durably: temp file, fsync, rename, directory fsync."""
-    temporary = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(temporary, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    _fsync_dir(os.path.dirname(path))
-
-
-def _fsync_dir(path: str) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _remove_tree(path: str) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
+from ._files import write_file_atomic
 from .zrecord import CODECS, Zrecord
 
 __all__ = ["DenseDataset", "RaggedDataset", "Schema", "pad", "read_schema", "write_schema"]
@@ -147,28 +148,8 @@ def read_schema(path) -> Schema | None:
 
 
 def write_schema(path, schema: Schema) -> None:
-    """Writes ``schema.msgpack`` atomically and durably (temp file, fsync, rename)."""
-    directory = os.fspath(path)
-    target = schema_path(directory)
-    temporary = f"{target}.tmp-{os.getpid()}"
-    payload = msgpack.packb(schema.to_dict(), use_bin_type=True)
-    try:
-        with open(temporary, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    """Writes ``schema.msgpack`` atomically and durably."""
+    write_file_atomic(schema_path(os.fspath(path)), msgpack.packb(schema.to_dict(), use_bin_type=True))
 
 
 def open_schema(path, kind: str) -> Schema:
