@@ -355,8 +355,8 @@ pub const Store = struct {
         };
         errdefer posix.munmap(memory);
         // Loaders read records at random: readahead around each fault would
-        // pull in megabytes per record from a cold disk. Long runs of bytes
-        // get an explicit WILLNEED from the gather instead (`prefetch`).
+        // pull in megabytes per record from a cold disk. Long runs are read
+        // with pread (fixed layout) or get an explicit WILLNEED (`prefetch`).
         if (kind == .data) posix.madvise(@constCast(memory.ptr), memory.len, posix.MADV.RANDOM) catch {};
         const mapping = allocator.create(Mapping) catch return error.OutOfMemory;
         mapping.* = .{ .file = file, .memory = memory, .id = id };
@@ -1152,12 +1152,11 @@ fn blockSound(snapshot: *const Snapshot, block: u64) bool {
     return format.blockChecksum(block, data[start..end]) == expected;
 }
 
-fn fixedRecordSound(snapshot: *const Snapshot, index: u64) bool {
-    const stride = snapshot.superblock.record_bytes;
-    if (stride == 0) return true;
-    const start = index * stride;
+/// Whether every block overlapping data bytes [start, start + bytes) holds.
+fn fixedRangeSound(snapshot: *const Snapshot, start: u64, bytes: u64) bool {
+    if (bytes == 0) return true;
     const first = start / block_bytes;
-    const last = (start + stride - 1) / block_bytes;
+    const last = (start + bytes - 1) / block_bytes;
     for (first..last + 1) |block| {
         if (!blockSound(snapshot, block)) return false;
     }
@@ -1165,7 +1164,10 @@ fn fixedRecordSound(snapshot: *const Snapshot, index: u64) bool {
 }
 
 fn recordSound(snapshot: *const Snapshot, index: u64) bool {
-    if (snapshot.layout() == .fixed) return fixedRecordSound(snapshot, index);
+    if (snapshot.layout() == .fixed) {
+        const stride = snapshot.superblock.record_bytes;
+        return fixedRangeSound(snapshot, index * stride, stride);
+    }
     const entry = snapshot.entries()[index];
     if (entry.invalidReason(snapshot.superblock.data_bytes) != null) return false;
     const payload = snapshot.dataBytes()[entry.offset..][0..entry.storedBytes()];
@@ -1177,21 +1179,13 @@ const prefetch_bytes_min = 64 * 1024;
 
 /// Asks the kernel to read `bytes` of a mapping ahead, in one request, when
 /// they are many: the data mapping is MADV_RANDOM, so nothing else would.
+/// (Long runs of fixed records are read with pread instead.)
 fn prefetch(bytes: []const u8) void {
     if (bytes.len < prefetch_bytes_min) return;
     const start = std.mem.alignBackward(usize, @intFromPtr(bytes.ptr), page_size);
     const end = @intFromPtr(bytes.ptr) + bytes.len;
     const pointer: [*]align(page_size) u8 = @ptrFromInt(start);
     posix.madvise(pointer, end - start, posix.MADV.WILLNEED) catch {};
-}
-
-/// Prefetches the run of consecutive record indices that starts at
-/// `indices[0] == first` (a slice or a full load reads one long range).
-fn prefetchRun(snapshot: *const Snapshot, indices: []const u64, first: u64) void {
-    var count: u64 = 1;
-    while (count < indices.len and indices[count] == first + count) count += 1;
-    const stride = snapshot.superblock.record_bytes;
-    prefetch(snapshot.dataBytes()[first * stride ..][0 .. count * stride]);
 }
 
 const GatherJob = struct {
@@ -1203,22 +1197,53 @@ const GatherJob = struct {
     verify_reads: bool,
     failure: codec.Failure = .{},
 
+    /// Fixed layout: copies runs of consecutive records that land back to
+    /// back in the target with one copy each. Long runs (a slice, a full
+    /// load) are read with pread: one copy from the page cache with the
+    /// file's sequential readahead, no page faults on the mapping.
+    fn runFixed(job: *GatherJob, start: u64, end: u64) void {
+        const snapshot = job.snapshot;
+        const stride = snapshot.superblock.record_bytes;
+        var k = start;
+        while (k < end) {
+            const first = job.indices[k];
+            const at = job.targetAt(k);
+            var count: u64 = 1;
+            while (k + count < end and job.indices[k + count] == first + count and
+                job.targetAt(k + count) == at + count * stride) count += 1;
+            const bytes = count * stride;
+            if (job.verify_reads and !fixedRangeSound(snapshot, first * stride, bytes)) {
+                for (first..first + count) |index| {
+                    if (!fixedRangeSound(snapshot, index * stride, stride)) {
+                        return job.failure.set(error.ChecksumMismatch, index, "checksum mismatch (the data file is damaged)");
+                    }
+                }
+            }
+            const target = job.target[at..][0..bytes];
+            if (bytes >= prefetch_bytes_min) {
+                const read = snapshot.data.?.file.preadAll(target, first * stride) catch {
+                    return job.failure.set(error.Io, first, "cannot read the data file");
+                };
+                if (read != bytes) return job.failure.set(error.Corrupt, first, "the data file is shorter than committed");
+            } else {
+                @memcpy(target, snapshot.dataBytes()[first * stride ..][0..bytes]);
+            }
+            k += count;
+        }
+    }
+
+    fn targetAt(job: *const GatherJob, k: u64) u64 {
+        return if (job.target_offsets) |offsets| offsets[k] else k * job.target_stride;
+    }
+
     fn run(job: *GatherJob, start: u64, end: u64) void {
+        if (job.snapshot.layout() == .fixed) return job.runFixed(start, end);
         var decoder: ?*zstd.DCtx = null;
         defer if (decoder) |d| codec.giveDecoder(d);
         const snapshot = job.snapshot;
         for (start..end) |k| {
             const index = job.indices[k];
-            const at = if (job.target_offsets) |offsets| offsets[k] else k * job.target_stride;
-            if (snapshot.layout() == .fixed) {
-                const stride = snapshot.superblock.record_bytes;
-                if (k == start or job.indices[k - 1] + 1 != index) prefetchRun(snapshot, job.indices[k..end], index);
-                if (job.verify_reads and !fixedRecordSound(snapshot, index)) {
-                    return job.failure.set(error.ChecksumMismatch, index, "checksum mismatch (the data file is damaged)");
-                }
-                @memcpy(job.target[at..][0..stride], snapshot.dataBytes()[index * stride ..][0..stride]);
-                continue;
-            }
+            const at = job.targetAt(k);
             const entry = snapshot.entries()[index];
             // Lengths were validated by the caller; the snapshot is immutable.
             const payload = snapshot.dataBytes()[entry.offset..][0..entry.storedBytes()];
