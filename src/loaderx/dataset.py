@@ -280,7 +280,6 @@ class DenseDataset(_Dataset):
 
     def __init__(self, path, verify: bool = False, threads: int = 0):
         super().__init__(path, verify=verify, threads=threads)
-        self._offsets_cache = (0, np.empty(0, dtype=np.uint64))
         try:
             self._check_record_bytes()
         except BaseException:
@@ -308,15 +307,6 @@ class DenseDataset(_Dataset):
     def shape(self) -> tuple:
         return (len(self), *self.item_shape)
 
-    def _offsets(self, count: int) -> np.ndarray:
-        cached_count, cached = self._offsets_cache
-        if cached_count == count:
-            return cached
-        offsets = np.arange(count, dtype=np.uint64) * np.uint64(self._item_bytes)
-        offsets.flags.writeable = False
-        self._offsets_cache = (count, offsets)
-        return offsets
-
     def gather_into(self, indices, out: np.ndarray) -> np.ndarray:
         """Decodes records ``indices`` (in range, non-negative) into ``out``, a
         writable C-contiguous array of shape ``(n, *item_shape)`` and this
@@ -328,7 +318,9 @@ class DenseDataset(_Dataset):
                 f"got {out.dtype} {out.shape}"
             )
         if count:
-            self._store.gather(indices, out, self._offsets(count))
+            # Without offsets the store lays equal-length records back to back
+            # (and refuses a batch whose lengths differ).
+            self._store.gather(indices, out)
         return out
 
     def _gather(self, indices: np.ndarray, shape: tuple) -> np.ndarray:
