@@ -200,7 +200,7 @@ store.append(b"y" * 500, [0])
 print("after:", len(store))
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert "full: cannot write to store" in result.stdout and "free some space" in result.stdout, result.stdout + result.stderr
+    assert "full: cannot write 'data-" in result.stdout and "free some space" in result.stdout, result.stdout + result.stderr
     assert "after: 3" in result.stdout
     with Zrecord(path) as store:
         assert read_all(store) == [b"x" * 500, b"x" * 500, b"y" * 500]
@@ -367,7 +367,7 @@ def test_readonly_directory_reads_but_refuses_writes():
             "try:\n    s.append(b'x', [0])\nexcept ZrecordError as e:\n    print('refused:', e)\n"
         )
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-        assert "refused: cannot write store" in result.stdout, result.stdout + result.stderr
+        assert "refused: cannot write store" in result.stdout and "read-only" in result.stdout, result.stdout + result.stderr
         os.chmod(path, 0o755)
         with Zrecord(path) as store:
             assert read_all(store) == [b"abc"]

@@ -204,4 +204,8 @@ test {
     _ = format;
     _ = store_module;
     _ = @import("codec.zig");
+    _ = @import("workers.zig");
+    _ = @import("plans.zig");
+    _ = @import("commit.zig");
+    _ = @import("testing/simulation.zig");
 }

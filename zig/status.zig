@@ -84,6 +84,15 @@ pub fn fail(err: Error, comptime format: []const u8, args: anytype) Error {
     return err;
 }
 
+/// Puts what the caller was doing in front of the message of `err`, which
+/// must have been set by the failure being returned.
+pub fn wrap(err: Error, comptime format: []const u8, args: anytype) Error {
+    var saved: [message_bytes_max]u8 = undefined;
+    const previous = saved[0..message_len];
+    @memcpy(previous, message_buffer[0..message_len]);
+    return fail(err, format ++ ": {s}", args ++ .{previous});
+}
+
 /// Sets the message only if none was set since the last `clear`.
 pub fn failDefault(err: Error, comptime format: []const u8, args: anytype) void {
     if (message_len == 0) {

@@ -20,6 +20,8 @@ typedef struct {
     uint64_t generation;     /* commit counter */
     uint32_t layout;         /* 0 empty, 1 fixed, 2 indexed */
     uint32_t has_dict;
+    uint32_t fell_back;      /* 1: open fell back past a damaged newest superblock slot */
+    uint32_t reserved;
 } lx_store_info;
 
 uint64_t lx_store_info_bytes(void);

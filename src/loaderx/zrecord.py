@@ -282,6 +282,9 @@ class Zrecord:
             "layout": ("empty", "fixed", "indexed")[info.layout],
             "record_bytes": info.record_bytes,
             "generation": info.generation,
+            # True when open found the newest superblock slot damaged (a
+            # commit cut short by a crash) and read the previous commit.
+            "fell_back": bool(info.fell_back),
         }
 
     def has_dict(self) -> bool:

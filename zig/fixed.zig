@@ -1,0 +1,131 @@
+//! The fixed layout: equal-length raw records at offset i * record_bytes,
+//! no per-record table, a checksum per 16 KiB block of the data file.
+//!
+//! Invariant: the sums file holds the checksum of every full block of the
+//! committed data, and the superblock that of the partial last block, so
+//! every committed byte is covered exactly once.
+const std = @import("std");
+const format = @import("format.zig");
+const status = @import("status.zig");
+const io = @import("io.zig");
+const commit = @import("commit.zig");
+const plans = @import("plans.zig");
+const Store = @import("store.zig").Store;
+const Snapshot = @import("snapshot.zig").Snapshot;
+
+const assert = std.debug.assert;
+const allocator = std.heap.c_allocator;
+const Error = status.Error;
+const Entry = format.Entry;
+const Layout = format.Layout;
+const block_bytes = format.block_bytes;
+const assemble = @import("encode.zig").assemble;
+
+pub fn append(store: *Store, payload: []const u8, record_count: u64, record_bytes: u64) Error!void {
+    const current = store.head();
+    var next = current.superblock;
+    const creating = next.getLayout() == .empty;
+    if (creating) {
+        next.layout = @intFromEnum(Layout.fixed);
+        next.record_bytes = record_bytes;
+        next.data_file = next.generation + 1;
+        next.sums_file = next.generation + 1;
+    }
+    const data = if (creating) try commit.createFile(store, .data, next.data_file) else try commit.openFile(store, .data, next.data_file);
+    defer io.closeFile(data);
+    const sums_file = if (creating) try commit.createFile(store, .sums, next.sums_file) else try commit.openFile(store, .sums, next.sums_file);
+    defer io.closeFile(sums_file);
+
+    const old_bytes = current.dataBytes();
+    const new_bytes = old_bytes.len + payload.len;
+    try io.write(data, payload, old_bytes.len);
+    // Blocks completed by this append get their checksums in the sums
+    // file; the new partial tail block's checksum goes in the superblock.
+    const first_block = old_bytes.len / block_bytes;
+    const full_blocks = new_bytes / block_bytes;
+    var scratch: [block_bytes]u8 = undefined;
+    var sums_buffer: [256]u64 = undefined;
+    var block = first_block;
+    while (block < full_blocks) {
+        const batch_end = @min(full_blocks, block + sums_buffer.len);
+        for (block..batch_end) |b| {
+            const bytes = assemble(old_bytes, payload, b * block_bytes, (b + 1) * block_bytes, &scratch);
+            sums_buffer[b - block] = format.blockChecksum(b, bytes);
+        }
+        try io.write(sums_file, std.mem.sliceAsBytes(sums_buffer[0 .. batch_end - block]), block * 8);
+        block = batch_end;
+    }
+    next.tail_checksum = 0;
+    if (new_bytes % block_bytes != 0) {
+        const bytes = assemble(old_bytes, payload, full_blocks * block_bytes, new_bytes, &scratch);
+        next.tail_checksum = format.blockChecksum(full_blocks, bytes);
+    }
+    try commit.syncFile(store, data);
+    try commit.syncFile(store, sums_file);
+    if (creating) try commit.syncDir(store);
+    next.record_count += record_count;
+    next.data_bytes = new_bytes;
+    next.live_bytes = new_bytes;
+    try commit.commit(store, next);
+}
+
+pub fn replace(store: *Store, indices: []const u64, source: []const u8, offsets: []const u64) Error!void {
+    const current = store.head();
+    const patches = allocator.alloc(plans.Patch, indices.len) catch return error.OutOfMemory;
+    defer allocator.free(patches);
+    const stride = current.superblock.record_bytes;
+    for (indices, offsets, patches) |index, offset, *patch| {
+        patch.* = .{ .row = index, .bytes = source[offset..][0..stride] };
+    }
+    std.mem.sort(plans.Patch, patches, {}, plans.Patch.lessThan);
+    const plan = plans.PatchPlan{ .old = current.dataBytes(), .stride = stride, .patches = patches };
+    try rewrite(store, current.count(), &plan);
+}
+
+/// Writes a new data file (and block sums) for a fixed store from `plan`,
+/// commits it durably and deletes the old files.
+pub fn rewrite(store: *Store, new_count: u64, plan: anytype) Error!void {
+    const current = store.head();
+    var next = current.superblock;
+    const id = next.generation + 1;
+    const data = try commit.createFile(store, .data, id);
+    defer io.closeFile(data);
+    const sums_file = try commit.createFile(store, .sums, id);
+    defer io.closeFile(sums_file);
+    const stride = next.record_bytes;
+    const written = try plans.streamRows(data, sums_file, new_count, stride, plan);
+    try commit.syncFile(store, data);
+    try commit.syncFile(store, sums_file);
+    try commit.syncDir(store);
+    next.data_file = id;
+    next.sums_file = id;
+    next.record_count = new_count;
+    next.data_bytes = written.bytes;
+    next.live_bytes = written.bytes;
+    next.tail_checksum = written.tail_checksum;
+    try commit.commit(store, next);
+    commit.unlinkReplaced(store, current.superblock);
+}
+
+/// Turns a fixed store into an indexed one: one entry per record, pointing
+/// into the same data file. Committed durably on its own.
+pub fn convertToIndexed(store: *Store) Error!void {
+    const current = store.head();
+    assert(current.layout() == .fixed);
+    const plan = plans.ConvertPlan{ .old = current.dataBytes(), .stride = current.superblock.record_bytes };
+    var next = current.superblock;
+    const id = next.generation + 1;
+    const index = try commit.createFile(store, .index, id);
+    defer io.closeFile(index);
+    _ = try plans.streamRows(index, null, current.count(), @sizeOf(Entry), &plan);
+    try commit.syncFile(store, index);
+    try commit.syncDir(store);
+    next.layout = @intFromEnum(Layout.indexed);
+    next.index_file = id;
+    next.record_bytes = 0;
+    next.sums_file = 0;
+    next.tail_checksum = 0;
+    try commit.commit(store, next);
+    commit.unlinkReplaced(store, current.superblock);
+}
+

@@ -1,0 +1,44 @@
+//! Integrity: whether stored bytes still match their checksums. Fixed
+//! stores check 16 KiB blocks of the data file against the sums file (the
+//! partial last block against the superblock); indexed stores check each
+//! record's payload against its entry.
+//!
+//! Invariant: a record is sound only if every byte a read of it would
+//! return is covered by a checksum that matches; an entry that is not
+//! itself valid makes its record unsound rather than trusted.
+const std = @import("std");
+const format = @import("format.zig");
+const Snapshot = @import("snapshot.zig").Snapshot;
+
+const block_bytes = format.block_bytes;
+
+fn blockSound(snapshot: *const Snapshot, block: u64) bool {
+    const data = snapshot.dataBytes();
+    const start = block * block_bytes;
+    const end = @min(start + block_bytes, data.len);
+    const expected = if (block < data.len / block_bytes) snapshot.blockSums()[block] else snapshot.superblock.tail_checksum;
+    return format.blockChecksum(block, data[start..end]) == expected;
+}
+
+/// Whether every block overlapping data bytes [start, start + bytes) holds.
+pub fn fixedRangeSound(snapshot: *const Snapshot, start: u64, bytes: u64) bool {
+    if (bytes == 0) return true;
+    const first = start / block_bytes;
+    const last = (start + bytes - 1) / block_bytes;
+    for (first..last + 1) |block| {
+        if (!blockSound(snapshot, block)) return false;
+    }
+    return true;
+}
+
+pub fn recordSound(snapshot: *const Snapshot, index: u64) bool {
+    if (snapshot.layout() == .fixed) {
+        const stride = snapshot.superblock.record_bytes;
+        return fixedRangeSound(snapshot, index * stride, stride);
+    }
+    const entry = snapshot.entries()[index];
+    if (entry.invalidReason(snapshot.superblock.data_bytes) != null) return false;
+    const payload = snapshot.dataBytes()[entry.offset..][0..entry.storedBytes()];
+    return entry.payloadChecksum(payload) == entry.checksum;
+}
+

@@ -1,0 +1,335 @@
+//! The I/O seam: every file-system call zrecord makes goes through this file,
+//! and every OS error message is made here. No other file of the store calls
+//! `std.fs` or `std.posix` (tests/test_native.py fails if one does).
+//!
+//! The backend is chosen at compile time: the library talks to the OS
+//! (`Os`, below); the Zig test binary talks to the simulated storage of
+//! `testing/storage.zig`, which loses power, tears sectors and fails calls on
+//! cue. The production build pays nothing for the seam: every function here
+//! is a direct call into the backend, inlined by the compiler.
+//!
+//! Handles are plain integers (a descriptor for the OS, a slot in the
+//! simulator's table), wrapped with the names the error messages need.
+const std = @import("std");
+const builtin = @import("builtin");
+const format = @import("format.zig");
+const status = @import("status.zig");
+
+const posix = std.posix;
+const assert = std.debug.assert;
+const Error = status.Error;
+
+pub const page_size = std.heap.page_size_min;
+pub const Memory = []align(page_size) const u8;
+
+const backend = if (builtin.is_test) @import("testing/storage.zig") else Os;
+
+pub const Dir = struct {
+    handle: i32,
+    path: []const u8,
+};
+
+pub const File = struct {
+    handle: i32,
+    dir_path: []const u8,
+    name_buffer: [name_bytes_max]u8,
+    name_len: u8,
+
+    /// Long enough for every file of a store and its temporary superblock.
+    pub const name_bytes_max = format.file_name_bytes;
+
+    pub fn name(file: *const File) []const u8 {
+        return file.name_buffer[0..file.name_len];
+    }
+};
+
+fn makeFile(handle: i32, dir: Dir, name: []const u8) File {
+    assert(name.len <= File.name_bytes_max);
+    var file = File{ .handle = handle, .dir_path = dir.path, .name_buffer = undefined, .name_len = @intCast(name.len) };
+    @memcpy(file.name_buffer[0..name.len], name);
+    return file;
+}
+
+// ---- errors: the one place that turns an OS error into a message -----------
+
+fn failDir(err: anyerror, comptime verb: []const u8, dir_path: []const u8) Error {
+    return status.fromOs(err, "cannot " ++ verb ++ " '{s}'", .{dir_path});
+}
+
+fn failFile(err: anyerror, comptime verb: []const u8, dir_path: []const u8, name: []const u8) Error {
+    return status.fromOs(err, "cannot " ++ verb ++ " '{s}' in '{s}'", .{ name, dir_path });
+}
+
+// ---- directories ----------------------------------------------------------
+
+/// Opens directory `path`; error.NotFound if it does not exist, error.NotAStore
+/// if it is a file.
+pub fn openDir(path: []const u8) Error!Dir {
+    const handle = backend.openDir(path) catch |err| switch (err) {
+        error.FileNotFound => return status.fail(error.NotFound, "'{s}' does not exist", .{path}),
+        error.NotDir => return status.fail(error.NotAStore, "'{s}' is a file, not a store directory", .{path}),
+        else => return failDir(err, "open directory", path),
+    };
+    return .{ .handle = handle, .path = path };
+}
+
+pub fn closeDir(dir: Dir) void {
+    backend.close(dir.handle);
+}
+
+/// Creates directory `path` and any missing parents, and makes each new
+/// entry durable by syncing the directory that holds it: a store whose data
+/// was synced must not vanish with its directory entry after a power cut.
+pub fn makePath(path: []const u8) Error!void {
+    var iterator = std.fs.path.componentIterator(path) catch |err| return failDir(err, "create directory", path);
+    while (iterator.next()) |component| {
+        backend.makeDir(component.path) catch |err| switch (err) {
+            error.PathAlreadyExists => continue,
+            else => return failDir(err, "create directory", component.path),
+        };
+        try syncParent(component.path);
+    }
+}
+
+/// Syncs the directory that holds the entry `path`.
+pub fn syncParent(path: []const u8) Error!void {
+    const parent = std.fs.path.dirname(path) orelse if (std.fs.path.isAbsolute(path)) "/" else ".";
+    const handle = backend.openDir(parent) catch |err| return failDir(err, "open directory", parent);
+    defer backend.close(handle);
+    backend.syncDir(handle) catch |err| return failDir(err, "sync directory", parent);
+}
+
+pub fn syncDir(dir: Dir) Error!void {
+    backend.syncDir(dir.handle) catch |err| return failDir(err, "sync directory", dir.path);
+}
+
+pub fn exists(dir: Dir, name: []const u8) bool {
+    return backend.exists(dir.handle, name);
+}
+
+/// Creates `new` as a second name of `old`. Returns false, changing nothing,
+/// when `new` exists already.
+pub fn link(dir: Dir, old: []const u8, new: []const u8) Error!bool {
+    backend.link(dir.handle, old, new) catch |err| switch (err) {
+        error.PathAlreadyExists => return false,
+        else => return failFile(err, "link", dir.path, new),
+    };
+    return true;
+}
+
+pub fn unlink(dir: Dir, name: []const u8) Error!void {
+    backend.unlink(dir.handle, name) catch |err| return failFile(err, "delete", dir.path, name);
+}
+
+/// The names in a directory, one at a time (no order promised).
+pub const Iterator = struct {
+    inner: backend.Iterator,
+    dir_path: []const u8,
+
+    pub fn next(iterator: *Iterator) Error!?[]const u8 {
+        return iterator.inner.next() catch |err| failDir(err, "list", iterator.dir_path);
+    }
+};
+
+pub fn iterate(dir: Dir) Iterator {
+    return .{ .inner = backend.iterate(dir.handle), .dir_path = dir.path };
+}
+
+// ---- files ------------------------------------------------------------------
+
+pub const Open = enum { read_only, read_write };
+
+/// Opens an existing file; error.NotFound (with a message) if it is missing.
+pub fn openFile(dir: Dir, name: []const u8, mode: Open) Error!File {
+    const handle = backend.openFile(dir.handle, name, mode == .read_write) catch |err| switch (err) {
+        error.FileNotFound => return status.fail(error.NotFound, "file '{s}' is missing from '{s}'", .{ name, dir.path }),
+        else => return failFile(err, "open", dir.path, name),
+    };
+    return makeFile(handle, dir, name);
+}
+
+/// Creates a file (read-write), emptying it if it exists and `truncate` is set.
+pub fn createFile(dir: Dir, name: []const u8, truncate: bool) Error!File {
+    const handle = backend.createFile(dir.handle, name, truncate) catch |err| return failFile(err, "create", dir.path, name);
+    return makeFile(handle, dir, name);
+}
+
+pub fn closeFile(file: File) void {
+    backend.close(file.handle);
+}
+
+/// Reads until `buffer` is full or the file ends; returns the bytes read.
+pub fn read(file: File, buffer: []u8, offset: u64) Error!usize {
+    return backend.pread(file.handle, buffer, offset) catch |err| failFile(err, "read", file.dir_path, file.name());
+}
+
+/// Writes all of `bytes` at `offset`.
+pub fn write(file: File, bytes: []const u8, offset: u64) Error!void {
+    backend.pwrite(file.handle, bytes, offset) catch |err| return failFile(err, "write", file.dir_path, file.name());
+}
+
+pub fn length(file: File) Error!u64 {
+    return backend.length(file.handle) catch |err| failFile(err, "stat", file.dir_path, file.name());
+}
+
+pub fn setLength(file: File, bytes: u64) Error!void {
+    backend.setLength(file.handle, bytes) catch |err| return failFile(err, "truncate", file.dir_path, file.name());
+}
+
+/// Makes the file's bytes and length durable (fdatasync). A failure means
+/// the kernel may have dropped the unsynced pages: the caller must not
+/// commit anything that points at them.
+pub fn sync(file: File) Error!void {
+    backend.syncFile(file.handle) catch |err| return failFile(err, "sync", file.dir_path, file.name());
+}
+
+/// Takes an exclusive advisory lock (flock) without waiting; false if
+/// another handle holds it. Closing the handle releases it.
+pub fn tryLock(file: File) Error!bool {
+    return backend.tryLock(file.handle) catch |err| failFile(err, "lock", file.dir_path, file.name());
+}
+
+// ---- mappings ---------------------------------------------------------------
+
+pub const Advice = enum { random, will_need };
+
+/// Maps `file` read-only, shared, reserving at least `reserve_bytes` of
+/// address space so appends need no remap. The result is at least
+/// `needed_bytes` long; bytes past the file's length are never read.
+pub fn map(file: File, needed_bytes: u64, reserve_bytes: u64) Error!Memory {
+    assert(needed_bytes <= reserve_bytes);
+    const memory = backend.map(file.handle, reserve_bytes) catch |err| return failFile(err, "map", file.dir_path, file.name());
+    if (memory.len < needed_bytes) {
+        backend.unmap(memory);
+        return status.fail(error.OutOfMemory, "cannot map {d} bytes of '{s}' in '{s}'", .{ needed_bytes, file.name(), file.dir_path });
+    }
+    return memory;
+}
+
+pub fn unmap(memory: Memory) void {
+    backend.unmap(memory);
+}
+
+/// A hint only: a failure changes no result, so it is ignored.
+pub fn advise(memory: []const u8, advice: Advice) void {
+    if (memory.len == 0) return;
+    const start = std.mem.alignBackward(usize, @intFromPtr(memory.ptr), page_size);
+    const end = @intFromPtr(memory.ptr) + memory.len;
+    const pointer: [*]align(page_size) const u8 = @ptrFromInt(start);
+    backend.advise(pointer[0 .. end - start], advice);
+}
+
+/// The process id, for names of temporary files.
+pub fn processId() i32 {
+    return backend.processId();
+}
+
+// ---- the OS backend -----------------------------------------------------------
+
+const Os = struct {
+    fn dirOf(handle: i32) std.fs.Dir {
+        return .{ .fd = handle };
+    }
+
+    fn fileOf(handle: i32) std.fs.File {
+        return .{ .handle = handle };
+    }
+
+    fn openDir(path: []const u8) !i32 {
+        const dir = try std.fs.cwd().openDir(path, .{ .iterate = true });
+        return dir.fd;
+    }
+
+    fn makeDir(path: []const u8) !void {
+        try std.fs.cwd().makeDir(path);
+    }
+
+    fn close(handle: i32) void {
+        posix.close(handle);
+    }
+
+    fn syncDir(handle: i32) !void {
+        try posix.fsync(handle);
+    }
+
+    fn exists(handle: i32, name: []const u8) bool {
+        dirOf(handle).access(name, .{}) catch return false;
+        return true;
+    }
+
+    fn link(handle: i32, old: []const u8, new: []const u8) !void {
+        try posix.linkat(handle, old, handle, new, 0);
+    }
+
+    fn unlink(handle: i32, name: []const u8) !void {
+        try dirOf(handle).deleteFile(name);
+    }
+
+    const Iterator = struct {
+        inner: std.fs.Dir.Iterator,
+
+        fn next(iterator: *@This()) !?[]const u8 {
+            const entry = try iterator.inner.next() orelse return null;
+            return entry.name;
+        }
+    };
+
+    fn iterate(handle: i32) Os.Iterator {
+        return .{ .inner = dirOf(handle).iterate() };
+    }
+
+    fn openFile(handle: i32, name: []const u8, writable: bool) !i32 {
+        const file = try dirOf(handle).openFile(name, .{ .mode = if (writable) .read_write else .read_only });
+        return file.handle;
+    }
+
+    fn createFile(handle: i32, name: []const u8, truncate: bool) !i32 {
+        const file = try dirOf(handle).createFile(name, .{ .read = true, .truncate = truncate });
+        return file.handle;
+    }
+
+    fn pread(handle: i32, buffer: []u8, offset: u64) !usize {
+        return fileOf(handle).preadAll(buffer, offset);
+    }
+
+    fn pwrite(handle: i32, bytes: []const u8, offset: u64) !void {
+        try fileOf(handle).pwriteAll(bytes, offset);
+    }
+
+    fn length(handle: i32) !u64 {
+        return fileOf(handle).getEndPos();
+    }
+
+    fn setLength(handle: i32, bytes: u64) !void {
+        try fileOf(handle).setEndPos(bytes);
+    }
+
+    fn syncFile(handle: i32) !void {
+        try posix.fdatasync(handle);
+    }
+
+    fn tryLock(handle: i32) !bool {
+        return fileOf(handle).tryLock(.exclusive);
+    }
+
+    fn map(handle: i32, reserve_bytes: u64) !Memory {
+        const length_aligned = std.mem.alignForward(u64, reserve_bytes, page_size);
+        return posix.mmap(null, length_aligned, posix.PROT.READ, .{ .TYPE = .SHARED }, handle, 0);
+    }
+
+    fn unmap(memory: Memory) void {
+        posix.munmap(memory);
+    }
+
+    fn advise(memory: Memory, advice: Advice) void {
+        const value: u32 = switch (advice) {
+            .random => posix.MADV.RANDOM,
+            .will_need => posix.MADV.WILLNEED,
+        };
+        posix.madvise(@constCast(memory.ptr), memory.len, value) catch {};
+    }
+
+    fn processId() i32 {
+        return std.os.linux.getpid();
+    }
+};

@@ -1,0 +1,114 @@
+//! The superblock file: two slots, each holding one sealed `Superblock`.
+//! Generation g lives in slot g % 2; open takes the newest sound slot.
+//!
+//! Invariant: the only durable generation is never overwritten. Every commit
+//! syncs its slot before it returns, so when generation g + 1 is written
+//! over slot (g + 1) % 2, generation g in the other slot is durable already
+//! and a torn write of g + 1 falls back to it. The file is created whole
+//! (written and synced under a temporary name, then linked into place), so a
+//! superblock file of any other length is damage zrecord did not make.
+const std = @import("std");
+const format = @import("format.zig");
+const status = @import("status.zig");
+const io = @import("io.zig");
+
+const assert = std.debug.assert;
+const Error = status.Error;
+const Superblock = format.Superblock;
+
+pub const file_name = "superblock";
+
+/// A superblock read from disk, and whether open fell back to the older slot
+/// because the newer one is damaged (a commit torn by a crash).
+pub const Loaded = struct {
+    superblock: Superblock,
+    fell_back: bool,
+};
+
+/// Reads the newest sound slot of the superblock of the store in `dir`.
+pub fn read(dir: io.Dir) Error!Loaded {
+    const file = io.openFile(dir, file_name, .read_only) catch |err| switch (err) {
+        error.NotFound => return status.fail(error.NotAStore, "'{s}' has no superblock; it is not a zrecord store", .{dir.path}),
+        else => return err,
+    };
+    defer io.closeFile(file);
+    var bytes: [format.superblock_file_bytes + 1]u8 = undefined;
+    const size = try io.read(file, &bytes, 0);
+    if (size != format.superblock_file_bytes) {
+        return status.fail(error.Corrupt, "store '{s}' is damaged: its superblock file holds {d} bytes, not {d} (zrecord never writes it partly); restore the store from a copy", .{ dir.path, size, format.superblock_file_bytes });
+    }
+    var slots: [2]Superblock = undefined;
+    var reasons: [2]?[]const u8 = undefined;
+    for (&slots, &reasons, 0..) |*slot, *reason, index| {
+        slot.* = std.mem.bytesToValue(Superblock, bytes[index * format.slot_bytes ..][0..@sizeOf(Superblock)]);
+        reason.* = slot.invalidReason();
+    }
+    // A sound slot of another version means another loaderx wrote here:
+    // reading the older slot would silently drop its commits.
+    for (reasons) |reason| {
+        if (reason != null and std.mem.eql(u8, reason.?, "unsupported version")) {
+            return status.fail(error.UnsupportedVersion, "store '{s}' has an on-disk format version this loaderx cannot read (it reads version {d}); upgrade loaderx", .{ dir.path, format.version });
+        }
+    }
+    if (reasons[0] == null and reasons[1] == null) {
+        const newest = if (slots[1].generation > slots[0].generation) slots[1] else slots[0];
+        return .{ .superblock = newest, .fell_back = false };
+    }
+    for (0..2) |index| {
+        if (reasons[index] != null) continue;
+        const other = &bytes[(1 - index) * format.slot_bytes ..][0..@sizeOf(Superblock)];
+        // A slot never written holds zeros; anything else that fails its
+        // checks is a commit that did not finish.
+        const never_written = std.mem.allEqual(u8, other.*, 0);
+        return .{ .superblock = slots[index], .fell_back = !never_written };
+    }
+    if (std.mem.eql(u8, reasons[0].?, "wrong magic") and std.mem.eql(u8, reasons[1].?, "wrong magic")) {
+        return status.fail(error.NotAStore, "'{s}' is not a zrecord store (its superblock has the wrong magic)", .{dir.path});
+    }
+    return status.fail(error.Corrupt, "store '{s}' is damaged: both superblock slots are unusable ({s}; {s})", .{ dir.path, reasons[0].?, reasons[1].? });
+}
+
+/// Creates the superblock of an empty store unless one exists. Written whole
+/// under a temporary name and linked into place, so a crash never leaves a
+/// half-written superblock; link fails if another process created the store
+/// first, and then theirs stands.
+pub fn create(dir: io.Dir) Error!void {
+    var temp_buffer: [io.File.name_bytes_max]u8 = undefined;
+    const temp = std.fmt.bufPrint(&temp_buffer, file_name ++ ".tmp-{d}", .{io.processId()}) catch unreachable;
+    const file = try io.createFile(dir, temp, true);
+    defer io.unlink(dir, temp) catch {};
+    defer io.closeFile(file);
+    var superblock = Superblock.empty();
+    superblock.seal();
+    var slots = [_]u8{0} ** format.superblock_file_bytes;
+    @memcpy(slots[0..@sizeOf(Superblock)], std.mem.asBytes(&superblock));
+    try io.write(file, &slots, 0);
+    try io.sync(file);
+    if (!try io.link(dir, temp, file_name)) return;
+    try io.syncDir(dir);
+    // The store's own entry in its parent must be durable too, whoever
+    // created the directory.
+    try io.syncParent(dir.path);
+}
+
+/// Writes `superblock` into its slot and makes it durable. On failure the
+/// slot is put back as it was, as far as the disk allows, and the caller
+/// must treat the commit as not made.
+pub fn write(file: io.File, superblock: *const Superblock, overwritten: *const Superblock) Error!void {
+    assert(superblock.invalidReason() == null);
+    const offset = (superblock.generation % 2) * format.slot_bytes;
+    const outcome = blk: {
+        io.write(file, std.mem.asBytes(superblock), offset) catch |err| break :blk err;
+        io.sync(file) catch |err| break :blk err;
+        return;
+    };
+    // The slot may hold the new generation in the page cache: undo that so
+    // no reader takes a commit that failed. The message of the first failure
+    // stands; the undo's own failure changes nothing more.
+    var saved: [512]u8 = undefined;
+    const message = status.message();
+    const kept = message[0..@min(message.len, saved.len)];
+    @memcpy(saved[0..kept.len], kept);
+    io.write(file, std.mem.asBytes(overwritten), offset) catch {};
+    return status.fail(outcome, "{s}; the commit was not made", .{saved[0..kept.len]});
+}
