@@ -36,14 +36,21 @@ pub const Writer = struct {
     slots: [2]Superblock,
     /// Set by a failed sync: no further commit from this handle.
     poisoned: bool = false,
+    /// Set when a replaced file could not be deleted: the next write
+    /// recovers again, so orphans do not outlive the writer.
+    stale: bool = false,
 };
 
 /// Takes the writer lock on first use, then discards what a crashed writer
 /// left past the committed state.
 pub fn begin(store: *Store) Error!void {
-    if (store.writer) |writer| {
+    if (store.writer) |*writer| {
         if (writer.poisoned) {
             return status.fail(error.Io, "store '{s}' refuses writes after a failed sync (the disk may have dropped bytes it had accepted): close it and open it again, which recovers the last durable commit", .{store.path});
+        }
+        if (writer.stale) {
+            try recover(store);
+            writer.stale = false;
         }
         return;
     }
@@ -57,7 +64,11 @@ pub fn begin(store: *Store) Error!void {
     const file = try io.openFile(store.dir, superblock_file.file_name, .read_write);
     errdefer io.closeFile(file);
     try store.refreshLocked();
-    store.writer = .{ .lock = lock, .superblock = file, .slots = try readSlots(file) };
+    // Read before the assignment: a failed `try` inside the literal would
+    // leave `store.writer` half set.
+    const slots = try readSlots(file);
+    store.writer = .{ .lock = lock, .superblock = file, .slots = slots };
+    errdefer store.writer = null;
     try recover(store);
 }
 
@@ -71,7 +82,8 @@ fn readSlots(file: io.File) Error![2]Superblock {
 }
 
 /// Truncates the current files to their committed lengths and deletes
-/// files no committed superblock names (left by an interrupted writer).
+/// files no committed superblock names and temporary superblocks (left by
+/// an interrupted writer or creator).
 /// Before deleting, the latest superblock is made durable: once older
 /// files are gone, a power loss must not fall back to a superblock that
 /// names them.
@@ -83,17 +95,25 @@ fn recover(store: *Store) Error!void {
         .{ .kind = .sums, .id = superblock.sums_file, .bytes = (superblock.data_bytes / block_bytes) * 8 },
         .{ .kind = .dict, .id = superblock.dict_file, .bytes = superblock.dict_bytes },
     };
-    const Orphan = struct { kind: format.FileKind, id: u64 };
-    var orphans: std.ArrayList(Orphan) = .empty;
-    defer orphans.deinit(allocator);
+    var orphans: std.ArrayList([]u8) = .empty;
+    defer {
+        for (orphans.items) |name| allocator.free(name);
+        orphans.deinit(allocator);
+    }
     var iterator = io.iterate(store.dir);
     while (try iterator.next()) |name| {
-        const parsed = format.parseFileName(name) orelse continue;
-        const wanted = for (keep) |file| {
-            if (file.kind == parsed.kind and file.id == parsed.id) break true;
-        } else false;
-        if (wanted or parsed.id == 0) continue;
-        orphans.append(allocator, .{ .kind = parsed.kind, .id = parsed.id }) catch return error.OutOfMemory;
+        const orphan = if (format.parseFileName(name)) |parsed| orphan: {
+            const wanted = for (keep) |file| {
+                if (file.kind == parsed.kind and file.id == parsed.id) break true;
+            } else false;
+            break :orphan !wanted and parsed.id != 0;
+        } else std.mem.startsWith(u8, name, superblock_file.temp_prefix) and name.len <= io.File.name_bytes_max;
+        if (!orphan) continue;
+        const copy = allocator.dupe(u8, name) catch return error.OutOfMemory;
+        orphans.append(allocator, copy) catch {
+            allocator.free(copy);
+            return error.OutOfMemory;
+        };
     }
     for (keep) |file| {
         if (file.id == 0) continue;
@@ -105,10 +125,7 @@ fn recover(store: *Store) Error!void {
     }
     if (orphans.items.len == 0) return;
     try syncFile(store, store.writer.?.superblock);
-    for (orphans.items) |orphan| {
-        var name_buffer: [format.file_name_bytes]u8 = undefined;
-        try io.unlink(store.dir, format.fileName(&name_buffer, orphan.kind, orphan.id));
-    }
+    for (orphans.items) |name| try io.unlink(store.dir, name);
 }
 
 /// Makes `next_in` the store's next generation: seals it, maps its files,
@@ -145,8 +162,10 @@ pub fn unlinkReplaced(store: *Store, old: Superblock) void {
     for (pairs) |pair| {
         if (pair.old == 0 or pair.old == pair.now) continue;
         var name_buffer: [format.file_name_bytes]u8 = undefined;
-        // A failure here leaves an orphan that the next writer deletes.
-        io.unlink(store.dir, format.fileName(&name_buffer, pair.kind, pair.old)) catch {};
+        // A failure here leaves an orphan that the next write deletes.
+        io.unlink(store.dir, format.fileName(&name_buffer, pair.kind, pair.old)) catch {
+            store.writer.?.stale = true;
+        };
     }
 }
 

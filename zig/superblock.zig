@@ -17,6 +17,8 @@ const Error = status.Error;
 const Superblock = format.Superblock;
 
 pub const file_name = "superblock";
+/// A superblock being created is written under this prefix and the pid.
+pub const temp_prefix = file_name ++ ".tmp-";
 
 /// A superblock read from disk, and whether open fell back to the older slot
 /// because the newer one is damaged (a commit torn by a crash).
@@ -74,7 +76,7 @@ pub fn read(dir: io.Dir) Error!Loaded {
 /// first, and then theirs stands.
 pub fn create(dir: io.Dir) Error!void {
     var temp_buffer: [io.File.name_bytes_max]u8 = undefined;
-    const temp = std.fmt.bufPrint(&temp_buffer, file_name ++ ".tmp-{d}", .{io.processId()}) catch unreachable;
+    const temp = std.fmt.bufPrint(&temp_buffer, temp_prefix ++ "{d}", .{io.processId()}) catch unreachable;
     const file = try io.createFile(dir, temp, true);
     defer io.unlink(dir, temp) catch {};
     defer io.closeFile(file);

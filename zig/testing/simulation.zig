@@ -1,1 +1,544 @@
-test "placeholder" {}
+//! The power-loss and fault simulation of zrecord. A seeded generator makes
+//! workloads of mixed operations (appends in both layouts and every codec,
+//! replaces, deletes in both orders, compaction, dictionary training, the
+//! fixed-to-indexed change, sync, reopen) and runs them against an in-memory
+//! model, on the simulated disk of storage.zig:
+//!
+//!   power loss   at every counted I/O call of short workloads, and with
+//!                several seeds for what the lost writes leave. After each,
+//!                the store must reopen at the state after the last
+//!                acknowledged operation or after the one in flight (every
+//!                commit is durable when it returns), read back byte-exact
+//!                with checksums verified, `verify()` must find nothing, and
+//!                the next writer's recovery must leave no orphan file.
+//!   faults       EIO, ENOSPC, a short write and a failed sync at every call
+//!                of every kind. The failing operation must return an error
+//!                with a message, leave the committed state as it was, and
+//!                the store must work again once the fault clears (after a
+//!                reopen when a sync failed: the writer refuses until then).
+//!
+//! Scale: LOADERX_SIM_SCALE (default 1, the CI size) multiplies the number
+//! of workloads; LOADERX_SIM_SEED replays one workload seed; the counts go to
+//! the file LOADERX_SIM_REPORT names, for the Python test to check.
+const std = @import("std");
+const storage = @import("storage.zig");
+const store_module = @import("../store.zig");
+const format = @import("../format.zig");
+const status = @import("../status.zig");
+
+const Store = store_module.Store;
+const Codec = format.Codec;
+const testing = std.testing;
+const assert = std.debug.assert;
+const gpa = std.heap.c_allocator;
+
+const path = "sim/store";
+const fixed_record_bytes = 1000;
+const dictionary_bytes = 1024;
+
+// ---- the model ---------------------------------------------------------------
+
+/// The store's records as the operations acknowledged so far define them.
+const Model = struct {
+    records: std.ArrayList([]const u8) = .empty,
+
+    fn clone(model: *const Model, arena: std.mem.Allocator) !Model {
+        var copy = Model{};
+        try copy.records.appendSlice(arena, model.records.items);
+        return copy;
+    }
+
+    fn apply(model: *Model, arena: std.mem.Allocator, operation: Operation) !void {
+        switch (operation) {
+            .append => |append| try model.records.appendSlice(arena, append.records),
+            .replace => |replace| for (replace.indices, replace.records) |index, record| {
+                model.records.items[index] = record;
+            },
+            .delete => |removal| try model.remove(arena, removal.indices, removal.keep_order),
+            .compact, .train_dict, .sync, .reopen => {},
+        }
+    }
+
+    /// Order-keeping removal, or the store's tail-fills-the-holes rule.
+    fn remove(model: *Model, arena: std.mem.Allocator, indices: []const u64, keep_order: bool) !void {
+        const old = model.records.items;
+        const doomed = try arena.alloc(bool, old.len);
+        @memset(doomed, false);
+        for (indices) |index| doomed[index] = true;
+        var survivors: std.ArrayList([]const u8) = .empty;
+        if (keep_order) {
+            for (old, doomed) |record, gone| if (!gone) try survivors.append(arena, record);
+        } else {
+            var removed: usize = 0;
+            for (doomed) |gone| removed += @intFromBool(gone);
+            const remaining = old.len - removed;
+            var tail = remaining;
+            for (0..remaining) |index| {
+                if (!doomed[index]) {
+                    try survivors.append(arena, old[index]);
+                    continue;
+                }
+                while (doomed[tail]) tail += 1;
+                try survivors.append(arena, old[tail]);
+                tail += 1;
+            }
+        }
+        model.records = survivors;
+    }
+};
+
+// ---- workloads -------------------------------------------------------------------
+
+const Operation = union(enum) {
+    append: struct { records: []const []const u8, codec: Codec },
+    replace: struct { indices: []const u64, records: []const []const u8, codec: Codec },
+    delete: struct { indices: []const u64, keep_order: bool },
+    compact,
+    train_dict,
+    sync,
+    reopen,
+};
+
+const Generator = struct {
+    random: std.Random,
+    arena: std.mem.Allocator,
+    count: u64 = 0,
+    dictionary: bool = false,
+
+    fn record(generator: *Generator, length: usize, compressible: bool) ![]const u8 {
+        const bytes = try generator.arena.alloc(u8, length);
+        if (compressible) {
+            // Few distinct words: zstd shrinks it, and so does a dictionary.
+            const words = [_][]const u8{ "token ", "sample ", "label=7 ", "float32 ", "\x00\x00\x00\x01" };
+            var at: usize = 0;
+            while (at < length) {
+                const word = words[generator.random.uintLessThan(usize, words.len)];
+                const take = @min(word.len, length - at);
+                @memcpy(bytes[at..][0..take], word[0..take]);
+                at += take;
+            }
+        } else {
+            generator.random.bytes(bytes);
+        }
+        return bytes;
+    }
+
+    fn records(generator: *Generator, count: usize, record_codec: Codec, fixed: bool) ![]const []const u8 {
+        const list = try generator.arena.alloc([]const u8, count);
+        for (list) |*item| {
+            const length = if (fixed) fixed_record_bytes else generator.random.uintAtMost(usize, 1500);
+            item.* = try generator.record(length, record_codec != .raw);
+        }
+        return list;
+    }
+
+    fn pickCodec(generator: *Generator) Codec {
+        const choice = generator.random.uintLessThan(u8, if (generator.dictionary) 3 else 2);
+        return @enumFromInt(choice);
+    }
+
+    fn indices(generator: *Generator, count: usize, unique: bool) ![]const u64 {
+        const list = try generator.arena.alloc(u64, count);
+        for (list, 0..) |*index, k| {
+            while (true) {
+                index.* = generator.random.uintLessThan(u64, generator.count);
+                if (!unique or std.mem.indexOfScalar(u64, list[0..k], index.*) == null) break;
+            }
+        }
+        return list;
+    }
+
+    /// The next operation; appends in the fixed layout dominate at first, so
+    /// most workloads exercise both layouts and the change between them.
+    fn next(generator: *Generator) !Operation {
+        const roll = generator.random.uintLessThan(u8, 100);
+        if (generator.count == 0 or roll < 35) {
+            const fixed = roll < 25 or generator.count == 0;
+            const codec_choice: Codec = if (fixed) .raw else generator.pickCodec();
+            const count = 1 + generator.random.uintLessThan(usize, 20);
+            generator.count += count;
+            return .{ .append = .{ .records = try generator.records(count, codec_choice, fixed), .codec = codec_choice } };
+        }
+        if (roll < 55) {
+            const count = 1 + generator.random.uintLessThan(usize, @min(generator.count, 6));
+            const fixed = generator.random.boolean();
+            const codec_choice: Codec = if (fixed) .raw else generator.pickCodec();
+            return .{ .replace = .{ .indices = try generator.indices(count, true), .records = try generator.records(count, codec_choice, fixed), .codec = codec_choice } };
+        }
+        if (roll < 70 and generator.count > 1) {
+            const count = 1 + generator.random.uintLessThan(usize, @min(generator.count - 1, 6));
+            const list = try generator.indices(count, false);
+            var unique = std.AutoHashMap(u64, void).init(generator.arena);
+            for (list) |index| try unique.put(index, {});
+            generator.count -= unique.count();
+            return .{ .delete = .{ .indices = list, .keep_order = generator.random.boolean() } };
+        }
+        if (roll < 78) return .compact;
+        if (roll < 84 and !generator.dictionary) {
+            generator.dictionary = true;
+            return .train_dict;
+        }
+        if (roll < 92) return .sync;
+        return .reopen;
+    }
+};
+
+fn makeWorkload(seed: u64, length: usize, arena: std.mem.Allocator) ![]const Operation {
+    var prng = std.Random.DefaultPrng.init(seed);
+    var generator = Generator{ .random = prng.random(), .arena = arena };
+    const operations = try arena.alloc(Operation, length);
+    for (operations) |*operation| operation.* = try generator.next();
+    return operations;
+}
+
+// ---- running a workload --------------------------------------------------------
+
+/// Packs records back to back with their offsets, as append and replace take them.
+fn pack(arena: std.mem.Allocator, records: []const []const u8) !struct { source: []u8, offsets: []u64 } {
+    var total: usize = 0;
+    for (records) |item| total += item.len;
+    const source = try arena.alloc(u8, total);
+    const offsets = try arena.alloc(u64, records.len);
+    var at: usize = 0;
+    for (records, offsets) |item, *offset| {
+        offset.* = at;
+        @memcpy(source[at..][0..item.len], item);
+        at += item.len;
+    }
+    return .{ .source = source, .offsets = offsets };
+}
+
+fn trainSamples(arena: std.mem.Allocator) !struct { samples: []u8, sizes: []u64 } {
+    var prng = std.Random.DefaultPrng.init(7);
+    var generator = Generator{ .random = prng.random(), .arena = arena };
+    const count = 200;
+    const sizes = try arena.alloc(u64, count);
+    var samples: std.ArrayList(u8) = .empty;
+    for (sizes) |*size| {
+        const item = try generator.record(100 + generator.random.uintLessThan(usize, 200), true);
+        try samples.appendSlice(arena, item);
+        size.* = item.len;
+    }
+    return .{ .samples = samples.items, .sizes = sizes };
+}
+
+/// Runs one operation against the store (which `reopen` replaces).
+fn perform(store: *?*Store, operation: Operation, arena: std.mem.Allocator) status.Error!void {
+    if (store.* == null) store.* = try Store.open(path, 1, true);
+    const handle = store.*.?;
+    switch (operation) {
+        .append => |append| {
+            const packed_records = pack(arena, append.records) catch return error.OutOfMemory;
+            _ = try handle.append(packed_records.source, packed_records.offsets, append.codec);
+        },
+        .replace => |replace| {
+            const packed_records = pack(arena, replace.records) catch return error.OutOfMemory;
+            try handle.replace(replace.indices, packed_records.source, packed_records.offsets, replace.codec);
+        },
+        .delete => |removal| try handle.delete(removal.indices, removal.keep_order),
+        .compact => try handle.compact(),
+        .train_dict => {
+            const training = trainSamples(arena) catch return error.OutOfMemory;
+            _ = try handle.trainDict(training.samples, training.sizes, dictionary_bytes);
+        },
+        .sync => try handle.sync(),
+        .reopen => {
+            handle.close();
+            store.* = null;
+            store.* = try Store.open(path, 1, true);
+        },
+    }
+}
+
+/// Checks that the store holds exactly `model`, every checksum holds, and a
+/// writer's recovery leaves only the files the superblock names.
+fn expectState(store: *Store, model: *const Model, arena: std.mem.Allocator) !void {
+    try expectRecords(store, model, arena);
+    const damaged = try arena.alloc(u64, store.count());
+    try testing.expectEqual(@as(u64, 0), try store.verify(0, damaged.len, damaged));
+    try expectNoOrphans(store, arena);
+}
+
+fn expectRecords(store: *Store, model: *const Model, arena: std.mem.Allocator) !void {
+    if (!try sameRecords(store, model, arena)) {
+        std.debug.print("the store holds {d} records that differ from the model's {d}\n", .{ store.count(), model.records.items.len });
+        return error.TestUnexpectedResult;
+    }
+}
+
+/// Whether the store holds exactly the model's records (read with checksums).
+fn sameRecords(store: *Store, model: *const Model, arena: std.mem.Allocator) !bool {
+    const expected = model.records.items;
+    if (store.count() != expected.len) return false;
+    if (expected.len == 0) return true;
+    const indices = try arena.alloc(u64, expected.len);
+    for (indices, 0..) |*index, k| index.* = k;
+    const lengths = try arena.alloc(u64, expected.len);
+    try store.lengths(indices, lengths);
+    const offsets = try arena.alloc(u64, expected.len);
+    var total: u64 = 0;
+    for (offsets, expected, lengths) |*offset, item, length| {
+        if (length != item.len) return false;
+        offset.* = total;
+        total += item.len;
+    }
+    const target = try arena.alloc(u8, total);
+    try store.gather(indices, target, offsets);
+    for (expected, offsets) |item, offset| {
+        if (!std.mem.eql(u8, item, target[offset..][0..item.len])) return false;
+    }
+    return true;
+}
+
+fn expectNoOrphans(store: *Store, arena: std.mem.Allocator) !void {
+    try store.sync(); // A reopened writer must not be poisoned.
+    // Any write runs recovery first; a compaction of a compact store writes
+    // nothing else.
+    try store.compact();
+    const superblock = store.head().superblock;
+    var names: std.ArrayList([]const u8) = .empty;
+    try storage.listNames(path, &names, arena);
+    for (names.items) |name| {
+        if (std.mem.eql(u8, name, "superblock") or std.mem.eql(u8, name, "lock")) continue;
+        const parsed = format.parseFileName(name) orelse {
+            std.debug.print("unexpected file '{s}' in the store\n", .{name});
+            return error.TestUnexpectedResult;
+        };
+        const named = switch (parsed.kind) {
+            .data => superblock.data_file,
+            .index => superblock.index_file,
+            .sums => superblock.sums_file,
+            .dict => superblock.dict_file,
+        };
+        if (named != parsed.id) {
+            std.debug.print("orphan file '{s}' survived recovery\n", .{name});
+            return error.TestUnexpectedResult;
+        }
+    }
+}
+
+/// The model after each acknowledged operation: states[i] is after i of them.
+fn modelStates(operations: []const Operation, arena: std.mem.Allocator) ![]Model {
+    const states = try arena.alloc(Model, operations.len + 1);
+    states[0] = .{};
+    for (operations, 0..) |operation, k| {
+        states[k + 1] = try states[k].clone(arena);
+        try states[k + 1].apply(arena, operation);
+    }
+    return states;
+}
+
+// ---- power loss --------------------------------------------------------------------
+
+const Counts = struct {
+    power_losses: u64 = 0,
+    faults: u64 = 0,
+    workloads: u64 = 0,
+};
+
+/// Runs `operations` with power lost before call `crash_call`, then brings
+/// power back with `seed` and checks the store that survives. Returns false
+/// when the workload finished before that call (nothing was lost).
+fn powerLossTrial(operations: []const Operation, states: []const Model, crash_call: u64, seed: u64) !bool {
+    var arena_state = std.heap.ArenaAllocator.init(gpa);
+    defer arena_state.deinit();
+    const arena = arena_state.allocator();
+    storage.reset();
+    storage.powerOffAt(crash_call);
+    var store: ?*Store = null;
+    var acknowledged: usize = 0;
+    for (operations) |operation| {
+        perform(&store, operation, arena) catch |err| {
+            if (!storage.poweredOff()) return err; // Failed with power on.
+            break;
+        };
+        acknowledged += 1;
+    }
+    const lost = storage.poweredOff();
+    if (store) |handle| handle.close();
+    if (!lost) return false;
+    storage.powerLoss(seed);
+    const reopened = try Store.open(path, 1, true);
+    defer reopened.close();
+    // Every commit is durable when it returns: the store holds the state
+    // after the acknowledged operations, or after the one in flight too.
+    var expected = &states[acknowledged];
+    if (!try sameRecords(reopened, expected, arena)) {
+        const in_flight = @min(acknowledged + 1, states.len - 1);
+        expected = &states[in_flight];
+        if (!try sameRecords(reopened, expected, arena)) {
+            std.debug.print("after power loss at call {d} (seed {d}), {d} operations acknowledged: the store matches neither the model before nor after the operation in flight ({s})\n", .{ crash_call, seed, acknowledged, @tagName(operations[@min(acknowledged, operations.len - 1)]) });
+            return error.TestUnexpectedResult;
+        }
+    }
+    try expectState(reopened, expected, arena);
+    return true;
+}
+
+fn powerLossWorkload(workload_seed: u64, length: usize, seeds_per_call: u64, counts: *Counts) !void {
+    var arena_state = std.heap.ArenaAllocator.init(gpa);
+    defer arena_state.deinit();
+    const arena = arena_state.allocator();
+    const operations = try makeWorkload(workload_seed, length, arena);
+    const states = try modelStates(operations, arena);
+    var call: u64 = 0;
+    while (true) : (call += 1) {
+        for (0..seeds_per_call) |k| {
+            const seed = workload_seed *% 1_000_003 +% call *% 31 +% k;
+            const lost = powerLossTrial(operations, states, call, seed) catch |err| {
+                std.debug.print("power-loss trial failed: workload seed {d}, length {d}, crash call {d}, power seed {d} (replay: LOADERX_SIM_SEED={d})\n", .{ workload_seed, length, call, seed, workload_seed });
+                return err;
+            };
+            if (!lost) return;
+            counts.power_losses += 1;
+        }
+    }
+}
+
+// ---- faults ------------------------------------------------------------------------
+
+const fault_plan = [_]struct { kind: storage.Kind, faults: []const storage.Fault }{
+    .{ .kind = .write, .faults = &.{ .eio, .enospc, .short_write } },
+    .{ .kind = .sync_file, .faults = &.{ .sync_fails, .eio } },
+    .{ .kind = .sync_dir, .faults = &.{.sync_fails} },
+    .{ .kind = .create, .faults = &.{ .eio, .enospc } },
+    .{ .kind = .open, .faults = &.{.eio} },
+    .{ .kind = .read, .faults = &.{.eio} },
+    .{ .kind = .length, .faults = &.{.eio} },
+    .{ .kind = .set_length, .faults = &.{.eio} },
+    .{ .kind = .link, .faults = &.{ .eio, .enospc } },
+    .{ .kind = .unlink, .faults = &.{.eio} },
+    .{ .kind = .list, .faults = &.{.eio} },
+    .{ .kind = .lock, .faults = &.{.eio} },
+    .{ .kind = .map, .faults = &.{.eio} },
+    .{ .kind = .make_dir, .faults = &.{ .eio, .enospc } },
+};
+
+/// Runs `operations` with `fault` at call `at` of `kind`. The operation it
+/// hits must fail with a message and change nothing; the rest of the
+/// workload then runs (reopening once if the writer refuses) and the final
+/// store must equal the model without the failed operation. Returns whether
+/// the fault fired.
+fn faultTrial(operations: []const Operation, kind: storage.Kind, at: u64, fault: storage.Fault) !bool {
+    var arena_state = std.heap.ArenaAllocator.init(gpa);
+    defer arena_state.deinit();
+    const arena = arena_state.allocator();
+    storage.reset();
+    storage.injectFault(kind, at, fault);
+    var model = Model{};
+    var store: ?*Store = null;
+    defer if (store) |handle| handle.close();
+    var fired = false;
+    for (operations) |operation| {
+        perform(&store, operation, arena) catch |err| {
+            if (fired) return err; // Only one call fails.
+            fired = storage.clearFault();
+            try testing.expect(fired);
+            try testing.expect(status.message().len > 0);
+            // The committed state is what it was, for this handle and a new one.
+            if (store) |handle| try expectRecords(handle, &model, arena);
+            const reader = try Store.open(path, 1, true);
+            defer reader.close();
+            try expectRecords(reader, &model, arena);
+            // The store works again: at once, or after a reopen when a sync
+            // failed and the writer refuses until then.
+            if (store) |handle| {
+                if (handle.writer != null and handle.writer.?.poisoned) {
+                    handle.close();
+                    store = null;
+                }
+            }
+            try perform(&store, operation, arena);
+        };
+        try model.apply(arena, operation);
+    }
+    if (!fired) fired = storage.clearFault();
+    if (store == null) store = try Store.open(path, 1, true);
+    try expectState(store.?, &model, arena);
+    return fired;
+}
+
+fn faultWorkload(workload_seed: u64, length: usize, counts: *Counts) !void {
+    var arena_state = std.heap.ArenaAllocator.init(gpa);
+    defer arena_state.deinit();
+    const arena = arena_state.allocator();
+    const operations = try makeWorkload(workload_seed, length, arena);
+    for (fault_plan) |plan| {
+        for (plan.faults) |fault| {
+            var at: u64 = 0;
+            while (true) : (at += 1) {
+                const fired = faultTrial(operations, plan.kind, at, fault) catch |err| {
+                    std.debug.print("fault trial failed: workload seed {d}, length {d}, {s} at call {d} of kind {s} (replay: LOADERX_SIM_SEED={d})\n", .{ workload_seed, length, @tagName(fault), at, @tagName(plan.kind), workload_seed });
+                    return err;
+                };
+                if (!fired) break;
+                counts.faults += 1;
+            }
+        }
+    }
+}
+
+// ---- the tests ---------------------------------------------------------------------
+
+fn envNumber(name: []const u8, default: u64) u64 {
+    const text = std.process.getEnvVarOwned(gpa, name) catch return default;
+    defer gpa.free(text);
+    return std.fmt.parseInt(u64, text, 10) catch default;
+}
+
+fn report(counts: Counts) void {
+    const target = std.process.getEnvVarOwned(gpa, "LOADERX_SIM_REPORT") catch return;
+    defer gpa.free(target);
+    var buffer: [256]u8 = undefined;
+    const text = std.fmt.bufPrint(&buffer, "{{\"power_losses\": {d}, \"faults\": {d}, \"workloads\": {d}}}\n", .{ counts.power_losses, counts.faults, counts.workloads }) catch unreachable;
+    const file = std.fs.cwd().createFile(target, .{}) catch return;
+    defer file.close();
+    file.writeAll(text) catch {};
+}
+
+test "power loss at every call and every fault at every call leave the store whole" {
+    const scale = envNumber("LOADERX_SIM_SCALE", 1);
+    const replay = envNumber("LOADERX_SIM_SEED", 0);
+    var counts = Counts{};
+    const workloads = if (replay != 0) 1 else 12 * scale;
+    for (0..workloads) |k| {
+        const seed = if (replay != 0) replay else 1 + k;
+        try powerLossWorkload(seed, 10, 2, &counts);
+        try faultWorkload(seed, 10, &counts);
+        counts.workloads += 1;
+    }
+    report(counts);
+    storage.reset();
+}
+
+test "the simulated disk loses unsynced writes and names, and keeps synced ones" {
+    storage.reset();
+    const store = try Store.open(path, 1, true);
+    _ = try store.append("0123456789", &.{ 0, 5 }, .raw);
+    store.close();
+    // Every commit is durable: the worst power loss keeps it.
+    for (0..20) |seed| {
+        storage.powerLoss(seed);
+        const reopened = try Store.open(path, 1, true);
+        defer reopened.close();
+        try testing.expectEqual(@as(u64, 2), reopened.count());
+    }
+}
+
+test "a failed sync is not retried into a false success" {
+    storage.reset();
+    const store = try Store.open(path, 1, true);
+    _ = try store.append("abcd", &.{0}, .raw);
+    storage.injectFault(.sync_file, storage.kindCount(.sync_file), .sync_fails);
+    try testing.expectError(error.Io, store.append("efgh", &.{0}, .raw));
+    try testing.expect(storage.clearFault());
+    try testing.expectEqual(@as(u64, 1), store.count());
+    // The writer refuses until reopened, and says why.
+    try testing.expectError(error.Io, store.append("ijkl", &.{0}, .raw));
+    try testing.expect(std.mem.indexOf(u8, status.message(), "reopen") != null or std.mem.indexOf(u8, status.message(), "open it again") != null);
+    store.close();
+    const reopened = try Store.open(path, 1, true);
+    defer reopened.close();
+    _ = try reopened.append("ijkl", &.{0}, .raw);
+    try testing.expectEqual(@as(u64, 2), reopened.count());
+}

@@ -24,11 +24,11 @@ const std = @import("std");
 const assert = std.debug.assert;
 const page_size = std.heap.page_size_min;
 const Memory = []align(page_size) const u8;
-const backing = std.heap.page_allocator;
+const backing = std.heap.c_allocator;
 
 /// Files are small in tests; a write past this fails like a full disk. The
 /// buffer is reserved, not touched, so unused capacity costs no memory.
-pub const file_bytes_max: u64 = 4 << 20;
+pub const file_bytes_max: u64 = 1 << 20;
 pub const sector_bytes: u64 = 512;
 
 pub const Kind = enum { open, create, read, write, length, set_length, sync_file, sync_dir, make_dir, link, unlink, list, lock, map };
@@ -64,6 +64,10 @@ const Node = struct {
 
 const Handle = struct { node: u32, writable: bool };
 
+/// File buffers of earlier runs, zeroed, for the next ones: a run makes
+/// dozens of files, and thousands of runs should not map and unmap each.
+var spare_buffers: std.ArrayList([]align(page_size) u8) = .empty;
+
 const Disk = struct {
     mutex: std.Thread.Mutex = .{},
     arena: std.heap.ArenaAllocator = .init(backing),
@@ -85,7 +89,10 @@ var disk: Disk = .{};
 /// runs, when no store and no other thread uses the disk.
 pub fn reset() void {
     for (disk.nodes.items) |*node| {
-        if (node.visible.len > 0) backing.free(node.visible);
+        if (node.visible.len > 0) {
+            @memset(node.visible[0..node.visible_bytes], 0);
+            spare_buffers.append(backing, node.visible) catch std.heap.page_allocator.free(node.visible);
+        }
         node.durable.deinit(backing);
         node.pending.deinit(backing);
         node.names.deinit(backing);
@@ -263,7 +270,9 @@ fn enter(kind: Kind) CallError!?Fault {
 
 fn newNode(is_dir: bool) !u32 {
     var node = Node{ .is_dir = is_dir };
-    if (!is_dir) node.visible = try backing.alignedAlloc(u8, .fromByteUnits(page_size), file_bytes_max);
+    if (!is_dir) {
+        node.visible = spare_buffers.pop() orelse try std.heap.page_allocator.alignedAlloc(u8, .fromByteUnits(page_size), file_bytes_max);
+    }
     try disk.nodes.append(backing, node);
     return @intCast(disk.nodes.items.len - 1);
 }
