@@ -1,5 +1,6 @@
 """The Zig core's own unit tests, and the ABI checks between Zig and _abi.h."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +15,12 @@ def test_zig_unit_tests_pass():
     sys.path.insert(0, str(ROOT / "build_backend"))
     from loaderx_build import find_zstd
 
+    # The power-loss simulation runs in tests/test_simulation.py (ReleaseSafe).
+    env = {**os.environ, "LOADERX_SIM_SCALE": "0"}
     result = subprocess.run(
         [sys.executable, "-m", "ziglang", "build", "test", "-Doptimize=Debug",
          f"-Dzstd={find_zstd()}", "--summary", "all"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
+        cwd=ROOT, capture_output=True, text=True, timeout=900, env=env,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "tests passed" in result.stdout + result.stderr
@@ -63,3 +66,46 @@ def test_only_the_io_seam_touches_the_file_system():
     assert not offenders, "file-system calls outside zig/io.zig:\n" + "\n".join(offenders)
     # The check can fail: the seam itself is caught by it.
     assert any(forbidden.search(line.split("//", 1)[0]) for line in (ROOT / "zig" / "io.zig").read_text().splitlines())
+
+
+def test_limits_come_from_the_core():
+    """The limits Python enforces are the ones zig/format.zig and
+    zig/sampler.zig define (read through lx_limits, not written twice)."""
+    from loaderx import converter, sampler, zrecord
+
+    assert _native.ffi.sizeof("lx_limits_t") == 40  # zig/root.zig asserts the same
+    format_source = (ROOT / "zig" / "format.zig").read_text()
+    assert "pub const record_bytes_max: u64 = 1 << 48;" in format_source
+    assert zrecord.MAX_RECORD_LEN == _native.LIMITS["record_bytes_max"] == 1 << 48
+    assert converter.DICT_BYTES_MIN == _native.LIMITS["dict_bytes_min"] == 256
+    assert converter.DICT_BYTES_MAX == _native.LIMITS["dict_bytes_max"] == 16 << 20
+    assert sampler.LENGTH_MAX == _native.LIMITS["sampler_length_max"] == 1 << 63
+
+
+def test_the_same_mistake_raises_the_same_class_in_either_layer(tmp_path):
+    """An index out of range is a ZrecordError and an IndexError whether
+    Python (a negative index) or the core (past the end) notices it; a bad
+    argument is a ZrecordError and a ValueError either way."""
+    from loaderx.zrecord import IndexOutOfRangeError, InvalidArgumentError, Zrecord, ZrecordError
+
+    with Zrecord(tmp_path / "s", codec="raw") as store:
+        store.append(b"abcd", [0, 2])
+        buffer = bytearray(2)
+        for bad in ([-1], [5]):  # Python sees the first, the core the second
+            try:
+                store.gather(bad, buffer, [0])
+            except IndexOutOfRangeError as exc:
+                assert isinstance(exc, ZrecordError) and isinstance(exc, IndexError)
+            else:
+                raise AssertionError(f"gather({bad}) did not raise")
+        mistakes = [
+            lambda: store.append(b"abcd", [3, 1]),  # Python: offsets decrease
+            lambda: store.train_dict(b"x" * 1000, [1000], 8),  # the core: dictionary size
+        ]
+        for mistake in mistakes:
+            try:
+                mistake()
+            except InvalidArgumentError as exc:
+                assert isinstance(exc, ZrecordError) and isinstance(exc, ValueError)
+            else:
+                raise AssertionError("no error raised")

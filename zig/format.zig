@@ -57,6 +57,8 @@ pub const record_bytes_max: u64 = 1 << 48;
 pub const record_count_max: u64 = 1 << 48;
 /// A trained dictionary is at most this large; bounds the allocation on open.
 pub const dict_bytes_max: u64 = 16 << 20;
+/// zstd cannot make a useful dictionary smaller than this.
+pub const dict_bytes_min: u64 = 256;
 
 pub const zstd_level: c_int = 3;
 pub const zstd_block_bytes_max: u64 = 128 * 1024;

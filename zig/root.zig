@@ -40,6 +40,29 @@ export fn lx_store_info_bytes() u64 {
     return @sizeOf(store_module.Info);
 }
 
+/// The limits of the core, defined once here and read by Python at import.
+const Limits = extern struct {
+    record_bytes_max: u64,
+    record_count_max: u64,
+    dict_bytes_min: u64,
+    dict_bytes_max: u64,
+    sampler_length_max: u64,
+};
+
+comptime {
+    std.debug.assert(@sizeOf(Limits) == 40);
+}
+
+export fn lx_limits(out: *Limits) void {
+    out.* = .{
+        .record_bytes_max = format.record_bytes_max,
+        .record_count_max = format.record_count_max,
+        .dict_bytes_min = format.dict_bytes_min,
+        .dict_bytes_max = format.dict_bytes_max,
+        .sampler_length_max = sampler.length_max,
+    };
+}
+
 // ---- zrecord -------------------------------------------------------------
 
 const Store = store_module.Store;

@@ -405,8 +405,8 @@ pub const Store = struct {
         if (current.superblock.dict_file != 0) {
             return status.fail(error.DictionaryExists, "store '{s}' already has a dictionary; records compressed with it need it, so it cannot be replaced", .{store.path});
         }
-        if (target_bytes < 256 or target_bytes > format.dict_bytes_max) {
-            return status.fail(error.InvalidArgument, "dictionary size must be 256 B to {d} B, got {d}", .{ format.dict_bytes_max, target_bytes });
+        if (target_bytes < format.dict_bytes_min or target_bytes > format.dict_bytes_max) {
+            return status.fail(error.InvalidArgument, "dictionary size must be {d} B to {d} B, got {d}", .{ format.dict_bytes_min, format.dict_bytes_max, target_bytes });
         }
         var total: u64 = 0;
         for (sizes) |size| total = std.math.add(u64, total, size) catch std.math.maxInt(u64);

@@ -25,6 +25,17 @@ typedef struct {
 } lx_store_info;
 
 uint64_t lx_store_info_bytes(void);
+
+/* The core's limits, defined once in Zig. */
+typedef struct {
+    uint64_t record_bytes_max;
+    uint64_t record_count_max;
+    uint64_t dict_bytes_min;
+    uint64_t dict_bytes_max;
+    uint64_t sampler_length_max;
+} lx_limits_t;
+
+void lx_limits(lx_limits_t *out);
 int lx_store_open(const char *path, uint32_t threads, uint32_t verify, lx_store **out);
 void lx_store_close(lx_store *store);
 int lx_store_refresh(lx_store *store);

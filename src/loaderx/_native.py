@@ -6,6 +6,7 @@ library reports its ABI version and a stale build is refused at import.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import cffi
@@ -13,7 +14,9 @@ import cffi
 ABI_VERSION = 1
 
 _HERE = Path(__file__).resolve().parent
-_LIBRARY = _HERE / "libloaderx.so"
+# LOADERX_LIBRARY loads another build of the same source (the tests run the
+# crash and corruption suites against a ReleaseSafe build this way).
+_LIBRARY = Path(os.environ.get("LOADERX_LIBRARY") or _HERE / "libloaderx.so")
 _REBUILD = (
     "Rebuild it from the source checkout with `pip install -e .` "
     "(or `python -m ziglang build` and copy zig-out/lib/libloaderx.so into src/loaderx/)."
@@ -45,6 +48,14 @@ class ZrecordError(RuntimeError):
         self.code = code
 
 
+class InvalidArgumentError(ZrecordError, ValueError):
+    """A call got an argument it cannot take (a bad offset, size, codec...)."""
+
+
+class IndexOutOfRangeError(ZrecordError, IndexError):
+    """An index outside ``0..len-1`` (or a negative one)."""
+
+
 class StoreLockedError(ZrecordError):
     """Another process (or another open handle) is writing to this store."""
 
@@ -71,8 +82,8 @@ class NoDictionaryError(ZrecordError):
 
 # The status codes of zig/status.zig, in order.
 CODES = {
-    1: ("invalid_argument", ZrecordError),
-    2: ("index_out_of_range", ZrecordError),
+    1: ("invalid_argument", InvalidArgumentError),
+    2: ("index_out_of_range", IndexOutOfRangeError),
     3: ("io", ZrecordError),
     4: ("corrupt", CorruptStoreError),
     5: ("checksum_mismatch", ChecksumError),
@@ -84,9 +95,9 @@ CODES = {
     11: ("unsupported_version", CorruptStoreError),
     12: ("codec", ZrecordError),
     13: ("no_dictionary", NoDictionaryError),
-    14: ("too_large", ZrecordError),
+    14: ("too_large", InvalidArgumentError),
     15: ("dictionary_exists", ZrecordError),
-    16: ("buffer_too_small", ZrecordError),
+    16: ("buffer_too_small", InvalidArgumentError),
     17: ("not_found", ZrecordError),
 }
 
@@ -106,3 +117,14 @@ def check(status: int, context: str = "") -> None:
     if context:
         message = f"{context}: {message}"
     raise cls(message, status)
+
+
+def _limits() -> dict:
+    out = ffi.new("lx_limits_t *")
+    lib.lx_limits(out)
+    return {name: int(getattr(out, name)) for name in
+            ("record_bytes_max", "record_count_max", "dict_bytes_min", "dict_bytes_max", "sampler_length_max")}
+
+
+# The core's limits (zig/format.zig, zig/sampler.zig): one definition.
+LIMITS = _limits()

@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from ._native import LIMITS
 from .dataset import Schema, read_schema, write_schema
 from .zrecord import CODECS, Zrecord, ZrecordError, codec_id
 
@@ -40,8 +41,8 @@ __all__ = ["from_iterator", "from_numpy"]
 MiB = 1 << 20
 CHUNK_BYTES = 64 * MiB
 DICT_BYTES = 112 * 1024
-DICT_BYTES_MIN = 256
-DICT_BYTES_MAX = 16 * MiB
+DICT_BYTES_MIN = LIMITS["dict_bytes_min"]
+DICT_BYTES_MAX = LIMITS["dict_bytes_max"]
 # Bounds the records per append (and so the native per-record state) when
 # records are tiny: a chunk holds at most chunk_bytes // 64 records.
 _RECORD_COST_BYTES = 64

@@ -25,12 +25,12 @@ import operator
 
 import numpy as np
 
-from ._native import check, ffi, lib
+from ._native import LIMITS, check, ffi, lib
 
 __all__ = ["Sampler", "LENGTH_MAX"]
 
 #: The largest index space: every index then fits an int64 as well as a uint64.
-LENGTH_MAX = 1 << 63
+LENGTH_MAX = LIMITS["sampler_length_max"]
 _U64_LIMIT = 1 << 64
 _UINT64 = np.dtype(np.uint64)
 _empty = np.empty

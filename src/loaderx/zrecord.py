@@ -15,8 +15,11 @@ from typing import Iterable
 import numpy as np
 
 from ._native import (
+    LIMITS,
     ChecksumError,
     CorruptStoreError,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
     NoDictionaryError,
     StoreFullError,
     StoreLockedError,
@@ -24,7 +27,6 @@ from ._native import (
     ZrecordError,
     check,
     ffi,
-    last_message,
     lib,
 )
 
@@ -33,6 +35,8 @@ __all__ = [
     "MAX_RECORD_LEN",
     "ChecksumError",
     "CorruptStoreError",
+    "IndexOutOfRangeError",
+    "InvalidArgumentError",
     "NoDictionaryError",
     "StoreClosedError",
     "StoreFullError",
@@ -43,7 +47,7 @@ __all__ = [
 ]
 
 CODECS = {"raw": 0, "zstd": 1, "zstd_dict": 2}
-MAX_RECORD_LEN = 1 << 48
+MAX_RECORD_LEN = LIMITS["record_bytes_max"]
 _VERIFY_CHUNK = 1 << 20
 
 _INFO_BYTES = ffi.sizeof("lx_store_info")
@@ -64,7 +68,7 @@ def codec_id(codec) -> int:
         return CODECS[codec]
     if isinstance(codec, (int, np.integer)) and not isinstance(codec, bool) and int(codec) in CODECS.values():
         return int(codec)
-    raise ValueError(f"unknown codec {codec!r}: use one of {sorted(CODECS)}")
+    raise InvalidArgumentError(f"unknown codec {codec!r}: use one of {sorted(CODECS)}")
 
 
 def as_indices(idxs, name: str = "indices") -> np.ndarray:
@@ -75,13 +79,13 @@ def as_indices(idxs, name: str = "indices") -> np.ndarray:
         idxs = [idxs]
     array = np.asarray(idxs)
     if array.ndim != 1:
-        raise ValueError(f"{name} must be one-dimensional, got shape {array.shape}")
+        raise InvalidArgumentError(f"{name} must be one-dimensional, got shape {array.shape}")
     if array.size == 0:
         return np.empty(0, dtype=np.uint64)
     if array.dtype.kind not in "iu":
         raise TypeError(f"{name} must be integers, got dtype {array.dtype}")
     if array.dtype.kind == "i" and array.min() < 0:
-        raise IndexError(f"negative index {int(array.min())} in {name}: zrecord indices run from 0 to len-1")
+        raise IndexOutOfRangeError(f"negative index {int(array.min())} in {name}: zrecord indices run from 0 to len-1")
     return np.ascontiguousarray(array, dtype=np.uint64)
 
 
@@ -89,14 +93,14 @@ def _read_buffer(source, name: str):
     """A cffi view of a C-contiguous bytes-like object, and its length."""
     if isinstance(source, np.ndarray):
         if not source.flags.c_contiguous:
-            raise ValueError(f"{name} must be C-contiguous: pass np.ascontiguousarray({name})")
+            raise InvalidArgumentError(f"{name} must be C-contiguous: pass np.ascontiguousarray({name})")
         return ffi.from_buffer(source), source.nbytes
     try:
         view = memoryview(source)
     except TypeError:
         raise TypeError(f"{name} must be a bytes-like object or a NumPy array, got {type(source).__name__}") from None
     if not view.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
+        raise InvalidArgumentError(f"{name} must be C-contiguous")
     return ffi.from_buffer(view), view.nbytes
 
 
@@ -104,33 +108,33 @@ def _write_buffer(target, name: str):
     """A cffi view of a writable C-contiguous buffer, and its length."""
     if isinstance(target, np.ndarray):
         if not target.flags.c_contiguous:
-            raise ValueError(f"{name} must be C-contiguous: gather into a contiguous array, then copy")
+            raise InvalidArgumentError(f"{name} must be C-contiguous: gather into a contiguous array, then copy")
         if not target.flags.writeable:
-            raise ValueError(f"{name} is read-only")
+            raise InvalidArgumentError(f"{name} is read-only")
         return ffi.from_buffer(target, require_writable=True), target.nbytes
     view = memoryview(target)
     if view.readonly:
-        raise ValueError(f"{name} is read-only: pass a bytearray or a writable NumPy array")
+        raise InvalidArgumentError(f"{name} is read-only: pass a bytearray or a writable NumPy array")
     if not view.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
+        raise InvalidArgumentError(f"{name} must be C-contiguous")
     return ffi.from_buffer(view, require_writable=True), view.nbytes
 
 
 def _offsets(offsets, source_bytes: int) -> np.ndarray:
     array = np.asarray(offsets)
     if array.ndim != 1:
-        raise ValueError(f"offsets must be one-dimensional, got shape {array.shape}")
+        raise InvalidArgumentError(f"offsets must be one-dimensional, got shape {array.shape}")
     if array.size == 0:
-        raise ValueError("empty batch: give at least one record (offsets is empty)")
+        raise InvalidArgumentError("empty batch: give at least one record (offsets is empty)")
     if array.dtype.kind not in "iu":
         raise TypeError(f"offsets must be integers, got dtype {array.dtype}")
     if array.dtype.kind == "i" and array.min() < 0:
-        raise ValueError("offsets must be non-negative")
+        raise InvalidArgumentError("offsets must be non-negative")
     array = np.ascontiguousarray(array, dtype=np.uint64)
     if array.size > 1 and np.any(array[1:] < array[:-1]):
-        raise ValueError("offsets must be non-decreasing: record i spans offsets[i] to offsets[i+1]")
+        raise InvalidArgumentError("offsets must be non-decreasing: record i spans offsets[i] to offsets[i+1]")
     if int(array[-1]) > source_bytes:
-        raise ValueError(f"offsets[-1] = {int(array[-1])} is past the end of the source ({source_bytes} bytes)")
+        raise InvalidArgumentError(f"offsets[-1] = {int(array[-1])} is past the end of the source ({source_bytes} bytes)")
     return array
 
 
@@ -151,7 +155,7 @@ class Zrecord:
         self.codec = codec
         self._codec = codec_id(codec)
         if not isinstance(threads, int) or threads < 0:
-            raise ValueError(f"threads must be a non-negative int (0: one per core), got {threads!r}")
+            raise InvalidArgumentError(f"threads must be a non-negative int (0: one per core), got {threads!r}")
         handle = ffi.new("lx_store **")
         check(lib.lx_store_open(self.path.encode(), threads, int(bool(verify)), handle), f"cannot open store '{self.path}'")
         self._handle = handle[0]
@@ -237,7 +241,7 @@ class Zrecord:
         if offsets is not None:
             target_offsets = np.ascontiguousarray(np.asarray(offsets), dtype=np.uint64)
             if target_offsets.shape != indices.shape:
-                raise ValueError(f"gather got {indices.size} indices but {target_offsets.size} offsets")
+                raise InvalidArgumentError(f"gather got {indices.size} indices but {target_offsets.size} offsets")
             offsets_pointer = _u64(target_offsets)
         if indices.size == 0:
             return
@@ -249,7 +253,7 @@ class Zrecord:
         finally:
             self._leave()
         if status:
-            _raise_index_error_or_check(status)
+            check(status)
 
     def lengths(self, idxs) -> np.ndarray:
         """The raw (decoded) byte length of each record in ``idxs``."""
@@ -262,7 +266,7 @@ class Zrecord:
             status = lib.lx_store_lengths(handle, _u64(indices), indices.size, _u64(out))
         finally:
             self._leave()
-        _raise_index_error_or_check(status)
+        check(status)
         return out
 
     def read(self, idx: int) -> bytes:
@@ -329,7 +333,7 @@ class Zrecord:
         source, source_bytes = _read_buffer(src, "src")
         starts = _offsets(offsets, source_bytes)
         if starts.size != indices.size:
-            raise ValueError(f"replace got {indices.size} indices but {starts.size} records")
+            raise InvalidArgumentError(f"replace got {indices.size} indices but {starts.size} records")
         handle = self._enter()
         try:
             status = lib.lx_store_replace(
@@ -338,7 +342,7 @@ class Zrecord:
             )
         finally:
             self._leave()
-        _raise_index_error_or_check(status)
+        check(status)
 
     def delete(self, idxs, keep_order: bool = False) -> None:
         """Deletes records ``idxs``. The tail fills the holes (the moved records
@@ -346,13 +350,13 @@ class Zrecord:
         keeps its order. Live records are always ``0..len-1``."""
         indices = as_indices(idxs)
         if indices.size == 0:
-            raise ValueError("delete got no indices")
+            raise InvalidArgumentError("delete got no indices")
         handle = self._enter()
         try:
             status = lib.lx_store_delete(handle, _u64(indices), indices.size, int(bool(keep_order)))
         finally:
             self._leave()
-        _raise_index_error_or_check(status)
+        check(status)
 
     def compact(self) -> None:
         """Reclaims the space of deleted and replaced records (crash-safe)."""
@@ -368,9 +372,9 @@ class Zrecord:
         source, source_bytes = _read_buffer(samples, "samples")
         sample_sizes = np.ascontiguousarray(np.asarray(list(sizes) if not isinstance(sizes, np.ndarray) else sizes), dtype=np.uint64)
         if sample_sizes.size == 0:
-            raise ValueError("train_dict needs at least one sample")
+            raise InvalidArgumentError("train_dict needs at least one sample")
         if int(sample_sizes.sum()) != source_bytes:
-            raise ValueError(f"sample sizes sum to {int(sample_sizes.sum())} but samples hold {source_bytes} bytes")
+            raise InvalidArgumentError(f"sample sizes sum to {int(sample_sizes.sum())} but samples hold {source_bytes} bytes")
         out = ffi.new("uint64_t *")
         self._call(
             lib.lx_store_train_dict, ffi.cast("uint8_t *", source), _u64(sample_sizes),
@@ -381,10 +385,3 @@ class Zrecord:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self)} records"
         return f"Zrecord({self.path!r}, codec={self.codec!r}, {state})"
-
-
-def _raise_index_error_or_check(status: int) -> None:
-    """Index errors from the core surface as IndexError, the rest as usual."""
-    if status == 2:  # index_out_of_range
-        raise IndexError(last_message())
-    check(status)
