@@ -4,7 +4,7 @@ corruption suites against a ReleaseSafe build (Zig's assertions checked).
 The simulation (zig/testing/simulation.zig) runs seeded workloads on the
 simulated disk of zig/testing/storage.zig: power lost at every I/O call,
 and EIO, ENOSPC, short writes and failed syncs at every call of each kind.
-LOADERX_SIM_SCALE multiplies the workloads (2 here, 80 in the soak run);
+LOADERX_SIM_SCALE multiplies the workloads (4 here, 80 in the soak run);
 a failure prints the seed to replay with LOADERX_SIM_SEED.
 """
 
@@ -39,7 +39,7 @@ def run_simulation(tmp_path: Path, scale: int) -> dict:
 def test_power_loss_and_faults_at_every_call(tmp_path):
     """At least 5,000 simulated power losses and 5,000 injected faults, each
     followed by the checks of zig/testing/simulation.zig, all pass."""
-    counts = run_simulation(tmp_path, 2)
+    counts = run_simulation(tmp_path, 4)
     assert counts["power_losses"] >= 5000
     assert counts["faults"] >= 5000
 

@@ -99,10 +99,17 @@ pub fn reset() void {
         node.durable_names.deinit(backing);
         node.dir_pending.deinit(backing);
     }
-    disk.nodes.deinit(backing);
-    disk.handles.deinit(backing);
-    disk.arena.deinit();
-    disk = .{};
+    // Keep the arena's and lists' memory: thousands of runs would otherwise
+    // fault the same pages in again and again.
+    disk.nodes.clearRetainingCapacity();
+    disk.handles.clearRetainingCapacity();
+    _ = disk.arena.reset(.retain_capacity);
+    disk.calls = 0;
+    disk.kind_calls = @splat(0);
+    disk.power_off_at = null;
+    disk.powered_off = false;
+    disk.fault = null;
+    disk.fault_fired = false;
 }
 
 /// The number of counted calls since the last reset or power loss.
