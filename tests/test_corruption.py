@@ -476,6 +476,7 @@ def test_damaged_newest_slot_falls_back_to_the_previous_commit(store_copy, name)
         return
     with store:
         assert store.stats()["generation"] == previous
+        assert store.stats()["fell_back"] is True  # and says so
         assert contents(store) == ref.accepted[previous]
         assert store.verify() == []
     with Zrecord(path, codec="zstd") as store:
@@ -509,3 +510,22 @@ def test_damaged_records_are_named_by_verify_and_refused_by_verified_reads(store
                 assert [store.read(i) for i in others] == [records[i] for i in others]
                 return
     pytest.fail(f"no byte of {data} belongs to record {victim}")
+
+
+@pytest.mark.parametrize("size", [0, 100, 4096, 4096 + 255, 8191, 8193, 12288])
+def test_a_superblock_file_cut_or_grown_by_someone_else_is_refused(store_copy, size):
+    """zrecord writes its superblock file whole, 8,192 bytes, and never
+    changes its length: any other length is damage, and open says so instead
+    of falling back to an older (even empty) generation."""
+    path, _ = store_copy(sorted(BUILDERS)[0])
+    raw = (path / "superblock").read_bytes()
+    assert len(raw) == 8192
+    (path / "superblock").write_bytes((raw + bytes(8192))[:size])
+    with pytest.raises(CorruptStoreError, match="superblock file holds"):
+        Zrecord(path)
+
+
+def test_an_intact_store_does_not_report_a_fall_back(store_copy):
+    path, _ = store_copy(sorted(BUILDERS)[0])
+    with Zrecord(path) as store:
+        assert store.stats()["fell_back"] is False

@@ -252,3 +252,81 @@ pub const RowWriter = struct {
     }
 };
 
+
+// ---- tests -----------------------------------------------------------------------
+
+const testing = std.testing;
+
+/// Drains a plan the way streamRows does and returns the rows it handed out.
+fn drain(plan: anytype, row_count: u64, stride: u64, out: []u8) !void {
+    var cursor = plan.begin();
+    var row: u64 = 0;
+    var at: usize = 0;
+    while (row < row_count) {
+        const bytes = cursor.next(row, row_count - row);
+        try testing.expect(bytes.len >= stride and bytes.len % stride == 0);
+        @memcpy(out[at..][0..bytes.len], bytes);
+        at += bytes.len;
+        row += bytes.len / stride;
+    }
+    try testing.expectEqual(out.len, at);
+}
+
+test "a patch plan hands out the new rows where patched and runs of old rows between" {
+    const old = "aabbccddee";
+    const patches = [_]Patch{ .{ .row = 1, .bytes = "XX" }, .{ .row = 4, .bytes = "YY" } };
+    const plan = PatchPlan{ .old = old, .stride = 2, .patches = &patches };
+    var out: [10]u8 = undefined;
+    try drain(&plan, 5, 2, &out);
+    try testing.expectEqualStrings("aaXXccddYY", &out);
+}
+
+test "a delete plan keeps order or fills holes from the tail, skipping doomed tail rows" {
+    // Rows 0..7; delete 1, 3 and 6. Kept in order: 0 2 4 5 7. Tail fill:
+    // holes 1 and 3 below the new end (5) take survivors 5 and 7 (6 is doomed).
+    const old = "01234567";
+    const doomed = [_]u64{ 1, 3, 6 };
+    for ([_]bool{ true, false }, [_][]const u8{ "02457", "05274" }) |keep_order, expected| {
+        const plan = DeletePlan{ .old = old, .stride = 1, .doomed = &doomed, .remaining = 5, .keep_order = keep_order };
+        var out: [5]u8 = undefined;
+        try drain(&plan, 5, 1, &out);
+        try testing.expectEqualStrings(expected, &out);
+    }
+}
+
+test "the row writer checksums every full block and the partial tail, across flushes" {
+    const storage = @import("testing/storage.zig");
+    storage.reset();
+    const dir = try io.openDir(".");
+    defer io.closeDir(dir);
+    const file = try io.createFile(dir, "rows", true);
+    defer io.closeFile(file);
+    const sums = try io.createFile(dir, "sums", true);
+    defer io.closeFile(sums);
+    // Two and a half buffers of rows whose bytes depend on their position.
+    const total = RowWriter.buffer_bytes * 2 + block_bytes / 2 + 3;
+    var writer = try RowWriter.init(file, sums);
+    defer writer.deinit();
+    var chunk: [1000]u8 = undefined;
+    var written: u64 = 0;
+    while (written < total) {
+        const take = @min(chunk.len, total - written);
+        for (chunk[0..take], 0..) |*byte, k| byte.* = @truncate((written + k) *% 31);
+        try writer.write(chunk[0..take]);
+        written += take;
+    }
+    const result = try writer.finish();
+    try testing.expectEqual(@as(u64, total), result.bytes);
+    try testing.expectEqual(@as(u64, total), try io.length(file));
+    const content = try testing.allocator.alloc(u8, total);
+    defer testing.allocator.free(content);
+    try testing.expectEqual(@as(usize, total), try io.read(file, content, 0));
+    for (content, 0..) |byte, k| try testing.expectEqual(@as(u8, @truncate(k *% 31)), byte);
+    const full_blocks = total / block_bytes;
+    for (0..full_blocks) |block| {
+        var sum: u64 = undefined;
+        _ = try io.read(sums, std.mem.asBytes(&sum), block * 8);
+        try testing.expectEqual(format.blockChecksum(block, content[block * block_bytes ..][0..block_bytes]), sum);
+    }
+    try testing.expectEqual(format.blockChecksum(full_blocks, content[full_blocks * block_bytes ..]), result.tail_checksum);
+}

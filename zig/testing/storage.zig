@@ -28,7 +28,7 @@ const backing = std.heap.c_allocator;
 
 /// Files are small in tests; a write past this fails like a full disk. The
 /// buffer is reserved, not touched, so unused capacity costs no memory.
-pub const file_bytes_max: u64 = 1 << 20;
+pub const file_bytes_max: u64 = 16 << 20;
 pub const sector_bytes: u64 = 512;
 
 pub const Kind = enum { open, create, read, write, length, set_length, sync_file, sync_dir, make_dir, link, unlink, list, lock, map };
