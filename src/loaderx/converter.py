@@ -72,8 +72,9 @@ def from_numpy(path, array, codec="zstd", chunk_bytes=CHUNK_BYTES, dict_size=Non
     ``codec`` is ``"zstd"``, ``"raw"`` (dense raw stores cost no per-record
     metadata) or ``"zstd_dict"``, whose dictionary is trained from a sample of
     rows before the first write (``dict_size`` bytes, 112 KiB by default; a
-    store keeps its first dictionary for life). ``progress`` shows a progress
-    bar on a terminal when writing takes more than a second.
+    store keeps its first dictionary for life). ``progress=True`` shows a
+    progress bar on a terminal when writing takes more than a second; a text
+    stream (``progress=sys.stderr``) gets the bar whether or not it is one.
     """
     codec = _codec_name(codec)
     mode = _mode(mode)
@@ -498,16 +499,17 @@ def _train_dictionary(store: Zrecord, samples: list, dict_size: int) -> None:
 
 
 class _Progress:
-    """A one-line progress bar on stderr, shown only on a terminal and only
-    once the work has taken more than a second."""
+    """A one-line progress bar: with ``progress=True`` on stderr, only when it
+    is a terminal and once the work has taken more than a second; with a text
+    stream (``progress=sys.stderr``), on that stream from the start."""
 
-    delay_seconds = 1.0
     interval_seconds = 0.2
 
-    def __init__(self, enabled: bool, label: str, total_bytes=None, total_records=None):
-        stream = sys.stderr
+    def __init__(self, enabled, label: str, total_bytes=None, total_records=None):
+        self.stream = enabled if hasattr(enabled, "write") else sys.stderr
+        self.delay_seconds = 0.0 if hasattr(enabled, "write") else 1.0
         try:
-            self.enabled = bool(enabled) and stream is not None and stream.isatty()
+            self.enabled = hasattr(enabled, "write") or (bool(enabled) and self.stream is not None and self.stream.isatty())
         except (AttributeError, ValueError):
             self.enabled = False
         self.label = label
@@ -533,11 +535,11 @@ class _Progress:
         else:
             of = f"/{self.total_records:,}" if self.total_records is not None else ""
             text = f"{self.label}: {records:,}{of} records, {done_bytes / MiB:,.0f} MiB, {rate:,.0f} MiB/s"
-        sys.stderr.write("\r" + text)
-        sys.stderr.flush()
+        self.stream.write("\r" + text)
+        self.stream.flush()
 
     def finish(self, records: int, done_bytes: int) -> None:
-        if self.shown:
+        if self.shown or (self.enabled and not self.delay_seconds):
             self.update(records, done_bytes, force=True)
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+            self.stream.write("\n")
+            self.stream.flush()
