@@ -548,3 +548,25 @@ def test_mode_w_refuses_a_directory_that_is_not_a_store(tmp_path):
     with pytest.raises(ValueError, match="not a loaderx store"):
         from_numpy(tmp_path / "photos", np.arange(3))
     assert os.listdir(tmp_path / "photos") == ["cat.jpg"]
+
+
+def test_mode_w_waits_for_no_writer(tmp_path):
+    """Overwriting a store another handle is writing to raises StoreLockedError and changes nothing."""
+    from loaderx import StoreLockedError
+
+    from_numpy(tmp_path / "store", np.arange(4), codec="raw")
+    with Zrecord(tmp_path / "store", codec="raw") as writer:
+        writer.append(np.arange(4, 6).astype(np.int64), [0, 8])  # holds the write lock until closed
+        with pytest.raises(StoreLockedError, match="another process"):
+            from_numpy(tmp_path / "store", np.arange(10), codec="raw")
+    with DenseDataset(tmp_path / "store") as dataset:
+        assert dataset[:].tolist() == [0, 1, 2, 3, 4, 5]
+    assert from_numpy(tmp_path / "store", np.arange(10), codec="raw") == 10
+    assert os.listdir(tmp_path) == ["store"]
+
+
+def test_progress_on_a_given_stream(tmp_path):
+    """progress=<stream> draws the bar there even though it is no terminal, from the first chunk."""
+    stream = io.StringIO()
+    from_numpy(tmp_path / "store", np.zeros((64, 16)), chunk_bytes=1024, progress=stream)
+    assert "from_numpy [" in stream.getvalue() and "100%" in stream.getvalue() and stream.getvalue().endswith("\n")

@@ -25,6 +25,7 @@ source create an empty store, and the item shape must match the records.
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import math
 import operator
@@ -37,7 +38,7 @@ import numpy as np
 
 from ._files import fsync_dir
 from .dataset import Schema, read_schema, write_schema
-from .zrecord import CODECS, Zrecord, ZrecordError, codec_id
+from .zrecord import CODECS, StoreLockedError, Zrecord, ZrecordError, codec_id
 
 __all__ = ["from_iterator", "from_numpy"]
 
@@ -227,17 +228,28 @@ class _Writer:
     def __init__(self, path, schema: Schema, mode: str):
         self.target = os.fspath(path)
         self.staging = None
+        self.target_lock = None
         if not _is_fresh(self.target):
             if mode == "x":
                 raise FileExistsError(
-                    f"'{self.target}' already holds a store: pass mode='w' to overwrite it or mode='a' to append to it"
+                    f"'{self.target}' exists and is not empty: pass mode='w' to overwrite the store there "
+                    "or mode='a' to append to it"
                 )
             if mode == "w":
                 self.staging = _staging_path(self.target)
+                self.target_lock = _lock_store(self.target)
         self.path = self.staging or self.target
         self.schema = schema
+        try:
+            self._open()
+        except BaseException:
+            self._unlock()
+            raise
+
+    def _open(self) -> None:
         if self.staging:
             _remove_tree(self.staging)  # what a crashed overwrite left behind
+        schema = self.schema
         self.fresh = _is_fresh(self.path)
         existing = None if self.fresh else _existing_schema(self.path)
         if existing is not None and existing != schema:
@@ -251,11 +263,19 @@ class _Writer:
         return self
 
     def __exit__(self, kind, error, traceback):
-        if error is None:
-            self.store.close()
-            return False
-        self._roll_back()
+        try:
+            if error is None:
+                self.store.close()
+            else:
+                self._roll_back()
+        finally:
+            self._unlock()
         return False
+
+    def _unlock(self) -> None:
+        if self.target_lock is not None:
+            os.close(self.target_lock)  # releases the flock
+            self.target_lock = None
 
     def append(self, buffer: np.ndarray, offsets: np.ndarray) -> None:
         self.store.append(buffer, offsets)
@@ -305,6 +325,20 @@ def _staging_path(target: str) -> str:
         raise ValueError(f"'{target}' is a non-empty directory that is not a loaderx store: give a new or empty directory, or an existing store")
     parent, name = os.path.split(os.path.abspath(target))
     return os.path.join(parent, f".{name}.loaderx-overwrite")
+
+
+def _lock_store(target: str) -> int:
+    """Takes the write lock of the store ``target`` (zrecord's ``flock`` on its
+    ``lock`` file), so no other writer appends to a store being replaced."""
+    descriptor = os.open(os.path.join(target, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise StoreLockedError(
+            f"cannot overwrite '{target}': another process (or handle) is writing to it; retry when it is done", 6
+        ) from None
+    return descriptor
 
 
 def _remove_tree(path: str) -> None:
@@ -503,13 +537,16 @@ class _Progress:
     is a terminal and once the work has taken more than a second; with a text
     stream (``progress=sys.stderr``), on that stream from the start."""
 
+    delay_seconds = 1.0
     interval_seconds = 0.2
 
     def __init__(self, enabled, label: str, total_bytes=None, total_records=None):
-        self.stream = enabled if hasattr(enabled, "write") else sys.stderr
-        self.delay_seconds = 0.0 if hasattr(enabled, "write") else 1.0
+        forced = hasattr(enabled, "write")
+        self.stream = enabled if forced else sys.stderr
+        if forced:
+            self.delay_seconds = 0.0
         try:
-            self.enabled = hasattr(enabled, "write") or (bool(enabled) and self.stream is not None and self.stream.isatty())
+            self.enabled = forced or (bool(enabled) and self.stream is not None and self.stream.isatty())
         except (AttributeError, ValueError):
             self.enabled = False
         self.label = label

@@ -267,7 +267,7 @@ class DataLoader:
             self._finalizer = weakref.finalize(self, self._pipeline.close)
         return self._pipeline.take()
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple:
         raise TypeError(
             "a DataLoader runs threads in this process and cannot be pickled: pass its datasets "
             "(they pickle as their paths) and its state_dict() to the other process and build a DataLoader there"

@@ -244,7 +244,7 @@ class _Dataset:
         self._store._reopen_hint = f"{type(self).__name__}(path)"
         self._options = (verify, threads)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple:
         if self.closed:
             raise TypeError(f"cannot pickle the closed {type(self).__name__} '{self.path}': pickle it while open")
         return (type(self), (self.path, *self._options))
@@ -454,7 +454,7 @@ def pad(records, max_len=None, pad_value=0):
     return padded, lengths
 
 
-def _pad_fill(pad_value, dtype: np.dtype):
+def _pad_fill(pad_value: object, dtype: np.dtype) -> np.ndarray:
     """``pad_value`` as a ``dtype`` scalar; ValueError when the dtype cannot
     hold it (0.5 in an int array, -1 in a uint8 one) rather than padding with
     some other value."""

@@ -59,11 +59,11 @@ class Sampler:
     """An endless stream of ``batch_size`` uint64 indices into ``0..length``.
 
     ``Sampler(length, batch_size, mode, seed=42, shard=None)``; ``mode`` is a
-    ``Sampler.Mode``, its int value or its name (``"iid"``, case-insensitive).
-    A pickled sampler is its parameters and current step. With ``shard=(rank, world_size)``,
-    ``batch_size`` is this process's share: the ranks' batches at step k,
-    concatenated in rank order, are the unsharded batch of size
-    ``batch_size * world_size`` at step k.
+    ``Sampler.Mode``, its int value or its name (``"iid"``, any case). With
+    ``shard=(rank, world_size)``, ``batch_size`` is this process's share: the
+    ranks' batches at step k, concatenated in rank order, are the unsharded
+    batch of size ``batch_size * world_size`` at step k. A pickled sampler is
+    its parameters and current step.
     """
 
     class Mode(enum.IntEnum):
@@ -225,7 +225,7 @@ class Sampler:
 
     # -- pickling: the parameters and the step, rebuilt natively on load ------
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple:
         shard = None if self._world_size == 1 else (self._rank, self._world_size)
         return (type(self), (self._length, self._batch_size, int(self._mode), self._seed, shard), self._step)
 

@@ -182,7 +182,7 @@ class Zrecord:
         self._active = 0
         self._closed = False
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple:
         # A native handle cannot cross processes: a pickled store is its path
         # and options, opened again on unpickling (spawn/forkserver workers).
         if self._closed:
@@ -440,7 +440,7 @@ class Zrecord:
         return f"Zrecord({self.path!r}, codec={self.codec!r}, {state})"
 
 
-def _inode(path: str):
+def _inode(path: str) -> tuple[int, int] | None:
     """The (device, inode) of ``path``, or None when it is gone."""
     try:
         stat = os.stat(path)
@@ -451,11 +451,14 @@ def _inode(path: str):
 
 def _refuse_foreign_directory(path: str) -> None:
     """A directory holding other files is not ours to turn into a store."""
+    if os.path.exists(os.path.join(path, "superblock")):
+        return
     try:
-        names = os.listdir(path)
+        with os.scandir(path) as entries:
+            empty = next(entries, None) is None  # one entry decides: no full listing of a big directory
     except OSError:
         return  # a new store, a file, no permission: the native open says what is wrong
-    if names and "superblock" not in names:
+    if not empty:
         raise CorruptStoreError(
             f"'{path}' is a non-empty directory that is not a zrecord store (it has no superblock): "
             "give a new or empty directory, or pass create=True to make a store among its files",
