@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from loaderx.zrecord import (
     CODECS,
     MAX_RECORD_LEN,
+    DestinationOverlapError,
     NoDictionaryError,
     StoreClosedError,
     StoreLockedError,
@@ -521,8 +522,9 @@ def test_gather_refuses_overlapping_destination_ranges(tmp_path, offsets, overla
         indices = [0, 1, 2][: len(offsets)]
         buffer = bytearray(64)
         if overlapping:
-            with pytest.raises(ValueError, match="overlap"):
+            with pytest.raises(DestinationOverlapError, match="overlap") as caught:
                 store.gather(indices, buffer, offsets)
+            assert isinstance(caught.value, ValueError) and caught.value.code == 1
             assert buffer == bytearray(64)
         else:
             store.gather(indices, buffer, offsets)

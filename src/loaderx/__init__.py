@@ -8,6 +8,7 @@ from .sampler import Sampler
 from .zrecord import (
     ChecksumError,
     CorruptStoreError,
+    DestinationOverlapError,
     NoDictionaryError,
     StoreClosedError,
     StoreFullError,
@@ -26,6 +27,7 @@ __all__ = [
     "CorruptStoreError",
     "DataLoader",
     "DenseDataset",
+    "DestinationOverlapError",
     "LoaderError",
     "NoDictionaryError",
     "RaggedDataset",

@@ -33,6 +33,7 @@ __all__ = [
     "MAX_RECORD_LEN",
     "ChecksumError",
     "CorruptStoreError",
+    "DestinationOverlapError",
     "NoDictionaryError",
     "StoreClosedError",
     "StoreFullError",
@@ -57,6 +58,12 @@ if lib.lx_store_info_bytes() != _INFO_BYTES:  # pragma: no cover - a stale build
 
 class StoreClosedError(ZrecordError, ValueError):
     """An operation on a closed ``Zrecord``."""
+
+
+class DestinationOverlapError(ZrecordError, ValueError):
+    """Two records of one ``gather`` would be decoded into overlapping byte
+    ranges of the destination. A ``ZrecordError`` like the native checks of
+    destination ranges, and a ``ValueError`` as an argument error."""
 
 
 class StoreReplacedError(ZrecordError):
@@ -292,7 +299,7 @@ class Zrecord:
             _raise_index_error_or_check(status)
 
     def _check_disjoint(self, indices: np.ndarray, starts: np.ndarray) -> None:
-        """ValueError when two records' destination ranges overlap (the second
+        """DestinationOverlapError when two records' destination ranges overlap (the second
         would overwrite the first). Sorts only offsets that are not already
         increasing; empty records write nothing and never overlap."""
         lengths = self.lengths(indices)
@@ -305,10 +312,11 @@ class Zrecord:
         clashes = np.flatnonzero(ends[:-1] > starts[1:])
         if clashes.size:
             first, second = positions[clashes[0]], positions[clashes[0] + 1]
-            raise ValueError(
+            raise DestinationOverlapError(
                 f"gather destination ranges overlap: record {int(indices[first])} goes to bytes "
                 f"[{int(starts[clashes[0]])}, {int(ends[clashes[0]])}) and record {int(indices[second])} to "
-                f"[{int(starts[clashes[0] + 1])}, {int(ends[clashes[0] + 1])}) of dst: give each record its own range"
+                f"[{int(starts[clashes[0] + 1])}, {int(ends[clashes[0] + 1])}) of dst: give each record its own range",
+                1,  # invalid_argument
             )
 
     def lengths(self, idxs) -> np.ndarray:
