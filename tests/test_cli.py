@@ -125,6 +125,20 @@ def test_verify_a_store_too_damaged_to_open(tmp_path):
     assert status == 1 and "DAMAGED, cannot be read" in out and "CorruptStoreError" in out
 
 
+@pytest.mark.parametrize("damage", ["superblock deleted", "schema garbled"])
+def test_verify_a_dataset_missing_its_superblock_or_schema(tmp_path, damage):
+    """A dataset whose superblock is gone, or whose schema.msgpack is garbage, is damaged (exit 1), not 'not a store'."""
+    from_numpy(tmp_path / "ds", np.arange(100))
+    if damage == "superblock deleted":
+        (tmp_path / "ds" / "superblock").unlink()
+    else:
+        (tmp_path / "ds" / "schema.msgpack").write_bytes(b"\xc1garbage")
+    status, out, err = loaderx("verify", tmp_path / "ds")
+    assert status == 1 and "DAMAGED, cannot be read" in out, (out, err)
+    status, _, err = loaderx("info", tmp_path / "ds")
+    assert status == 2 and "loaderx: error:" in err
+
+
 def test_verify_an_arraystore(tmp_path):
     """verify checks every array of an ArrayStore."""
     with ArrayStore(tmp_path / "arrays") as store:

@@ -122,9 +122,9 @@ def _kind(path: str) -> str:
         raise CommandError(f"'{path}' is a file: a store is a directory (convert a .npy file with `loaderx convert`)")
     if os.path.exists(os.path.join(path, MARKER_FILE)):
         return "arraystore"
-    if not os.path.exists(os.path.join(path, "superblock")):
+    schema = read_schema(path)  # a dataset that lost its superblock is still one, a damaged one
+    if schema is None and not os.path.exists(os.path.join(path, "superblock")):
         raise CommandError(f"'{path}' is not a loaderx store, dataset or ArrayStore (it has no superblock or {MARKER_FILE})")
-    schema = read_schema(path)
     return "zrecord" if schema is None else schema.kind
 
 
@@ -253,12 +253,16 @@ def _verify_store(path: str, kind: str) -> dict:
 
 
 def _run_verify(args: argparse.Namespace) -> int:
-    kind = _kind(args.path)
+    try:
+        kind = _kind(args.path)
+    except ValueError as exc:  # a schema.msgpack that does not parse: damage, not a usage error
+        kind = "damaged"
+        stores = [{"path": args.path, "records": None, "damaged": [], "error": f"{type(exc).__name__}: {exc}"}]
     if kind == "arraystore":
         with ArrayStore(args.path) as store:
             names = store.get_member_list()
         stores = [dict(_verify_store(os.path.join(args.path, name), "dense"), name=name) for name in names]
-    else:
+    elif kind != "damaged":
         stores = [_verify_store(args.path, kind)]
     ok = all(not entry["damaged"] and entry["error"] is None for entry in stores)
     _emit(args, {"path": args.path, "ok": ok, "stores": stores}, _verify_text)
