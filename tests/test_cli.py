@@ -162,6 +162,19 @@ def test_compact_reclaims_deleted_records(tmp_path):
     assert status == 0 and "compacted" in out
 
 
+def test_compact_and_convert_refuse_a_store_being_written(tmp_path):
+    """While another handle writes to a store, compact and an overwriting convert exit 2 and change nothing."""
+    np.save(tmp_path / "a.npy", np.arange(10))
+    from_numpy(tmp_path / "ds", np.arange(4), codec="raw")
+    with Zrecord(tmp_path / "ds", codec="raw") as writer:
+        writer.append(np.arange(4, 6).astype(np.int64), [0, 8])  # holds the write lock until closed
+        for args in (("compact", tmp_path / "ds"), ("convert", tmp_path / "a.npy", tmp_path / "ds")):
+            status, _, err = loaderx(*args)
+            assert status == 2 and "another process" in err and err.count("another process") == 1, err
+    with DenseDataset(tmp_path / "ds") as dataset:
+        assert dataset[:].tolist() == [0, 1, 2, 3, 4, 5]
+
+
 def test_convert_npy(tmp_path):
     """convert writes a dense dataset from a .npy file; a second run replaces it, --mode a appends."""
     array = np.arange(3000, dtype=np.float32).reshape(1000, 3)

@@ -59,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except StoreLockedError as exc:
-        return _fail(f"{exc} (another process is writing to this store: retry when it is done)")
+        advice = "" if "another process" in str(exc) else " (another process is writing to this store: retry when it is done)"
+        return _fail(f"{exc}{advice}")
     except (CommandError, ZrecordError, ValueError, OSError) as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:
