@@ -637,3 +637,38 @@ def test_save_and_drop_survive_sigkill(tmp_path, mode):
     # Most kills land inside an operation (about 5 in 6 here); none would mean
     # the test exercised nothing.
     assert interrupted > 0, f"no kill landed mid-operation in {CRASH_TRIALS} trials (seed {seed})"
+
+
+# ---- regressions of issue 11 ---------------------------------------------------------
+
+
+def test_replace_and_append_take_python_values_that_fit(tmp_path):
+    """Python ints and lists go into a uint8 array when they fit; arrays of a wider kind
+    and values out of range are still refused, and nothing changes."""
+    with ArrayStore(tmp_path / "arrays") as store:
+        store.save({"y": np.arange(5, dtype=np.uint8)})
+        store.replace({"y": [200]}, [0])
+        store.replace({"y": 7}, 1)
+        store.append({"y": [255, 0]})
+        assert store.load("y").tolist() == [200, 7, 2, 3, 4, 255, 0]
+        for bad in ([300], [-1], np.array([9]), [1.5]):
+            with pytest.raises(ValueError, match="'y'"):
+                store.replace({"y": bad}, [0])
+        assert store.load("y").tolist() == [200, 7, 2, 3, 4, 255, 0]
+
+
+def test_refresh_after_save_says_the_array_was_replaced(tmp_path):
+    """refresh() on a dataset taken before save() overwrote its array says so, and the
+    old dataset still reads what it opened."""
+    from loaderx import StoreReplacedError
+
+    with ArrayStore(tmp_path / "arrays") as store:
+        store.save({"x": np.arange(4.0)})
+        before = store.dataset("x")
+        store.save({"x": np.arange(6.0)})
+        with pytest.raises(StoreReplacedError, match="replaced.*DenseDataset"):
+            before.refresh()
+        np.testing.assert_array_equal(before[:], np.arange(4.0))
+        before.close()
+        with store.dataset("x") as after:
+            assert after.refresh() == 6

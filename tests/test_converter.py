@@ -69,7 +69,7 @@ def test_from_numpy_append_keeps_the_dictionary(tmp_path):
     """Appending to a zstd_dict store reuses its dictionary, whatever dict_size says."""
     array = np.tile(np.arange(128, dtype=np.uint8), (200, 1))
     from_numpy(tmp_path / "store", array, codec="zstd_dict", dict_size=1024)
-    from_numpy(tmp_path / "store", array[:10], codec="zstd_dict", dict_size=4096)
+    from_numpy(tmp_path / "store", array[:10], codec="zstd_dict", dict_size=4096, mode="a")
     with DenseDataset(tmp_path / "store") as dataset:
         assert len(dataset) == 210
 
@@ -150,7 +150,7 @@ def test_from_numpy_appends_when_the_schema_matches(tmp_path):
     """A second from_numpy with the same schema appends after the first."""
     first = np.arange(12, dtype=np.float64).reshape(4, 3)
     from_numpy(tmp_path / "store", first)
-    assert from_numpy(tmp_path / "store", first * 2) == 4
+    assert from_numpy(tmp_path / "store", first * 2, mode="a") == 4
     with DenseDataset(tmp_path / "store") as dataset:
         np.testing.assert_array_equal(dataset[:], np.concatenate([first, first * 2]))
 
@@ -167,7 +167,7 @@ def test_schema_mismatch_writes_nothing(tmp_path, other, kwargs, message):
     from_numpy(tmp_path / "store", base, codec="raw")
     before = store_files(tmp_path / "store")
     with pytest.raises(ValueError, match=message) as caught:
-        from_numpy(tmp_path / "store", other, **kwargs)
+        from_numpy(tmp_path / "store", other, mode="a", **kwargs)
     assert "nothing was written" in str(caught.value)
     assert store_files(tmp_path / "store") == before
     with DenseDataset(tmp_path / "store") as dataset:
@@ -180,9 +180,9 @@ def test_kind_mismatch_writes_nothing(tmp_path):
     from_iterator(tmp_path / "ragged", [np.zeros(5, np.int32)])
     before = (store_files(tmp_path / "dense"), store_files(tmp_path / "ragged"))
     with pytest.raises(ValueError, match="dense store"):
-        from_iterator(tmp_path / "dense", [np.zeros(2, np.int32)])
+        from_iterator(tmp_path / "dense", [np.zeros(2, np.int32)], mode="a")
     with pytest.raises(ValueError, match="ragged store"):
-        from_numpy(tmp_path / "ragged", np.zeros(5, np.int32))
+        from_numpy(tmp_path / "ragged", np.zeros(5, np.int32), mode="a")
     assert (store_files(tmp_path / "dense"), store_files(tmp_path / "ragged")) == before
 
 
@@ -256,7 +256,7 @@ def test_interrupted_conversion_is_not_a_store(tmp_path):
     with pytest.raises(FileNotFoundError):
         DenseDataset(tmp_path / "half")
     with pytest.raises(ValueError, match="interrupted"):
-        from_numpy(tmp_path / "half", np.zeros(4, np.int64), codec="raw")
+        from_numpy(tmp_path / "half", np.zeros(4, np.int64), codec="raw", mode="a")
 
 
 def test_raw_label_overhead(tmp_path):
@@ -377,7 +377,7 @@ def test_from_iterator_many_chunks_and_appends(tmp_path):
     """Small chunks split the records over many appends; a second call appends."""
     records = [np.arange(i % 7, dtype=np.int64) for i in range(200)]
     from_iterator(tmp_path / "store", records, chunk_bytes=64)
-    from_iterator(tmp_path / "store", records[:3], chunk_bytes=64)
+    from_iterator(tmp_path / "store", records[:3], chunk_bytes=64, mode="a")
     with RaggedDataset(tmp_path / "store") as dataset:
         assert len(dataset) == 203
         for got, want in zip(dataset[:], records + records[:3]):
@@ -439,7 +439,7 @@ def test_from_iterator_empty_source(tmp_path):
     assert from_iterator(tmp_path / "store", [], schema={"dtype": "<i4", "item_shape": (2,)}) == 0
     with RaggedDataset(tmp_path / "store") as dataset:
         assert len(dataset) == 0 and dataset.item_shape == (2,)
-    assert from_iterator(tmp_path / "store", iter([])) == 0
+    assert from_iterator(tmp_path / "store", iter([]), mode="a") == 0
 
 
 def test_from_iterator_bytes_and_forced_schema(tmp_path):
@@ -491,3 +491,82 @@ def test_progress_bar_only_on_a_terminal(tmp_path, monkeypatch, capsys):
     assert quiet.getvalue() == ""
     from_iterator(tmp_path / "ragged", [np.zeros(3)] * 10, chunk_bytes=8)
     assert quiet.getvalue().count("records") >= 1
+
+
+# ---- regressions of issue 11: mode ------------------------------------------------------
+
+
+def test_converting_twice_does_not_double_the_dataset(tmp_path):
+    """The default mode "w" replaces the store: the quick start run twice keeps its rows."""
+    array = np.arange(30, dtype=np.int64).reshape(10, 3)
+    for _ in range(2):
+        assert from_numpy(tmp_path / "dense", array) == 10
+        assert from_iterator(tmp_path / "ragged", [np.arange(3), np.arange(1)]) == 2
+    with DenseDataset(tmp_path / "dense") as dataset:
+        np.testing.assert_array_equal(dataset[:], array)
+    with RaggedDataset(tmp_path / "ragged") as dataset:
+        assert len(dataset) == 2
+    assert sorted(os.listdir(tmp_path)) == ["dense", "ragged"]  # no staging left behind
+
+
+def test_mode_w_replaces_another_schema_and_mode_a_appends(tmp_path):
+    """"w" may change dtype and shape; "a" appends; "x" refuses an existing store."""
+    from_numpy(tmp_path / "store", np.zeros((4, 2), np.float32))
+    from_numpy(tmp_path / "store", np.arange(3, dtype=np.int16), mode="w")
+    assert from_numpy(tmp_path / "store", np.arange(2, dtype=np.int16), mode="a") == 2
+    with DenseDataset(tmp_path / "store") as dataset:
+        assert dataset.dtype == np.int16 and dataset[:].tolist() == [0, 1, 2, 0, 1]
+    with pytest.raises(FileExistsError, match="mode='w'"):
+        from_numpy(tmp_path / "store", np.arange(3, dtype=np.int16), mode="x")
+    assert from_numpy(tmp_path / "new", np.arange(3), mode="x") == 3
+    with pytest.raises(ValueError, match="mode must be"):
+        from_numpy(tmp_path / "store", np.arange(3), mode="append")
+
+
+def test_failed_overwrite_keeps_the_old_store(tmp_path, monkeypatch):
+    """An overwrite that fails midway leaves the old store whole, and no staging directory."""
+    old = np.arange(10, dtype=np.int64)
+    from_numpy(tmp_path / "store", old)
+    original = converter._Writer.append
+
+    def failing(self, buffer, offsets):
+        original(self, buffer, offsets)
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(converter._Writer, "append", failing)
+    with pytest.raises(OSError, match="disk on fire"):
+        from_numpy(tmp_path / "store", np.arange(5, dtype=np.int64))
+    with DenseDataset(tmp_path / "store") as dataset:
+        np.testing.assert_array_equal(dataset[:], old)
+    assert os.listdir(tmp_path) == ["store"]
+
+
+def test_mode_w_refuses_a_directory_that_is_not_a_store(tmp_path):
+    """Overwriting means replacing a store, never a directory of other files."""
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.jpg").write_bytes(b"meow")
+    with pytest.raises(ValueError, match="not a loaderx store"):
+        from_numpy(tmp_path / "photos", np.arange(3))
+    assert os.listdir(tmp_path / "photos") == ["cat.jpg"]
+
+
+def test_mode_w_waits_for_no_writer(tmp_path):
+    """Overwriting a store another handle is writing to raises StoreLockedError and changes nothing."""
+    from loaderx import StoreLockedError
+
+    from_numpy(tmp_path / "store", np.arange(4), codec="raw")
+    with Zrecord(tmp_path / "store", codec="raw") as writer:
+        writer.append(np.arange(4, 6).astype(np.int64), [0, 8])  # holds the write lock until closed
+        with pytest.raises(StoreLockedError, match="another process"):
+            from_numpy(tmp_path / "store", np.arange(10), codec="raw")
+    with DenseDataset(tmp_path / "store") as dataset:
+        assert dataset[:].tolist() == [0, 1, 2, 3, 4, 5]
+    assert from_numpy(tmp_path / "store", np.arange(10), codec="raw") == 10
+    assert os.listdir(tmp_path) == ["store"]
+
+
+def test_progress_on_a_given_stream(tmp_path):
+    """progress=<stream> draws the bar there even though it is no terminal, from the first chunk."""
+    stream = io.StringIO()
+    from_numpy(tmp_path / "store", np.zeros((64, 16)), chunk_bytes=1024, progress=stream)
+    assert "from_numpy [" in stream.getvalue() and "100%" in stream.getvalue() and stream.getvalue().endswith("\n")

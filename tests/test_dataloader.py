@@ -374,3 +374,33 @@ def test_rejects_bad_streams_and_arguments(stores, streams, tmp_path):
         DataLoader(streams, mode=2, batch_size=LENGTH + 1)
     with pytest.raises(ValueError, match="rank"):
         DataLoader(streams, shard=(2, 2))
+
+
+# ---- regressions of issue 11 ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_keyboard_interrupt_in_the_transform_propagates_as_itself(streams, workers):
+    """Ctrl-C in a transform is a KeyboardInterrupt for the consumer, not a LoaderError."""
+    def transform(batch):
+        raise KeyboardInterrupt
+
+    loader = DataLoader(streams, num_workers=workers, batch_size=8, transform=transform)
+    with pytest.raises(KeyboardInterrupt):
+        next(loader)
+    assert loader.closed
+
+
+def test_mode_by_name(stores, streams):
+    """mode="cyclic" is Sampler.Mode.CYCLIC."""
+    with DataLoader(streams, batch_size=8, mode="cyclic", num_workers=1) as loader:
+        assert_same_batches(take(loader, 3), list(expected_batches(stores, 3, 8, Sampler.Mode.CYCLIC)))
+
+
+def test_dataloader_refuses_to_pickle(streams):
+    """A DataLoader (threads, queues) cannot be pickled: a TypeError says what to send instead."""
+    import pickle
+
+    with DataLoader(streams, batch_size=8) as loader:
+        with pytest.raises(TypeError, match="state_dict"):
+            pickle.dumps(loader)

@@ -348,3 +348,80 @@ def test_dense_store_not_matching_its_schema(tmp_path):
     write_schema(tmp_path / "odd", Schema("dense", np.dtype("<f4"), (2,), "raw"))
     with pytest.raises(ValueError, match="does not match its schema"):
         DenseDataset(tmp_path / "odd")
+
+
+# ---- regressions of issue 11 ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("records, pad_value", [
+    ([np.arange(3), np.arange(1)], 0.5),                         # used to pad with 0
+    ([np.arange(3, dtype=np.uint8)], -1),                        # used to raise OverflowError
+    ([np.arange(3, dtype=np.uint8), np.arange(1, dtype=np.uint8)], 256),
+    ([np.arange(3, dtype=np.int32), np.arange(1, dtype=np.int32)], float("nan")),
+    ([np.array([True]), np.array([False, True])], 2),
+    ([np.arange(3, dtype=np.float32), np.arange(1, dtype=np.float32)], "x"),
+])
+def test_pad_refuses_a_value_the_dtype_cannot_hold(records, pad_value):
+    """pad raises ValueError naming the dtype instead of padding with another value."""
+    with pytest.raises(ValueError, match="pad_value"):
+        pad(records, pad_value=pad_value)
+
+
+def test_pad_accepts_values_that_fit():
+    """Values the dtype holds are used as they are (floats need not be exact)."""
+    padded, _ = pad([np.arange(3, dtype=np.uint8), np.arange(1, dtype=np.uint8)], pad_value=255)
+    assert padded[1].tolist() == [0, 255, 255]
+    padded, _ = pad([np.arange(2, dtype=np.int64), np.arange(1, dtype=np.int64)], pad_value=-3.0)
+    assert padded[1].tolist() == [0, -3]
+    padded, _ = pad([np.ones(2, np.float32), np.ones(1, np.float32)], pad_value=0.1)
+    assert padded[1, 1] == np.float32(0.1)
+    padded, _ = pad([np.ones(2), np.ones(1)], pad_value=float("nan"))
+    assert np.isnan(padded[1, 1])
+
+
+def test_closed_dataset_names_the_class_to_reopen_with(dense):
+    """A closed DenseDataset says to open it again with DenseDataset(path), not Zrecord(path)."""
+    dataset, _ = dense
+    dataset.close()
+    with pytest.raises(ValueError, match=r"DenseDataset\(path\)"):
+        dataset[0]
+
+
+def test_open_a_file_says_it_is_a_file(tmp_path):
+    """DenseDataset("f.txt") on an existing file says it is a file, not that nothing is there."""
+    (tmp_path / "f.txt").write_text("hello")
+    with pytest.raises(NotADirectoryError, match="is a file, not a loaderx store"):
+        DenseDataset(tmp_path / "f.txt")
+
+
+def test_datasets_pickle_as_their_path(dense, ragged):
+    """A pickled dataset reopens its store with the same options and reads the same records."""
+    import pickle
+
+    dataset, array = dense
+    copy = pickle.loads(pickle.dumps(dataset))
+    with copy:
+        assert copy.path == dataset.path and copy.store.verify_reads is False
+        np.testing.assert_array_equal(copy[:], array)
+    ragged_dataset, records = ragged
+    with pickle.loads(pickle.dumps(ragged_dataset)) as copy:
+        for got, want in zip(copy[:], records):
+            np.testing.assert_array_equal(got, want)
+    dataset.close()
+    with pytest.raises(TypeError, match="closed"):
+        pickle.dumps(dataset)
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_dataset_in_spawned_workers(dense, method):
+    """As a torch DataLoader(num_workers=2) does: a spawn/forkserver pool gets the pickled
+    dataset and reads records in the child processes."""
+    import multiprocessing
+
+    dataset, array = dense
+    with multiprocessing.get_context(method).Pool(2) as pool:
+        items = pool.map(dataset.__getitem__, range(len(dataset)))
+        batches = pool.map(dataset.__getitems__, [[9, 0], [3, 3]])
+    np.testing.assert_array_equal(np.stack(items), array)
+    np.testing.assert_array_equal(batches[0], array[[9, 0]])
+    np.testing.assert_array_equal(batches[1], array[[3, 3]])

@@ -312,7 +312,8 @@ def test_shards_are_disjoint_in_cyclic_and_agree_in_every_mode(mode):
         (dict(batch_size="8"), TypeError, "batch_size"),
         (dict(mode=3), ValueError, "CYCLIC (2)"),
         (dict(mode=-1), ValueError, "mode"),
-        (dict(mode="IID"), TypeError, "mode"),
+        (dict(mode="iidd"), ValueError, "'iid'"),
+        (dict(mode=1.0), TypeError, "mode"),
         (dict(seed=-1), ValueError, "seed"),
         (dict(seed=2**64), ValueError, "seed"),
         (dict(seed=1.5), TypeError, "seed"),
@@ -405,3 +406,29 @@ def test_the_library_refuses_a_short_target():
     status = lib.lx_sampler_batch(native_config(batch_size=8), 0, out, 7)
     assert status == 16  # buffer_too_small
     assert out[7] == 0  # nothing written
+
+
+# ---- regressions of issue 11 ---------------------------------------------------------
+
+
+def test_mode_names_work_like_the_ints():
+    """mode="iid"/"cyclic"/"sequential" (any case) give the same stream as the ints."""
+    for name, mode in [("sequential", SEQUENTIAL), ("iid", IID), ("CYCLIC", CYCLIC), ("Iid", IID)]:
+        by_name = Sampler(100, 10, name, seed=5)
+        assert by_name.mode is mode
+        np.testing.assert_array_equal(by_name.batch(3), Sampler(100, 10, int(mode), seed=5).batch(3))
+
+
+def test_sampler_pickles_as_its_parameters_and_step():
+    """A pickled sampler continues with the batch the original would give next."""
+    import multiprocessing
+    import pickle
+
+    sampler = Sampler(1000, 16, CYCLIC, seed=7, shard=(1, 3))
+    sampler.seek(41)
+    copy = pickle.loads(pickle.dumps(sampler))
+    assert repr(copy) == repr(sampler)
+    np.testing.assert_array_equal(copy.next(), sampler.next())
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        batches = pool.map(sampler.batch, [0, 5])
+    np.testing.assert_array_equal(batches[1], sampler.batch(5))

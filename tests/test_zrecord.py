@@ -15,9 +15,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from loaderx.zrecord import (
     CODECS,
     MAX_RECORD_LEN,
+    DestinationOverlapError,
     NoDictionaryError,
     StoreClosedError,
     StoreLockedError,
+    StoreReplacedError,
     Zrecord,
     ZrecordError,
 )
@@ -217,7 +219,7 @@ def test_bad_writes_raise_and_change_nothing(tmp_path):
         with pytest.raises(ValueError, match="empty batch"):
             store.append(b"", [])
         with pytest.raises(ValueError, match="non-decreasing"):
-            store.append(b"abc", [2, 1])
+            store.append(b"abc", [0, 2, 1])
         with pytest.raises(ValueError, match="past the end"):
             store.append(b"abc", [0, 4])
         with pytest.raises(ValueError, match="C-contiguous"):
@@ -488,3 +490,101 @@ TestStoreMachine.settings = settings(
     max_examples=150, stateful_step_count=25, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+# ---- regressions of issue 11 ---------------------------------------------------------
+
+
+def test_append_offsets_must_start_at_zero(tmp_path):
+    """append(b"abcdef", [2, 4]) used to drop the first two bytes; now it is refused and writes nothing."""
+    with Zrecord(tmp_path / "store", codec="raw") as store:
+        with pytest.raises(ValueError, match="start at 0"):
+            store.append(b"abcdef", [2, 4])
+        assert len(store) == 0
+        store.append(b"abcdef", [0, 4])
+        with pytest.raises(ValueError, match="start at 0"):
+            store.replace([0], b"wxyz", [1])
+        assert read_all(store) == [b"abcd", b"ef"]
+
+
+@pytest.mark.parametrize("offsets, overlapping", [
+    ([0, 8], True),            # the issue's case: the second record overwrote the first
+    ([8, 0], True),            # unsorted offsets are checked too
+    ([16, 0], False),
+    ([0, 16], False),
+    ([40, 0, 20], False),
+    ([0, 40, 10], True),       # record 0 at [0, 16) and record 2 at [10, 26), not adjacent
+])
+def test_gather_refuses_overlapping_destination_ranges(tmp_path, offsets, overlapping):
+    """Two records whose destination ranges overlap are refused before anything is written."""
+    with Zrecord(tmp_path / "store", codec="zstd") as store:
+        store.append(b"a" * 16 + b"b" * 16 + b"c" * 16, [0, 16, 32])
+        indices = [0, 1, 2][: len(offsets)]
+        buffer = bytearray(64)
+        if overlapping:
+            with pytest.raises(DestinationOverlapError, match="overlap") as caught:
+                store.gather(indices, buffer, offsets)
+            assert isinstance(caught.value, ValueError) and caught.value.code == 1
+            assert buffer == bytearray(64)
+        else:
+            store.gather(indices, buffer, offsets)
+            for index, offset in zip(indices, offsets):
+                assert buffer[offset : offset + 16] == b"abc"[index : index + 1] * 16
+
+
+def test_gather_empty_records_never_overlap(tmp_path):
+    """A zero-length record writes nothing, so it may share an offset with another record."""
+    with Zrecord(tmp_path / "store", codec="raw") as store:
+        store.append(b"xy", [0, 0])  # record 0 is empty, record 1 is b"xy"
+        buffer = bytearray(2)
+        store.gather([0, 1, 0], buffer, [1, 0, 1])
+        assert buffer == bytearray(b"xy")
+
+
+def test_open_refuses_a_foreign_non_empty_directory(tmp_path):
+    """Zrecord(dir) on a non-empty directory that is not a store writes nothing into it, unless create=True."""
+    foreign = tmp_path / "photos"
+    foreign.mkdir()
+    (foreign / "cat.jpg").write_bytes(b"meow")
+    with pytest.raises(ZrecordError, match="not a zrecord store") as caught:
+        Zrecord(foreign)
+    assert caught.value.code == 10
+    assert os.listdir(foreign) == ["cat.jpg"]
+    with Zrecord(foreign, create=True) as store:
+        store.append(b"abc", [0])
+    assert "superblock" in os.listdir(foreign)
+    with Zrecord(foreign) as store:  # now a store: opens without create
+        assert read_all(store) == [b"abc"]
+    (tmp_path / "empty").mkdir()
+    with Zrecord(tmp_path / "empty") as store:
+        assert len(store) == 0
+
+
+def test_refresh_after_the_directory_was_replaced_says_so(tmp_path):
+    """A handle whose directory was swapped for a new store reports that, not damage."""
+    with Zrecord(tmp_path / "store", codec="raw") as writer:
+        writer.append(b"abcd", [0])
+    reader = Zrecord(tmp_path / "store")
+    os.rename(tmp_path / "store", tmp_path / "old")
+    with Zrecord(tmp_path / "store", codec="raw") as writer:
+        writer.append(b"efgh", [0])
+    import shutil
+
+    shutil.rmtree(tmp_path / "old")
+    with pytest.raises(StoreReplacedError, match="was replaced"):
+        reader.refresh()
+    reader.close()
+
+
+def test_store_pickles_as_its_path(tmp_path):
+    """A pickled store opens again at its path with its options; a closed one refuses."""
+    import pickle
+
+    with Zrecord(tmp_path / "store", codec="raw", verify=True, threads=2) as store:
+        store.append(b"abcdef", [0, 3])
+        copy = pickle.loads(pickle.dumps(store))
+    with copy:
+        assert (copy.path, copy.codec, copy.verify_reads) == (str(tmp_path / "store"), "raw", True)
+        assert read_all(copy) == [b"abc", b"def"]
+    with pytest.raises(TypeError, match="closed"):
+        pickle.dumps(copy)

@@ -583,7 +583,8 @@ class _Array:
         if array.ndim != len(item_shape) + 1 or array.shape[1:] != item_shape or (count is not None and len(array) != count):
             expected = _shape_text("n" if count is None else str(count), item_shape)
             raise ValueError(f"cannot {what} rows of '{self.name}': got shape {array.shape}, expected {expected} (rows of shape {item_shape})")
-        return np.ascontiguousarray(_cast(array, self.dataset.dtype, f"cannot {what} rows of '{self.name}'"))
+        from_python = not isinstance(rows, (np.ndarray, np.generic))
+        return np.ascontiguousarray(_cast(array, self.dataset.dtype, f"cannot {what} rows of '{self.name}'", from_python))
 
 
 # ---- helpers ------------------------------------------------------------------
@@ -656,14 +657,17 @@ def _array_to_save(name: str, value) -> np.ndarray:
     return array
 
 
-def _cast(array: np.ndarray, dtype: np.dtype, context: str) -> np.ndarray:
+def _cast(array: np.ndarray, dtype: np.dtype, context: str, from_python: bool = False) -> np.ndarray:
     """``array`` as ``dtype``: equal, or a ``same_kind`` cast of numbers whose
-    integer values fit; ValueError otherwise."""
+    integer values fit; ValueError otherwise. Python ints (``from_python``)
+    go into any integer dtype they fit: NumPy types them int64, which is not
+    ``same_kind`` with unsigned dtypes."""
     source = array.dtype
     if source == dtype:
         return array
     numeric = source.kind in "biuf" and dtype.kind in "biuf"
     allowed = np.can_cast(source, dtype, "same_kind") if numeric else np.can_cast(source, dtype, "safe")
+    allowed = allowed or (from_python and source.kind in "iu" and dtype.kind in "iu")
     if not allowed:
         raise ValueError(f"{context}: dtype {source} does not cast to the array's {dtype} (same_kind casting): convert it first")
     if dtype.kind in "iu" and source.kind in "iu" and not np.can_cast(source, dtype, "safe") and array.size:

@@ -7,9 +7,12 @@ memory-mapped array or an endless-looking generator is never held whole.
 A call is all or nothing. A new store gets its ``schema.msgpack`` only after
 its data is durable, so an interrupted conversion never looks like a finished
 store; when a call fails, the records it appended are deleted again (a store
-it created is removed). Appending to an existing store first checks that the
-new data has the store's schema (kind, dtype, item shape and codec): a
-mismatch raises ``ValueError`` before anything is written.
+it created is removed). ``mode`` decides what an existing store gets: ``"w"``
+(the default) writes a new store beside it and swaps it in only when complete,
+``"a"`` appends after checking that the new data has the store's schema
+(kind, dtype, item shape and codec; a mismatch raises ``ValueError`` before
+anything is written), ``"x"`` refuses. So running a conversion twice never
+doubles a dataset unless asked to.
 
 ``schema=`` forces the item schema instead of taking it from the data: a
 mapping with ``dtype`` and/or ``item_shape`` (``kind`` may be given but must
@@ -22,6 +25,7 @@ source create an empty store, and the item shape must match the records.
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import math
 import operator
@@ -32,9 +36,10 @@ import time
 
 import numpy as np
 
+from ._files import fsync_dir
 from ._native import LIMITS
 from .dataset import Schema, read_schema, write_schema
-from .zrecord import CODECS, Zrecord, ZrecordError, codec_id
+from .zrecord import CODECS, StoreLockedError, Zrecord, ZrecordError, codec_id
 
 __all__ = ["from_iterator", "from_numpy"]
 
@@ -53,9 +58,15 @@ _SAMPLE_BUDGET_MAX = 32 * MiB
 _SAMPLE_PIECES_MIN = 16
 
 
-def from_numpy(path, array, codec="zstd", chunk_bytes=CHUNK_BYTES, dict_size=None, schema=None, progress=True) -> int:
+def from_numpy(path, array, codec="zstd", chunk_bytes=CHUNK_BYTES, dict_size=None, schema=None, progress=True,
+               mode: str = "w") -> int:
     """Writes one dense record per row of ``array`` (along axis 0) to the store
-    at ``path``, creating it or appending to it; returns the rows written.
+    at ``path``; returns the rows written.
+
+    ``mode`` says what happens to an existing store at ``path``: ``"w"``
+    replaces it (atomically, when the new store is complete), ``"a"`` appends
+    to it (its schema must match), ``"x"`` refuses with ``FileExistsError``.
+    Every mode creates a store that does not exist yet.
 
     A 1-D array becomes scalar records (``item_shape == ()``). ``array`` may
     be a memory-mapped array (or any array-like with ``shape``, ``dtype`` and
@@ -63,10 +74,12 @@ def from_numpy(path, array, codec="zstd", chunk_bytes=CHUNK_BYTES, dict_size=Non
     ``codec`` is ``"zstd"``, ``"raw"`` (dense raw stores cost no per-record
     metadata) or ``"zstd_dict"``, whose dictionary is trained from a sample of
     rows before the first write (``dict_size`` bytes, 112 KiB by default; a
-    store keeps its first dictionary for life). ``progress`` shows a progress
-    bar on a terminal when writing takes more than a second.
+    store keeps its first dictionary for life). ``progress=True`` shows a
+    progress bar on a terminal when writing takes more than a second; a text
+    stream (``progress=sys.stderr``) gets the bar whether or not it is one.
     """
     codec = _codec_name(codec)
+    mode = _mode(mode)
     chunk_bytes = _positive_int(chunk_bytes, "chunk_bytes")
     dict_size = _dict_size(dict_size, codec)
     source = _array_like(array)
@@ -90,7 +103,7 @@ def from_numpy(path, array, codec="zstd", chunk_bytes=CHUNK_BYTES, dict_size=Non
             block = block.astype(target.dtype, casting="same_kind")
         return np.ascontiguousarray(block).reshape(end - start, *target.item_shape)
 
-    with _Writer(path, target) as writer:
+    with _Writer(path, target, mode) as writer:
         if codec == "zstd_dict" and row_count and not writer.store.has_dict():
             writer.train_dictionary(_dense_samples(rows, row_count, row_bytes, dict_size), dict_size)
         meter = _Progress(progress, "from_numpy", total_bytes=row_count * row_bytes)
@@ -104,9 +117,11 @@ def from_numpy(path, array, codec="zstd", chunk_bytes=CHUNK_BYTES, dict_size=Non
     return row_count
 
 
-def from_iterator(path, source, codec="zstd", chunk_bytes=CHUNK_BYTES, dict_size=None, schema=None, progress=True) -> int:
+def from_iterator(path, source, codec="zstd", chunk_bytes=CHUNK_BYTES, dict_size=None, schema=None, progress=True,
+                  mode: str = "w") -> int:
     """Writes one ragged record per item of ``source`` to the store at
-    ``path``, creating it or appending to it; returns the records written.
+    ``path``; returns the records written. ``mode`` is as for ``from_numpy``
+    (``"w"`` replaces an existing store, ``"a"`` appends, ``"x"`` refuses).
 
     A record is an array ``(rows, *item_shape)`` with any number of rows
     (zero included), or ``bytes`` (raw rows of the store's dtype; ``uint8``
@@ -117,6 +132,7 @@ def from_iterator(path, source, codec="zstd", chunk_bytes=CHUNK_BYTES, dict_size
     ``from_numpy`` (the dictionary is trained from the first chunk).
     """
     codec = _codec_name(codec)
+    mode = _mode(mode)
     chunk_bytes = _positive_int(chunk_bytes, "chunk_bytes")
     dict_size = _dict_size(dict_size, codec)
     try:
@@ -128,7 +144,7 @@ def from_iterator(path, source, codec="zstd", chunk_bytes=CHUNK_BYTES, dict_size
     if first is _END:
         if schema is None:
             existing = read_schema(path) if os.path.isdir(os.fspath(path)) else None
-            if existing is not None and existing.kind == "ragged":
+            if existing is not None and existing.kind == "ragged" and mode == "a":
                 return 0
             raise ValueError("from_iterator got an empty source, so there is no record to infer the dtype and item shape from: pass schema={'dtype': ..., 'item_shape': ...} to create an empty store")
         target = _forced_schema("ragged", None, None, codec, schema)
@@ -141,7 +157,7 @@ def from_iterator(path, source, codec="zstd", chunk_bytes=CHUNK_BYTES, dict_size
         raise ValueError(f"rows of shape {target.item_shape} hold no bytes, so a ragged record could not tell its row count: give rows at least one element")
     records_per_chunk = max(1, chunk_bytes // _RECORD_COST_BYTES)
 
-    with _Writer(path, target) as writer:
+    with _Writer(path, target, mode) as writer:
         meter = _Progress(progress, "from_iterator", total_records=total)
         packed = _PackedRecords(chunk_bytes, records_per_chunk)
         count = written_bytes = 0
@@ -204,11 +220,37 @@ class _PackedRecords:
 
 class _Writer:
     """One conversion into a store: checks the schema before any write, and
-    on failure takes back everything this call appended."""
+    on failure takes back everything this call appended.
 
-    def __init__(self, path, schema: Schema):
-        self.path = os.fspath(path)
+    ``mode="w"`` over an existing store writes a new store into a staging
+    directory beside it and swaps it in at commit, so a failed overwrite
+    leaves the old store whole."""
+
+    def __init__(self, path, schema: Schema, mode: str):
+        self.target = os.fspath(path)
+        self.staging = None
+        self.target_lock = None
+        if not _is_fresh(self.target):
+            if mode == "x":
+                raise FileExistsError(
+                    f"'{self.target}' exists and is not empty: pass mode='w' to overwrite the store there "
+                    "or mode='a' to append to it"
+                )
+            if mode == "w":
+                self.staging = _staging_path(self.target)
+                self.target_lock = _lock_store(self.target)
+        self.path = self.staging or self.target
         self.schema = schema
+        try:
+            self._open()
+        except BaseException:
+            self._unlock()
+            raise
+
+    def _open(self) -> None:
+        if self.staging:
+            _remove_tree(self.staging)  # what a crashed overwrite left behind
+        schema = self.schema
         self.fresh = _is_fresh(self.path)
         existing = None if self.fresh else _existing_schema(self.path)
         if existing is not None and existing != schema:
@@ -222,11 +264,19 @@ class _Writer:
         return self
 
     def __exit__(self, kind, error, traceback):
-        if error is None:
-            self.store.close()
-            return False
-        self._roll_back()
+        try:
+            if error is None:
+                self.store.close()
+            else:
+                self._roll_back()
+        finally:
+            self._unlock()
         return False
+
+    def _unlock(self) -> None:
+        if self.target_lock is not None:
+            os.close(self.target_lock)  # releases the flock
+            self.target_lock = None
 
     def append(self, buffer: np.ndarray, offsets: np.ndarray) -> None:
         self.store.append(buffer, offsets)
@@ -235,10 +285,20 @@ class _Writer:
         _train_dictionary(self.store, samples, dict_size)
 
     def commit(self) -> None:
-        """Data durable first, then the schema that makes it a loaderx store."""
+        """Data durable first, then the schema that makes it a loaderx store,
+        then (for an overwrite) the swap that puts it in place of the old one."""
         self.store.sync()
         if self.new:
             write_schema(self.path, self.schema)
+        if self.staging:
+            from .arraystore import _swap_in  # arraystore imports this module
+
+            self.store.close()
+            parent, name = os.path.split(os.path.abspath(self.target))
+            old = _swap_in(parent, name, self.staging, self.target)
+            fsync_dir(parent)
+            if old is not None:
+                _remove_tree(old)
 
     def _roll_back(self) -> None:
         try:
@@ -256,6 +316,34 @@ class _Writer:
             pass  # the error that stopped the conversion is the one to report
         finally:
             self.store.close()
+
+
+def _staging_path(target: str) -> str:
+    """Where an overwrite of the store ``target`` is written first: a hidden
+    sibling (same file system, so the swap is a rename). Only a store is
+    overwritten; any other non-empty directory is refused."""
+    if not os.path.exists(os.path.join(target, "superblock")):
+        raise ValueError(f"'{target}' is a non-empty directory that is not a loaderx store: give a new or empty directory, or an existing store")
+    parent, name = os.path.split(os.path.abspath(target))
+    return os.path.join(parent, f".{name}.loaderx-overwrite")
+
+
+def _lock_store(target: str) -> int:
+    """Takes the write lock of the store ``target`` (zrecord's ``flock`` on its
+    ``lock`` file), so no other writer appends to a store being replaced."""
+    descriptor = os.open(os.path.join(target, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise StoreLockedError(
+            f"cannot overwrite '{target}': another process (or handle) is writing to it; retry when it is done", 6
+        ) from None
+    return descriptor
+
+
+def _remove_tree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _is_fresh(path: str) -> bool:
@@ -307,6 +395,12 @@ def _codec_name(codec) -> str:
     """The codec's name (codecs may also be given by id); ValueError if unknown."""
     value = codec_id(codec)
     return next(name for name, number in CODECS.items() if number == value)
+
+
+def _mode(mode) -> str:
+    if mode not in ("w", "a", "x"):
+        raise ValueError(f"mode must be 'w' (create or overwrite), 'a' (create or append) or 'x' (create only), got {mode!r}")
+    return mode
 
 
 def _positive_int(value, name: str) -> int:
@@ -440,16 +534,20 @@ def _train_dictionary(store: Zrecord, samples: list, dict_size: int) -> None:
 
 
 class _Progress:
-    """A one-line progress bar on stderr, shown only on a terminal and only
-    once the work has taken more than a second."""
+    """A one-line progress bar: with ``progress=True`` on stderr, only when it
+    is a terminal and once the work has taken more than a second; with a text
+    stream (``progress=sys.stderr``), on that stream from the start."""
 
     delay_seconds = 1.0
     interval_seconds = 0.2
 
-    def __init__(self, enabled: bool, label: str, total_bytes=None, total_records=None):
-        stream = sys.stderr
+    def __init__(self, enabled, label: str, total_bytes=None, total_records=None):
+        forced = hasattr(enabled, "write")
+        self.stream = enabled if forced else sys.stderr
+        if forced:
+            self.delay_seconds = 0.0
         try:
-            self.enabled = bool(enabled) and stream is not None and stream.isatty()
+            self.enabled = forced or (bool(enabled) and self.stream is not None and self.stream.isatty())
         except (AttributeError, ValueError):
             self.enabled = False
         self.label = label
@@ -475,11 +573,11 @@ class _Progress:
         else:
             of = f"/{self.total_records:,}" if self.total_records is not None else ""
             text = f"{self.label}: {records:,}{of} records, {done_bytes / MiB:,.0f} MiB, {rate:,.0f} MiB/s"
-        sys.stderr.write("\r" + text)
-        sys.stderr.flush()
+        self.stream.write("\r" + text)
+        self.stream.flush()
 
     def finish(self, records: int, done_bytes: int) -> None:
-        if self.shown:
+        if self.shown or (self.enabled and not self.delay_seconds):
             self.update(records, done_bytes, force=True)
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+            self.stream.write("\n")
+            self.stream.flush()

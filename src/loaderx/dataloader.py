@@ -247,8 +247,10 @@ class DataLoader:
         try:
             batch = self._take()
         except _StepFailure as failure:
-            self._failure = failure
             self.close()
+            if not isinstance(failure.error, Exception):
+                raise failure.error  # KeyboardInterrupt, SystemExit: not a batch failure, so not a LoaderError
+            self._failure = failure
             raise failure.loader_error() from failure.error
         self._step += 1
         return batch
@@ -264,6 +266,12 @@ class DataLoader:
             self._pipeline = _Pipeline(self._batches, self._num_workers, self._prefetch_size, self._step)
             self._finalizer = weakref.finalize(self, self._pipeline.close)
         return self._pipeline.take()
+
+    def __reduce__(self) -> tuple:
+        raise TypeError(
+            "a DataLoader runs threads in this process and cannot be pickled: pass its datasets "
+            "(they pickle as their paths) and its state_dict() to the other process and build a DataLoader there"
+        )
 
     def __len__(self):
         raise TypeError("a DataLoader is endless (step-based): it has no len(); count the steps you take")

@@ -155,6 +155,11 @@ def write_schema(path, schema: Schema) -> None:
 def open_schema(path, kind: str) -> Schema:
     """The schema of an existing store of ``kind``; a clear error otherwise."""
     path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise NotADirectoryError(
+            f"'{path}' is a file, not a loaderx store (a store is a directory written by "
+            "loaderx.from_numpy or loaderx.from_iterator): give the store's directory"
+        )
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no loaderx store at '{path}': write one with loaderx.from_numpy or loaderx.from_iterator")
     schema = read_schema(path)
@@ -220,7 +225,11 @@ def _record_indices(key, length: int):
 
 
 class _Dataset:
-    """The part dense and ragged datasets share: the store and its schema."""
+    """The part dense and ragged datasets share: the store and its schema.
+
+    A dataset pickles as its path and options and opens the store again when
+    unpickled, so it can go to spawn/forkserver worker processes (a torch
+    ``DataLoader`` with ``num_workers``)."""
 
     _kind = ""
 
@@ -232,6 +241,13 @@ class _Dataset:
         self.codec = self._schema.codec
         self._item_bytes = self._schema.item_bytes
         self._store = Zrecord(self.path, codec=self.codec, verify=verify, threads=threads)
+        self._store._reopen_hint = f"{type(self).__name__}(path)"
+        self._options = (verify, threads)
+
+    def __reduce__(self) -> tuple:
+        if self.closed:
+            raise TypeError(f"cannot pickle the closed {type(self).__name__} '{self.path}': pickle it while open")
+        return (type(self), (self.path, *self._options))
 
     @property
     def schema(self) -> Schema:
@@ -431,8 +447,31 @@ def pad(records, max_len=None, pad_value=0):
         if width < 0:
             raise ValueError(f"max_len must be non-negative, got {width}")
     dtype = np.result_type(*{array.dtype for array in arrays})
-    padded = np.full((len(arrays), width, *tail), pad_value, dtype=dtype)
+    padded = np.full((len(arrays), width, *tail), _pad_fill(pad_value, dtype), dtype=dtype)
     lengths = np.minimum(row_counts, width)
     for position, (array, count) in enumerate(zip(arrays, lengths.tolist())):
         padded[position, :count] = array[:count]
     return padded, lengths
+
+
+def _pad_fill(pad_value: object, dtype: np.dtype) -> np.ndarray:
+    """``pad_value`` as a ``dtype`` scalar; ValueError when the dtype cannot
+    hold it (0.5 in an int array, -1 in a uint8 one) rather than padding with
+    some other value."""
+    try:
+        with np.errstate(invalid="ignore", over="ignore"):  # checked below
+            fill = np.array(pad_value).astype(dtype, casting="unsafe")
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"pad_value {pad_value!r} cannot be stored in the records' dtype {dtype}: {exc}") from None
+    if dtype.kind in "biu":
+        try:
+            holds = fill.shape == () and bool(fill == pad_value) and float(pad_value) == int(pad_value)
+        except (TypeError, ValueError, OverflowError):
+            holds = False
+        if not holds:
+            low, high = (0, 1) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+            raise ValueError(
+                f"pad_value {pad_value!r} does not fit the records' dtype {dtype} (whole numbers "
+                f"{low}..{high}): give a pad value the dtype can hold, or cast the records first"
+            )
+    return fill

@@ -59,10 +59,11 @@ class Sampler:
     """An endless stream of ``batch_size`` uint64 indices into ``0..length``.
 
     ``Sampler(length, batch_size, mode, seed=42, shard=None)``; ``mode`` is a
-    ``Sampler.Mode`` or its int value. With ``shard=(rank, world_size)``,
-    ``batch_size`` is this process's share: the ranks' batches at step k,
-    concatenated in rank order, are the unsharded batch of size
-    ``batch_size * world_size`` at step k.
+    ``Sampler.Mode``, its int value or its name (``"iid"``, any case). With
+    ``shard=(rank, world_size)``, ``batch_size`` is this process's share: the
+    ranks' batches at step k, concatenated in rank order, are the unsharded
+    batch of size ``batch_size * world_size`` at step k. A pickled sampler is
+    its parameters and current step.
     """
 
     class Mode(enum.IntEnum):
@@ -120,6 +121,13 @@ class Sampler:
 
     @classmethod
     def _parse_mode(cls, mode) -> "Sampler.Mode":
+        if isinstance(mode, str):
+            try:
+                return cls.Mode[mode.upper()]
+            except KeyError:
+                raise ValueError(
+                    f"mode must be 'sequential', 'iid' or 'cyclic' (or Sampler.Mode, or 0, 1, 2), got {mode!r}"
+                ) from None
         value = _integer("mode", mode)
         try:
             return cls.Mode(value)
@@ -214,6 +222,15 @@ class Sampler:
         if not 0 <= step < _U64_LIMIT:
             raise ValueError(f"step must be in 0..2**64 - 1, got {step}")
         return step
+
+    # -- pickling: the parameters and the step, rebuilt natively on load ------
+
+    def __reduce__(self) -> tuple:
+        shard = None if self._world_size == 1 else (self._rank, self._world_size)
+        return (type(self), (self._length, self._batch_size, int(self._mode), self._seed, shard), self._step)
+
+    def __setstate__(self, step: int) -> None:
+        self._step = step
 
     # -- what the sampler is -------------------------------------------------
 

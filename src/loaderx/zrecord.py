@@ -37,11 +37,13 @@ __all__ = [
     "CorruptStoreError",
     "IndexOutOfRangeError",
     "InvalidArgumentError",
+    "DestinationOverlapError",
     "NoDictionaryError",
     "StoreClosedError",
     "StoreFullError",
     "StoreLockedError",
     "StoreReadOnlyError",
+    "StoreReplacedError",
     "Zrecord",
     "ZrecordError",
 ]
@@ -60,6 +62,18 @@ if lib.lx_store_info_bytes() != _INFO_BYTES:  # pragma: no cover - a stale build
 
 class StoreClosedError(ZrecordError, ValueError):
     """An operation on a closed ``Zrecord``."""
+
+
+class DestinationOverlapError(InvalidArgumentError):
+    """Two records of one ``gather`` would be decoded into overlapping byte
+    ranges of the destination. A ``ZrecordError`` like the native checks of
+    destination ranges, and a ``ValueError`` as an argument error."""
+
+
+class StoreReplacedError(ZrecordError):
+    """The store directory was replaced by another one (``ArrayStore.save``
+    overwriting an array) since this handle opened it: its data is fine, the
+    handle is stale."""
 
 
 def codec_id(codec) -> int:
@@ -131,6 +145,12 @@ def _offsets(offsets, source_bytes: int) -> np.ndarray:
     if array.dtype.kind == "i" and array.min() < 0:
         raise InvalidArgumentError("offsets must be non-negative")
     array = np.ascontiguousarray(array, dtype=np.uint64)
+    if array[0] != 0:
+        # Bytes before offsets[0] would belong to no record and be dropped.
+        raise InvalidArgumentError(
+            f"offsets[0] is {int(array[0])}, but records are packed from the start of the source: "
+            "offsets must start at 0 (slice the source instead)"
+        )
     if array.size > 1 and np.any(array[1:] < array[:-1]):
         raise InvalidArgumentError("offsets must be non-decreasing: record i spans offsets[i] to offsets[i+1]")
     if int(array[-1]) > source_bytes:
@@ -147,22 +167,38 @@ class Zrecord:
 
     ``codec`` is the default for ``append`` and ``replace``; ``verify=True``
     checks every record's checksum on read; ``threads`` caps the native
-    threads a batch call uses (0: one per core).
+    threads a batch call uses (0: one per core). A non-empty directory that
+    is not a store is refused unless ``create=True``. A pickled store is its
+    path and options: unpickling opens it again.
     """
 
-    def __init__(self, path, codec: str = "zstd", verify: bool = False, threads: int = 0):
+    def __init__(self, path, codec: str = "zstd", verify: bool = False, threads: int = 0, create: bool = False):
         self.path = os.fspath(path)
         self.codec = codec
         self._codec = codec_id(codec)
         if not isinstance(threads, int) or threads < 0:
             raise InvalidArgumentError(f"threads must be a non-negative int (0: one per core), got {threads!r}")
+        if not create:
+            _refuse_foreign_directory(self.path)
         handle = ffi.new("lx_store **")
         check(lib.lx_store_open(self.path.encode(), threads, int(bool(verify)), handle), f"cannot open store '{self.path}'")
         self._handle = handle[0]
         self.verify_reads = bool(verify)
+        self._threads = threads
+        # Which directory this handle opened, to tell "replaced since" apart
+        # from damage when a refresh finds no superblock.
+        self._inode = _inode(self.path)
+        self._reopen_hint = "Zrecord(path)"
         self._state = threading.Condition()
         self._active = 0
         self._closed = False
+
+    def __reduce__(self) -> tuple:
+        # A native handle cannot cross processes: a pickled store is its path
+        # and options, opened again on unpickling (spawn/forkserver workers).
+        if self._closed:
+            raise TypeError(f"cannot pickle the closed store '{self.path}': pickle it while open")
+        return (type(self), (self.path, self.codec, self.verify_reads, self._threads))
 
     # -- lifetime: every native call runs between _enter and _leave, so close()
     # waits for calls in flight and no call ever sees a freed handle.
@@ -170,7 +206,7 @@ class Zrecord:
     def _enter(self):
         with self._state:
             if self._closed:
-                raise StoreClosedError(f"store '{self.path}' is closed; open it again with Zrecord(path)")
+                raise StoreClosedError(f"store '{self.path}' is closed; open it again with {self._reopen_hint}")
             self._active += 1
         return self._handle
 
@@ -226,7 +262,16 @@ class Zrecord:
 
     def refresh(self) -> int:
         """Sees records committed by other processes since open; returns len()."""
-        self._call(lib.lx_store_refresh)
+        try:
+            self._call(lib.lx_store_refresh)
+        except CorruptStoreError as exc:
+            if _inode(self.path) not in (None, self._inode):
+                raise StoreReplacedError(
+                    f"'{self.path}' was replaced by a new store (e.g. ArrayStore.save overwrote the array) "
+                    f"since this handle opened it; the data is fine: open it again with {self._reopen_hint}",
+                    exc.code,
+                ) from None
+            raise
         return len(self)
 
     def gather(self, idxs, dst, offsets=None) -> None:
@@ -242,6 +287,8 @@ class Zrecord:
             target_offsets = np.ascontiguousarray(np.asarray(offsets), dtype=np.uint64)
             if target_offsets.shape != indices.shape:
                 raise InvalidArgumentError(f"gather got {indices.size} indices but {target_offsets.size} offsets")
+            if indices.size > 1:
+                self._check_disjoint(indices, target_offsets)
             offsets_pointer = _u64(target_offsets)
         if indices.size == 0:
             return
@@ -254,6 +301,27 @@ class Zrecord:
             self._leave()
         if status:
             check(status)
+
+    def _check_disjoint(self, indices: np.ndarray, starts: np.ndarray) -> None:
+        """DestinationOverlapError when two records' destination ranges overlap (the second
+        would overwrite the first). Sorts only offsets that are not already
+        increasing; empty records write nothing and never overlap."""
+        lengths = self.lengths(indices)
+        positions = np.flatnonzero(lengths)
+        starts, ends = starts[positions], starts[positions] + lengths[positions]
+        if starts.size > 1 and np.any(starts[1:] < starts[:-1]):
+            order = np.argsort(starts, kind="stable")
+            positions, starts, ends = positions[order], starts[order], ends[order]
+        # Sorted by start, a range overlapping any later one overlaps its successor.
+        clashes = np.flatnonzero(ends[:-1] > starts[1:])
+        if clashes.size:
+            first, second = positions[clashes[0]], positions[clashes[0] + 1]
+            raise DestinationOverlapError(
+                f"gather destination ranges overlap: record {int(indices[first])} goes to bytes "
+                f"[{int(starts[clashes[0]])}, {int(ends[clashes[0]])}) and record {int(indices[second])} to "
+                f"[{int(starts[clashes[0] + 1])}, {int(ends[clashes[0] + 1])}) of dst: give each record its own range",
+                1,  # invalid_argument
+            )
 
     def lengths(self, idxs) -> np.ndarray:
         """The raw (decoded) byte length of each record in ``idxs``."""
@@ -385,3 +453,30 @@ class Zrecord:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self)} records"
         return f"Zrecord({self.path!r}, codec={self.codec!r}, {state})"
+
+
+def _inode(path: str) -> tuple[int, int] | None:
+    """The (device, inode) of ``path``, or None when it is gone."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_dev, stat.st_ino)
+
+
+def _refuse_foreign_directory(path: str) -> None:
+    """A directory holding other files is not ours to turn into a store."""
+    if os.path.exists(os.path.join(path, "superblock")):
+        return
+    try:
+        with os.scandir(path) as entries:
+            empty = next(entries, None) is None  # one entry decides: no full listing of a big directory
+    except OSError:
+        return  # a new store, a file, no permission: the native open says what is wrong
+    if not empty:
+        raise CorruptStoreError(
+            f"'{path}' is a non-empty directory that is not a zrecord store (it has no superblock): "
+            "give a new or empty directory, or pass create=True to make a store among its files",
+            10,
+        )
+

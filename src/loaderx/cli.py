@@ -1,0 +1,464 @@
+"""The ``loaderx`` command (also ``python -m loaderx``): look into, check,
+compact, convert and benchmark stores from a shell.
+
+    loaderx info PATH                  what a store, dataset or ArrayStore holds
+    loaderx verify PATH                checks every record's checksum
+    loaderx compact PATH               reclaims deleted and replaced records' bytes
+    loaderx convert SRC.npy DST        a .npy file into a dense dataset
+    loaderx bench                      quick figures for this machine
+
+Output is for people; ``--json`` prints one JSON object for scripts instead.
+Exit status: 0 done, 1 ``verify`` found damage, 2 an error (bad arguments, a
+path that is not a store, a store another process is writing).
+
+Built on the standard library's ``argparse``: the command needs nothing the
+library does not already depend on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import __version__
+from .arraystore import MARKER_FILE, ArrayStore
+from .converter import from_numpy
+from .dataloader import DataLoader
+from .dataset import DenseDataset, RaggedDataset, read_schema
+from .sampler import Sampler
+from .zrecord import CODECS, StoreLockedError, Zrecord, ZrecordError
+
+__all__ = ["main"]
+
+EXIT_OK = 0
+EXIT_DAMAGED = 1
+EXIT_ERROR = 2
+_LENGTHS_CHUNK = 1 << 20  # records per lengths() call when summing raw bytes
+_DAMAGED_SHOWN = 50  # damaged indices printed by name; --json lists them all
+
+
+class CommandError(Exception):
+    """A failure the command reports in one line (exit status 2)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_ERROR
+    try:
+        return args.run(args)
+    except StoreLockedError as exc:
+        advice = "" if "another process" in str(exc) else " (another process is writing to this store: retry when it is done)"
+        return _fail(f"{exc}{advice}")
+    except (CommandError, ZrecordError, ValueError, OSError) as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return _fail("interrupted")
+
+
+def _fail(message: str) -> int:
+    print(f"loaderx: error: {message}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="loaderx",
+        description="Inspect, verify, compact, convert and benchmark loaderx stores.",
+        epilog="Exit status: 0 done, 1 verify found damage, 2 error.",
+    )
+    parser.add_argument("--version", action="version", version=f"loaderx {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+    info = commands.add_parser("info", parents=[common], help="what a store, dataset or ArrayStore holds")
+    info.add_argument("path", metavar="PATH")
+    info.set_defaults(run=_run_info)
+    verify = commands.add_parser("verify", parents=[common], help="check every record's checksum (exit 1 on damage)")
+    verify.add_argument("path", metavar="PATH")
+    verify.set_defaults(run=_run_verify)
+    compact = commands.add_parser("compact", parents=[common], help="reclaim the bytes of deleted and replaced records")
+    compact.add_argument("path", metavar="PATH")
+    compact.set_defaults(run=_run_compact)
+    convert = commands.add_parser("convert", parents=[common], help="convert a .npy file into a dense dataset")
+    convert.add_argument("source", metavar="SRC.npy")
+    convert.add_argument("target", metavar="DST")
+    convert.add_argument("--codec", choices=sorted(CODECS), default="zstd", help="record codec (default zstd)")
+    convert.add_argument("--mode", choices=["w", "a", "x"], default="w",
+                         help="an existing DST: w replaces it (default), a appends, x refuses")
+    convert.add_argument("--progress", action="store_true",
+                         help="show the progress bar on stderr even when it is not a terminal")
+    convert.set_defaults(run=_run_convert)
+    bench = commands.add_parser("bench", parents=[common], help="quick sampler, store and loader figures for this machine")
+    bench.add_argument("--records", type=int, default=4000, help="12 KiB records in the store test (default 4000)")
+    bench.add_argument("--dir", default=None, help="where to write the test stores (default: a temporary directory)")
+    bench.set_defaults(run=_run_bench)
+    return parser
+
+
+def _emit(args: argparse.Namespace, result: dict, text: Callable[[dict], str]) -> None:
+    print(json.dumps(result, indent=2) if args.json else text(result))
+
+
+# ---- what a path is ------------------------------------------------------------
+
+
+def _kind(path: str) -> str:
+    """``arraystore``, ``dense``, ``ragged`` or ``zrecord`` (a bare record store)."""
+    if not os.path.exists(path):
+        raise CommandError(f"'{path}' does not exist")
+    if not os.path.isdir(path):
+        raise CommandError(f"'{path}' is a file: a store is a directory (convert a .npy file with `loaderx convert`)")
+    if os.path.exists(os.path.join(path, MARKER_FILE)):
+        return "arraystore"
+    schema = read_schema(path)  # a dataset that lost its superblock is still one, a damaged one
+    if schema is None and not os.path.exists(os.path.join(path, "superblock")):
+        raise CommandError(f"'{path}' is not a loaderx store, dataset or ArrayStore (it has no superblock or {MARKER_FILE})")
+    return "zrecord" if schema is None else schema.kind
+
+
+def _disk_bytes(path: str) -> int:
+    """Allocated bytes of every file under ``path`` (what the store costs on disk)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except FileNotFoundError:
+                pass  # removed while we walked: a writer compacting
+    return total
+
+
+def _raw_bytes(store: Zrecord, item_bytes: int | None) -> int:
+    """Decoded bytes of every record: records x item bytes when they are all one
+    size, else the sum of their lengths, a chunk of the index at a time."""
+    count = len(store)
+    if item_bytes is not None:
+        return count * item_bytes
+    total = 0
+    for start in range(0, count, _LENGTHS_CHUNK):
+        total += int(store.lengths(np.arange(start, min(count, start + _LENGTHS_CHUNK), dtype=np.uint64)).sum())
+    return total
+
+
+def _store_info(path: str, kind: str) -> dict:
+    schema = read_schema(path) if kind != "zrecord" else None
+    with Zrecord(path) as store:
+        stats = store.stats()
+        dictionary = store.has_dict()
+        raw = _raw_bytes(store, schema.item_bytes if schema is not None and kind == "dense" else None)
+    disk = _disk_bytes(path)
+    info: dict[str, Any] = {"path": path, "kind": kind}
+    if schema is not None:
+        info.update(dtype=str(schema.dtype), item_shape=list(schema.item_shape), codec=schema.codec)
+        if kind == "dense":
+            info["shape"] = [stats["records"], *schema.item_shape]
+    info.update(
+        records=stats["records"], raw_bytes=raw, disk_bytes=disk, ratio=round(raw / disk, 4) if disk else None,
+        layout=stats["layout"], generation=stats["generation"], reclaimable_bytes=stats["reclaimable"],
+        dictionary=dictionary,
+    )
+    return info
+
+
+def _arraystore_info(path: str) -> dict:
+    with ArrayStore(path) as store:
+        shapes = store.get_shape()
+    arrays = []
+    for name, shape in shapes.items():
+        entry = _store_info(os.path.join(path, name), "dense")
+        entry.update(name=name, shape=list(shape))
+        arrays.append(entry)
+    disk = _disk_bytes(path)
+    raw = sum(entry["raw_bytes"] for entry in arrays)
+    return {"path": path, "kind": "arraystore", "arrays": arrays, "raw_bytes": raw, "disk_bytes": disk,
+            "ratio": round(raw / disk, 4) if disk else None}
+
+
+# ---- info ------------------------------------------------------------------------
+
+
+def _run_info(args: argparse.Namespace) -> int:
+    kind = _kind(args.path)
+    info = _arraystore_info(args.path) if kind == "arraystore" else _store_info(args.path, kind)
+    _emit(args, info, _info_text)
+    return EXIT_OK
+
+
+def _size(count: int | None) -> str:
+    if count is None:
+        return "-"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:,.1f} {unit}"
+    return f"{count} B"
+
+
+def _ratio(info: dict) -> str:
+    return f"{info['ratio']:.2f}x" if info.get("ratio") else "-"
+
+
+def _info_text(info: dict) -> str:
+    if info["kind"] == "arraystore":
+        lines = [f"{info['path']}: ArrayStore, {len(info['arrays'])} arrays, {_size(info['disk_bytes'])} on disk "
+                 f"({_ratio(info)})"]
+        for entry in info["arrays"]:
+            lines.append(f"  {entry['name']}: {entry['dtype']} {tuple(entry['shape'])}, codec {entry['codec']}, "
+                         f"{_size(entry['disk_bytes'])} on disk ({_ratio(entry)}), {entry['layout']} layout, "
+                         f"generation {entry['generation']}")
+        return "\n".join(lines)
+    title = {"dense": "loaderx dense dataset", "ragged": "loaderx ragged dataset", "zrecord": "zrecord store (no schema)"}
+    rows = [("kind", info["kind"])]
+    if "dtype" in info:
+        rows += [("dtype", info["dtype"]), ("item shape", str(tuple(info["item_shape"])))]
+        if "shape" in info:
+            rows.append(("shape", str(tuple(info["shape"]))))
+        rows.append(("codec", info["codec"] + (" (with dictionary)" if info["dictionary"] else "")))
+    rows += [
+        ("records", f"{info['records']:,}"),
+        ("raw bytes", _size(info["raw_bytes"])),
+        ("on disk", f"{_size(info['disk_bytes'])} (compression ratio {_ratio(info)})"),
+        ("layout", info["layout"]),
+        ("generation", str(info["generation"])),
+        ("reclaimable", f"{_size(info['reclaimable_bytes'])} (loaderx compact)" if info["reclaimable_bytes"] else "0 B"),
+    ]
+    return f"{info['path']}: {title[info['kind']]}\n" + "\n".join(f"  {key:<12} {value}" for key, value in rows)
+
+
+# ---- verify ----------------------------------------------------------------------
+
+
+def _verify_store(path: str, kind: str) -> dict:
+    """Every record's checksum; a store that cannot even be opened is damaged too."""
+    opener = {"dense": DenseDataset, "ragged": RaggedDataset}.get(kind)
+    try:
+        if opener is None:
+            with Zrecord(path) as store:
+                return {"path": path, "records": len(store), "damaged": store.verify(), "error": None}
+        with opener(path) as dataset:
+            return {"path": path, "records": len(dataset), "damaged": dataset.store.verify(), "error": None}
+    except (ZrecordError, ValueError) as exc:
+        return {"path": path, "records": None, "damaged": [], "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    try:
+        kind = _kind(args.path)
+    except ValueError as exc:  # a schema.msgpack that does not parse: damage, not a usage error
+        kind = "damaged"
+        stores = [{"path": args.path, "records": None, "damaged": [], "error": f"{type(exc).__name__}: {exc}"}]
+    if kind == "arraystore":
+        with ArrayStore(args.path) as store:
+            names = store.get_member_list()
+        stores = [dict(_verify_store(os.path.join(args.path, name), "dense"), name=name) for name in names]
+    elif kind != "damaged":
+        stores = [_verify_store(args.path, kind)]
+    ok = all(not entry["damaged"] and entry["error"] is None for entry in stores)
+    _emit(args, {"path": args.path, "ok": ok, "stores": stores}, _verify_text)
+    return EXIT_OK if ok else EXIT_DAMAGED
+
+
+def _verify_text(result: dict) -> str:
+    lines = []
+    for entry in result["stores"]:
+        where = entry["path"]
+        if entry["error"] is not None:
+            lines.append(f"{where}: DAMAGED, cannot be read: {entry['error']}")
+        elif entry["damaged"]:
+            shown = ", ".join(map(str, entry["damaged"][:_DAMAGED_SHOWN]))
+            more = f" and {len(entry['damaged']) - _DAMAGED_SHOWN:,} more" if len(entry["damaged"]) > _DAMAGED_SHOWN else ""
+            lines.append(f"{where}: DAMAGED, {len(entry['damaged']):,} of {entry['records']:,} records fail their "
+                         f"checksum: {shown}{more}")
+        else:
+            lines.append(f"{where}: ok, {entry['records']:,} records verified")
+    return "\n".join(lines)
+
+
+# ---- compact ---------------------------------------------------------------------
+
+
+def _run_compact(args: argparse.Namespace) -> int:
+    kind = _kind(args.path)
+    before = _disk_bytes(args.path)
+    if kind == "arraystore":
+        with ArrayStore(args.path) as store:
+            store.compact()
+    else:
+        with Zrecord(args.path) as store:
+            store.compact()
+    after = _disk_bytes(args.path)
+    result = {"path": args.path, "disk_bytes_before": before, "disk_bytes_after": after, "reclaimed_bytes": max(0, before - after)}
+    _emit(args, result, lambda r: f"{r['path']}: compacted, {_size(r['disk_bytes_before'])} -> "
+                                  f"{_size(r['disk_bytes_after'])} on disk ({_size(r['reclaimed_bytes'])} reclaimed)")
+    return EXIT_OK
+
+
+# ---- convert ---------------------------------------------------------------------
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    try:
+        source = np.load(args.source, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as exc:
+        raise CommandError(f"cannot read '{args.source}' as a .npy file: {exc}") from None
+    if not isinstance(source, np.ndarray):
+        source.close()
+        raise CommandError(f"'{args.source}' is an .npz archive: convert one of its arrays, saved with np.save, at a time")
+    started = time.perf_counter()
+    rows = from_numpy(args.target, source, codec=args.codec, mode=args.mode, progress=sys.stderr if args.progress else True)
+    seconds = time.perf_counter() - started
+    info = _store_info(args.target, "dense")
+    result = {"source": args.source, "rows_written": rows, "seconds": round(seconds, 3), "store": info}
+    _emit(args, result, lambda r: (
+        f"{r['source']} -> {info['path']}: {rows:,} rows written in {seconds:.1f} s; the dataset holds "
+        f"{info['records']:,} {info['dtype']} items of shape {tuple(info['item_shape'])}, codec {info['codec']}, "
+        f"{_size(info['raw_bytes'])} in {_size(info['disk_bytes'])} on disk ({_ratio(info)})"
+    ))
+    return EXIT_OK
+
+
+# ---- bench -----------------------------------------------------------------------
+
+_RECORD_FLOATS = 3072  # 12 KiB float32 records, as scripts/bench.py's store table
+_BATCH = 256
+_RUNS = 5
+
+
+def _median_seconds(function: Callable[[], object], repeat: int) -> float:
+    """Median over ``_RUNS`` runs of the time per call, each run ``repeat`` calls."""
+    times = []
+    for _ in range(_RUNS):
+        started = time.perf_counter()
+        for _ in range(repeat):
+            function()
+        times.append((time.perf_counter() - started) / repeat)
+    return float(np.median(times))
+
+
+def _bench_rows(count: int) -> np.ndarray:
+    """Mildly compressible float32 rows: random sinusoids quantized to 2**-16."""
+    rng = np.random.default_rng(0)
+    grid = np.linspace(0.0, 1.0, _RECORD_FLOATS, dtype=np.float32)
+    frequency = rng.uniform(1.0, 8.0, (count, 1)).astype(np.float32)
+    rows = np.sin(frequency * grid * np.float32(2 * np.pi)) + rng.normal(0, 0.01, (count, _RECORD_FLOATS)).astype(np.float32)
+    return (np.round(rows * 65536) / 65536).astype(np.float32)
+
+
+def _bench_sampler() -> list:
+    rng = np.random.default_rng(0)
+    results = []
+    for batch in (256, 1024):
+        iid = Sampler(1_000_000, batch, "iid")
+        cyclic = Sampler(1_000_000, batch, "cyclic")
+        baseline = _median_seconds(lambda: rng.integers(0, 1_000_000, batch), 2000)
+        for name, function in (("numpy default_rng().integers", lambda: rng.integers(0, 1_000_000, batch)),
+                               ("loaderx IID", iid.next), ("loaderx CYCLIC", cyclic.next)):
+            seconds = baseline if name.startswith("numpy") else _median_seconds(function, 2000)
+            results.append({"sampler": name, "batch": batch, "us_per_batch": round(seconds * 1e6, 3),
+                            "vs_default_rng": round(baseline / seconds, 2)})
+    return results
+
+
+def _bench_store(root: str, rows: np.ndarray) -> list:
+    positions = np.random.default_rng(1).integers(0, len(rows), (20, _BATCH))
+    batches = positions.astype(np.uint64)
+    out = np.empty((_BATCH, _RECORD_FLOATS), np.float32)
+    reads = iter(range(1 << 62))
+
+    def take() -> None:
+        # mode="clip": with out=, the default mode="raise" copies through a buffer
+        np.take(rows, positions[next(reads) % len(positions)], axis=0, out=out, mode="clip")
+
+    take()  # fault the pages in first
+    memory = _median_seconds(take, 20)
+    results = [{"store": "numpy in memory (ceiling)", "write_mib_s": None, "gather_mib_s": round(out.nbytes / memory / 2**20),
+                "ms_per_batch": round(memory * 1e3, 3), "disk_bytes": None, "ratio": None}]
+    for codec in ("raw", "zstd"):
+        path = os.path.join(root, f"store-{codec}")
+        started = time.perf_counter()
+        from_numpy(path, rows, codec=codec, progress=False)
+        written = time.perf_counter() - started
+        with DenseDataset(path) as dataset:
+            dataset.gather_into(batches[0], out)
+            if not np.array_equal(out, rows[batches[0].astype(np.intp)]):
+                raise CommandError(f"bench: the {codec} store returned wrong rows")
+            seconds = _median_seconds(lambda: dataset.gather_into(batches[next(reads) % len(batches)], out), 20)
+        disk = _disk_bytes(path)
+        results.append({"store": f"loaderx {codec}", "write_mib_s": round(rows.nbytes / written / 2**20),
+                        "gather_mib_s": round(out.nbytes / seconds / 2**20), "ms_per_batch": round(seconds * 1e3, 3),
+                        "disk_bytes": disk, "ratio": round(rows.nbytes / disk, 2)})
+    return results
+
+
+def _bench_loader(root: str) -> list:
+    results = []
+    for codec in ("raw", "zstd"):
+        with DenseDataset(os.path.join(root, f"store-{codec}")) as dataset:
+            with DataLoader({"x": dataset}, num_workers=4, batch_size=_BATCH) as loader:
+                for _ in range(4):
+                    next(loader)  # workers started, page cache warm
+                seconds = _median_seconds(lambda: next(loader), 10)
+        results.append({"loader": f"loaderx {codec}", "batches_s": round(1 / seconds, 1),
+                        "mib_s": round(_BATCH * _RECORD_FLOATS * 4 / seconds / 2**20)})
+    return results
+
+
+def _machine() -> dict:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            model = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), model)
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": model, "cores": cores, "python": platform.python_version(), "numpy": np.__version__, "loaderx": __version__}
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    if args.records < _BATCH:
+        raise CommandError(f"--records must be at least the batch size {_BATCH}, got {args.records}")
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="loaderx-bench-", dir=args.dir) as root:
+        rows = _bench_rows(args.records)
+        result = {"machine": _machine(), "sampler": _bench_sampler(), "store": _bench_store(root, rows),
+                  "store_source_bytes": rows.nbytes, "loader": _bench_loader(root)}
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    _emit(args, result, _bench_text)
+    return EXIT_OK
+
+
+def _table(rows: list, columns: list) -> str:
+    cells = [[("-" if row[key] is None else f"{row[key]:,}" if isinstance(row[key], (int, float)) else str(row[key]))
+              for key in columns] for row in rows]
+    widths = [max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)]
+    lines = ["  ".join(column.ljust(width) for column, width in zip(columns, widths))]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)) for line in cells]
+    return "\n".join(lines)
+
+
+def _bench_text(result: dict) -> str:
+    machine = result["machine"]
+    stores = [dict(row, disk=_size(row["disk_bytes"]) if row["disk_bytes"] else None) for row in result["store"]]
+    return "\n\n".join([
+        f"machine: {machine['cpu']}, {machine['cores']} cores, Python {machine['python']}, NumPy {machine['numpy']}, "
+        f"loaderx {machine['loaderx']}",
+        "sampler (indices over 0..1,000,000, one call per batch)\n"
+        + _table(result["sampler"], ["sampler", "batch", "us_per_batch", "vs_default_rng"]),
+        f"store ({_size(result['store_source_bytes'])} of 12 KiB float32 records, random batches of {_BATCH}, "
+        "warm page cache)\n" + _table(stores, ["store", "write_mib_s", "gather_mib_s", "ms_per_batch", "disk", "ratio"]),
+        f"loader (DataLoader, 4 workers, batches of {_BATCH})\n" + _table(result["loader"], ["loader", "batches_s", "mib_s"]),
+        f"medians of {_RUNS} runs; {result['seconds']} s in all. Quick figures: scripts/bench.py in a source "
+        "checkout compares against other libraries.",
+    ])

@@ -1,0 +1,229 @@
+"""The `loaderx` command: every subcommand run as a user runs it, in a subprocess."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loaderx import ArrayStore, DenseDataset, Zrecord, from_iterator, from_numpy
+
+
+def loaderx(*args, cwd=None):
+    """Runs `python -m loaderx ARGS`; returns (exit status, stdout, stderr)."""
+    result = subprocess.run([sys.executable, "-m", "loaderx", *map(str, args)],
+                            capture_output=True, text=True, timeout=300, cwd=cwd)
+    return result.returncode, result.stdout, result.stderr
+
+
+def loaderx_json(*args):
+    status, out, err = loaderx(*args, "--json")
+    assert status == 0, err
+    return json.loads(out)
+
+
+def disk_bytes(path):
+    return sum(os.lstat(file).st_blocks * 512 for file in glob.glob(os.path.join(path, "**"), recursive=True) if os.path.isfile(file))
+
+
+def test_console_script_and_help():
+    """The `loaderx` console script is installed next to this Python and lists every subcommand."""
+    script = Path(sys.executable).parent / "loaderx"
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    for command in ("info", "verify", "compact", "convert", "bench"):
+        assert command in result.stdout
+    status, _, err = loaderx()
+    assert status == 2 and "usage: loaderx" in err
+
+
+def test_info_of_a_dense_dataset(tmp_path):
+    """info reports kind, dtype, shape, codec, records, bytes, ratio, layout and generation."""
+    array = np.tile(np.arange(64, dtype=np.uint8), (1000, 64))  # 4 KiB rows zstd shrinks
+    from_numpy(tmp_path / "ds", array)
+    info = loaderx_json("info", tmp_path / "ds")
+    assert (info["kind"], info["dtype"], info["shape"], info["item_shape"], info["codec"]) == \
+        ("dense", "uint8", [1000, 4096], [4096], "zstd")
+    assert info["records"] == 1000 and info["raw_bytes"] == array.nbytes
+    assert info["disk_bytes"] == disk_bytes(tmp_path / "ds")
+    assert info["ratio"] == pytest.approx(array.nbytes / info["disk_bytes"], rel=1e-3) and info["ratio"] > 1
+    assert (info["layout"], info["generation"], info["reclaimable_bytes"]) == ("indexed", 1, 0)
+    status, out, _ = loaderx("info", tmp_path / "ds")
+    assert status == 0
+    assert "loaderx dense dataset" in out and "(1000, 4096)" in out and "1,000" in out and "compression ratio" in out
+
+
+def test_info_of_ragged_bare_and_arraystore(tmp_path):
+    """info knows ragged datasets, bare zrecord stores and ArrayStores."""
+    records = [np.arange(n, dtype=np.int32) for n in range(20)]
+    from_iterator(tmp_path / "ragged", records, codec="raw")
+    info = loaderx_json("info", tmp_path / "ragged")
+    assert (info["kind"], info["records"], info["raw_bytes"]) == ("ragged", 20, sum(r.nbytes for r in records))
+    with Zrecord(tmp_path / "bare", codec="raw") as store:
+        store.append(b"abcdefgh", [0, 4])
+    info = loaderx_json("info", tmp_path / "bare")
+    assert (info["kind"], info["records"], info["raw_bytes"], info["layout"]) == ("zrecord", 2, 8, "fixed")
+    with ArrayStore(tmp_path / "arrays") as store:
+        store.save({"x": np.zeros((10, 3), np.float32), "s": np.float64(2.0)})
+    info = loaderx_json("info", tmp_path / "arrays")
+    assert info["kind"] == "arraystore"
+    assert {(entry["name"], tuple(entry["shape"]), entry["dtype"]) for entry in info["arrays"]} == \
+        {("x", (10, 3), "float32"), ("s", (), "float64")}
+    status, out, _ = loaderx("info", tmp_path / "arrays")
+    assert status == 0 and "ArrayStore, 2 arrays" in out
+
+
+def test_info_refuses_what_is_not_a_store(tmp_path):
+    """A missing path, a file and a plain directory exit 2 with a one-line reason, and nothing is created."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("hi")
+    (tmp_path / "file.npy").write_bytes(b"x")
+    for path, reason in [("missing", "does not exist"), ("file.npy", "is a file"), ("plain", "not a loaderx store")]:
+        status, out, err = loaderx("info", tmp_path / path)
+        assert status == 2 and out == "" and reason in err and err.startswith("loaderx: error:")
+    assert not (tmp_path / "missing").exists()
+    assert os.listdir(tmp_path / "plain") == ["notes.txt"]
+
+
+def damaged_store(path, damaged_index):
+    """A zstd store of 10 incompressible 4 KiB records (stored raw, back to back)
+    with one byte of record `damaged_index` flipped."""
+    rng = np.random.default_rng(0)
+    from_iterator(path, [rng.integers(0, 256, 4096, dtype=np.uint8) for _ in range(10)])
+    (data,) = glob.glob(os.path.join(path, "data-*"))
+    with open(data, "r+b") as handle:
+        handle.seek(damaged_index * 4096 + 100)
+        byte = handle.read(1)[0]
+        handle.seek(damaged_index * 4096 + 100)
+        handle.write(bytes([byte ^ 0xFF]))
+
+
+def test_verify_clean_and_damaged(tmp_path):
+    """verify exits 0 on a clean store and 1 on a damaged one, naming the damaged record."""
+    from_numpy(tmp_path / "clean", np.arange(100))
+    status, out, _ = loaderx("verify", tmp_path / "clean")
+    assert status == 0 and "ok, 100 records verified" in out
+    damaged_store(tmp_path / "bad", 5)
+    status, out, _ = loaderx("verify", tmp_path / "bad")
+    assert status == 1
+    assert "DAMAGED, 1 of 10 records fail their checksum: 5" in out
+    status, out, _ = loaderx("verify", tmp_path / "bad", "--json")
+    result = json.loads(out)
+    assert status == 1 and result["ok"] is False and result["stores"][0]["damaged"] == [5]
+
+
+def test_verify_a_store_too_damaged_to_open(tmp_path):
+    """A store whose superblock is zeroed cannot be opened: verify reports it as damage (exit 1)."""
+    from_numpy(tmp_path / "ds", np.arange(100))
+    superblock = tmp_path / "ds" / "superblock"
+    superblock.write_bytes(bytes(superblock.stat().st_size))
+    status, out, _ = loaderx("verify", tmp_path / "ds")
+    assert status == 1 and "DAMAGED, cannot be read" in out and "CorruptStoreError" in out
+
+
+@pytest.mark.parametrize("damage", ["superblock deleted", "schema garbled"])
+def test_verify_a_dataset_missing_its_superblock_or_schema(tmp_path, damage):
+    """A dataset whose superblock is gone, or whose schema.msgpack is garbage, is damaged (exit 1), not 'not a store'."""
+    from_numpy(tmp_path / "ds", np.arange(100))
+    if damage == "superblock deleted":
+        (tmp_path / "ds" / "superblock").unlink()
+    else:
+        (tmp_path / "ds" / "schema.msgpack").write_bytes(b"\xc1garbage")
+    status, out, err = loaderx("verify", tmp_path / "ds")
+    assert status == 1 and "DAMAGED, cannot be read" in out, (out, err)
+    status, _, err = loaderx("info", tmp_path / "ds")
+    assert status == 2 and "loaderx: error:" in err
+
+
+def test_verify_an_arraystore(tmp_path):
+    """verify checks every array of an ArrayStore."""
+    with ArrayStore(tmp_path / "arrays") as store:
+        store.save({"x": np.zeros((10, 3), np.float32), "y": np.arange(5)})
+    result = loaderx_json("verify", tmp_path / "arrays")
+    assert result["ok"] and sorted(entry["name"] for entry in result["stores"]) == ["x", "y"]
+
+
+def test_compact_reclaims_deleted_records(tmp_path):
+    """compact shrinks a store whose records were deleted, and keeps the live ones."""
+    payload = np.random.default_rng(0).integers(0, 256, 64 * 4096, dtype=np.uint8)
+    with Zrecord(tmp_path / "store", codec="zstd") as store:
+        store.append(payload, np.arange(64) * 4096)
+        store.delete(np.arange(48), keep_order=True)
+    result = loaderx_json("compact", tmp_path / "store")
+    assert result["reclaimed_bytes"] >= 48 * 4096
+    assert result["disk_bytes_after"] == disk_bytes(tmp_path / "store")
+    with Zrecord(tmp_path / "store") as store:
+        assert len(store) == 16 and store.read(0) == payload[48 * 4096 : 49 * 4096].tobytes()
+    status, out, _ = loaderx("compact", tmp_path / "store")
+    assert status == 0 and "compacted" in out
+
+
+def test_compact_and_convert_refuse_a_store_being_written(tmp_path):
+    """While another handle writes to a store, compact and an overwriting convert exit 2 and change nothing."""
+    np.save(tmp_path / "a.npy", np.arange(10))
+    from_numpy(tmp_path / "ds", np.arange(4), codec="raw")
+    with Zrecord(tmp_path / "ds", codec="raw") as writer:
+        writer.append(np.arange(4, 6).astype(np.int64), [0, 8])  # holds the write lock until closed
+        for args in (("compact", tmp_path / "ds"), ("convert", tmp_path / "a.npy", tmp_path / "ds")):
+            status, _, err = loaderx(*args)
+            assert status == 2 and "another process" in err and err.count("another process") == 1, err
+    with DenseDataset(tmp_path / "ds") as dataset:
+        assert dataset[:].tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_convert_npy(tmp_path):
+    """convert writes a dense dataset from a .npy file; a second run replaces it, --mode a appends."""
+    array = np.arange(3000, dtype=np.float32).reshape(1000, 3)
+    np.save(tmp_path / "a.npy", array)
+    status, out, err = loaderx("convert", tmp_path / "a.npy", tmp_path / "ds", "--codec", "raw")
+    assert status == 0, err
+    assert "1,000 rows written" in out and err == ""  # no progress bar: stderr is not a terminal
+    status, _, _ = loaderx("convert", tmp_path / "a.npy", tmp_path / "ds", "--codec", "raw")
+    with DenseDataset(tmp_path / "ds") as dataset:
+        np.testing.assert_array_equal(dataset[:], array)
+        assert dataset.codec == "raw" and dataset.store.stats()["layout"] == "fixed"
+    result = loaderx_json("convert", tmp_path / "a.npy", tmp_path / "ds", "--codec", "raw", "--mode", "a")
+    assert result["rows_written"] == 1000 and result["store"]["records"] == 2000
+    status, _, err = loaderx("convert", tmp_path / "a.npy", tmp_path / "ds", "--mode", "x")
+    assert status == 2 and "mode='w'" in err
+
+
+def test_convert_progress_bar_on_request(tmp_path):
+    """--progress draws the bar on stderr even when it is a pipe."""
+    np.save(tmp_path / "a.npy", np.zeros((500, 16), np.int64))
+    status, _, err = loaderx("convert", tmp_path / "a.npy", tmp_path / "ds", "--progress")
+    assert status == 0
+    assert "[##############################] 100%" in err and err.endswith("\n")
+
+
+def test_convert_refuses_bad_sources(tmp_path):
+    """A file that is not .npy, an .npz archive and a non-store target exit 2 and write nothing."""
+    (tmp_path / "text.npy").write_text("not numpy")
+    np.savez(tmp_path / "pair.npz", a=np.arange(3))
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.jpg").write_bytes(b"meow")
+    np.save(tmp_path / "a.npy", np.arange(3))
+    for source, target, reason in [("text.npy", "out", "cannot read"), ("pair.npz", "out", ".npz archive"),
+                                   ("a.npy", "photos", "not a loaderx store")]:
+        status, _, err = loaderx("convert", tmp_path / source, tmp_path / target)
+        assert status == 2 and reason in err
+    assert not (tmp_path / "out").exists() and os.listdir(tmp_path / "photos") == ["cat.jpg"]
+
+
+def test_bench_quick_figures(tmp_path):
+    """bench measures the sampler, two stores and the loader, checks the store's rows, and cleans up."""
+    result = loaderx_json("bench", "--records", 300, "--dir", tmp_path)
+    assert result["machine"]["cores"] >= 1
+    assert {row["sampler"] for row in result["sampler"]} >= {"loaderx IID", "loaderx CYCLIC"}
+    assert all(row["us_per_batch"] > 0 for row in result["sampler"])
+    stores = {row["store"]: row for row in result["store"]}
+    assert stores["loaderx raw"]["ratio"] == pytest.approx(1.0, abs=0.05)
+    assert stores["loaderx zstd"]["ratio"] > 1.1 and stores["loaderx zstd"]["gather_mib_s"] > 0
+    assert all(row["batches_s"] > 0 for row in result["loader"])
+    assert os.listdir(tmp_path) == []
+    status, out, _ = loaderx("bench", "--records", 300, "--dir", tmp_path)
+    assert status == 0 and "sampler" in out and "loaderx zstd" in out
