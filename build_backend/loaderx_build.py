@@ -47,11 +47,12 @@ def zstd_search(arch: str) -> tuple:
     return multiarch + ("/usr/lib64", "/lib64", "/usr/lib", "/lib", "/usr/local/lib")
 
 
-def find_zstd(arch: str) -> str:
-    """Return the path of the system libzstd.so.1 or fail with what to install."""
+def find_zstd(arch: str = "") -> str:
+    """Return the path of the system libzstd.so.1 for `arch` (default: the target's) or fail with what to install."""
     override = os.environ.get("LOADERX_ZSTD")
     if override:
         return override
+    arch = arch or target_arch()
     search = zstd_search(arch)
     for directory in search:
         candidate = Path(directory) / "libzstd.so.1"
