@@ -28,7 +28,6 @@ GLIBC_FLOOR = (2, 17)
 ON_X86_64 = platform.machine().lower() in ("x86_64", "amd64")
 
 
-
 def slow(test):
     """Mark a test slow: it runs only with LOADERX_SLOW=1."""
     skip = pytest.mark.skipif(os.environ.get("LOADERX_SLOW") != "1", reason="slow test: set LOADERX_SLOW=1 to run")
