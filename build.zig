@@ -20,12 +20,15 @@ pub fn build(b: *std.Build) void {
         "zstd",
         "Path of the system libzstd.so.1",
     ) orelse "/usr/lib/x86_64-linux-gnu/libzstd.so.1";
+    // Wheels ship stripped: the debug info is most of the library's size.
+    const strip = b.option(bool, "strip", "Strip debug info and symbols (default false)");
 
     const module = b.createModule(.{
         .root_source_file = b.path("zig/root.zig"),
         .target = target,
         .optimize = optimize,
         .link_libc = true,
+        .strip = strip,
     });
     module.addObjectFile(.{ .cwd_relative = zstd_path });
 

@@ -2,25 +2,87 @@
 
 The cdef is read from ``_abi.h`` (the one declaration of the C ABI); the
 library reports its ABI version and a stale build is refused at import.
+
+On x86-64 the package carries one build of the library per instruction-set
+level: ``libloaderx.so`` for the x86-64 baseline (runs on any x86-64 CPU) and
+``libloaderx-x86_64_v3.so`` (AVX2) / ``libloaderx-x86_64_v4.so`` (AVX-512).
+Zig has no per-function target attributes, so the choice is made once, here:
+the highest level whose instructions the CPU and kernel report in
+/proc/cpuinfo. ``LOADERX_CPU=baseline`` (or a level name) overrides the pick.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 from pathlib import Path
 
 import cffi
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 _HERE = Path(__file__).resolve().parent
-# LOADERX_LIBRARY loads another build of the same source (the tests run the
-# crash and corruption suites against a ReleaseSafe build this way).
-_LIBRARY = Path(os.environ.get("LOADERX_LIBRARY") or _HERE / "libloaderx.so")
 _REBUILD = (
     "Rebuild it from the source checkout with `pip install -e .` "
-    "(or `python -m ziglang build` and copy zig-out/lib/libloaderx.so into src/loaderx/)."
+    "(or `python build_backend/loaderx_build.py`)."
 )
+BASELINE = "baseline"
+
+# The /proc/cpuinfo flags each x86-64 level needs (its psABI definition, with
+# the kernel's names: `abm` is LZCNT), best level first.
+_X86_64_V2 = {"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"}
+_X86_64_V3 = _X86_64_V2 | {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"}
+_X86_64_V4 = _X86_64_V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+CPU_LEVELS = {"x86_64_v4": _X86_64_V4, "x86_64_v3": _X86_64_V3}
+
+
+def library_path(variant: str) -> Path:
+    """The file of one build of the library: the baseline is `libloaderx.so`."""
+    if variant == BASELINE:
+        return _HERE / "libloaderx.so"
+    return _HERE / f"libloaderx-{variant}.so"
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as the kernel reports them (empty if unknown)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def pick_variant(flags: frozenset[str], requested: str | None) -> str:
+    """The build to load: `requested` (LOADERX_CPU) if set, else the best bundled one the CPU runs."""
+    if requested:
+        missing = sorted(CPU_LEVELS.get(requested, set()) - flags)
+        if missing:
+            raise ImportError(
+                f"LOADERX_CPU={requested} asks for instructions this CPU does not report "
+                f"({', '.join(missing)}): loading it would crash with SIGILL. "
+                f"Unset LOADERX_CPU or set LOADERX_CPU={BASELINE}."
+            )
+        if not library_path(requested).exists():
+            bundled = [BASELINE] + [name for name in CPU_LEVELS if library_path(name).exists()]
+            raise ImportError(
+                f"LOADERX_CPU={requested}: this install has no {library_path(requested).name}; "
+                f"it has builds for {', '.join(bundled)}."
+            )
+        return requested
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        for name, needed in CPU_LEVELS.items():
+            if needed <= flags and library_path(name).exists():
+                return name
+    return BASELINE
+
+
+VARIANT = pick_variant(cpu_flags(), os.environ.get("LOADERX_CPU"))
+# LOADERX_LIBRARY loads another build of the same source (the tests run the
+# crash and corruption suites against a ReleaseSafe build this way).
+_LIBRARY = Path(os.environ.get("LOADERX_LIBRARY") or library_path(VARIANT))
 
 ffi = cffi.FFI()
 ffi.cdef((_HERE / "_abi.h").read_text())
