@@ -27,19 +27,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from loaderx import DataLoader, DenseDataset, from_numpy
+from loaderx import DataLoader, DenseDataset
+from toy_data import FEATURES, make_data  # examples/toy_data.py
 
-FEATURES = 16
 MODES = {"sequential": 0, "iid": 1, "cyclic": 2}
-
-
-def make_data(path: str, rows: int) -> None:
-    """A separable toy problem: 16 features, a binary label, and each row's id."""
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((rows, FEATURES)).astype(np.float32)
-    y = (x @ rng.standard_normal(FEATURES) > 0).astype(np.int64)
-    for name, array in (("x", x), ("y", y), ("id", np.arange(rows, dtype=np.int64))):
-        from_numpy(os.path.join(path, name), array, progress=False)
 
 
 def model_and_optimizer():

@@ -1,10 +1,12 @@
-"""examples/ddp_train.py under torchrun (2 ranks, CPU, gloo): sharded loaders
-give the single-process global batches, cover every index once per cycle, and
-resume exactly."""
+"""examples/ddp_train.py under torchrun (2 ranks, CPU, gloo) and
+examples/jax_train.py as 2 JAX processes (jax.distributed on localhost):
+sharded loaders give the single-process global batches, cover every index
+once per cycle, resume exactly, and train like one process."""
 
 import importlib
 import importlib.util
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,35 +24,69 @@ def _require(name: str):
     return pytest.importorskip(name)
 
 
-torch = _require("torch")
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ddp_train.py"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 ROWS, BATCH, WORLD, STEPS, SAVE_AT, SEED = 960, 24, 2, 40, 25, 7  # 20 steps per CYCLIC cycle
+ENVIRONMENT = dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def common_arguments() -> list:
+    return ["--rows", str(ROWS), "--batch-size", str(BATCH), "--steps", str(STEPS), "--seed", str(SEED), "--mode", "cyclic"]
 
 
 def torchrun(*args: str) -> str:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}", str(EXAMPLE),
-               "--rows", str(ROWS), "--batch-size", str(BATCH), "--steps", str(STEPS), "--seed", str(SEED), *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}",
+               str(EXAMPLES / "ddp_train.py"), *common_arguments(), *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=ENVIRONMENT)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """One full run that checkpoints at step SAVE_AT, and one resumed from it."""
-    root = tmp_path_factory.mktemp("ddp")
+def jax_processes(*args: str) -> str:
+    """WORLD processes of examples/jax_train.py joined through a coordinator on localhost."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    processes = [
+        subprocess.Popen([sys.executable, str(EXAMPLES / "jax_train.py"), "--coordinator", f"127.0.0.1:{port}",
+                          "--num-processes", str(WORLD), "--process-id", str(process), *common_arguments(), *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENVIRONMENT)
+        for process in range(WORLD)
+    ]
+    outputs = []
+    try:
+        for process in processes:
+            outputs.append(process.communicate(timeout=600)[0])
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    for process, output in zip(processes, outputs):
+        assert process.returncode == 0, output
+    return outputs[0]
+
+
+LAUNCHERS = {"torch": torchrun, "jax": jax_processes}
+
+
+@pytest.fixture(scope="module", params=sorted(LAUNCHERS))
+def runs(request, tmp_path_factory):
+    """Per engine: one full run that checkpoints at step SAVE_AT, and one resumed from it."""
+    engine = request.param
+    _require(engine)
+    launch = LAUNCHERS[engine]
+    root = tmp_path_factory.mktemp(engine)
     data, checkpoint = str(root / "data"), str(root / "checkpoint")
-    full = torchrun("--data", data, "--mode", "cyclic", "--save-at", str(SAVE_AT), "--checkpoint", checkpoint, "--trace", str(root / "full.npz"))
-    resumed = torchrun("--data", data, "--mode", "cyclic", "--checkpoint", checkpoint, "--resume", "--trace", str(root / "resumed.npz"))
+    full = launch("--data", data, "--save-at", str(SAVE_AT), "--checkpoint", checkpoint, "--trace", str(root / "full.npz"))
+    resumed = launch("--data", data, "--checkpoint", checkpoint, "--resume", "--trace", str(root / "resumed.npz"))
     print(full, resumed)
-    return data, np.load(root / "full.npz"), np.load(root / "resumed.npz")
+    return engine, data, np.load(root / "full.npz"), np.load(root / "resumed.npz")
 
 
 def test_rank_batches_concatenated_are_the_single_process_batches(runs):
     """At every step the all-gathered rank batches, in rank order, equal the
     batch of one unsharded DataLoader with the global batch size."""
-    data, full, _ = runs
+    _, data, full, _ = runs
     assert full["ids"].shape == (STEPS, BATCH * WORLD)
     streams = {"id": DenseDataset(os.path.join(data, "id"))}
     with DataLoader(streams, batch_size=BATCH * WORLD, mode=2, seed=SEED, num_workers=1) as single:
@@ -61,7 +97,7 @@ def test_rank_batches_concatenated_are_the_single_process_batches(runs):
 
 def test_ranks_together_see_every_index_once_per_cycle(runs):
     """CYCLIC: the 20 steps of each cycle hold every index exactly once, across both ranks."""
-    _, full, _ = runs
+    _, _, full, _ = runs
     steps_per_cycle = ROWS // (BATCH * WORLD)
     for cycle in range(STEPS // steps_per_cycle):
         seen = full["ids"][cycle * steps_per_cycle : (cycle + 1) * steps_per_cycle].reshape(-1)
@@ -72,34 +108,58 @@ def test_ranks_together_see_every_index_once_per_cycle(runs):
 def test_checkpoint_resume_on_both_ranks_continues_exactly(runs):
     """The resumed run reads the same batches, reaches the same losses and
     ends with bit-identical weights as the uninterrupted run."""
-    _, full, resumed = runs
+    _, _, full, resumed = runs
     np.testing.assert_array_equal(resumed["steps"], np.arange(SAVE_AT, STEPS))
     np.testing.assert_array_equal(resumed["ids"], full["ids"][SAVE_AT:])
     np.testing.assert_array_equal(resumed["losses"], full["losses"][SAVE_AT:])
     np.testing.assert_array_equal(resumed["weights"], full["weights"])
 
 
-def test_two_ranks_train_like_one_process_on_the_global_batch(runs):
-    """DDP on the sharded loaders is the same training as one process reading
-    the global batches: same losses and weights, up to float rounding."""
-    data, full, _ = runs
-    spec = importlib.util.spec_from_file_location("ddp_train", EXAMPLE)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    model, optimizer = example.model_and_optimizer()
+def example(name: str):
+    """An example script as a module (they import examples/toy_data.py)."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def train_on_global_batches(engine: str, data: str):
+    """One process trains the example's model on the unsharded global batches;
+    returns its losses and final weights."""
     streams = {name: DenseDataset(os.path.join(data, name)) for name in ("x", "y")}
+    loader = DataLoader(streams, batch_size=BATCH * WORLD, mode=2, seed=SEED, num_workers=1)
+    batches = [next(loader) for _ in range(STEPS)]
+    loader.close()
+    for dataset in streams.values():
+        dataset.close()
     losses = []
-    with DataLoader(streams, batch_size=BATCH * WORLD, mode=2, seed=SEED, num_workers=1) as single:
-        for _ in range(STEPS):
-            batch = next(single)
+    if engine == "torch":
+        torch = _require("torch")
+        model, optimizer = example("ddp_train").model_and_optimizer()
+        for batch in batches:
             loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(batch["x"])), torch.from_numpy(batch["y"]))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
-    for dataset in streams.values():
-        dataset.close()
-    weights = torch.cat([parameter.detach().reshape(-1) for parameter in model.parameters()]).numpy()
+        return losses, torch.cat([parameter.detach().reshape(-1) for parameter in model.parameters()]).numpy()
+    module = example("jax_train")
+    weights = module.initial_weights()
+    for batch in batches:
+        loss, gradient = module.loss_and_grad(weights, batch["x"], batch["y"].astype(np.float32))
+        weights = (weights - module.LEARNING_RATE * np.asarray(gradient)).astype(np.float32)
+        losses.append(float(loss))
+    return losses, weights
+
+
+def test_the_ranks_train_like_one_process_on_the_global_batch(runs):
+    """Data-parallel training on the sharded loaders is the same training as one
+    process reading the global batches: same losses and weights, up to float
+    rounding."""
+    engine, data, full, _ = runs
+    losses, weights = train_on_global_batches(engine, data)
     np.testing.assert_allclose(full["losses"], losses, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(full["weights"], weights, rtol=1e-4, atol=1e-5)
     assert losses[-1] < 0.8 * losses[0]  # it learns
