@@ -436,3 +436,18 @@ def test_parquet_conversion_memory_is_bounded(tmp_path):
     print(f"peak anonymous memory of the conversion: {(peak_kib - before_kib) / 1024:.0f} MiB")
     before_kib, peak_kib = map(int, result.stdout.split())
     assert peak_kib - before_kib < 300 * 1024, f"conversion used {(peak_kib - before_kib) / 1024:.0f} MiB of anonymous memory"
+
+
+def test_readme_conversion_block_runs(tmp_path, monkeypatch):
+    """The README's from_arrow block runs as written."""
+    import re
+    from pathlib import Path
+
+    monkeypatch.chdir(tmp_path)
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if 'from_arrow("converted"' in b)
+    namespace = {}
+    exec(compile(block, "README conversion block", "exec"), namespace)
+    assert namespace["batch"]["image"].shape == (32, 8, 8)
+    assert bytes(namespace["columns"]["text"][3]) == b"caption 3"
+    assert sorted(os.listdir("converted")) == [COLUMNS_FILE, "image", "input_ids", "label", "text"]
