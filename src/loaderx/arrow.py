@@ -71,6 +71,8 @@ _COLUMNS_BYTES_MAX = 16 << 20
 # Arrow's pool and 400 MiB of process memory. Batches of chunk_bytes / 8 keep
 # the peak near 3 x chunk_bytes (about 200 MiB with the default).
 _PARQUET_DECODE_FACTOR = 8
+# Bytes per row assumed for a ragged column of a stream of unknown size.
+_RAGGED_ROW_GUESS_BYTES = 4096
 # Store names become directory names: a plain name, never '.', '..' or a path.
 _STORE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}")
 
@@ -95,10 +97,9 @@ def from_arrow(path, source, columns=None, codec="zstd", chunk_bytes=CHUNK_BYTES
 
     ``source`` is a ``pyarrow.Table``, ``RecordBatch`` or
     ``RecordBatchReader`` (a ``pyarrow.dataset`` scanner's ``to_reader()``),
-    a Hugging Face
-    ``datasets.Dataset`` or ``IterableDataset`` (in its row order, selections
-    and shuffles included), or a Parquet file path, directory of ``.parquet``
-    files or glob (files in sorted order, one schema). ``columns`` picks the
+    a Hugging Face ``datasets.Dataset`` or ``IterableDataset`` (in its row
+    order, selections and shuffles included), or a Parquet file path,
+    directory of ``.parquet`` files or glob (sorted order, one schema). ``columns`` picks the
     columns: a list of names (that order), or ``{column: store_name}`` to
     rename (a store name is a plain file name). ``codec`` is one codec for
     every store or ``{store_name: codec}``; ``zstd_dict`` trains each store's
@@ -223,6 +224,8 @@ def _parquet_reader(pattern: str) -> _Reader:
 def _hugging_face_reader(dataset) -> _Reader:
     if not hasattr(dataset, "with_format") or not hasattr(dataset, "features"):
         raise TypeError(f"from_arrow reads a Hugging Face Dataset or IterableDataset, got {type(dataset).__name__}: pick a split, e.g. dataset['train']")
+    if dataset.features is None:
+        raise TypeError("this Hugging Face IterableDataset does not know its features yet: pass features= when building it, or call .cast(features)")
     arrow = dataset.with_format("arrow")
     rows = len(dataset) if hasattr(dataset, "__len__") and not hasattr(dataset, "n_shards") else None
     schema = dataset.features.arrow_schema
@@ -230,7 +233,11 @@ def _hugging_face_reader(dataset) -> _Reader:
     def batches(chunk_bytes: int, plan: list):
         data = getattr(dataset, "data", None)
         nbytes = getattr(data, "nbytes", None)
-        batch_rows = _rows_per_batch(nbytes, rows, chunk_bytes) if nbytes and rows else 1024
+        if nbytes and rows:
+            batch_rows = _rows_per_batch(nbytes, rows, chunk_bytes)
+        else:  # a stream: the fixed columns' size, and a guess for the others
+            row_bytes = sum(column.schema.item_bytes if not column.ragged else _RAGGED_ROW_GUESS_BYTES for column in plan)
+            batch_rows = max(1, chunk_bytes // max(1, row_bytes))
         for table in arrow.iter(batch_size=batch_rows):
             yield from table.to_batches()
 
