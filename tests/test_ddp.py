@@ -163,3 +163,27 @@ def test_the_ranks_train_like_one_process_on_the_global_batch(runs):
     np.testing.assert_allclose(full["losses"], losses, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(full["weights"], weights, rtol=1e-4, atol=1e-5)
     assert losses[-1] < 0.8 * losses[0]  # it learns
+
+
+def test_resume_on_another_world_size_continues_the_global_stream(tmp_path):
+    """As the README says: 2 ranks of 24 checkpoint at step 7; 4 ranks of 12,
+    each loading the state with its own shard and batch size filled in, read
+    the global batches 7.. of one process with batch 48."""
+    from loaderx import from_numpy
+
+    from_numpy(tmp_path / "id", np.arange(ROWS, dtype=np.int64))
+    dataset = DenseDataset(tmp_path / "id")
+    with DataLoader({"id": dataset}, batch_size=24, mode=2, seed=SEED, shard=(1, 2), num_workers=1) as old:
+        for _ in range(7):
+            next(old)
+        old_state = old.state_dict()
+    resumed = []
+    for rank in range(4):
+        with DataLoader({"id": dataset}, batch_size=12, mode=2, seed=SEED, shard=(rank, 4), num_workers=1) as loader:
+            loader.load_state_dict({**old_state, "shard": [rank, 4], "batch_size": 12})
+            resumed.append([next(loader)["id"] for _ in range(5)])
+    with DataLoader({"id": dataset}, batch_size=48, mode=2, seed=SEED, num_workers=1) as single:
+        expected = [next(single)["id"] for _ in range(12)][7:]
+    for step in range(5):
+        np.testing.assert_array_equal(np.concatenate([resumed[rank][step] for rank in range(4)]), expected[step])
+    dataset.close()
