@@ -243,6 +243,17 @@ def test_hugging_face_dataset_in_its_row_order(tmp_path):
         from_arrow(tmp_path / "dict", datasets.DatasetDict({"train": dataset}))
 
 
+def test_hugging_face_array_with_a_free_first_dimension_is_ragged(tmp_path):
+    """Array2D((None, 3)) rows of any count become a ragged store of (3,) rows."""
+    features = datasets.Features({"v": datasets.Array2D((None, 3), "float32")})
+    records = [np.full((n, 3), n, np.float32) for n in (2, 0, 4, 1)]
+    from_arrow(tmp_path / "out", datasets.Dataset.from_dict({"v": records}, features=features), chunk_bytes=40)
+    with RaggedDataset(tmp_path / "out" / "v") as ragged:
+        assert ragged.item_shape == (3,)
+        for got, want in zip(ragged[:], records):
+            np.testing.assert_array_equal(got, want)
+
+
 # ---- errors and all-or-nothing ---------------------------------------------------------
 
 
