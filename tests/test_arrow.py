@@ -202,7 +202,8 @@ def test_parquet_files_of_another_schema_are_refused(tmp_path):
         from_arrow(tmp_path / "out", str(tmp_path / "*.nothing"))
 
 
-def hugging_face_dataset(rows: int = 40):
+def hugging_face_dataset(cache, rows: int = 40):
+    """A Dataset built locally, its cache files under ``cache`` (a tmp_path)."""
     features = datasets.Features({
         "pixels": datasets.Array2D((2, 3), "float32"),
         "input_ids": datasets.Sequence(datasets.Value("int32")),
@@ -216,14 +217,14 @@ def hugging_face_dataset(rows: int = 40):
             yield {"pixels": np.full((2, 3), i, np.float32), "input_ids": list(range(i % 9)), "text": "t" * (i % 5),
                    "label": i % 2, "pair": [i, -i]}
 
-    return datasets.Dataset.from_generator(rows_of, features=features)
+    return datasets.Dataset.from_generator(rows_of, features=features, cache_dir=str(cache))
 
 
 def test_hugging_face_dataset_in_its_row_order(tmp_path):
     """A datasets.Dataset built locally (Array2D, Sequence, ClassLabel, string)
     converts with the shape its features declare; a shuffled selection keeps
     its order, and an IterableDataset converts too."""
-    dataset = hugging_face_dataset()
+    dataset = hugging_face_dataset(tmp_path / "cache")
     assert from_arrow(tmp_path / "all", dataset, chunk_bytes=256) == 40
     columns = open_columns(tmp_path / "all")
     assert columns["pixels"].item_shape == (2, 3) and columns["pair"].item_shape == (2,)
