@@ -26,22 +26,27 @@ def _require(name: str):
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 ROWS, BATCH, WORLD, STEPS, SAVE_AT, SEED = 960, 24, 2, 40, 25, 7  # 20 steps per CYCLIC cycle
-ENVIRONMENT = dict(os.environ, OMP_NUM_THREADS="1")
+
+
+def environment(root: Path) -> dict:
+    """One thread per process, and temporary files (torchrun's log
+    directories) under the test's own directory."""
+    return dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(root))
 
 
 def common_arguments() -> list:
     return ["--rows", str(ROWS), "--batch-size", str(BATCH), "--steps", str(STEPS), "--seed", str(SEED), "--mode", "cyclic"]
 
 
-def torchrun(*args: str) -> str:
+def torchrun(root: Path, *args: str) -> str:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}",
                str(EXAMPLES / "ddp_train.py"), *common_arguments(), *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=ENVIRONMENT)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment(root))
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 
 
-def jax_processes(*args: str) -> str:
+def jax_processes(root: Path, *args: str) -> str:
     """WORLD processes of examples/jax_train.py joined through a coordinator on localhost."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -49,7 +54,7 @@ def jax_processes(*args: str) -> str:
     processes = [
         subprocess.Popen([sys.executable, str(EXAMPLES / "jax_train.py"), "--coordinator", f"127.0.0.1:{port}",
                           "--num-processes", str(WORLD), "--process-id", str(process), *common_arguments(), *args],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENVIRONMENT)
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment(root))
         for process in range(WORLD)
     ]
     outputs = []
@@ -77,8 +82,8 @@ def runs(request, tmp_path_factory):
     launch = LAUNCHERS[engine]
     root = tmp_path_factory.mktemp(engine)
     data, checkpoint = str(root / "data"), str(root / "checkpoint")
-    full = launch("--data", data, "--save-at", str(SAVE_AT), "--checkpoint", checkpoint, "--trace", str(root / "full.npz"))
-    resumed = launch("--data", data, "--checkpoint", checkpoint, "--resume", "--trace", str(root / "resumed.npz"))
+    full = launch(root, "--data", data, "--save-at", str(SAVE_AT), "--checkpoint", checkpoint, "--trace", str(root / "full.npz"))
+    resumed = launch(root, "--data", data, "--checkpoint", checkpoint, "--resume", "--trace", str(root / "resumed.npz"))
     print(full, resumed)
     return engine, data, np.load(root / "full.npz"), np.load(root / "resumed.npz")
 
