@@ -5,6 +5,7 @@ from .converter import from_iterator, from_numpy
 from .dataloader import DataLoader
 from .dataset import DenseDataset, RaggedDataset, pad
 from .sampler import Sampler
+from .streams import RaggedBatch
 from .zrecord import Zrecord, ZrecordError
 
 __version__ = "1.0.0.dev0"
@@ -13,6 +14,7 @@ __all__ = [
     "ArrayStore",
     "DataLoader",
     "DenseDataset",
+    "RaggedBatch",
     "RaggedDataset",
     "Sampler",
     "Zrecord",

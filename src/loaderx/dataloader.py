@@ -40,10 +40,15 @@ import numpy as np
 
 from .dataset import DenseDataset, RaggedDataset
 from .sampler import Sampler
+from .schedule import ElasticError, Schedule, elastic_anchor
+from .streams import RaggedBatch, reader_for
 
-__all__ = ["DataLoader", "LoaderError", "STATE_VERSION"]
+__all__ = ["DataLoader", "ElasticError", "LoaderError", "RaggedBatch", "STATE_VERSION"]
 
-STATE_VERSION = 1
+#: Version 2 added the global batch and the anchor of an elastic resume;
+#: version 1 states (no anchor) still load.
+STATE_VERSION = 2
+_STATE_VERSIONS = (1, 2)
 _CLOSE_WAIT_SECONDS = 0.5
 _STALL_CHECK_SECONDS = 1.0
 
@@ -61,37 +66,68 @@ def _identity(batch):
     return batch
 
 
-class _Batches:
-    """What every step needs: the sampler, the streams and the transform.
-    Computing a batch touches nothing mutable, so any thread may do it."""
+class _Stats:
+    """Counters a long-running loader reports through ``DataLoader.stats()``.
+    Stage times are summed over the workers (worker-seconds)."""
 
-    def __init__(self, sampler: Sampler, streams: dict, transform):
-        self.sampler = sampler
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.batches = 0
+        self.stall = 0.0
+        self.stages = {"sample": 0.0, "gather": 0.0, "transform": 0.0}
+
+    def add_stages(self, sample: float, gather: float, transform: float) -> None:
+        with self.lock:
+            self.stages["sample"] += sample
+            self.stages["gather"] += gather
+            self.stages["transform"] += transform
+
+    def add_delivered(self, stall: float) -> None:
+        with self.lock:
+            self.batches += 1
+            self.stall += stall
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            return {
+                "batches": self.batches,
+                "stall_seconds": self.stall,
+                **{f"{stage}_seconds": seconds for stage, seconds in self.stages.items()},
+            }
+
+
+class _Batches:
+    """What every step needs: the schedule, the stream readers and the
+    transform. Computing a batch touches nothing mutable but the stats
+    counters, so any thread may do it."""
+
+    def __init__(self, schedule: Schedule, streams: dict, transform, stats: _Stats):
+        self.schedule = schedule
         self.transform = transform
-        self.streams = [
-            (name, dataset, (sampler.batch_size, *dataset.item_shape), dataset.dtype)
-            for name, dataset in streams.items()
-        ]
+        self.stats = stats
+        self.readers = [(name, reader_for(dataset, schedule.sampler.batch_size)) for name, dataset in streams.items()]
 
     def allocate(self) -> list:
-        """Fresh output arrays for one batch, one per stream."""
-        return [np.empty(shape, dtype) for _, _, shape, dtype in self.streams]
+        """Fresh output arrays for one batch, one per dense stream (None for ragged)."""
+        return [reader.allocate() for _, reader in self.readers]
 
     def compute(self, step: int, indices: np.ndarray, outputs: list):
         """Batch ``step`` gathered into ``outputs`` (from ``allocate``), then
         transformed; or raises ``_StepFailure`` saying which stage failed."""
+        started = time.perf_counter()
         try:
-            self.sampler.batch(step, indices)
-            batch = {}
-            for (name, dataset, _, _), out in zip(self.streams, outputs):
-                dataset.gather_into(indices, out)
-                batch[name] = out
+            self.schedule.indices(step, indices)
+            sampled = time.perf_counter()
+            batch = {name: reader.read(indices, out) for (name, reader), out in zip(self.readers, outputs)}
         except BaseException as exc:
             raise _StepFailure(step, "reading the batch", exc) from exc
+        gathered = time.perf_counter()
         try:
-            return self.transform(batch)
+            result = self.transform(batch)
         except BaseException as exc:
             raise _StepFailure(step, "transform", exc) from exc
+        self.stats.add_stages(sampled - started, gathered - sampled, time.perf_counter() - gathered)
+        return result
 
 
 class _StepFailure(Exception):
@@ -145,7 +181,7 @@ class _Pipeline:
             thread.start()
 
     def _work(self) -> None:
-        indices = np.empty(self.batches.sampler.batch_size, dtype=np.uint64)
+        indices = np.empty(self.batches.schedule.sampler.batch_size, dtype=np.uint64)
         while True:
             with self.lock:
                 while not self.closed and self.claimed >= self.next_step + self.capacity:
@@ -189,6 +225,11 @@ class _Pipeline:
             self.space.notify()
         return batch
 
+    def queue_depth(self) -> int:
+        """Batches ready and waiting for the consumer."""
+        with self.lock:
+            return sum(slot is not None for slot in self.slots)
+
     def close(self) -> None:
         with self.lock:
             if not self.closed:
@@ -207,14 +248,17 @@ class _Pipeline:
 class DataLoader:
     """An endless iterator of batches ``transform({name: array})``.
 
-    ``streams`` is ``{name: DenseDataset}`` of equal length; every stream is
-    gathered at the same indices, so record i lines up across them. Each
-    array is ``(batch_size, *item_shape)``. ``mode`` is a ``Sampler.Mode``
-    (or its int: 0 SEQUENTIAL, 1 IID, 2 CYCLIC) and ``seed`` its seed;
-    ``shard=(rank, world_size)`` gives this process its share of every
-    global batch (``batch_size`` is the share). At most ``prefetch_size``
-    batches are in flight. Batch k is the sampler's step k for any
-    ``num_workers``; ``state_dict()`` / ``load_state_dict()`` resume exactly.
+    ``streams`` is ``{name: DenseDataset | RaggedDataset}`` of equal length;
+    every stream is gathered at the same indices, so record i lines up across
+    them. A dense stream's array is ``(batch_size, *item_shape)``, a ragged
+    stream's a ``RaggedBatch`` (flat values plus offsets). ``mode`` is a
+    ``Sampler.Mode`` (or its int: 0 SEQUENTIAL, 1 IID, 2 CYCLIC) and ``seed``
+    its seed; ``shard=(rank, world_size)`` gives this process its share of
+    every global batch (``batch_size`` is the share). At most
+    ``prefetch_size`` batches are in flight. Batch k is the sampler's step k
+    for any ``num_workers``; ``state_dict()`` / ``load_state_dict()`` resume
+    exactly, also with another world size or global batch where the mode
+    allows it (see ``load_state_dict``).
     """
 
     def __init__(self, streams, num_workers=4, batch_size=256, prefetch_size=4, mode=1, seed=42,
@@ -226,7 +270,8 @@ class DataLoader:
             raise TypeError(f"transform must be callable (a batch dict in, a batch out), got {type(transform).__name__}")
         length = len(next(iter(self._streams.values())))
         self._sampler = Sampler(length, batch_size, mode, seed=seed, shard=shard)
-        self._batches = _Batches(self._sampler, self._streams, transform)
+        self._stats = _Stats()
+        self._batches = _Batches(Schedule(self._sampler), self._streams, transform, self._stats)
         self._step = 0
         self._pipeline = None
         self._finalizer = None
@@ -244,12 +289,14 @@ class DataLoader:
             raise self._failure.loader_error() from self._failure.error
         if self._closed:
             raise RuntimeError("the DataLoader is closed: create a new one (load_state_dict resumes where this one was)")
+        started = time.perf_counter()
         try:
             batch = self._take()
         except _StepFailure as failure:
             self._failure = failure
             self.close()
             raise failure.loader_error() from failure.error
+        self._stats.add_delivered(time.perf_counter() - started)
         self._step += 1
         return batch
 
@@ -267,6 +314,50 @@ class DataLoader:
 
     def __len__(self):
         raise TypeError("a DataLoader is endless (step-based): it has no len(); count the steps you take")
+
+    # -- epochs (CYCLIC) ---------------------------------------------------------------
+
+    def _cyclic_schedule(self) -> Schedule:
+        if self._sampler.mode != Sampler.Mode.CYCLIC:
+            raise ValueError(
+                f"epochs exist in CYCLIC mode only (each cycle is one pass without replacement); "
+                f"this loader samples {self._sampler.mode.name}"
+            )
+        return self._batches.schedule
+
+    @property
+    def epoch(self) -> int:
+        """CYCLIC: the epoch (cycle) of the batch the next ``next()`` returns."""
+        return self._cyclic_schedule().epoch(self._step)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """CYCLIC: batches in a whole epoch, ``length // (batch_size * world_size)``
+        (the remaining ``length % (batch_size * world_size)`` records of each epoch
+        are dropped, different ones each epoch, so every batch is whole)."""
+        return self._cyclic_schedule().batches_per_cycle
+
+    def one_epoch(self):
+        """CYCLIC: yields the batches left in the current epoch, then stops; the
+        loader stays open, and the next call yields the next epoch."""
+        schedule = self._cyclic_schedule()
+        epoch = schedule.epoch(self._step)
+        while schedule.epoch(self._step) == epoch:
+            yield next(self)
+
+    # -- observability -------------------------------------------------------------
+
+    def stats(self) -> dict:
+        """Counters since this loader was created: ``batches`` delivered,
+        ``stall_seconds`` the consumer spent inside ``next()`` waiting,
+        ``queue_depth`` batches ready now, and ``sample_seconds``,
+        ``gather_seconds``, ``transform_seconds`` summed over the workers."""
+        pipeline = self._pipeline
+        return {
+            "step": self._step,
+            **self._stats.snapshot(),
+            "queue_depth": 0 if pipeline is None else pipeline.queue_depth(),
+        }
 
     # -- lifetime ------------------------------------------------------------------
 
@@ -303,32 +394,42 @@ class DataLoader:
             "batch_size": self._sampler.batch_size,
             "shard": _shard_key(self._sampler.shard),
             "length": self._sampler.length,
+            "global_batch": self._batches.schedule.global_batch,
+            "anchor": self._batches.schedule.anchor,
         }
 
     def load_state_dict(self, state) -> None:
         """Continues from ``state`` (from ``state_dict()``) with exactly the batch
-        that would have come next. Call it on a loader that has not started."""
+        that would have come next. Call it on a loader that has not started.
+
+        Seed, mode and length must match. The world size may differ as long as
+        the global batch (``batch_size * world_size``) is the same: the global
+        stream is then identical. A different global batch continues the same
+        global order from the exact next sample in SEQUENTIAL and CYCLIC mode
+        (elastic resume); in IID mode it raises ``ElasticError``.
+        """
         if self._pipeline is not None or self._step != 0 or self._closed:
             raise RuntimeError("load_state_dict must be called before iterating: create a new DataLoader and load the state into it")
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict from DataLoader.state_dict(), got {type(state).__name__}")
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"state has version {state.get('version')!r}; this loaderx reads version {STATE_VERSION}")
-        mine = self.state_dict()
-        missing = sorted(set(mine) - set(state))
-        if missing:
-            raise ValueError(f"state lacks {', '.join(missing)}")
-        theirs = dict(state, shard=_shard_key(state["shard"]))
+        if state.get("version") not in _STATE_VERSIONS:
+            raise ValueError(f"state has version {state.get('version')!r}; this loaderx reads versions {_STATE_VERSIONS}")
+        saved = _saved_sampler(state)
+        mine = self._sampler
         differences = [
-            f"{key}={theirs[key]!r} (this loader: {mine[key]!r})"
-            for key in ("seed", "mode", "batch_size", "shard", "length")
-            if theirs[key] != mine[key]
+            f"{key}={getattr(saved, key)!r} (this loader: {getattr(mine, key)!r})"
+            for key in ("seed", "mode", "length")
+            if getattr(saved, key) != getattr(mine, key)
         ]
         if differences:
             raise ValueError("state was saved by a differently configured DataLoader: " + ", ".join(differences))
         step = state["step"]
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise ValueError(f"state step must be a non-negative int, got {step!r}")
+        saved_schedule = Schedule(saved, state.get("anchor"))
+        _check_global_batch(state, saved_schedule)
+        anchor = elastic_anchor(saved_schedule, int(step), self._batches.schedule)
+        self._batches.schedule = Schedule(mine, anchor)
         self._step = int(step)
 
     def __repr__(self) -> str:
@@ -340,19 +441,33 @@ class DataLoader:
         )
 
 
+def _saved_sampler(state) -> Sampler:
+    """The sampler a state was saved with, rebuilt (which also validates it)."""
+    missing = sorted({"step", "seed", "mode", "batch_size", "shard", "length"} - set(state))
+    if missing:
+        raise ValueError(f"state lacks {', '.join(missing)}")
+    try:
+        return Sampler(state["length"], state["batch_size"], state["mode"], seed=state["seed"], shard=state["shard"])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"state does not describe a valid sampler: {exc}") from exc
+
+
+def _check_global_batch(state, schedule: Schedule) -> None:
+    recorded = state.get("global_batch", schedule.global_batch)
+    if recorded != schedule.global_batch:
+        raise ValueError(
+            f"state global_batch {recorded!r} is not its batch_size * world_size = {schedule.global_batch}: the state is damaged"
+        )
+
+
 def _check_streams(streams) -> dict:
     if not isinstance(streams, Mapping):
-        raise TypeError(f"streams must be a dict {{name: DenseDataset}}, got {type(streams).__name__}")
+        raise TypeError(f"streams must be a dict {{name: DenseDataset or RaggedDataset}}, got {type(streams).__name__}")
     if not streams:
-        raise ValueError("streams is empty: give at least one {name: DenseDataset}")
+        raise ValueError("streams is empty: give at least one {name: DenseDataset or RaggedDataset}")
     for name, dataset in streams.items():
-        if isinstance(dataset, RaggedDataset):
-            raise ValueError(
-                f"stream {name!r} is a RaggedDataset, but the DataLoader reads dense streams only: "
-                "store fixed-shape (padded) records with from_numpy"
-            )
-        if not isinstance(dataset, DenseDataset):
-            raise ValueError(f"stream {name!r} must be a DenseDataset, got {type(dataset).__name__}")
+        if not isinstance(dataset, (DenseDataset, RaggedDataset)):
+            raise ValueError(f"stream {name!r} must be a DenseDataset or a RaggedDataset, got {type(dataset).__name__}")
         if dataset.closed:
             raise ValueError(f"stream {name!r} is closed")
     lengths = {name: len(dataset) for name, dataset in streams.items()}
