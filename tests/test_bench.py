@@ -43,6 +43,7 @@ HEADERS = (
     "### store, cold page cache:",
     "### loader:",
     "### numpack:",
+    "### ragged:",
     "total time:",
 )
 

@@ -11,8 +11,6 @@ gather writes exactly the records' bytes, nothing is zero-filled, and
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .dataset import DenseDataset, RaggedDataset
@@ -91,20 +89,37 @@ class RaggedReader:
 
     def __init__(self, dataset: RaggedDataset):
         self.dataset = dataset
-        self.row_items = math.prod(dataset.item_shape)
+        self.row_bytes = dataset.schema.item_bytes
+        # Rows of a power-of-two size (every plain token dtype) divide by a
+        # shift and check by a mask: the generic divmod costs more than the
+        # native lengths lookup itself.
+        power_of_two = self.row_bytes > 0 and self.row_bytes & (self.row_bytes - 1) == 0
+        self.row_shift = self.row_bytes.bit_length() - 1 if power_of_two else None
 
     def allocate(self) -> None:
         return None
 
     def read(self, indices: np.ndarray, out=None) -> RaggedBatch:
         dataset = self.dataset
-        rows = dataset._row_counts(indices)
-        offsets = np.zeros(indices.size + 1, dtype=np.int64)
-        np.cumsum(rows, out=offsets[1:])
+        byte_lengths = dataset.store.lengths(indices)
+        if self.row_shift is None or np.bitwise_and(byte_lengths, np.uint64(self.row_bytes - 1)).any():
+            return self._read_generic(indices)
+        byte_offsets = np.zeros(indices.size + 1, dtype=np.uint64)
+        np.cumsum(byte_lengths, out=byte_offsets[1:])
+        offsets = np.right_shift(byte_offsets, np.uint64(self.row_shift)).astype(np.int64)
         values = np.empty((int(offsets[-1]), *dataset.item_shape), dtype=dataset.dtype)
         if values.nbytes:
-            row_bytes = self.row_items * dataset.dtype.itemsize
-            dataset.store.gather(indices, values, (offsets[:-1] * row_bytes).astype(np.uint64))
+            dataset.store.gather(indices, values, byte_offsets[:-1])
+        return RaggedBatch(values, offsets)
+
+    def _read_generic(self, indices: np.ndarray) -> RaggedBatch:
+        """Any row size (and the dataset's error for a record that is not whole rows)."""
+        dataset = self.dataset
+        offsets = np.zeros(indices.size + 1, dtype=np.int64)
+        np.cumsum(dataset._row_counts(indices), out=offsets[1:])
+        values = np.empty((int(offsets[-1]), *dataset.item_shape), dtype=dataset.dtype)
+        if values.nbytes:
+            dataset.store.gather(indices, values, (offsets[:-1] * self.row_bytes).astype(np.uint64))
         return RaggedBatch(values, offsets)
 
 
