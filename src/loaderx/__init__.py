@@ -4,6 +4,7 @@ from .arraystore import ArrayStore
 from .converter import from_iterator, from_numpy
 from .dataloader import DataLoader
 from .dataset import DenseDataset, RaggedDataset, pad
+from .packing import Packing
 from .sampler import Sampler
 from .streams import RaggedBatch
 from .zrecord import Zrecord, ZrecordError
@@ -14,6 +15,7 @@ __all__ = [
     "ArrayStore",
     "DataLoader",
     "DenseDataset",
+    "Packing",
     "RaggedBatch",
     "RaggedDataset",
     "Sampler",

@@ -41,9 +41,10 @@ import numpy as np
 from .dataset import DenseDataset, RaggedDataset
 from .sampler import Sampler
 from .schedule import ElasticError, Schedule, elastic_anchor
+from .packing import Packer, Packing
 from .streams import RaggedBatch, reader_for
 
-__all__ = ["DataLoader", "ElasticError", "LoaderError", "RaggedBatch", "STATE_VERSION"]
+__all__ = ["DataLoader", "ElasticError", "LoaderError", "Packing", "RaggedBatch", "STATE_VERSION"]
 
 #: Version 2 added the global batch and the anchor of an elastic resume;
 #: version 1 states (no anchor) still load.
@@ -101,24 +102,42 @@ class _Batches:
     transform. Computing a batch touches nothing mutable but the stats
     counters, so any thread may do it."""
 
-    def __init__(self, schedule: Schedule, streams: dict, transform, stats: _Stats):
+    def __init__(self, schedule: Schedule, streams: dict, transform, stats: _Stats, packer: Packer | None = None):
         self.schedule = schedule
         self.transform = transform
         self.stats = stats
-        self.readers = [(name, reader_for(dataset, schedule.sampler.batch_size)) for name, dataset in streams.items()]
+        self.packer = packer
+        self.readers = [] if packer else [
+            (name, reader_for(dataset, schedule.sampler.batch_size)) for name, dataset in streams.items()
+        ]
+
+    def plan(self):
+        """The packer's plan of the next step (None without packing). Called in
+        step order only: by the consumer inline, else under the pipeline lock
+        as a worker claims its step."""
+        if self.packer is None:
+            return None
+        started = time.perf_counter()
+        plan = self.packer.plan()
+        self.stats.add_stages(time.perf_counter() - started, 0.0, 0.0)
+        return plan
 
     def allocate(self) -> list:
         """Fresh output arrays for one batch, one per dense stream (None for ragged)."""
         return [reader.allocate() for _, reader in self.readers]
 
-    def compute(self, step: int, indices: np.ndarray, outputs: list):
-        """Batch ``step`` gathered into ``outputs`` (from ``allocate``), then
-        transformed; or raises ``_StepFailure`` saying which stage failed."""
-        started = time.perf_counter()
+    def compute(self, step: int, plan, indices: np.ndarray, outputs: list):
+        """Batch ``step`` (with ``plan`` from ``plan()``) gathered into ``outputs``
+        (from ``allocate``), then transformed; or raises ``_StepFailure``
+        saying which stage failed."""
+        started = sampled = time.perf_counter()
         try:
-            self.schedule.indices(step, indices)
-            sampled = time.perf_counter()
-            batch = {name: reader.read(indices, out) for (name, reader), out in zip(self.readers, outputs)}
+            if plan is not None:
+                batch = self.packer.read(plan)
+            else:
+                self.schedule.indices(step, indices)
+                sampled = time.perf_counter()
+                batch = {name: reader.read(indices, out) for (name, reader), out in zip(self.readers, outputs)}
         except BaseException as exc:
             raise _StepFailure(step, "reading the batch", exc) from exc
         gathered = time.perf_counter()
@@ -192,10 +211,16 @@ class _Pipeline:
                 self.claimed += 1
                 outputs = self.outputs[step % self.capacity]
                 self.outputs[step % self.capacity] = None
+                try:
+                    plan = self.batches.plan()
+                except BaseException as exc:
+                    plan = _StepFailure(step, "planning the batch", exc)
             try:
-                entry = (step, self.batches.compute(step, indices, outputs), None)
+                if isinstance(plan, _StepFailure):
+                    raise plan
+                entry = (step, self.batches.compute(step, plan, indices, outputs), None, plan)
             except _StepFailure as failure:
-                entry = (step, None, failure)
+                entry = (step, None, failure, None)
             with self.lock:
                 if self.closed:
                     return
@@ -204,7 +229,7 @@ class _Pipeline:
             entry = outputs = None
 
     def take(self):
-        """The next step's batch, in step order; raises ``_StepFailure``."""
+        """The next step's batch and its plan, in step order; raises ``_StepFailure``."""
         with self.lock:
             while True:
                 if self.closed:
@@ -215,7 +240,7 @@ class _Pipeline:
                     break
                 if not self.ready.wait(_STALL_CHECK_SECONDS) and not any(thread.is_alive() for thread in self.threads):
                     raise RuntimeError("the DataLoader's worker threads are gone (was the interpreter shutting down?)")
-            entry_step, batch, failure = self.slots[index]
+            entry_step, batch, failure, plan = self.slots[index]
             assert entry_step == step, (entry_step, step)
             if failure is not None:
                 raise failure
@@ -223,7 +248,7 @@ class _Pipeline:
             self.outputs[index] = self.batches.allocate()
             self.next_step = step + 1
             self.space.notify()
-        return batch
+        return batch, plan
 
     def queue_depth(self) -> int:
         """Batches ready and waiting for the consumer."""
@@ -262,7 +287,7 @@ class DataLoader:
     """
 
     def __init__(self, streams, num_workers=4, batch_size=256, prefetch_size=4, mode=1, seed=42,
-                 transform=_identity, shard=None):
+                 transform=_identity, shard=None, packing: Packing | None = None):
         self._streams = _check_streams(streams)
         self._num_workers = _count("num_workers", num_workers, minimum=0)
         self._prefetch_size = _count("prefetch_size", prefetch_size, minimum=1)
@@ -271,7 +296,9 @@ class DataLoader:
         length = len(next(iter(self._streams.values())))
         self._sampler = Sampler(length, batch_size, mode, seed=seed, shard=shard)
         self._stats = _Stats()
-        self._batches = _Batches(Schedule(self._sampler), self._streams, transform, self._stats)
+        packer = None if packing is None else Packer(_check_packing(packing, self._streams), *next(iter(self._streams.items())), self._sampler)
+        self._batches = _Batches(Schedule(self._sampler), self._streams, transform, self._stats, packer)
+        self._packing_state = None if packer is None else packer.state()
         self._step = 0
         self._pipeline = None
         self._finalizer = None
@@ -291,13 +318,15 @@ class DataLoader:
             raise RuntimeError("the DataLoader is closed: create a new one (load_state_dict resumes where this one was)")
         started = time.perf_counter()
         try:
-            batch = self._take()
+            batch, plan = self._take()
         except _StepFailure as failure:
             self._failure = failure
             self.close()
             raise failure.loader_error() from failure.error
         self._stats.add_delivered(time.perf_counter() - started)
         self._step += 1
+        if plan is not None:
+            self._packing_state = plan.state_after
         return batch
 
     next = __next__
@@ -306,7 +335,11 @@ class DataLoader:
         if self._num_workers == 0:
             if self._indices is None:
                 self._indices = np.empty(self._sampler.batch_size, dtype=np.uint64)
-            return self._batches.compute(self._step, self._indices, self._batches.allocate())
+            try:
+                plan = self._batches.plan()
+            except BaseException as exc:
+                raise _StepFailure(self._step, "planning the batch", exc) from exc
+            return self._batches.compute(self._step, plan, self._indices, self._batches.allocate()), plan
         if self._pipeline is None:
             self._pipeline = _Pipeline(self._batches, self._num_workers, self._prefetch_size, self._step)
             self._finalizer = weakref.finalize(self, self._pipeline.close)
@@ -396,6 +429,7 @@ class DataLoader:
             "length": self._sampler.length,
             "global_batch": self._batches.schedule.global_batch,
             "anchor": self._batches.schedule.anchor,
+            **({} if self._packing_state is None else {"packing": self._packing_state}),
         }
 
     def load_state_dict(self, state) -> None:
@@ -428,8 +462,16 @@ class DataLoader:
             raise ValueError(f"state step must be a non-negative int, got {step!r}")
         saved_schedule = Schedule(saved, state.get("anchor"))
         _check_global_batch(state, saved_schedule)
-        anchor = elastic_anchor(saved_schedule, int(step), self._batches.schedule)
-        self._batches.schedule = Schedule(mine, anchor)
+        packer = self._batches.packer
+        if (packer is None) != ("packing" not in state):
+            raise ValueError("state and loader disagree on packing: resume a packed loader's state with the same packing")
+        if packer is not None:
+            # The packed stream is a token position, whatever the global batch.
+            packer.load(state["packing"])
+            self._packing_state = packer.state()
+        else:
+            anchor = elastic_anchor(saved_schedule, int(step), self._batches.schedule)
+            self._batches.schedule = Schedule(mine, anchor)
         self._step = int(step)
 
     def __repr__(self) -> str:
@@ -474,6 +516,18 @@ def _check_streams(streams) -> dict:
     if len(set(lengths.values())) > 1:
         raise ValueError(f"streams must have equal lengths (record i lines up across them), got {lengths}")
     return dict(streams)
+
+
+def _check_packing(packing, streams: dict) -> Packing:
+    if not isinstance(packing, Packing):
+        raise TypeError(f"packing must be a loaderx.Packing(seq_len, strategy), got {type(packing).__name__}")
+    (name, dataset), *others = streams.items()
+    if others or not isinstance(dataset, RaggedDataset) or dataset.item_shape != ():
+        raise ValueError(
+            "packing reads one ragged stream of scalar tokens ({name: RaggedDataset of 1-D records}): "
+            f"got streams {', '.join(f'{key}: {type(value).__name__} {value.item_shape}' for key, value in streams.items())}"
+        )
+    return packing
 
 
 def _shard_key(shard):
