@@ -44,6 +44,7 @@ HEADERS = (
     "### loader:",
     "### numpack:",
     "### ragged:",
+    "### packing:",
     "total time:",
 )
 
