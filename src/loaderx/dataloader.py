@@ -41,6 +41,7 @@ import numpy as np
 from .dataset import DenseDataset, RaggedDataset
 from .sampler import Sampler
 from .schedule import ElasticError, Schedule, elastic_anchor
+from .mixing import Mixer, check_sources
 from .packing import Packer, Packing
 from .streams import RaggedBatch, reader_for
 
@@ -102,12 +103,14 @@ class _Batches:
     transform. Computing a batch touches nothing mutable but the stats
     counters, so any thread may do it."""
 
-    def __init__(self, schedule: Schedule, streams: dict, transform, stats: _Stats, packer: Packer | None = None):
+    def __init__(self, schedule: Schedule, streams: dict, transform, stats: _Stats, packer: Packer | None = None,
+                 mixer: Mixer | None = None):
         self.schedule = schedule
         self.transform = transform
         self.stats = stats
         self.packer = packer
-        self.readers = [] if packer else [
+        self.mixer = mixer
+        self.readers = [] if packer or mixer else [
             (name, reader_for(dataset, schedule.sampler.batch_size)) for name, dataset in streams.items()
         ]
 
@@ -134,6 +137,10 @@ class _Batches:
         try:
             if plan is not None:
                 batch = self.packer.read(plan)
+            elif self.mixer is not None:
+                choice, parts = self.mixer.sample(step)
+                sampled = time.perf_counter()
+                batch = self.mixer.read(choice, parts)
             else:
                 self.schedule.indices(step, indices)
                 sampled = time.perf_counter()
@@ -287,7 +294,11 @@ class DataLoader:
     """
 
     def __init__(self, streams, num_workers=4, batch_size=256, prefetch_size=4, mode=1, seed=42,
-                 transform=_identity, shard=None, packing: Packing | None = None):
+                 transform=_identity, shard=None, packing: Packing | None = None, weights=None):
+        sources = None
+        if weights is not None:
+            sources = _check_sources(streams)
+            streams = sources[0]
         self._streams = _check_streams(streams)
         self._num_workers = _count("num_workers", num_workers, minimum=0)
         self._prefetch_size = _count("prefetch_size", prefetch_size, minimum=1)
@@ -297,7 +308,10 @@ class DataLoader:
         self._sampler = Sampler(length, batch_size, mode, seed=seed, shard=shard)
         self._stats = _Stats()
         packer = None if packing is None else Packer(_check_packing(packing, self._streams), *next(iter(self._streams.items())), self._sampler)
-        self._batches = _Batches(Schedule(self._sampler), self._streams, transform, self._stats, packer)
+        if packer is not None and sources is not None:
+            raise ValueError("packing and weights do not combine yet: pack one ragged stream, or mix unpacked sources")
+        mixer = None if sources is None else Mixer(sources, weights, batch_size, mode, seed, shard)
+        self._batches = _Batches(Schedule(self._sampler), self._streams, transform, self._stats, packer, mixer)
         self._packing_state = None if packer is None else packer.state()
         self._step = 0
         self._pipeline = None
@@ -430,6 +444,8 @@ class DataLoader:
             "global_batch": self._batches.schedule.global_batch,
             "anchor": self._batches.schedule.anchor,
             **({} if self._packing_state is None else {"packing": self._packing_state}),
+            **({} if self._batches.mixer is None else {"mixing": {
+                "weights": self._batches.mixer.weights.tolist(), "lengths": self._batches.mixer.lengths}}),
         }
 
     def load_state_dict(self, state) -> None:
@@ -462,6 +478,7 @@ class DataLoader:
             raise ValueError(f"state step must be a non-negative int, got {step!r}")
         saved_schedule = Schedule(saved, state.get("anchor"))
         _check_global_batch(state, saved_schedule)
+        _check_mixing(state, self._batches.mixer, saved_schedule)
         packer = self._batches.packer
         if (packer is None) != ("packing" not in state):
             raise ValueError("state and loader disagree on packing: resume a packed loader's state with the same packing")
@@ -516,6 +533,31 @@ def _check_streams(streams) -> dict:
     if len(set(lengths.values())) > 1:
         raise ValueError(f"streams must have equal lengths (record i lines up across them), got {lengths}")
     return dict(streams)
+
+
+def _check_sources(sources) -> list[dict]:
+    if isinstance(sources, Mapping) or not isinstance(sources, (list, tuple)):
+        raise TypeError(
+            f"with weights, streams must be a list of sources (one {{name: dataset}} dict each), got {type(sources).__name__}"
+        )
+    return check_sources([_check_streams(source) for source in sources])
+
+
+def _check_mixing(state, mixer: Mixer | None, saved: Schedule) -> None:
+    """A mixed state resumes with the same sources; the weights may change."""
+    if (mixer is None) != ("mixing" not in state):
+        raise ValueError("state and loader disagree on mixing: resume a mixed loader's state with the same sources")
+    if mixer is None:
+        return
+    lengths = state["mixing"].get("lengths") if isinstance(state["mixing"], Mapping) else None
+    if lengths != mixer.lengths:
+        raise ValueError(f"state was mixed from sources of lengths {lengths!r}, this loader's are {mixer.lengths}")
+    if saved.global_batch != mixer.global_batch:
+        raise ElasticError(
+            f"a mixed state saved with global batch {saved.global_batch} cannot continue with global batch "
+            f"{mixer.global_batch}: each sample's source is keyed by (step, position in the global batch). "
+            "Keep batch_size * world_size"
+        )
 
 
 def _check_packing(packing, streams: dict) -> Packing:
