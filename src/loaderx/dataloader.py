@@ -43,6 +43,7 @@ from .sampler import Sampler
 from .schedule import ElasticError, Schedule, elastic_anchor
 from .mixing import Mixer, check_sources
 from .packing import Packer, Packing
+from .processes import ProcessTransform, check_picklable
 from .streams import RaggedBatch, reader_for
 
 __all__ = ["DataLoader", "ElasticError", "LoaderError", "Packing", "RaggedBatch", "STATE_VERSION"]
@@ -129,10 +130,11 @@ class _Batches:
         """Fresh output arrays for one batch, one per dense stream (None for ragged)."""
         return [reader.allocate() for _, reader in self.readers]
 
-    def compute(self, step: int, plan, indices: np.ndarray, outputs: list):
+    def compute(self, step: int, plan, indices: np.ndarray, outputs: list, transform=None):
         """Batch ``step`` (with ``plan`` from ``plan()``) gathered into ``outputs``
-        (from ``allocate``), then transformed; or raises ``_StepFailure``
-        saying which stage failed."""
+        (from ``allocate``), then transformed (by ``transform`` when given: a
+        worker's ``ProcessTransform``); or raises ``_StepFailure`` saying which
+        stage failed."""
         started = sampled = time.perf_counter()
         try:
             if plan is not None:
@@ -149,7 +151,7 @@ class _Batches:
             raise _StepFailure(step, "reading the batch", exc) from exc
         gathered = time.perf_counter()
         try:
-            result = self.transform(batch)
+            result = (transform or self.transform)(batch)
         except BaseException as exc:
             raise _StepFailure(step, "transform", exc) from exc
         self.stats.add_stages(sampled - started, gathered - sampled, time.perf_counter() - gathered)
@@ -188,7 +190,7 @@ class _Pipeline:
     batch, and page-faulting it in again cost about as much as the gather.
     """
 
-    def __init__(self, batches: _Batches, num_workers: int, capacity: int, first_step: int):
+    def __init__(self, batches: _Batches, num_workers: int, capacity: int, first_step: int, processes: bool = False):
         self.batches = batches
         self.capacity = capacity
         self.lock = threading.Lock()
@@ -199,14 +201,23 @@ class _Pipeline:
         self.next_step = first_step
         self.claimed = first_step
         self.closed = False
+        # With processes, each thread hands its batches to its own child.
+        self.runners = []
+        try:
+            for _ in range(num_workers if processes else 0):
+                self.runners.append(ProcessTransform(batches.transform))
+        except BaseException:
+            self._close_runners()
+            raise
         self.threads = [
-            threading.Thread(target=self._work, name=f"loaderx-worker-{number}", daemon=True)
+            threading.Thread(target=self._work, args=(self.runners[number] if processes else None,),
+                             name=f"loaderx-worker-{number}", daemon=True)
             for number in range(num_workers)
         ]
         for thread in self.threads:
             thread.start()
 
-    def _work(self) -> None:
+    def _work(self, runner) -> None:
         indices = np.empty(self.batches.schedule.sampler.batch_size, dtype=np.uint64)
         while True:
             with self.lock:
@@ -225,7 +236,7 @@ class _Pipeline:
             try:
                 if isinstance(plan, _StepFailure):
                     raise plan
-                entry = (step, self.batches.compute(step, plan, indices, outputs), None, plan)
+                entry = (step, self.batches.compute(step, plan, indices, outputs, runner), None, plan)
             except _StepFailure as failure:
                 entry = (step, None, failure, None)
             with self.lock:
@@ -257,6 +268,10 @@ class _Pipeline:
             self.space.notify()
         return batch, plan
 
+    def _close_runners(self) -> None:
+        for runner in self.runners:
+            runner.close()
+
     def queue_depth(self) -> int:
         """Batches ready and waiting for the consumer."""
         with self.lock:
@@ -270,6 +285,7 @@ class _Pipeline:
                 self.outputs = [None] * self.capacity
                 self.space.notify_all()
                 self.ready.notify_all()
+        self._close_runners()
         deadline = time.monotonic() + _CLOSE_WAIT_SECONDS
         current = threading.current_thread()
         for thread in self.threads:
@@ -294,7 +310,8 @@ class DataLoader:
     """
 
     def __init__(self, streams, num_workers=4, batch_size=256, prefetch_size=4, mode=1, seed=42,
-                 transform=_identity, shard=None, packing: Packing | None = None, weights=None):
+                 transform=_identity, shard=None, packing: Packing | None = None, weights=None,
+                 transform_processes: bool = False):
         sources = None
         if weights is not None:
             sources = _check_sources(streams)
@@ -304,6 +321,11 @@ class DataLoader:
         self._prefetch_size = _count("prefetch_size", prefetch_size, minimum=1)
         if not callable(transform):
             raise TypeError(f"transform must be callable (a batch dict in, a batch out), got {type(transform).__name__}")
+        self._processes = bool(transform_processes)
+        if self._processes:
+            if self._num_workers == 0:
+                raise ValueError("transform_processes=True runs the transform in the workers' processes: set num_workers >= 1")
+            check_picklable(transform)
         length = len(next(iter(self._streams.values())))
         self._sampler = Sampler(length, batch_size, mode, seed=seed, shard=shard)
         self._stats = _Stats()
@@ -355,7 +377,7 @@ class DataLoader:
                 raise _StepFailure(self._step, "planning the batch", exc) from exc
             return self._batches.compute(self._step, plan, self._indices, self._batches.allocate()), plan
         if self._pipeline is None:
-            self._pipeline = _Pipeline(self._batches, self._num_workers, self._prefetch_size, self._step)
+            self._pipeline = _Pipeline(self._batches, self._num_workers, self._prefetch_size, self._step, self._processes)
             self._finalizer = weakref.finalize(self, self._pipeline.close)
         return self._pipeline.take()
 
