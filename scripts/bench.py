@@ -1,6 +1,6 @@
 """loaderx benchmarks: speed reports, not tests.
 
-    python scripts/bench.py all|sampler|store|loader|numpack|ragged|packing [--quick]
+    python scripts/bench.py all|sampler|store|loader|numpack|ragged|packing|processes [--quick]
 
 Prints a machine block, then one markdown table per benchmark. Every figure
 is the median of several runs (the count is printed under each table); runs
@@ -1060,7 +1060,7 @@ def bench_loader(quick: bool) -> str:
 # The numpack table lives beside this script (it is long enough for a file).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_numpack import bench_numpack  # noqa: E402
-from bench_ragged import bench_packing, bench_ragged  # noqa: E402
+from bench_ragged import bench_packing, bench_processes, bench_ragged  # noqa: E402
 
 TABLES: dict[str, Callable[[bool], str] | None] = {
     "sampler": bench_sampler,
@@ -1069,6 +1069,7 @@ TABLES: dict[str, Callable[[bool], str] | None] = {
     "numpack": bench_numpack,
     "ragged": bench_ragged,
     "packing": bench_packing,
+    "processes": bench_processes,
 }
 
 

@@ -1,9 +1,10 @@
-"""Variable-length data: ragged gathers against dense ones of the same bytes.
+"""The DataLoader for variable-length data: ragged gathers, packing, processes.
 
     python scripts/bench_ragged.py [--quick]
 
-`bench_ragged(quick)` returns the markdown table (scripts/bench.py prints it
-as its `ragged` table). Documents are int32 token sequences with log-normal
+`bench_ragged`, `bench_packing` and `bench_processes` (quick) return the
+markdown tables scripts/bench.py prints as its `ragged`, `packing` and
+`processes` tables. For the ragged table: Documents are int32 token sequences with log-normal
 lengths (median 300, sigma 1, clipped to 1..16384); the dense store holds as
 many records of the mean length, so a batch of either moves the same bytes
 on average. Every figure is the median of interleaved runs; each reader's
@@ -196,8 +197,73 @@ def bench_packing(quick: bool) -> str:
     )
 
 
+# ---- transforms: threads vs processes ------------------------------------------------
+
+PYTHON_WORK = 20_000  # loop iterations: about 1 ms of pure Python on this machine
+
+
+def python_augment(batch: dict) -> dict:
+    """A pure-Python transform (holds the GIL throughout), about 1 ms a batch."""
+    total = 0
+    for value in range(PYTHON_WORK):
+        total += value * value % 7
+    return {"x": batch["x"], "y": batch["y"], "checksum": total}
+
+
+def _loader_seconds(directory: Path, processes: bool, workers: int, batches: int) -> float:
+    streams = {"x": DenseDataset(directory / "x"), "y": DenseDataset(directory / "y")}
+    try:
+        with DataLoader(streams, num_workers=workers, batch_size=BATCH, transform=python_augment,
+                        transform_processes=processes) as loader:
+            first = next(loader)  # starts the workers (and the processes)
+            if first["checksum"] != python_augment({"x": None, "y": None})["checksum"]:
+                raise AssertionError("the transform returned a wrong result")
+            start = time.perf_counter()
+            for _ in range(batches):
+                next(loader)
+            return (time.perf_counter() - start) / batches
+    finally:
+        for dataset in streams.values():
+            dataset.close()
+
+
+def bench_processes(quick: bool) -> str:
+    batches, runs = (20, 1) if quick else (200, 5)
+    start = time.perf_counter()
+    for _ in range(20):
+        python_augment({"x": None, "y": None})
+    transform_ms = (time.perf_counter() - start) / 20 * 1e3
+    rows = np.random.default_rng(5).random((4096, 256), dtype=np.float32)
+    configurations = [(workers, processes) for workers in (1, 2) for processes in (False, True)]
+    samples: dict = {configuration: [] for configuration in configurations}
+    with tempfile.TemporaryDirectory(prefix="loaderx-bench-processes-") as temporary:
+        directory = Path(temporary)
+        from_numpy(directory / "x", rows, codec="raw")
+        from_numpy(directory / "y", np.arange(len(rows), dtype=np.int64), codec="raw")
+        for _ in range(runs):
+            for workers, processes in configurations:
+                samples[workers, processes].append(_loader_seconds(directory, processes, workers, batches))
+    table = []
+    for workers, processes in configurations:
+        seconds = statistics.median(samples[workers, processes])
+        threads = statistics.median(samples[workers, False])
+        table.append(f"| {'processes' if processes else 'threads'} | {workers} | {1 / seconds:,.0f} | "
+                     f"{seconds * 1e3:.2f} | {threads / seconds:.2f}x |")
+    return (
+        f"### processes: a pure-Python transform of {transform_ms:.2f} ms per batch, batches of {BATCH} x "
+        "(1 KiB float32 + int64 label)\n\n"
+        "| transform in | workers | batches/s | ms / batch | vs threads |\n|---|---|---|---|---|\n"
+        + "\n".join(table) + "\n\n"
+        f"Median of {runs} interleaved runs of {batches} batches, after a first batch that starts the workers "
+        "(spawning processes takes most of a second, not timed). With processes each worker thread hands its "
+        "batch to its own child through shared memory (a copy in, a copy of the result out)."
+    )
+
+
 if __name__ == "__main__":
     quick = "--quick" in sys.argv[1:]
     print(bench_ragged(quick))
     print()
     print(bench_packing(quick))
+    print()
+    print(bench_processes(quick))

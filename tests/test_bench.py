@@ -45,6 +45,7 @@ HEADERS = (
     "### numpack:",
     "### ragged:",
     "### packing:",
+    "### processes:",
     "total time:",
 )
 
