@@ -1,10 +1,14 @@
 """The endless, step-based DataLoader: deterministic, resumable, sharded.
 
-Batch k is a pure function of the configuration and k: the sampler's
-indices at step k (``Sampler.batch``), each stream gathered at them with one
-native call into a fresh array, then ``transform``. So the k-th batch is the
-same for any ``num_workers`` and any thread timing, and a checkpoint is just
-the next step.
+Batch k is a pure function of the configuration and k: the schedule's
+indices at step k (the sampler's step k, or read on from an elastic-resume
+anchor: ``schedule.py``), each stream gathered at them with one native call
+into a fresh array (``streams.py``; with ``weights``, one per source:
+``mixing.py``), then ``transform``. So the k-th batch is the same for any
+``num_workers`` and any thread timing, and a checkpoint is just the next
+step. Packing (``packing.py``) is the one sequential stage: its plans are
+made in step order as workers claim steps, and its state, the position in
+the token stream after the last delivered batch, goes into the checkpoint.
 
 Threading model. ``num_workers`` threads claim steps in order from a shared
 counter, at most ``prefetch_size`` steps ahead of the consumer: a step is
@@ -26,7 +30,9 @@ transform returns, discarding its batch). Workers never hold a reference to
 the DataLoader itself, so dropping an unclosed loader also stops them.
 
 ``num_workers=0`` computes each batch in the consumer's thread (for
-debugging a transform).
+debugging a transform). ``transform_processes=True`` runs the transform in
+one child process per worker thread instead (``processes.py``), for Python
+transforms that hold the GIL; everything else stays in the threads.
 """
 
 from __future__ import annotations
