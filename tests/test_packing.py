@@ -151,3 +151,97 @@ def test_packing_rejects_what_it_cannot_pack(corpus, tmp_path):
         with DataLoader({"tokens": empty}, batch_size=2, packing=Packing(8)) as loader:
             with pytest.raises(RuntimeError, match="every document .* is empty"):
                 next(loader)
+
+
+# ---- first fit ---------------------------------------------------------------------------
+
+FIRST_FIT = Packing.Strategy.FIRST_FIT
+
+
+def first_fit_rows(docs, mode, seed, seq_len, window, count):
+    """The reference: the first `count` rows of first-fit over the document stream,
+    each as a list of (document, first token, tokens) pieces."""
+    open_rows, ready, chunk = [], [], 0
+    while len(ready) < count:
+        for index in Sampler(LENGTH, LENGTH, mode, seed=seed).batch(chunk).tolist():
+            for start in range(0, len(docs[index]), seq_len):
+                piece = (index, start, min(seq_len, len(docs[index]) - start))
+                row = next((row for row in open_rows if seq_len - sum(p[2] for p in row) >= piece[2]), None)
+                if row is None:
+                    row = []
+                    open_rows.append(row)
+                row.append(piece)
+                if sum(p[2] for p in row) == seq_len:
+                    open_rows.remove(row)
+                    ready.append(row)
+                elif len(open_rows) > window:
+                    ready.append(open_rows.pop(0))
+        chunk += 1
+    return ready[:count]
+
+
+def expected_first_fit(docs, rows, seq_len):
+    tokens = np.zeros((len(rows), seq_len), dtype=np.int32)
+    segment_ids = np.zeros_like(tokens)
+    positions = np.zeros_like(tokens)
+    for number, row in enumerate(rows):
+        column = 0
+        for segment, (index, start, count) in enumerate(row, 1):
+            tokens[number, column:column + count] = docs[index][start:start + count]
+            segment_ids[number, column:column + count] = segment
+            positions[number, column:column + count] = np.arange(count)
+            column += count
+    return tokens, segment_ids, positions
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("seq_len, window", [(12, 1), (32, 4), (64, 16)])
+def test_first_fit_rows_match_the_reference(corpus, mode, seq_len, window):
+    """FIRST_FIT rows are the reference first-fit's: whole documents (cut only when
+    longer than a row), padded with token 0 and segment id 0."""
+    _, docs, dataset = corpus
+    rows = first_fit_rows(docs, mode, 6, seq_len, window, 5 * 4)
+    with DataLoader({"tokens": dataset}, num_workers=2, batch_size=4, mode=mode, seed=6,
+                    packing=Packing(seq_len, FIRST_FIT, window=window)) as loader:
+        for step in range(5):
+            assert_rows(next(loader), expected_first_fit(docs, rows[step * 4:(step + 1) * 4], seq_len))
+
+
+@settings(max_examples=20, deadline=None)
+@given(stop=st.integers(0, 8), share=st.integers(1, 3), world_size=st.integers(1, 3),
+       new_share=st.integers(1, 3), new_world=st.integers(1, 3), window=st.integers(1, 6))
+def test_first_fit_resume_continues_the_rows(corpus, stop, share, world_size, new_share, new_world, window):
+    """A FIRST_FIT state (open and ready rows included) resumes exactly, with any
+    world size and batch size: the ranks continue the same row stream."""
+    _, docs, dataset = corpus
+    packing = Packing(16, FIRST_FIT, window=window)
+    with DataLoader({"tokens": dataset}, num_workers=1, batch_size=share, shard=(0, world_size), seed=1,
+                    packing=packing) as loader:
+        for _ in range(stop):
+            next(loader)
+        state = json.loads(json.dumps(loader.state_dict()))
+    done = stop * share * world_size
+    rows = first_fit_rows(docs, Sampler.Mode.IID, 1, 16, window, done + 3 * new_share * new_world)
+    for rank in range(new_world):
+        with DataLoader({"tokens": dataset}, num_workers=2, batch_size=new_share, shard=(rank, new_world), seed=1,
+                        packing=packing) as resumed:
+            resumed.load_state_dict(state)
+            for step in range(3):
+                first = done + (step * new_world + rank) * new_share
+                assert_rows(next(resumed), expected_first_fit(docs, rows[first:first + new_share], 16))
+
+
+def test_first_fit_state_is_checked(corpus):
+    """A FIRST_FIT state with another window or damaged rows is refused."""
+    _, _, dataset = corpus
+    with DataLoader({"tokens": dataset}, batch_size=2, packing=Packing(16, FIRST_FIT, window=4)) as loader:
+        next(loader)
+        state = loader.state_dict()
+    with DataLoader({"tokens": dataset}, batch_size=2, packing=Packing(16, FIRST_FIT, window=5)) as other:
+        with pytest.raises(ValueError, match="window"):
+            other.load_state_dict(state)
+    damaged = json.loads(json.dumps(state))
+    damaged["packing"]["open"] = [[1, 2]]
+    with DataLoader({"tokens": dataset}, batch_size=2, packing=Packing(16, FIRST_FIT, window=4)) as other:
+        with pytest.raises(ValueError, match="triples"):
+            other.load_state_dict(damaged)

@@ -188,6 +188,20 @@ def test_epochs_need_cyclic_mode(labels):
                 use()
 
 
+def test_packed_and_mixed_loaders_have_no_epochs(labels, tmp_path):
+    """Epochs are cycles over one dataset: a packed or mixed CYCLIC loader refuses them."""
+    from loaderx import Packing, RaggedDataset, from_iterator
+
+    from_iterator(tmp_path / "docs", [np.arange(5, dtype=np.int32)] * 60)
+    with RaggedDataset(tmp_path / "docs") as docs:
+        with DataLoader({"t": docs}, mode=CYCLIC, batch_size=4, packing=Packing(8)) as packed:
+            with pytest.raises(ValueError, match="no epochs"):
+                packed.epoch
+    with DataLoader([{"y": labels}, {"y": labels}], weights=[1, 1], mode=CYCLIC, batch_size=4) as mixed:
+        with pytest.raises(ValueError, match="no epochs"):
+            mixed.steps_per_epoch
+
+
 def test_stats_count_batches_stages_and_stalls(labels):
     """stats() counts delivered batches, consumer stall time and per-stage worker time."""
     def slow(batch):

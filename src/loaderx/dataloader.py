@@ -48,7 +48,7 @@ from .dataset import DenseDataset, RaggedDataset
 from .sampler import Sampler
 from .schedule import ElasticError, Schedule, elastic_anchor
 from .mixing import Mixer, check_sources
-from .packing import Packer, Packing
+from .packing import Packing, make_packer
 from .processes import ProcessTransform, check_picklable
 from .streams import RaggedBatch, reader_for
 
@@ -110,7 +110,7 @@ class _Batches:
     transform. Computing a batch touches nothing mutable but the stats
     counters, so any thread may do it."""
 
-    def __init__(self, schedule: Schedule, streams: dict, transform, stats: _Stats, packer: Packer | None = None,
+    def __init__(self, schedule: Schedule, streams: dict, transform, stats: _Stats, packer=None,
                  mixer: Mixer | None = None):
         self.schedule = schedule
         self.transform = transform
@@ -335,7 +335,7 @@ class DataLoader:
         length = len(next(iter(self._streams.values())))
         self._sampler = Sampler(length, batch_size, mode, seed=seed, shard=shard)
         self._stats = _Stats()
-        packer = None if packing is None else Packer(_check_packing(packing, self._streams), *next(iter(self._streams.items())), self._sampler)
+        packer = None if packing is None else make_packer(_check_packing(packing, self._streams), *next(iter(self._streams.items())), self._sampler)
         if packer is not None and sources is not None:
             raise ValueError("packing and weights do not combine yet: pack one ragged stream, or mix unpacked sources")
         mixer = None if sources is None else Mixer(sources, weights, batch_size, mode, seed, shard)
@@ -397,6 +397,11 @@ class DataLoader:
             raise ValueError(
                 f"epochs exist in CYCLIC mode only (each cycle is one pass without replacement); "
                 f"this loader samples {self._sampler.mode.name}"
+            )
+        if self._batches.packer is not None or self._batches.mixer is not None:
+            raise ValueError(
+                "a packed or mixed loader has no epochs: its batches are not whole passes over one "
+                "dataset (count steps, or the packer's position in its state_dict)"
             )
         return self._batches.schedule
 
