@@ -209,24 +209,29 @@ def bench_packing(quick: bool) -> str:
 
 # ---- transforms: threads vs processes ------------------------------------------------
 
-PYTHON_WORK = 20_000  # loop iterations: about 1 ms of pure Python on this machine
+PYTHON_WORK = {"small": 20_000, "large": 200_000}  # loop iterations: about 1 ms and 10 ms of pure Python
 
 
-def python_augment(batch: dict) -> dict:
-    """A pure-Python transform (holds the GIL throughout), about 1 ms a batch."""
-    total = 0
-    for value in range(PYTHON_WORK):
-        total += value * value % 7
-    return {"x": batch["x"], "y": batch["y"], "checksum": total}
+class PythonAugment:
+    """A pure-Python transform (holds the GIL throughout) of ``work`` loop iterations."""
+
+    def __init__(self, work: int):
+        self.work = work
+
+    def __call__(self, batch: dict) -> dict:
+        total = 0
+        for value in range(self.work):
+            total += value * value % 7
+        return {"x": batch["x"], "y": batch["y"], "checksum": total}
 
 
-def _loader_seconds(directory: Path, processes: bool, workers: int, batches: int) -> float:
+def _loader_seconds(directory: Path, transform, processes: bool, workers: int, batches: int) -> float:
     streams = {"x": DenseDataset(directory / "x"), "y": DenseDataset(directory / "y")}
     try:
-        with DataLoader(streams, num_workers=workers, batch_size=BATCH, transform=python_augment,
+        with DataLoader(streams, num_workers=workers, batch_size=BATCH, transform=transform,
                         transform_processes=processes) as loader:
             first = next(loader)  # starts the workers (and the processes)
-            if first["checksum"] != python_augment({"x": None, "y": None})["checksum"]:
+            if first["checksum"] != transform({"x": None, "y": None})["checksum"]:
                 raise AssertionError("the transform returned a wrong result")
             start = time.perf_counter()
             for _ in range(batches):
@@ -237,36 +242,45 @@ def _loader_seconds(directory: Path, processes: bool, workers: int, batches: int
             dataset.close()
 
 
-def bench_processes(quick: bool) -> str:
-    batches, runs = (20, 1) if quick else (200, 5)
+def _transform_ms(transform) -> float:
     start = time.perf_counter()
-    for _ in range(20):
-        python_augment({"x": None, "y": None})
-    transform_ms = (time.perf_counter() - start) / 20 * 1e3
+    for _ in range(10):
+        transform({"x": None, "y": None})
+    return (time.perf_counter() - start) / 10 * 1e3
+
+
+def bench_processes(quick: bool) -> str:
+    runs = 1 if quick else 5
+    batch_counts = {"small": 10, "large": 2} if quick else {"small": 200, "large": 30}
     rows = np.random.default_rng(5).random((4096, 256), dtype=np.float32)
-    configurations = [(workers, processes) for workers in (1, 2) for processes in (False, True)]
+    configurations = [(size, workers, processes) for size in PYTHON_WORK for workers in (1, 2) for processes in (False, True)]
     samples: dict = {configuration: [] for configuration in configurations}
+    transforms = {size: PythonAugment(work) for size, work in PYTHON_WORK.items()}
+    milliseconds = {size: _transform_ms(transform) for size, transform in transforms.items()}
     with tempfile.TemporaryDirectory(prefix="loaderx-bench-processes-") as temporary:
         directory = Path(temporary)
         from_numpy(directory / "x", rows, codec="raw")
         from_numpy(directory / "y", np.arange(len(rows), dtype=np.int64), codec="raw")
         for _ in range(runs):
-            for workers, processes in configurations:
-                samples[workers, processes].append(_loader_seconds(directory, processes, workers, batches))
+            for size, workers, processes in configurations:
+                samples[size, workers, processes].append(
+                    _loader_seconds(directory, transforms[size], processes, workers, batch_counts[size]))
     table = []
-    for workers, processes in configurations:
-        seconds = statistics.median(samples[workers, processes])
-        threads = statistics.median(samples[workers, False])
-        table.append(f"| {'processes' if processes else 'threads'} | {workers} | {1 / seconds:,.0f} | "
-                     f"{seconds * 1e3:.2f} | {threads / seconds:.2f}x |")
+    for size, workers, processes in configurations:
+        seconds = statistics.median(samples[size, workers, processes])
+        threads = statistics.median(samples[size, workers, False])
+        table.append(f"| {milliseconds[size]:.1f} | {'processes' if processes else 'threads'} | {workers} | "
+                     f"{1 / seconds:,.0f} | {seconds * 1e3:.2f} | {threads / seconds:.2f}x |")
     return (
-        f"### processes: a pure-Python transform of {transform_ms:.2f} ms per batch, batches of {BATCH} x "
+        f"### processes: a pure-Python transform, threads vs worker processes, batches of {BATCH} x "
         "(1 KiB float32 + int64 label)\n\n"
-        "| transform in | workers | batches/s | ms / batch | vs threads |\n|---|---|---|---|---|\n"
-        + "\n".join(table) + "\n\n"
-        f"Median of {runs} interleaved runs of {batches} batches, after a first batch that starts the workers "
-        "(spawning processes takes most of a second, not timed). With processes each worker thread hands its "
-        "batch to its own child through shared memory (a copy in, a copy of the result out)."
+        "| transform ms (alone) | transform in | workers | batches/s | ms / batch | vs threads |\n"
+        "|---|---|---|---|---|---|\n" + "\n".join(table) + "\n\n"
+        f"Median of {runs} interleaved runs of {batch_counts['small']} (small transform) or "
+        f"{batch_counts['large']} (large) batches, after a first batch that starts the workers (spawning "
+        "processes takes most of a second, not timed). `transform ms` is the transform timed alone in the "
+        "main thread before the runs. With processes each worker thread hands its batch to its own child "
+        "through shared memory (a copy in, a copy of the result out, a pipe round trip)."
     )
 
 

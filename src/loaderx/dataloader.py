@@ -45,11 +45,11 @@ from collections.abc import Mapping
 import numpy as np
 
 from .dataset import DenseDataset, RaggedDataset
-from .sampler import Sampler
-from .schedule import ElasticError, Schedule, elastic_anchor
 from .mixing import Mixer, check_sources
 from .packing import Packing, make_packer
 from .processes import ProcessTransform, check_picklable
+from .sampler import Sampler
+from .schedule import ElasticError, Schedule, elastic_anchor
 from .streams import RaggedBatch, reader_for
 
 __all__ = ["DataLoader", "ElasticError", "LoaderError", "Packing", "RaggedBatch", "STATE_VERSION"]
@@ -335,9 +335,12 @@ class DataLoader:
         length = len(next(iter(self._streams.values())))
         self._sampler = Sampler(length, batch_size, mode, seed=seed, shard=shard)
         self._stats = _Stats()
-        packer = None if packing is None else make_packer(_check_packing(packing, self._streams), *next(iter(self._streams.items())), self._sampler)
-        if packer is not None and sources is not None:
-            raise ValueError("packing and weights do not combine yet: pack one ragged stream, or mix unpacked sources")
+        packer = None
+        if packing is not None:
+            if sources is not None:
+                raise ValueError("packing and weights do not combine yet: pack one ragged stream, or mix unpacked sources")
+            name, dataset = _packed_stream(packing, self._streams)
+            packer = make_packer(packing, name, dataset, self._sampler)
         mixer = None if sources is None else Mixer(sources, weights, batch_size, mode, seed, shard)
         self._batches = _Batches(Schedule(self._sampler), self._streams, transform, self._stats, packer, mixer)
         self._packing_state = None if packer is None else packer.state()
@@ -593,7 +596,8 @@ def _check_mixing(state, mixer: Mixer | None, saved: Schedule) -> None:
         )
 
 
-def _check_packing(packing, streams: dict) -> Packing:
+def _packed_stream(packing, streams: dict) -> tuple:
+    """The one (name, RaggedDataset) a packed loader reads."""
     if not isinstance(packing, Packing):
         raise TypeError(f"packing must be a loaderx.Packing(seq_len, strategy), got {type(packing).__name__}")
     (name, dataset), *others = streams.items()
@@ -602,7 +606,7 @@ def _check_packing(packing, streams: dict) -> Packing:
             "packing reads one ragged stream of scalar tokens ({name: RaggedDataset of 1-D records}): "
             f"got streams {', '.join(f'{key}: {type(value).__name__} {value.item_shape}' for key, value in streams.items())}"
         )
-    return packing
+    return name, dataset
 
 
 def _shard_key(shard):
