@@ -4,7 +4,8 @@ A dense stream's batch is one array ``(n, *item_shape)`` filled by one native
 gather into a buffer the consumer allocated. A ragged stream's batch is a
 ``RaggedBatch``: the n records back to back in one flat array plus offsets,
 filled by one lengths lookup (the store's table, no data read) and one
-native gather with destination offsets. Flat plus offsets, not padded: the
+native gather with destination offsets, into the front of a buffer the
+consumer allocated when it fits (see ``RaggedReader.allocate``). Flat plus offsets, not padded: the
 gather writes exactly the records' bytes, nothing is zero-filled, and
 ``RaggedBatch.padded()`` pads on request.
 """
@@ -34,6 +35,15 @@ class RaggedBatch:
             raise ValueError(f"offsets must run from 0 to len(values) = {len(values)}, got {offsets!r}")
         self.values = values
         self.offsets = offsets
+
+    @classmethod
+    def _trusted(cls, values: np.ndarray, offsets: np.ndarray) -> "RaggedBatch":
+        """A batch the readers built (offsets correct by construction): no checks,
+        they cost a measurable share of a small batch."""
+        batch = cls.__new__(cls)
+        batch.values = values
+        batch.offsets = offsets
+        return batch
 
     @property
     def lengths(self) -> np.ndarray:
@@ -95,32 +105,41 @@ class RaggedReader:
         # native lengths lookup itself.
         power_of_two = self.row_bytes > 0 and self.row_bytes & (self.row_bytes - 1) == 0
         self.row_shift = self.row_bytes.bit_length() - 1 if power_of_two else None
+        self.capacity = 0
 
-    def allocate(self) -> None:
-        return None
+    def allocate(self) -> np.ndarray | None:
+        """A buffer of the largest batch seen so far (plus a quarter), or None
+        before the first. Allocated by the consumer like a dense stream's array
+        and all of one size, so malloc hands the same memory back instead of
+        fresh pages (which cost as much as the gather); a batch that does not
+        fit allocates its own and raises the size."""
+        return np.empty(self.capacity, dtype=np.uint8) if self.capacity else None
 
-    def read(self, indices: np.ndarray, out=None) -> RaggedBatch:
+    def read(self, indices: np.ndarray, out: np.ndarray | None = None) -> RaggedBatch:
         dataset = self.dataset
-        byte_lengths = dataset.store.lengths(indices)
-        if self.row_shift is None or np.bitwise_and(byte_lengths, np.uint64(self.row_bytes - 1)).any():
-            return self._read_generic(indices)
-        byte_offsets = np.zeros(indices.size + 1, dtype=np.uint64)
+        # Record lengths are far below 2^63: the int64 view is exact, and the
+        # byte offsets are handed to the gather as a uint64 view, uncopied.
+        byte_lengths = dataset.store.lengths(indices).view(np.int64)
+        byte_offsets = np.empty(indices.size + 1, dtype=np.int64)
+        byte_offsets[0] = 0
         np.cumsum(byte_lengths, out=byte_offsets[1:])
-        offsets = np.right_shift(byte_offsets, np.uint64(self.row_shift)).astype(np.int64)
-        values = np.empty((int(offsets[-1]), *dataset.item_shape), dtype=dataset.dtype)
+        if self.row_shift is None or (byte_lengths & (self.row_bytes - 1)).any():
+            offsets = np.zeros(indices.size + 1, dtype=np.int64)
+            np.cumsum(dataset._row_counts(indices), out=offsets[1:])  # raises for a record of partial rows
+        else:
+            offsets = byte_offsets >> self.row_shift if self.row_shift else byte_offsets
+        values = self._values(int(offsets[-1]), out)
         if values.nbytes:
-            dataset.store.gather(indices, values, byte_offsets[:-1])
-        return RaggedBatch(values, offsets)
+            dataset.store.gather(indices, values, byte_offsets[:-1].view(np.uint64))
+        return RaggedBatch._trusted(values, offsets)
 
-    def _read_generic(self, indices: np.ndarray) -> RaggedBatch:
-        """Any row size (and the dataset's error for a record that is not whole rows)."""
+    def _values(self, rows: int, out: np.ndarray | None) -> np.ndarray:
         dataset = self.dataset
-        offsets = np.zeros(indices.size + 1, dtype=np.int64)
-        np.cumsum(dataset._row_counts(indices), out=offsets[1:])
-        values = np.empty((int(offsets[-1]), *dataset.item_shape), dtype=dataset.dtype)
-        if values.nbytes:
-            dataset.store.gather(indices, values, (offsets[:-1] * self.row_bytes).astype(np.uint64))
-        return RaggedBatch(values, offsets)
+        size = rows * self.row_bytes
+        if out is None or out.nbytes < size:
+            self.capacity = max(self.capacity, size + size // 4)  # a benign race: any thread's bump will do
+            return np.empty((rows, *dataset.item_shape), dtype=dataset.dtype)
+        return out[:size].view(dataset.dtype).reshape(rows, *dataset.item_shape)
 
 
 def reader_for(dataset, batch_size: int):
