@@ -218,3 +218,15 @@ def test_stats_count_batches_stages_and_stalls(labels):
     assert stats["stall_seconds"] >= 0.03  # one worker at 10 ms a batch: the consumer waits
     assert stats["gather_seconds"] > 0 and stats["sample_seconds"] > 0
     assert 0 <= stats["queue_depth"] <= 2
+
+
+def test_version_1_states_still_load(labels):
+    """A state saved by the previous loader (version 1: no global_batch, no anchor) resumes exactly."""
+    with loader(labels, batch_size=10) as old:
+        [next(old) for _ in range(4)]
+        state = old.state_dict()
+        want = next(old)["y"]
+    legacy = {key: state[key] for key in ("step", "seed", "mode", "batch_size", "shard", "length")}
+    with loader(labels, batch_size=10) as resumed:
+        resumed.load_state_dict({"version": 1, **legacy})
+        np.testing.assert_array_equal(next(resumed)["y"], want)
