@@ -33,6 +33,7 @@ import os
 import pickle
 import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -236,7 +237,13 @@ def check_picklable(transform) -> None:
 
 
 class ProcessTransform:
-    """Runs ``transform`` in one child process, for one worker thread."""
+    """Runs ``transform`` in one child process, for one worker thread.
+
+    ``close`` may run on another thread while a call waits for the child: it
+    kills the child first (so the wait ends), then, under ``lock``, removes
+    the blocks; a call touches the blocks only under ``lock`` and after
+    checking ``closed``, so no block is created after close or used after
+    removal."""
 
     def __init__(self, transform):
         check_picklable(transform)
@@ -245,38 +252,56 @@ class ProcessTransform:
         self.process = context.Process(target=_child_main, args=(child, transform), name="loaderx-transform", daemon=True)
         self.process.start()
         child.close()
+        self.lock = threading.Lock()
+        self.closed = False
         self.input: _Block | None = None
         self.output: _Block | None = None
 
     def __call__(self, batch):
         arrays = _arrays(batch)
         offsets, need = _place(arrays)
-        self.input = _grown(self.input, need)
-        self.output = _grown(self.output, _ALIGN)
-        _write(arrays, offsets, self.input.map)
-        layout = _layout(batch, iter(offsets))
-        try:
-            self.connection.send(((self.input.path, self.input.size, layout), (self.output.path, self.output.size)))
-            reply = self.connection.recv()
-            if reply[0] == "grow":
+        with self.lock:
+            self._check_open()
+            self.input = _grown(self.input, need)
+            self.output = _grown(self.output, _ALIGN)
+            _write(arrays, offsets, self.input.map)
+            message = ((self.input.path, self.input.size, _layout(batch, iter(offsets))),
+                       (self.output.path, self.output.size))
+        reply = self._exchange(message)
+        if reply[0] == "grow":
+            with self.lock:
+                self._check_open()
                 self.output = _grown(self.output, reply[1])
-                self.connection.send((self.output.path, self.output.size))
-                reply = self.connection.recv()
-        except (EOFError, OSError, BrokenPipeError) as exc:
+                message = (self.output.path, self.output.size)
+            reply = self._exchange(message)
+        if reply[0] == "error":
+            raise reply[1]
+        with self.lock:
+            self._check_open()
+            return _build(reply[1], self.output.map, copy=True)
+
+    def _exchange(self, message):
+        try:
+            self.connection.send(message)
+            return self.connection.recv()
+        except (EOFError, OSError) as exc:
             raise TransformProcessError(
                 f"the transform's process ended (exit code {self.process.exitcode}): it crashed or was killed"
             ) from exc
-        if reply[0] == "error":
-            raise reply[1]
-        return _build(reply[1], self.output.map, copy=True)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise TransformProcessError("the DataLoader was closed while this batch was in its transform")
 
     def close(self) -> None:
         """Kills the child (it may be inside a stuck transform) and removes the blocks."""
         if self.process.is_alive():
             self.process.kill()
-        self.connection.close()
         self.process.join(1.0)
-        for block in (self.input, self.output):
-            if block is not None:
-                block.close(remove=True)
-        self.input = self.output = None
+        with self.lock:
+            self.closed = True
+            self.connection.close()
+            for block in (self.input, self.output):
+                if block is not None:
+                    block.close(remove=True)
+            self.input = self.output = None
