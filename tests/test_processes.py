@@ -43,6 +43,11 @@ def die_at_step_2(batch):
     return batch
 
 
+def grow_result(batch):
+    """Results larger than any block so far, growing with the step: the output block is replaced."""
+    return {"big": np.full(50_000 * (1 + int(batch["x"][0]) // 8), batch["x"][0])}
+
+
 def stuck(batch):
     time.sleep(60)
     return batch
@@ -72,7 +77,7 @@ def assert_same(got, want):
 
 def test_processes_give_the_threads_batches_and_resume_exactly(streams):
     """Processes return what threads return, step for step (dense, ragged, nested results),
-    and a state saved from a process loader resumes a thread loader exactly."""
+    and a state saved from a process loader resumes exactly; no block is left in /dev/shm."""
     before = shm_files()
     with DataLoader(streams, num_workers=1, batch_size=8, mode=0, transform=python_transform) as threads:
         want = [next(threads) for _ in range(12)]
@@ -88,7 +93,17 @@ def test_processes_give_the_threads_batches_and_resume_exactly(streams):
         resumed.load_state_dict(state)
         for a, b in zip([next(resumed) for _ in range(6)], want[6:]):
             assert_same(a, b)
-    assert shm_files() <= before  # every shared-memory block removed on close
+        assert shm_files() <= before  # blocks are unlinked as soon as they are made
+    assert shm_files() <= before
+
+
+def test_results_larger_than_the_blocks(streams):
+    """A result that outgrows the output block (several times) comes back whole."""
+    with DataLoader(streams, num_workers=1, batch_size=8, mode=0, transform=grow_result,
+                    transform_processes=True) as loader:
+        for step in range(4):
+            big = next(loader)["big"]
+            assert big.shape == (50_000 * (1 + step),) and (big == step * 8).all()
 
 
 def test_transform_errors_and_crashes_surface(streams):

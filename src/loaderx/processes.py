@@ -6,16 +6,19 @@ picklable, e.g. a module-level function). The thread samples and gathers as
 usual, then hands the batch over through two shared-memory blocks it owns:
 
 - the *input* block: the thread copies the batch's arrays into it and sends
-  the child a small message (the block's path and each array's offset, dtype
-  and shape); the child maps the block once and runs ``transform`` on views;
+  the child a small message (each array's offset, dtype and shape); the
+  child runs ``transform`` on views of the block;
 - the *output* block: the child writes the result's arrays into it and
   answers with their layout; the thread copies them out into fresh arrays.
 
 Array bytes never go through pickle or the pipe; only the layouts and any
-non-array leaves of the result (numbers, strings) do. A block too small for
-a batch is replaced by a larger one (the child is told its new path). The
-blocks are files in /dev/shm (tmpfs; the system temporary directory where
-there is none), removed when the loader closes.
+non-array leaves of the result (numbers, strings) do. A block is a file in
+/dev/shm (tmpfs; the system temporary directory where there is none)
+unlinked the moment it is created: the child receives its descriptor over
+the pipe (a Unix socket) once, and the memory goes when the last mapping
+does, so no file is left behind even when a process is killed. A block too
+small for a batch is replaced by a larger one (sent to the child the same
+way).
 
 Guarantees stay those of threads: the batch of step k is what the thread
 computed for step k, so the order and resume are unchanged; an exception in
@@ -27,6 +30,7 @@ process, which closes the loader.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import multiprocessing
 import os
@@ -35,6 +39,7 @@ import signal
 import tempfile
 import threading
 from collections.abc import Iterator
+from multiprocessing import reduction
 
 import numpy as np
 
@@ -136,43 +141,48 @@ def _write(arrays: list, offsets: list[int], buffer) -> None:
 # ---- shared-memory blocks -------------------------------------------------------------
 
 
+_block_numbers = itertools.count(1)
+
+
 class _Block:
-    """A file in /dev/shm mapped read-write; the creator removes it."""
+    """Shared memory mapped read-write: a file in /dev/shm removed as soon as it
+    is created, so nothing is left behind even if a process is killed. The
+    parent keeps its descriptor to pass to the child (over the pipe, which is
+    a Unix socket); the child maps the descriptor it receives."""
 
-    def __init__(self, size: int, path: str | None = None):
-        if path is None:
+    def __init__(self, size: int, handle: int | None = None, number: int = 0):
+        owner = handle is None
+        if owner:
             handle, path = tempfile.mkstemp(prefix="loaderx-", dir=_SHM_DIR)
-            try:
-                os.ftruncate(handle, size)
-            except BaseException:
-                os.close(handle)
-                os.unlink(path)
-                raise
-        else:
-            handle = os.open(path, os.O_RDWR)
+            os.unlink(path)
+            number = next(_block_numbers)
         try:
+            if owner:
+                os.ftruncate(handle, size)
             self.map = mmap.mmap(handle, size)
-        finally:
+        except BaseException:
             os.close(handle)
-        self.path, self.size = path, size
+            raise
+        if not owner:
+            os.close(handle)  # the mapping keeps the memory
+        self.handle = handle if owner else None
+        self.number, self.size = number, size
 
-    def close(self, remove: bool) -> None:
+    def close(self) -> None:
         try:
             self.map.close()
-        except BufferError:  # a view still exported (a result being copied): the unlink still frees it
+        except BufferError:  # a view still exported: the memory goes when it does
             pass
-        if remove:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+        if self.handle is not None:
+            os.close(self.handle)
+            self.handle = None
 
 
 def _grown(block: _Block | None, need: int) -> _Block:
     if block is not None and block.size >= need:
         return block
     if block is not None:
-        block.close(remove=True)
+        block.close()
     return _Block(max(need, 1 << 16) * 5 // 4)
 
 
@@ -183,30 +193,32 @@ def _child_main(connection, transform) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     mapped: dict[str, _Block] = {}  # role -> the parent's current block
 
-    def block(role: str, path: str, size: int) -> _Block:
+    def receive(role: str, number: int, size: int) -> None:
+        """A block the parent announced as new comes with its descriptor next."""
         current = mapped.get(role)
-        if current is None or current.path != path:
+        if current is None or current.number != number:
+            handle = reduction.recv_handle(connection)
             if current is not None:
-                current.close(remove=False)  # the parent replaced it with a larger one
-            mapped[role] = current = _Block(size, path)
-        return current
+                current.close()  # the parent replaced it with a larger one
+            mapped[role] = _Block(size, handle, number)
 
     while True:
         try:
-            message = connection.recv()
+            (input_number, input_size, layout), (output_number, output_size) = connection.recv()
+            receive("input", input_number, input_size)
+            receive("output", output_number, output_size)
         except (EOFError, OSError):
             return
-        (input_path, input_size, layout), (output_path, output_size) = message
         try:
-            batch = _build(layout, block("input", input_path, input_size).map, copy=False)
+            batch = _build(layout, mapped["input"].map, copy=False)
             result = transform(batch)
             del batch
             arrays = _arrays(result)
             offsets, need = _place(arrays)
-            if need > output_size:
+            if need > mapped["output"].size:
                 connection.send(("grow", need))
-                output_path, output_size = connection.recv()
-            _write(arrays, offsets, block("output", output_path, output_size).map)
+                receive("output", *connection.recv())
+            _write(arrays, offsets, mapped["output"].map)
             reply = ("done", _layout(result, iter(offsets)))
             del result, arrays
         except BaseException as exc:  # every failure goes back to the parent's step
@@ -256,6 +268,7 @@ class ProcessTransform:
         self.closed = False
         self.input: _Block | None = None
         self.output: _Block | None = None
+        self.sent: set[int] = set()  # numbers of the blocks the child has
 
     def __call__(self, batch):
         arrays = _arrays(batch)
@@ -265,24 +278,29 @@ class ProcessTransform:
             self.input = _grown(self.input, need)
             self.output = _grown(self.output, _ALIGN)
             _write(arrays, offsets, self.input.map)
-            message = ((self.input.path, self.input.size, _layout(batch, iter(offsets))),
-                       (self.output.path, self.output.size))
-        reply = self._exchange(message)
+            message = ((self.input.number, self.input.size, _layout(batch, iter(offsets))),
+                       (self.output.number, self.output.size))
+            reply = self._exchange(message, self.input, self.output)
         if reply[0] == "grow":
             with self.lock:
                 self._check_open()
                 self.output = _grown(self.output, reply[1])
-                message = (self.output.path, self.output.size)
-            reply = self._exchange(message)
+                reply = self._exchange((self.output.number, self.output.size), self.output)
         if reply[0] == "error":
             raise reply[1]
         with self.lock:
             self._check_open()
             return _build(reply[1], self.output.map, copy=True)
 
-    def _exchange(self, message):
+    def _exchange(self, message, *blocks: _Block):
+        """Sends ``message`` and the descriptors of the blocks the child has not
+        seen (in the order it expects them), then waits for the reply."""
         try:
             self.connection.send(message)
+            for block in blocks:
+                if block.number not in self.sent:
+                    reduction.send_handle(self.connection, block.handle, self.process.pid)
+                    self.sent.add(block.number)
             return self.connection.recv()
         except (EOFError, OSError) as exc:
             raise TransformProcessError(
@@ -303,5 +321,5 @@ class ProcessTransform:
             self.connection.close()
             for block in (self.input, self.output):
                 if block is not None:
-                    block.close(remove=True)
+                    block.close()
             self.input = self.output = None
