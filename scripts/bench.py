@@ -1,6 +1,6 @@
 """loaderx benchmarks: speed reports, not tests.
 
-    python scripts/bench.py all|sampler|store|loader|numpack [--quick]
+    python scripts/bench.py all|sampler|store|loader|numpack|ragged|packing|processes [--quick]
 
 Prints a machine block, then one markdown table per benchmark. Every figure
 is the median of several runs (the count is printed under each table); runs
@@ -1060,12 +1060,16 @@ def bench_loader(quick: bool) -> str:
 # The numpack table lives beside this script (it is long enough for a file).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_numpack import bench_numpack  # noqa: E402
+from bench_ragged import bench_packing, bench_processes, bench_ragged  # noqa: E402
 
 TABLES: dict[str, Callable[[bool], str] | None] = {
     "sampler": bench_sampler,
     "store": bench_store,
     "loader": bench_loader,
     "numpack": bench_numpack,
+    "ragged": bench_ragged,
+    "packing": bench_packing,
+    "processes": bench_processes,
 }
 
 

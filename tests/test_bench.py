@@ -43,6 +43,9 @@ HEADERS = (
     "### store, cold page cache:",
     "### loader:",
     "### numpack:",
+    "### ragged:",
+    "### packing:",
+    "### processes:",
     "total time:",
 )
 

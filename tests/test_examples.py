@@ -89,3 +89,15 @@ def test_readme_arraystore_block_runs(tmp_path, monkeypatch):
     exec(compile(block, "README ArrayStore block", "exec"), namespace)
     assert namespace["rows"].shape == (3, 10)
     assert namespace["store"].closed
+
+
+def test_readme_variable_length_block_runs(tmp_path, monkeypatch):
+    """The README's ragged / packing / mixing block runs as written."""
+    monkeypatch.chdir(tmp_path)
+    block = next(b for b in python_blocks() if "Packing(seq_len=2048)" in b)
+    namespace = {}
+    exec(compile(block, "README variable-length block", "exec"), namespace)
+    assert namespace["padded"].shape[0] == 32 and namespace["first_epoch"] == 1000 // 32 - 1
+    assert namespace["rows"]["tokens"].shape == (8, 2048)
+    assert namespace["state"]["packing"]["strategy"] == "concat"
+    assert set(namespace["sources"].tolist()) == {0, 1}

@@ -4,7 +4,9 @@ from .arraystore import ArrayStore
 from .converter import from_iterator, from_numpy
 from .dataloader import DataLoader, LoaderError
 from .dataset import DenseDataset, RaggedDataset, pad
+from .packing import Packing
 from .sampler import Sampler
+from .streams import RaggedBatch
 from .zrecord import (
     ChecksumError,
     CorruptStoreError,
@@ -34,6 +36,8 @@ __all__ = [
     "InvalidArgumentError",
     "LoaderError",
     "NoDictionaryError",
+    "Packing",
+    "RaggedBatch",
     "RaggedDataset",
     "Sampler",
     "StoreClosedError",

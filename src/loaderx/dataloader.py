@@ -1,10 +1,14 @@
 """The endless, step-based DataLoader: deterministic, resumable, sharded.
 
-Batch k is a pure function of the configuration and k: the sampler's
-indices at step k (``Sampler.batch``), each stream gathered at them with one
-native call into a fresh array, then ``transform``. So the k-th batch is the
-same for any ``num_workers`` and any thread timing, and a checkpoint is just
-the next step.
+Batch k is a pure function of the configuration and k: the schedule's
+indices at step k (the sampler's step k, or read on from an elastic-resume
+anchor: ``schedule.py``), each stream gathered at them with one native call
+into a fresh array (``streams.py``; with ``weights``, one per source:
+``mixing.py``), then ``transform``. So the k-th batch is the same for any
+``num_workers`` and any thread timing, and a checkpoint is just the next
+step. Packing (``packing.py``) is the one sequential stage: its plans are
+made in step order as workers claim steps, and its state, the position in
+the token stream after the last delivered batch, goes into the checkpoint.
 
 Threading model. ``num_workers`` threads claim steps in order from a shared
 counter, at most ``prefetch_size`` steps ahead of the consumer: a step is
@@ -26,7 +30,9 @@ transform returns, discarding its batch). Workers never hold a reference to
 the DataLoader itself, so dropping an unclosed loader also stops them.
 
 ``num_workers=0`` computes each batch in the consumer's thread (for
-debugging a transform).
+debugging a transform). ``transform_processes=True`` runs the transform in
+one child process per worker thread instead (``processes.py``), for Python
+transforms that hold the GIL; everything else stays in the threads.
 """
 
 from __future__ import annotations
@@ -39,11 +45,19 @@ from collections.abc import Mapping
 import numpy as np
 
 from .dataset import DenseDataset, RaggedDataset
+from .mixing import Mixer, check_sources
+from .packing import Packing, make_packer
+from .processes import ProcessTransform, check_picklable
 from .sampler import Sampler
+from .schedule import ElasticError, Schedule, elastic_anchor
+from .streams import RaggedBatch, reader_for
 
-__all__ = ["DataLoader", "LoaderError", "STATE_VERSION"]
+__all__ = ["DataLoader", "ElasticError", "LoaderError", "Packing", "RaggedBatch", "STATE_VERSION"]
 
-STATE_VERSION = 1
+#: Version 2 added the global batch and the anchor of an elastic resume;
+#: version 1 states (no anchor) still load.
+STATE_VERSION = 2
+_STATE_VERSIONS = (1, 2)
 _CLOSE_WAIT_SECONDS = 0.5
 _STALL_CHECK_SECONDS = 1.0
 
@@ -61,37 +75,93 @@ def _identity(batch):
     return batch
 
 
-class _Batches:
-    """What every step needs: the sampler, the streams and the transform.
-    Computing a batch touches nothing mutable, so any thread may do it."""
+class _Stats:
+    """Counters a long-running loader reports through ``DataLoader.stats()``.
+    Stage times are summed over the workers (worker-seconds)."""
 
-    def __init__(self, sampler: Sampler, streams: dict, transform):
-        self.sampler = sampler
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.batches = 0
+        self.stall = 0.0
+        self.stages = {"sample": 0.0, "gather": 0.0, "transform": 0.0}
+
+    def add_stages(self, sample: float, gather: float, transform: float) -> None:
+        with self.lock:
+            self.stages["sample"] += sample
+            self.stages["gather"] += gather
+            self.stages["transform"] += transform
+
+    def add_delivered(self, stall: float) -> None:
+        with self.lock:
+            self.batches += 1
+            self.stall += stall
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            return {
+                "batches": self.batches,
+                "stall_seconds": self.stall,
+                **{f"{stage}_seconds": seconds for stage, seconds in self.stages.items()},
+            }
+
+
+class _Batches:
+    """What every step needs: the schedule, the stream readers and the
+    transform. Computing a batch touches nothing mutable but the stats
+    counters, so any thread may do it."""
+
+    def __init__(self, schedule: Schedule, streams: dict, transform, stats: _Stats, packer=None,
+                 mixer: Mixer | None = None):
+        self.schedule = schedule
         self.transform = transform
-        self.streams = [
-            (name, dataset, (sampler.batch_size, *dataset.item_shape), dataset.dtype)
-            for name, dataset in streams.items()
+        self.stats = stats
+        self.packer = packer
+        self.mixer = mixer
+        self.readers = [] if packer or mixer else [
+            (name, reader_for(dataset, schedule.sampler.batch_size)) for name, dataset in streams.items()
         ]
 
-    def allocate(self) -> list:
-        """Fresh output arrays for one batch, one per stream."""
-        return [np.empty(shape, dtype) for _, _, shape, dtype in self.streams]
+    def plan(self):
+        """The packer's plan of the next step (None without packing). Called in
+        step order only: by the consumer inline, else under the pipeline lock
+        as a worker claims its step."""
+        if self.packer is None:
+            return None
+        started = time.perf_counter()
+        plan = self.packer.plan()
+        self.stats.add_stages(time.perf_counter() - started, 0.0, 0.0)
+        return plan
 
-    def compute(self, step: int, indices: np.ndarray, outputs: list):
-        """Batch ``step`` gathered into ``outputs`` (from ``allocate``), then
-        transformed; or raises ``_StepFailure`` saying which stage failed."""
+    def allocate(self) -> list:
+        """Fresh output arrays for one batch, one per dense stream (None for ragged)."""
+        return [reader.allocate() for _, reader in self.readers]
+
+    def compute(self, step: int, plan, indices: np.ndarray, outputs: list, transform=None):
+        """Batch ``step`` (with ``plan`` from ``plan()``) gathered into ``outputs``
+        (from ``allocate``), then transformed (by ``transform`` when given: a
+        worker's ``ProcessTransform``); or raises ``_StepFailure`` saying which
+        stage failed."""
+        started = sampled = time.perf_counter()
         try:
-            self.sampler.batch(step, indices)
-            batch = {}
-            for (name, dataset, _, _), out in zip(self.streams, outputs):
-                dataset.gather_into(indices, out)
-                batch[name] = out
+            if plan is not None:
+                batch = self.packer.read(plan)
+            elif self.mixer is not None:
+                choice, parts = self.mixer.sample(step)
+                sampled = time.perf_counter()
+                batch = self.mixer.read(choice, parts)
+            else:
+                self.schedule.indices(step, indices)
+                sampled = time.perf_counter()
+                batch = {name: reader.read(indices, out) for (name, reader), out in zip(self.readers, outputs)}
         except BaseException as exc:
             raise _StepFailure(step, "reading the batch", exc) from exc
+        gathered = time.perf_counter()
         try:
-            return self.transform(batch)
+            result = (transform or self.transform)(batch)
         except BaseException as exc:
             raise _StepFailure(step, "transform", exc) from exc
+        self.stats.add_stages(sampled - started, gathered - sampled, time.perf_counter() - gathered)
+        return result
 
 
 class _StepFailure(Exception):
@@ -126,7 +196,7 @@ class _Pipeline:
     batch, and page-faulting it in again cost about as much as the gather.
     """
 
-    def __init__(self, batches: _Batches, num_workers: int, capacity: int, first_step: int):
+    def __init__(self, batches: _Batches, num_workers: int, capacity: int, first_step: int, processes: bool = False):
         self.batches = batches
         self.capacity = capacity
         self.lock = threading.Lock()
@@ -137,15 +207,24 @@ class _Pipeline:
         self.next_step = first_step
         self.claimed = first_step
         self.closed = False
+        # With processes, each thread hands its batches to its own child.
+        self.runners = []
+        try:
+            for _ in range(num_workers if processes else 0):
+                self.runners.append(ProcessTransform(batches.transform))
+        except BaseException:
+            self._close_runners()
+            raise
         self.threads = [
-            threading.Thread(target=self._work, name=f"loaderx-worker-{number}", daemon=True)
+            threading.Thread(target=self._work, args=(self.runners[number] if processes else None,),
+                             name=f"loaderx-worker-{number}", daemon=True)
             for number in range(num_workers)
         ]
         for thread in self.threads:
             thread.start()
 
-    def _work(self) -> None:
-        indices = np.empty(self.batches.sampler.batch_size, dtype=np.uint64)
+    def _work(self, runner) -> None:
+        indices = np.empty(self.batches.schedule.sampler.batch_size, dtype=np.uint64)
         while True:
             with self.lock:
                 while not self.closed and self.claimed >= self.next_step + self.capacity:
@@ -156,10 +235,16 @@ class _Pipeline:
                 self.claimed += 1
                 outputs = self.outputs[step % self.capacity]
                 self.outputs[step % self.capacity] = None
+                try:
+                    plan = self.batches.plan()
+                except BaseException as exc:
+                    plan = _StepFailure(step, "planning the batch", exc)
             try:
-                entry = (step, self.batches.compute(step, indices, outputs), None)
+                if isinstance(plan, _StepFailure):
+                    raise plan
+                entry = (step, self.batches.compute(step, plan, indices, outputs, runner), None, plan)
             except _StepFailure as failure:
-                entry = (step, None, failure)
+                entry = (step, None, failure, None)
             with self.lock:
                 if self.closed:
                     return
@@ -168,7 +253,7 @@ class _Pipeline:
             entry = outputs = None
 
     def take(self):
-        """The next step's batch, in step order; raises ``_StepFailure``."""
+        """The next step's batch and its plan, in step order; raises ``_StepFailure``."""
         with self.lock:
             while True:
                 if self.closed:
@@ -179,7 +264,7 @@ class _Pipeline:
                     break
                 if not self.ready.wait(_STALL_CHECK_SECONDS) and not any(thread.is_alive() for thread in self.threads):
                     raise RuntimeError("the DataLoader's worker threads are gone (was the interpreter shutting down?)")
-            entry_step, batch, failure = self.slots[index]
+            entry_step, batch, failure, plan = self.slots[index]
             assert entry_step == step, (entry_step, step)
             if failure is not None:
                 raise failure
@@ -187,7 +272,16 @@ class _Pipeline:
             self.outputs[index] = self.batches.allocate()
             self.next_step = step + 1
             self.space.notify()
-        return batch
+        return batch, plan
+
+    def _close_runners(self) -> None:
+        for runner in self.runners:
+            runner.close()
+
+    def queue_depth(self) -> int:
+        """Batches ready and waiting for the consumer."""
+        with self.lock:
+            return sum(slot is not None for slot in self.slots)
 
     def close(self) -> None:
         with self.lock:
@@ -197,6 +291,7 @@ class _Pipeline:
                 self.outputs = [None] * self.capacity
                 self.space.notify_all()
                 self.ready.notify_all()
+        self._close_runners()
         deadline = time.monotonic() + _CLOSE_WAIT_SECONDS
         current = threading.current_thread()
         for thread in self.threads:
@@ -207,26 +302,48 @@ class _Pipeline:
 class DataLoader:
     """An endless iterator of batches ``transform({name: array})``.
 
-    ``streams`` is ``{name: DenseDataset}`` of equal length; every stream is
-    gathered at the same indices, so record i lines up across them. Each
-    array is ``(batch_size, *item_shape)``. ``mode`` is a ``Sampler.Mode``
-    (or its int: 0 SEQUENTIAL, 1 IID, 2 CYCLIC) and ``seed`` its seed;
-    ``shard=(rank, world_size)`` gives this process its share of every
-    global batch (``batch_size`` is the share). At most ``prefetch_size``
-    batches are in flight. Batch k is the sampler's step k for any
-    ``num_workers``; ``state_dict()`` / ``load_state_dict()`` resume exactly.
+    ``streams`` is ``{name: DenseDataset | RaggedDataset}`` of equal length;
+    every stream is gathered at the same indices, so record i lines up across
+    them. A dense stream's array is ``(batch_size, *item_shape)``, a ragged
+    stream's a ``RaggedBatch`` (flat values plus offsets). ``mode`` is a
+    ``Sampler.Mode`` (or its int: 0 SEQUENTIAL, 1 IID, 2 CYCLIC) and ``seed``
+    its seed; ``shard=(rank, world_size)`` gives this process its share of
+    every global batch (``batch_size`` is the share). At most
+    ``prefetch_size`` batches are in flight. Batch k is the sampler's step k
+    for any ``num_workers``; ``state_dict()`` / ``load_state_dict()`` resume
+    exactly, also with another world size or global batch where the mode
+    allows it (see ``load_state_dict``).
     """
 
     def __init__(self, streams, num_workers=4, batch_size=256, prefetch_size=4, mode=1, seed=42,
-                 transform=_identity, shard=None):
+                 transform=_identity, shard=None, packing: Packing | None = None, weights=None,
+                 transform_processes: bool = False):
+        sources = None
+        if weights is not None:
+            sources = _check_sources(streams)
+            streams = sources[0]
         self._streams = _check_streams(streams)
         self._num_workers = _count("num_workers", num_workers, minimum=0)
         self._prefetch_size = _count("prefetch_size", prefetch_size, minimum=1)
         if not callable(transform):
             raise TypeError(f"transform must be callable (a batch dict in, a batch out), got {type(transform).__name__}")
+        self._processes = bool(transform_processes)
+        if self._processes:
+            if self._num_workers == 0:
+                raise ValueError("transform_processes=True runs the transform in the workers' processes: set num_workers >= 1")
+            check_picklable(transform)
         length = len(next(iter(self._streams.values())))
         self._sampler = Sampler(length, batch_size, mode, seed=seed, shard=shard)
-        self._batches = _Batches(self._sampler, self._streams, transform)
+        self._stats = _Stats()
+        packer = None
+        if packing is not None:
+            if sources is not None:
+                raise ValueError("packing and weights do not combine yet: pack one ragged stream, or mix unpacked sources")
+            name, dataset = _packed_stream(packing, self._streams)
+            packer = make_packer(packing, name, dataset, self._sampler)
+        mixer = None if sources is None else Mixer(sources, weights, batch_size, mode, seed, shard)
+        self._batches = _Batches(Schedule(self._sampler), self._streams, transform, self._stats, packer, mixer)
+        self._packing_state = None if packer is None else packer.state()
         self._step = 0
         self._pipeline = None
         self._finalizer = None
@@ -244,15 +361,19 @@ class DataLoader:
             raise self._failure.loader_error() from self._failure.error
         if self._closed:
             raise RuntimeError("the DataLoader is closed: create a new one (load_state_dict resumes where this one was)")
+        started = time.perf_counter()
         try:
-            batch = self._take()
+            batch, plan = self._take()
         except _StepFailure as failure:
             self.close()
             if not isinstance(failure.error, Exception):
                 raise failure.error  # KeyboardInterrupt, SystemExit: not a batch failure, so not a LoaderError
             self._failure = failure
             raise failure.loader_error() from failure.error
+        self._stats.add_delivered(time.perf_counter() - started)
         self._step += 1
+        if plan is not None:
+            self._packing_state = plan.state_after
         return batch
 
     next = __next__
@@ -261,9 +382,13 @@ class DataLoader:
         if self._num_workers == 0:
             if self._indices is None:
                 self._indices = np.empty(self._sampler.batch_size, dtype=np.uint64)
-            return self._batches.compute(self._step, self._indices, self._batches.allocate())
+            try:
+                plan = self._batches.plan()
+            except BaseException as exc:
+                raise _StepFailure(self._step, "planning the batch", exc) from exc
+            return self._batches.compute(self._step, plan, self._indices, self._batches.allocate()), plan
         if self._pipeline is None:
-            self._pipeline = _Pipeline(self._batches, self._num_workers, self._prefetch_size, self._step)
+            self._pipeline = _Pipeline(self._batches, self._num_workers, self._prefetch_size, self._step, self._processes)
             self._finalizer = weakref.finalize(self, self._pipeline.close)
         return self._pipeline.take()
 
@@ -275,6 +400,55 @@ class DataLoader:
 
     def __len__(self):
         raise TypeError("a DataLoader is endless (step-based): it has no len(); count the steps you take")
+
+    # -- epochs (CYCLIC) ---------------------------------------------------------------
+
+    def _cyclic_schedule(self) -> Schedule:
+        if self._sampler.mode != Sampler.Mode.CYCLIC:
+            raise ValueError(
+                f"epochs exist in CYCLIC mode only (each cycle is one pass without replacement); "
+                f"this loader samples {self._sampler.mode.name}"
+            )
+        if self._batches.packer is not None or self._batches.mixer is not None:
+            raise ValueError(
+                "a packed or mixed loader has no epochs: its batches are not whole passes over one "
+                "dataset (count steps, or the packer's position in its state_dict)"
+            )
+        return self._batches.schedule
+
+    @property
+    def epoch(self) -> int:
+        """CYCLIC: the epoch (cycle) of the batch the next ``next()`` returns."""
+        return self._cyclic_schedule().epoch(self._step)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """CYCLIC: batches in a whole epoch, ``length // (batch_size * world_size)``
+        (the remaining ``length % (batch_size * world_size)`` records of each epoch
+        are dropped, different ones each epoch, so every batch is whole)."""
+        return self._cyclic_schedule().batches_per_cycle
+
+    def one_epoch(self):
+        """CYCLIC: yields the batches left in the current epoch, then stops; the
+        loader stays open, and the next call yields the next epoch."""
+        schedule = self._cyclic_schedule()
+        epoch = schedule.epoch(self._step)
+        while schedule.epoch(self._step) == epoch:
+            yield next(self)
+
+    # -- observability -------------------------------------------------------------
+
+    def stats(self) -> dict:
+        """Counters since this loader was created: ``batches`` delivered,
+        ``stall_seconds`` the consumer spent inside ``next()`` waiting,
+        ``queue_depth`` batches ready now, and ``sample_seconds``,
+        ``gather_seconds``, ``transform_seconds`` summed over the workers."""
+        pipeline = self._pipeline
+        return {
+            "step": self._step,
+            **self._stats.snapshot(),
+            "queue_depth": 0 if pipeline is None else pipeline.queue_depth(),
+        }
 
     # -- lifetime ------------------------------------------------------------------
 
@@ -311,32 +485,54 @@ class DataLoader:
             "batch_size": self._sampler.batch_size,
             "shard": _shard_key(self._sampler.shard),
             "length": self._sampler.length,
+            "global_batch": self._batches.schedule.global_batch,
+            "anchor": self._batches.schedule.anchor,
+            **({} if self._packing_state is None else {"packing": self._packing_state}),
+            **({} if self._batches.mixer is None else {"mixing": {
+                "weights": self._batches.mixer.weights.tolist(), "lengths": self._batches.mixer.lengths}}),
         }
 
     def load_state_dict(self, state) -> None:
         """Continues from ``state`` (from ``state_dict()``) with exactly the batch
-        that would have come next. Call it on a loader that has not started."""
+        that would have come next. Call it on a loader that has not started.
+
+        Seed, mode and length must match. The world size may differ as long as
+        the global batch (``batch_size * world_size``) is the same: the global
+        stream is then identical. A different global batch continues the same
+        global order from the exact next sample in SEQUENTIAL and CYCLIC mode
+        (elastic resume); in IID mode it raises ``ElasticError``.
+        """
         if self._pipeline is not None or self._step != 0 or self._closed:
             raise RuntimeError("load_state_dict must be called before iterating: create a new DataLoader and load the state into it")
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a dict from DataLoader.state_dict(), got {type(state).__name__}")
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"state has version {state.get('version')!r}; this loaderx reads version {STATE_VERSION}")
-        mine = self.state_dict()
-        missing = sorted(set(mine) - set(state))
-        if missing:
-            raise ValueError(f"state lacks {', '.join(missing)}")
-        theirs = dict(state, shard=_shard_key(state["shard"]))
+        if state.get("version") not in _STATE_VERSIONS:
+            raise ValueError(f"state has version {state.get('version')!r}; this loaderx reads versions {_STATE_VERSIONS}")
+        saved = _saved_sampler(state)
+        mine = self._sampler
         differences = [
-            f"{key}={theirs[key]!r} (this loader: {mine[key]!r})"
-            for key in ("seed", "mode", "batch_size", "shard", "length")
-            if theirs[key] != mine[key]
+            f"{key}={getattr(saved, key)!r} (this loader: {getattr(mine, key)!r})"
+            for key in ("seed", "mode", "length")
+            if getattr(saved, key) != getattr(mine, key)
         ]
         if differences:
             raise ValueError("state was saved by a differently configured DataLoader: " + ", ".join(differences))
         step = state["step"]
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
             raise ValueError(f"state step must be a non-negative int, got {step!r}")
+        saved_schedule = Schedule(saved, state.get("anchor"))
+        _check_global_batch(state, saved_schedule)
+        _check_mixing(state, self._batches.mixer, saved_schedule)
+        packer = self._batches.packer
+        if (packer is None) != ("packing" not in state):
+            raise ValueError("state and loader disagree on packing: resume a packed loader's state with the same packing")
+        if packer is not None:
+            # The packed stream is a token position, whatever the global batch.
+            packer.load(state["packing"])
+            self._packing_state = packer.state()
+        else:
+            anchor = elastic_anchor(saved_schedule, int(step), self._batches.schedule)
+            self._batches.schedule = Schedule(mine, anchor)
         self._step = int(step)
 
     def __repr__(self) -> str:
@@ -348,25 +544,77 @@ class DataLoader:
         )
 
 
+def _saved_sampler(state) -> Sampler:
+    """The sampler a state was saved with, rebuilt (which also validates it)."""
+    missing = sorted({"step", "seed", "mode", "batch_size", "shard", "length"} - set(state))
+    if missing:
+        raise ValueError(f"state lacks {', '.join(missing)}")
+    try:
+        return Sampler(state["length"], state["batch_size"], state["mode"], seed=state["seed"], shard=state["shard"])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"state does not describe a valid sampler: {exc}") from exc
+
+
+def _check_global_batch(state, schedule: Schedule) -> None:
+    recorded = state.get("global_batch", schedule.global_batch)
+    if recorded != schedule.global_batch:
+        raise ValueError(
+            f"state global_batch {recorded!r} is not its batch_size * world_size = {schedule.global_batch}: the state is damaged"
+        )
+
+
 def _check_streams(streams) -> dict:
     if not isinstance(streams, Mapping):
-        raise TypeError(f"streams must be a dict {{name: DenseDataset}}, got {type(streams).__name__}")
+        raise TypeError(f"streams must be a dict {{name: DenseDataset or RaggedDataset}}, got {type(streams).__name__}")
     if not streams:
-        raise ValueError("streams is empty: give at least one {name: DenseDataset}")
+        raise ValueError("streams is empty: give at least one {name: DenseDataset or RaggedDataset}")
     for name, dataset in streams.items():
-        if isinstance(dataset, RaggedDataset):
-            raise ValueError(
-                f"stream {name!r} is a RaggedDataset, but the DataLoader reads dense streams only: "
-                "store fixed-shape (padded) records with from_numpy"
-            )
-        if not isinstance(dataset, DenseDataset):
-            raise ValueError(f"stream {name!r} must be a DenseDataset, got {type(dataset).__name__}")
+        if not isinstance(dataset, (DenseDataset, RaggedDataset)):
+            raise ValueError(f"stream {name!r} must be a DenseDataset or a RaggedDataset, got {type(dataset).__name__}")
         if dataset.closed:
             raise ValueError(f"stream {name!r} is closed")
     lengths = {name: len(dataset) for name, dataset in streams.items()}
     if len(set(lengths.values())) > 1:
         raise ValueError(f"streams must have equal lengths (record i lines up across them), got {lengths}")
     return dict(streams)
+
+
+def _check_sources(sources) -> list[dict]:
+    if isinstance(sources, Mapping) or not isinstance(sources, (list, tuple)):
+        raise TypeError(
+            f"with weights, streams must be a list of sources (one {{name: dataset}} dict each), got {type(sources).__name__}"
+        )
+    return check_sources([_check_streams(source) for source in sources])
+
+
+def _check_mixing(state, mixer: Mixer | None, saved: Schedule) -> None:
+    """A mixed state resumes with the same sources; the weights may change."""
+    if (mixer is None) != ("mixing" not in state):
+        raise ValueError("state and loader disagree on mixing: resume a mixed loader's state with the same sources")
+    if mixer is None:
+        return
+    lengths = state["mixing"].get("lengths") if isinstance(state["mixing"], Mapping) else None
+    if lengths != mixer.lengths:
+        raise ValueError(f"state was mixed from sources of lengths {lengths!r}, this loader's are {mixer.lengths}")
+    if saved.global_batch != mixer.global_batch:
+        raise ElasticError(
+            f"a mixed state saved with global batch {saved.global_batch} cannot continue with global batch "
+            f"{mixer.global_batch}: each sample's source is keyed by (step, position in the global batch). "
+            "Keep batch_size * world_size"
+        )
+
+
+def _packed_stream(packing, streams: dict) -> tuple:
+    """The one (name, RaggedDataset) a packed loader reads."""
+    if not isinstance(packing, Packing):
+        raise TypeError(f"packing must be a loaderx.Packing(seq_len, strategy), got {type(packing).__name__}")
+    (name, dataset), *others = streams.items()
+    if others or not isinstance(dataset, RaggedDataset) or dataset.item_shape != ():
+        raise ValueError(
+            "packing reads one ragged stream of scalar tokens ({name: RaggedDataset of 1-D records}): "
+            f"got streams {', '.join(f'{key}: {type(value).__name__} {value.item_shape}' for key, value in streams.items())}"
+        )
+    return name, dataset
 
 
 def _shard_key(shard):

@@ -1,0 +1,166 @@
+"""Which records step k reads: the sampler's global stream, read from an anchor.
+
+A loader's global stream is a sequence of *positions*; every global batch
+reads the next ``G = batch_size * world_size`` of them, and rank r reads its
+share ``[r * b, (r + 1) * b)`` of each batch. What a position is depends on
+the mode:
+
+- SEQUENTIAL: a sample count P; the index is ``P mod length``.
+- CYCLIC: a pair (cycle, offset); the index is the offset's image under the
+  cycle's permutation, which depends on the seed, the cycle and the length,
+  not on the batch size or the world size. A batch never straddles two
+  cycles: when fewer than G positions remain in a cycle they are dropped.
+- IID: no positions; draw j of step k is keyed by (seed, k, j), so only the
+  step carries over.
+
+A fresh loader reads the native sampler's step k at step k. An *anchor*
+(step, position) says that step ``anchor.step`` reads from that position on:
+an elastic resume sets one when the global batch changes, so the new loader
+continues the same global order at the exact position the old one stopped.
+Steps past the anchor are still a pure function of the step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from .sampler import Sampler
+
+__all__ = ["Schedule", "ElasticError"]
+
+_CYCLIC = Sampler.Mode.CYCLIC
+_SEQUENTIAL = Sampler.Mode.SEQUENTIAL
+
+
+class ElasticError(ValueError):
+    """A state cannot be continued exactly with this loader's configuration."""
+
+
+class Schedule:
+    """Step -> this rank's record indices, for one sampler and one anchor."""
+
+    def __init__(self, sampler: Sampler, anchor: dict | None = None):
+        self.sampler = sampler
+        self.length = sampler.length
+        self.rank, self.world_size = sampler.shard
+        self.global_batch = sampler.batch_size * self.world_size
+        self.anchor = None if anchor is None else _check_anchor(anchor, sampler.mode, self.length)
+        self._chunk_samplers: dict[int, Sampler] = {}
+
+    # -- positions -----------------------------------------------------------------
+
+    @property
+    def batches_per_cycle(self) -> int:
+        """CYCLIC: whole global batches in a cycle (the rest of a cycle is dropped)."""
+        return self.length // self.global_batch
+
+    def position(self, step: int) -> dict:
+        """Where the global stream stands before batch ``step``: ``{"cycle",
+        "offset"}`` (CYCLIC: the samples of the cycle read so far, which may
+        leave less than a batch) or ``{"position"}`` (SEQUENTIAL: a sample
+        count modulo length); ``{}`` for IID."""
+        mode = self.sampler.mode
+        if mode == _CYCLIC:
+            if step == (0 if self.anchor is None else self.anchor["step"]):
+                return {"cycle": 0, "offset": 0} if self.anchor is None else {
+                    "cycle": self.anchor["cycle"], "offset": self.anchor["offset"]}
+            # Just past the last batch read: a short tail is dropped only when
+            # the next batch is read, so another global batch may still use it.
+            cycle, offset = self._cyclic(step - 1)
+            return {"cycle": cycle, "offset": offset + self.global_batch}
+        if mode == _SEQUENTIAL:
+            return {"position": self._sequential(step)}
+        return {}
+
+    def _since_anchor(self, step: int) -> int:
+        since = step - self.anchor["step"]
+        if since < 0:
+            raise ValueError(f"step {step} comes before this loader's resume point {self.anchor['step']}")
+        return since
+
+    def _cyclic(self, step: int) -> tuple[int, int]:
+        if self.anchor is None:
+            return divmod(step, self.batches_per_cycle)[0], (step % self.batches_per_cycle) * self.global_batch
+        since = self._since_anchor(step)
+        # The anchor's cycle continues from its offset while whole batches fit.
+        left = (self.length - self.anchor["offset"]) // self.global_batch
+        if since < left:
+            return self.anchor["cycle"], self.anchor["offset"] + since * self.global_batch
+        cycles, batch = divmod(since - left, self.batches_per_cycle)
+        return self.anchor["cycle"] + 1 + cycles, batch * self.global_batch
+
+    def _sequential(self, step: int) -> int:
+        start = 0 if self.anchor is None else self.anchor["position"]
+        since = step if self.anchor is None else self._since_anchor(step)
+        return (start + since * self.global_batch) % self.length
+
+    def epoch(self, step: int) -> int:
+        """CYCLIC: the cycle global batch ``step`` belongs to."""
+        return self._cyclic(step)[0]
+
+    # -- indices -------------------------------------------------------------------
+
+    def indices(self, step: int, out: np.ndarray) -> np.ndarray:
+        """This rank's indices of global batch ``step``, written into ``out``."""
+        if self.anchor is None or self.sampler.mode not in (_CYCLIC, _SEQUENTIAL):
+            return self.sampler.batch(step, out)
+        share = self.sampler.batch_size
+        if self.sampler.mode == _SEQUENTIAL:
+            start = (self._sequential(step) + self.rank * share) % self.length
+            np.add(np.arange(share, dtype=np.uint64), np.uint64(start), out=out)
+            return np.remainder(out, np.uint64(self.length), out=out)
+        cycle, offset = self._cyclic(step)
+        if offset % self.global_batch == 0:  # aligned: the sharded native step itself
+            return self.sampler.batch(cycle * self.batches_per_cycle + offset // self.global_batch, out)
+        return self._cyclic_positions(cycle, offset + self.rank * share, out)
+
+    def _cyclic_positions(self, cycle: int, first: int, out: np.ndarray) -> np.ndarray:
+        """Positions ``first..first + len(out)`` of ``cycle``'s permutation, read
+        in chunks of g = gcd(first, len(out)) through an unsharded sampler of
+        batch g, whose step s reads positions ``(s mod (length // g)) * g``
+        on of cycle ``s // (length // g)``: the same permutation, since it
+        depends on the seed, cycle and length only."""
+        chunk = math.gcd(first, out.size)
+        sampler = self._chunk_samplers.get(chunk)
+        if sampler is None:
+            sampler = Sampler(self.length, chunk, _CYCLIC, seed=self.sampler.seed)
+            self._chunk_samplers[chunk] = sampler
+        base = cycle * (self.length // chunk) + first // chunk
+        for part in range(out.size // chunk):
+            sampler.batch(base + part, out[part * chunk:(part + 1) * chunk])
+        return out
+
+
+def _check_anchor(anchor, mode, length: int) -> dict:
+    if not isinstance(anchor, Mapping):
+        raise ValueError(f"state anchor must be a dict or None, got {type(anchor).__name__}")
+    keys = {"step", "cycle", "offset"} if mode == _CYCLIC else {"step", "position"}
+    if mode not in (_CYCLIC, _SEQUENTIAL) or set(anchor) != keys:
+        raise ValueError(f"state anchor {dict(anchor)!r} does not fit mode {Sampler.Mode(mode).name}")
+    values = {key: anchor[key] for key in keys}
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"state anchor {key} must be a non-negative int, got {value!r}")
+    # A cycle's offset may equal the length (the cycle read to its end).
+    bound = values["offset"] if mode == _CYCLIC else values["position"] + 1
+    if bound > length:
+        raise ValueError(f"state anchor {dict(anchor)!r} points past the dataset length {length}")
+    return {key: int(value) for key, value in values.items()}
+
+
+def elastic_anchor(saved: Schedule, step: int, target: Schedule) -> dict | None:
+    """The anchor that makes ``target`` read, from ``step`` on, what ``saved``
+    would have read next; ElasticError where that cannot be exact."""
+    if saved.global_batch == target.global_batch:
+        return saved.anchor
+    mode = saved.sampler.mode
+    if mode not in (_CYCLIC, _SEQUENTIAL):
+        raise ElasticError(
+            f"an IID state saved with global batch {saved.global_batch} cannot continue with global batch "
+            f"{target.global_batch}: IID draws are keyed by (step, position in the global batch), so no other "
+            "global batch reproduces the stream. Keep batch_size * world_size, or start a new stream with a new seed"
+        )
+    return {"step": step, **saved.position(step)}
