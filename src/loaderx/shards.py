@@ -145,7 +145,8 @@ def commit(dataset_dir, shard_count: int | None = None) -> int:
     be numbered ``0..n-1`` without gaps. Every shard must have the first
     shard's schema (kind, dtype, item shape, codec). Committing again after
     writing more shards extends the dataset; committed shards keep their
-    place. Leftover temporary directories of failed writers are removed.
+    place. A damaged manifest is rewritten from the shards. Leftover
+    temporary directories of failed writers are removed.
     """
     dataset_dir = os.fspath(dataset_dir)
     if not os.path.isdir(dataset_dir):
@@ -154,7 +155,12 @@ def commit(dataset_dir, shard_count: int | None = None) -> int:
     names = [shard_name(number) for number in numbers]
     schema, rows = _inspect_shards(dataset_dir, names)
     if is_sharded(dataset_dir):
-        _check_extends(dataset_dir, read_manifest(dataset_dir), names, rows)
+        try:
+            old = read_manifest(dataset_dir)
+        except ManifestError:
+            old = None  # damaged: rewriting it from the shards is the remedy
+        if old is not None:
+            _check_extends(dataset_dir, old, names, rows)
     _remove_temporaries(dataset_dir)
     write_file_atomic(os.path.join(dataset_dir, MANIFEST_FILE), _pack_manifest(schema, names, rows))
     return sum(rows)
@@ -410,9 +416,10 @@ class ShardedStore:
         if shard_schema != self.schema:
             raise ManifestError(f"'{self.path}': shard {name!r} holds {shard_schema.describe()}, but the manifest says {self.schema.describe()}")
         store = Zrecord(path, codec=self.schema.codec, verify=self._verify, threads=self._threads)
-        if len(store) != count:
+        held = len(store)
+        if held != count:
             store.close()
-            raise ManifestError(f"'{self.path}': shard {name!r} holds {len(store)} records but the manifest says {count}: the shard or the manifest was changed after commit")
+            raise ManifestError(f"'{self.path}': shard {name!r} holds {held} records but the manifest says {count}: the shard or the manifest was changed after commit")
         return store
 
     # -- lifetime: native calls run between _enter and _leave, so close()
