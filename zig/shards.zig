@@ -11,6 +11,7 @@ const std = @import("std");
 const assert = std.debug.assert;
 const status = @import("status.zig");
 const codec = @import("codec.zig");
+const format = @import("format.zig");
 const Store = @import("store.zig").Store;
 const Error = status.Error;
 
@@ -18,6 +19,10 @@ const allocator = std.heap.c_allocator;
 
 /// A manifest lists at most this many shards (loaderx.shards checks it too).
 pub const shard_count_max: u64 = 1 << 20;
+
+/// The batch size at which a store's own gather goes parallel (codec.zig's
+/// inline limit): groups this large on average are left to their stores.
+const group_bytes_parallel: u64 = 256 * 1024;
 
 pub const Shards = struct {
     stores: []*Store,
@@ -99,7 +104,14 @@ pub const Shards = struct {
             .target = target,
             .record_bytes = if (target_offsets == null) record_bytes else null,
         };
-        codec.parallelFor(plan.groups.len, target.len, shards.threads, &job, GatherJob.run);
+        // Many small groups are spread over the threads, each gathered inline
+        // by its store; a few large ones go one after another, each spread by
+        // its own store, so the pool is not entered from inside the pool.
+        if (plan.groups.len > 0 and target.len / plan.groups.len >= group_bytes_parallel) {
+            job.run(0, plan.groups.len);
+        } else {
+            codec.parallelFor(plan.groups.len, target.len, shards.threads, &job, GatherJob.run);
+        }
         try job.failure.check();
     }
 
@@ -224,7 +236,13 @@ const GatherJob = struct {
         const store = job.shards.stores[group.shard];
         const locals = job.plan.locals[group.start..group.end];
         const offsets = job.plan.offsets[group.start..group.end];
-        if (job.record_bytes) |record_bytes| try checkLengths(store, locals, record_bytes);
+        if (job.record_bytes) |record_bytes| {
+            // A fixed layout holds every record at one length, so only an
+            // indexed shard needs its records' lengths checked one by one.
+            const info = store.info();
+            const fixed = info.layout == @intFromEnum(format.Layout.fixed) and info.record_bytes == record_bytes;
+            if (!fixed) try checkLengths(store, locals, record_bytes);
+        }
         try store.gather(locals, job.target, offsets);
     }
 };
