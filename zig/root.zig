@@ -9,7 +9,7 @@ const store_module = @import("store.zig");
 
 /// Bumped whenever the ABI or the on-disk format changes; `_native.py`
 /// refuses a library whose version differs from the one it was written for.
-pub const abi_version: u32 = 1;
+pub const abi_version: u32 = 2;
 
 export fn lx_version() u32 {
     return abi_version;

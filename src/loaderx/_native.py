@@ -10,7 +10,7 @@ from pathlib import Path
 
 import cffi
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 _HERE = Path(__file__).resolve().parent
 _LIBRARY = _HERE / "libloaderx.so"

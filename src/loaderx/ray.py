@@ -60,7 +60,7 @@ def write_dataset(dataset: "ray.data.Dataset", path, columns=None, codec="zstd",
     in all columns (run the same pipeline again); a committed column is
     never overwritten.
     """
-    path = os.fspath(path)
+    path = os.path.abspath(os.fspath(path))  # Ray workers run in another directory
     names = list(columns) if columns is not None else list(dataset.columns())
     if not names:
         raise ValueError("the dataset has no columns to write")
@@ -166,7 +166,7 @@ def column_records(column: "pa.ChunkedArray", name: str) -> tuple:
         if not records:
             raise ValueError(f"column {name!r} is an empty variable-shaped tensor column: its dtype is unknown")
         return records, None
-    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind) or pa.types.is_temporal(kind):
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
         return column.to_numpy(), None
     raise TypeError(f"column {name!r} has Arrow type {kind}, which loaderx cannot store: convert it to numbers, lists of numbers, strings or binary")
 
@@ -200,7 +200,7 @@ class LoaderxDatasource(Datasource):
     read task gathers a contiguous range of rows from every column."""
 
     def __init__(self, path, columns=None):
-        self.path = os.fspath(path)
+        self.path = os.path.abspath(os.fspath(path))  # read tasks run in another directory
         self.columns = _column_paths(self.path, columns)
         self.row_count, self.row_bytes = _measure(self.columns)
 
