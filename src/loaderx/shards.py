@@ -42,7 +42,7 @@ import numpy as np
 from ._files import fsync_dir, write_file_atomic
 from ._native import check, ffi, lib
 from .dataset import SCHEMA_FILE, Schema, read_schema
-from .zrecord import StoreClosedError, Zrecord, _raise_index_error_or_check, _u64, _write_buffer, as_indices
+from .zrecord import StoreClosedError, Zrecord, _raise_index_error_or_check, _u64, as_indices, gather_arguments
 
 __all__ = [
     "MANIFEST_FILE",
@@ -473,20 +473,13 @@ class ShardedStore:
     def gather(self, idxs, dst, offsets=None) -> None:
         """Decodes global records ``idxs`` into ``dst`` at byte ``offsets[k]``,
         or at ``k * L`` when all records are ``L`` bytes long (dense)."""
-        indices = as_indices(idxs)
-        target, target_bytes = _write_buffer(dst, "dst")
-        offsets_pointer, record_bytes = ffi.NULL, self.schema.item_bytes
-        if offsets is not None:
-            target_offsets = np.ascontiguousarray(np.asarray(offsets), dtype=np.uint64)
-            if target_offsets.shape != indices.shape:
-                raise ValueError(f"gather got {indices.size} indices but {target_offsets.size} offsets")
-            offsets_pointer = _u64(target_offsets)
+        indices, target, target_bytes, offsets_pointer = gather_arguments(idxs, dst, offsets)
         if indices.size == 0:
             return
         handle = self._enter()
         try:
-            status = lib.lx_shards_gather(handle, _u64(indices), indices.size, ffi.cast("uint8_t *", target),
-                                          target_bytes, offsets_pointer, record_bytes)
+            status = lib.lx_shards_gather(handle, _u64(indices), indices.size, target, target_bytes,
+                                          offsets_pointer, self.schema.item_bytes)
         finally:
             self._leave()
         if status:

@@ -134,6 +134,20 @@ def _offsets(offsets, source_bytes: int) -> np.ndarray:
     return array
 
 
+def gather_arguments(idxs, dst, offsets) -> tuple:
+    """A gather's checked arguments: uint64 indices, the target pointer and
+    its bytes, and the target offsets (NULL: records back to back)."""
+    indices = as_indices(idxs)
+    target, target_bytes = _write_buffer(dst, "dst")
+    offsets_pointer = ffi.NULL
+    if offsets is not None:
+        target_offsets = np.ascontiguousarray(np.asarray(offsets), dtype=np.uint64)
+        if target_offsets.shape != indices.shape:
+            raise ValueError(f"gather got {indices.size} indices but {target_offsets.size} offsets")
+        offsets_pointer = _u64(target_offsets)
+    return indices, ffi.cast("uint8_t *", target), target_bytes, offsets_pointer
+
+
 def _u64(array: np.ndarray):
     return ffi.cast("uint64_t *", ffi.from_buffer(array)) if array.size else ffi.NULL
 
@@ -231,21 +245,12 @@ class Zrecord:
         Without ``offsets`` the records must share one length L and land at
         ``k * L``. Raises IndexError for an index outside ``0..len-1``.
         """
-        indices = as_indices(idxs)
-        target, target_bytes = _write_buffer(dst, "dst")
-        offsets_pointer = ffi.NULL
-        if offsets is not None:
-            target_offsets = np.ascontiguousarray(np.asarray(offsets), dtype=np.uint64)
-            if target_offsets.shape != indices.shape:
-                raise ValueError(f"gather got {indices.size} indices but {target_offsets.size} offsets")
-            offsets_pointer = _u64(target_offsets)
+        indices, target, target_bytes, offsets_pointer = gather_arguments(idxs, dst, offsets)
         if indices.size == 0:
             return
         handle = self._enter()
         try:
-            status = lib.lx_store_gather(
-                handle, _u64(indices), indices.size, ffi.cast("uint8_t *", target), target_bytes, offsets_pointer,
-            )
+            status = lib.lx_store_gather(handle, _u64(indices), indices.size, target, target_bytes, offsets_pointer)
         finally:
             self._leave()
         if status:
