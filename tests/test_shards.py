@@ -283,3 +283,21 @@ def test_readme_sharded_block_runs(tmp_path, monkeypatch):
     block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if 'shards.write_shard("sharded"' in b)
     exec(compile(block, "README sharded block", "exec"), {})
     assert shards.is_sharded(tmp_path / "sharded")
+
+
+def test_the_native_handle_refuses_rows_its_stores_do_not_hold(tmp_path):
+    """lx_shards_open checks the row ranges against the stores it borrows,
+    whatever the Python side passes."""
+    from loaderx._native import ZrecordError, check, ffi, lib
+
+    write_split(tmp_path / "d", np.arange(10), [0, 4, 10])
+    with DenseDataset(tmp_path / "d") as dataset:
+        handles = ffi.new("lx_store *[]", [shard._handle for shard in dataset.store.shards])
+        out = ffi.new("lx_shards **")
+        for starts, message in (([0, 5, 10], "shard 0 is listed with rows 0..5 but holds 4"),
+                                ([1, 4, 10], "starting at 0"),
+                                ([0, 4, 3], "shard 1 is listed with rows 4..3")):
+            row_starts = np.array(starts, dtype=np.uint64)
+            with pytest.raises(ZrecordError, match=message):
+                check(lib.lx_shards_open(handles, ffi.cast("uint64_t *", ffi.from_buffer(row_starts)), 2, 0, out))
+            assert out[0] == ffi.NULL
