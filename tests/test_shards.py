@@ -301,3 +301,20 @@ def test_the_native_handle_refuses_rows_its_stores_do_not_hold(tmp_path):
             with pytest.raises(ZrecordError, match=message):
                 check(lib.lx_shards_open(handles, ffi.cast("uint64_t *", ffi.from_buffer(row_starts)), 2, 0, out))
             assert out[0] == ffi.NULL
+
+
+def test_a_damaged_ragged_shard_is_named_when_lengths_are_read(tmp_path):
+    """A verified length lookup over a damaged shard names the shard and the record."""
+    records = [np.arange(n, dtype=np.int64) for n in range(1, 41)]
+    for k in range(4):
+        shards.write_shard(tmp_path / "r", k, records[k * 10 : (k + 1) * 10])
+    shards.commit(tmp_path / "r")
+    shard = tmp_path / "r" / shards.shard_name(1)
+    target = next(shard / name for name in os.listdir(shard) if name.startswith("data-"))
+    payload = bytearray(target.read_bytes())
+    payload[-3] ^= 0xFF  # inside the last record of shard 1
+    target.write_bytes(bytes(payload))
+    with RaggedDataset(tmp_path / "r", verify=True) as dataset:
+        with pytest.raises(ChecksumError, match=r"shard 1: record 9: checksum mismatch"):
+            dataset.row_counts()
+        np.testing.assert_array_equal(dataset[0], records[0])

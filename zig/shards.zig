@@ -123,8 +123,12 @@ pub const Shards = struct {
         defer plan.deinit();
         for (plan.groups) |group| {
             const part = plan.offsets[group.start..group.end];
-            shards.stores[group.shard].lengths(plan.locals[group.start..group.end], part) catch |err|
-                return status.fail(err, "shard {d}: {s}", .{ group.shard, status.message() });
+            shards.stores[group.shard].lengths(plan.locals[group.start..group.end], part) catch |err| {
+                // The message is copied out before it is rewritten with the shard's number.
+                var failure: Failure = .{};
+                failure.set(err, group.shard);
+                return failure.check();
+            };
         }
         for (plan.positions, plan.offsets) |position, length| out[position] = length;
     }
