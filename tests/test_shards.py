@@ -318,3 +318,14 @@ def test_a_damaged_ragged_shard_is_named_when_lengths_are_read(tmp_path):
         with pytest.raises(ChecksumError, match=r"shard 1: record 9: checksum mismatch"):
             dataset.row_counts()
         np.testing.assert_array_equal(dataset[0], records[0])
+
+
+def test_large_records_are_gathered_in_pieces_across_threads(tmp_path):
+    """Records of 96 KiB: a shard's run of a batch is cut into pieces of two
+    records spread over the threads, and every record still lands in place."""
+    array = np.random.default_rng(3).integers(0, 1 << 30, (90, 24576), dtype=np.int32)
+    write_split(tmp_path / "d", array, [0, 7, 80, 90], codec="raw")
+    picks = np.random.default_rng(4).integers(0, 90, 200)
+    with DenseDataset(tmp_path / "d") as dataset:
+        np.testing.assert_array_equal(dataset[picks], array[picks])
+        np.testing.assert_array_equal(dataset[10:75], array[10:75])

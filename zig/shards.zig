@@ -20,9 +20,10 @@ const allocator = std.heap.c_allocator;
 /// A manifest lists at most this many shards (loaderx.shards checks it too).
 pub const shard_count_max: u64 = 1 << 20;
 
-/// The batch size at which a store's own gather goes parallel (codec.zig's
-/// inline limit): groups this large on average are left to their stores.
-const group_bytes_parallel: u64 = 256 * 1024;
+/// Below this many bytes a store's own gather runs inline (codec.zig's
+/// limit): dense pieces are cut smaller, so a store called from a worker
+/// thread does not enter the pool again.
+const store_inline_bytes: u64 = 256 * 1024;
 
 pub const Shards = struct {
     stores: []*Store,
@@ -103,15 +104,11 @@ pub const Shards = struct {
             .plan = &plan,
             .target = target,
             .record_bytes = if (target_offsets == null) record_bytes else null,
+            .piece_records = if (target_offsets == null and record_bytes > 0) @max(1, (store_inline_bytes - 1) / record_bytes) else std.math.maxInt(usize),
         };
-        // Many small groups are spread over the threads, each gathered inline
-        // by its store; a few large ones go one after another, each spread by
-        // its own store, so the pool is not entered from inside the pool.
-        if (plan.groups.len > 0 and target.len / plan.groups.len >= group_bytes_parallel) {
-            job.run(0, plan.groups.len);
-        } else {
-            codec.parallelFor(plan.groups.len, target.len, shards.threads, &job, GatherJob.run);
-        }
+        // Split by records, not by shards, so every thread gets an even share
+        // however the batch falls into shards.
+        codec.parallelFor(plan.positions.len, target.len, shards.threads, &job, GatherJob.run);
         try job.failure.check();
     }
 
@@ -190,6 +187,19 @@ const Plan = struct {
         return plan;
     }
 
+    /// The group holding sorted record `record` (< positions.len).
+    fn groupAt(plan: *const Plan, record: usize) usize {
+        assert(record < plan.positions.len);
+        var low: usize = 0;
+        var high: usize = plan.groups.len;
+        while (high - low > 1) {
+            const middle = low + (high - low) / 2;
+            if (plan.groups[middle].start <= record) low = middle else high = middle;
+        }
+        assert(plan.groups[low].start <= record and record < plan.groups[low].end);
+        return low;
+    }
+
     fn deinit(plan: *Plan) void {
         allocator.free(plan.positions.ptr[0 .. 3 * plan.positions.len]);
         allocator.free(plan.groups);
@@ -228,18 +238,28 @@ const GatherJob = struct {
     target: []u8,
     /// Set when records land at `k * record_bytes`: each must be that long.
     record_bytes: ?u64,
+    piece_records: usize,
     failure: Failure = .{},
 
+    /// Gathers sorted records `first..last`: each run of one shard, in
+    /// pieces of at most `piece_records`, is one call of that store.
     fn run(job: *GatherJob, first: u64, last: u64) void {
-        for (job.plan.groups[first..last]) |group| {
-            job.gatherGroup(group) catch |err| job.failure.set(err, group.shard);
+        const end_all: usize = @intCast(last);
+        var start: usize = @intCast(first);
+        var group_index = job.plan.groupAt(start);
+        while (start < end_all) {
+            const group = job.plan.groups[group_index];
+            const end = @min(end_all, group.end, start + @min(job.piece_records, end_all - start));
+            job.gatherPiece(group.shard, start, end) catch |err| job.failure.set(err, group.shard);
+            start = end;
+            if (start == group.end) group_index += 1;
         }
     }
 
-    fn gatherGroup(job: *GatherJob, group: Plan.Group) Error!void {
-        const store = job.shards.stores[group.shard];
-        const locals = job.plan.locals[group.start..group.end];
-        const offsets = job.plan.offsets[group.start..group.end];
+    fn gatherPiece(job: *GatherJob, shard: usize, start: usize, end: usize) Error!void {
+        const store = job.shards.stores[shard];
+        const locals = job.plan.locals[start..end];
+        const offsets = job.plan.offsets[start..end];
         if (job.record_bytes) |record_bytes| {
             // A fixed layout holds every record at one length, so only an
             // indexed shard needs its records' lengths checked one by one.
@@ -285,5 +305,6 @@ test "a plan groups a batch by shard and keeps the caller's positions" {
     try std.testing.expectEqualSlices(u64, &.{ 0, 1, 2, 3, 0 }, plan.locals);
     try std.testing.expectEqual(@as(usize, 3), plan.groups.len);
     try std.testing.expectEqual(@as(usize, 3), plan.groups[2].start);
+    for ([_]usize{ 0, 0, 1, 2, 2 }, 0..) |group, record| try std.testing.expectEqual(group, plan.groupAt(record));
     try std.testing.expectError(error.IndexOutOfRange, Plan.make(&shards, &.{9}));
 }
