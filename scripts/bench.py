@@ -336,6 +336,36 @@ def _loaderx(codec: str) -> tuple[Callable, Callable]:
     return write, open_
 
 
+SHARD_COUNT = 64
+
+
+def _loaderx_sharded(codec: str) -> tuple[Callable, Callable]:
+    """The rows split into SHARD_COUNT shards of one sharded dataset, read as
+    one through its store (the same level as `_loaderx`'s Zrecord.gather)."""
+
+    def write(directory: Path, rows: np.ndarray) -> None:
+        from loaderx import shards
+
+        bounds = np.linspace(0, len(rows), SHARD_COUNT + 1).astype(np.int64)
+        for k in range(SHARD_COUNT):
+            shards.write_shard(directory / "sharded", k, rows[bounds[k] : bounds[k + 1]], codec=codec)
+        shards.commit(directory / "sharded")
+
+    def open_(directory: Path, rows: np.ndarray) -> Opened:
+        from loaderx import DenseDataset
+
+        dataset = DenseDataset(directory / "sharded")
+        out = np.empty((BATCH_SIZE, RECORD_FLOATS), dtype=np.float32)
+
+        def read(indices: np.ndarray) -> np.ndarray:
+            dataset.store.gather(indices, out)
+            return out
+
+        return read, dataset.close
+
+    return write, open_
+
+
 def _write_npy(directory: Path, rows: np.ndarray) -> None:
     np.save(directory / "rows.npy", rows)
 
@@ -510,6 +540,8 @@ def store_contenders() -> list[StoreContender]:
         StoreContender("loaderx raw", ("loaderx",), "-e .", *ours[0]),
         StoreContender("loaderx zstd", ("loaderx",), "-e .", *ours[1]),
         StoreContender("loaderx zstd_dict", ("loaderx",), "-e .", *ours[2]),
+        StoreContender(f"loaderx raw, {SHARD_COUNT} shards", ("loaderx",), "-e .", *_loaderx_sharded("raw")),
+        StoreContender(f"loaderx zstd, {SHARD_COUNT} shards", ("loaderx",), "-e .", *_loaderx_sharded("zstd")),
         StoreContender("npy-mmap", (), "", _write_npy, _open_npy),
         StoreContender("hdf5", ("h5py",), "h5py", _write_hdf5(None), _open_hdf5),
         StoreContender("hdf5-gzip", ("h5py",), "h5py", _write_hdf5("gzip"), _open_hdf5),
@@ -528,7 +560,7 @@ def store_contenders() -> list[StoreContender]:
 
 # The contenders of the cold-cache table: stores a loader reads through the
 # page cache, whose pages fadvise can drop once the store is closed.
-COLD_CONTENDERS = ("loaderx raw", "loaderx zstd", "npy-mmap")
+COLD_CONTENDERS = ("loaderx raw", "loaderx zstd", f"loaderx zstd, {SHARD_COUNT} shards", "npy-mmap")
 
 
 @dataclass
@@ -687,7 +719,7 @@ def bench_store(quick: bool) -> str:
         table_rows = [_store_row(result, rows.nbytes, batch_count) for result in results]
     failures = [f"FAILED: {result.contender.name}: {result.failure}" for result in results if result.failure]
     table = markdown_table(["store", "write MiB/s", "gather MiB/s", "ms / batch", "on disk", "ratio"], table_rows)
-    notes = "\n".join(skipped + failures)
+    notes = "\n".join(skipped + failures + _sharded_ratios(results))
     return (
         f"### store: {count:,} records of {RECORD_BYTES // 1024} KiB (float32, zstd-compressible ~1.3x), "
         f"{batch_count} random batches of {BATCH_SIZE}, warm page cache\n\n{table}\n\n"
@@ -702,6 +734,17 @@ def bench_store(quick: bool) -> str:
         "Chunked stores keep one record per chunk; zarr and TensorStore shard them 1000 to a file."
         f"\n\n{cold_note}"
     )
+
+
+def _sharded_ratios(results: list[StoreResult]) -> list[str]:
+    """Lines comparing each sharded dataset's gather with its single store's."""
+    seconds = {result.contender.name: statistics.median(result.read_seconds) for result in results if result.read_seconds and not result.failure}
+    lines = []
+    for codec in ("raw", "zstd"):
+        single, sharded = f"loaderx {codec}", f"loaderx {codec}, {SHARD_COUNT} shards"
+        if single in seconds and sharded in seconds:
+            lines.append(f"{sharded} gathers at {seconds[single] / seconds[sharded]:.2f}x the speed of one {codec} store (median runs).")
+    return lines
 
 
 def _cold_table(results: list[StoreResult], rows: np.ndarray, batches: np.ndarray, runs: int) -> str:

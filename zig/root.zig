@@ -232,3 +232,44 @@ test {
     _ = @import("commit.zig");
     _ = @import("testing/simulation.zig");
 }
+
+// ---- sharded datasets ------------------------------------------------------
+
+const shards_module = @import("shards.zig");
+const Shards = shards_module.Shards;
+
+/// A read handle over `shard_count` open stores, shard s holding global rows
+/// `row_starts[s]..row_starts[s + 1]`. It borrows the stores: close it first.
+export fn lx_shards_open(stores: [*]const *Store, row_starts: [*]const u64, shard_count: u64, threads: u32, out: *?*Shards) c_int {
+    out.* = null;
+    if (shard_count > shards_module.shard_count_max) return result(status.fail(error.InvalidArgument, "too many shards ({d})", .{shard_count}));
+    out.* = Shards.create(stores[0..shard_count], row_starts[0 .. shard_count + 1], threads) catch |err| return result(err);
+    return 0;
+}
+
+export fn lx_shards_close(shards: *Shards) void {
+    shards.destroy();
+}
+
+export fn lx_shards_gather(
+    shards: *Shards,
+    indices: ?[*]const u64,
+    count: u64,
+    target: ?[*]u8,
+    target_bytes: u64,
+    target_offsets: ?[*]const u64,
+    record_bytes: u64,
+) c_int {
+    const target_slice: []u8 = if (target_bytes == 0) &.{} else target.?[0..target_bytes];
+    const offsets: ?[]const u64 = if (target_offsets) |pointer| pointer[0..count] else null;
+    return result(shards.gather(slice(u64, indices, count), target_slice, offsets, record_bytes));
+}
+
+export fn lx_shards_lengths(shards: *Shards, indices: ?[*]const u64, count: u64, out: ?[*]u64) c_int {
+    const out_slice: []u64 = if (count == 0) &.{} else out.?[0..count];
+    return result(shards.lengths(slice(u64, indices, count), out_slice));
+}
+
+test {
+    _ = shards_module;
+}

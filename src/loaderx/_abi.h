@@ -78,3 +78,19 @@ typedef struct {
 uint64_t lx_sampler_config_bytes(void);
 int lx_sampler_batch(const lx_sampler_config *config, uint64_t step,
                      uint64_t *target, uint64_t target_count);
+
+/* ---- sharded datasets (zig/shards.zig) -------------------------------- */
+
+/* Borrows `shard_count` open stores; shard s holds global rows
+ * row_starts[s]..row_starts[s + 1] (shard_count + 1 entries). */
+typedef struct lx_shards lx_shards;
+
+int lx_shards_open(lx_store *const *stores, const uint64_t *row_starts,
+                   uint64_t shard_count, uint32_t threads, lx_shards **out);
+void lx_shards_close(lx_shards *shards);
+int lx_shards_gather(lx_shards *shards, const uint64_t *indices, uint64_t count,
+                     uint8_t *target, uint64_t target_bytes,
+                     const uint64_t *target_offsets /* NULL: k * record_bytes */,
+                     uint64_t record_bytes);
+int lx_shards_lengths(lx_shards *shards, const uint64_t *indices, uint64_t count,
+                      uint64_t *out);

@@ -234,13 +234,21 @@ class _Dataset:
     _kind = ""
 
     def __init__(self, path, verify: bool = False, threads: int = 0):
+        from .shards import ShardedStore, is_sharded  # shards builds on this module
+
         self.path = os.fspath(path)
-        self._schema = open_schema(self.path, self._kind)
+        if is_sharded(self.path):
+            # A sharded dataset reads like one store: ShardedStore has the
+            # read side of Zrecord, over one global index space.
+            self._store = ShardedStore(self.path, self._kind, verify=verify, threads=threads)
+            self._schema = self._store.schema
+        else:
+            self._schema = open_schema(self.path, self._kind)
+            self._store = Zrecord(self.path, codec=self._schema.codec, verify=verify, threads=threads)
         self.dtype = self._schema.dtype
         self.item_shape = self._schema.item_shape
         self.codec = self._schema.codec
         self._item_bytes = self._schema.item_bytes
-        self._store = Zrecord(self.path, codec=self.codec, verify=verify, threads=threads)
         self._store._reopen_hint = f"{type(self).__name__}(path)"
         self._options = (verify, threads)
 
@@ -254,8 +262,9 @@ class _Dataset:
         return self._schema
 
     @property
-    def store(self) -> Zrecord:
-        """The underlying record store (read it, do not write through it)."""
+    def store(self):
+        """The underlying record store, a ``Zrecord`` or for a sharded dataset
+        a ``loaderx.shards.ShardedStore`` (read it, do not write through it)."""
         return self._store
 
     def __len__(self) -> int:

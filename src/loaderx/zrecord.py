@@ -158,6 +158,44 @@ def _offsets(offsets, source_bytes: int) -> np.ndarray:
     return array
 
 
+def gather_arguments(idxs, dst, offsets, lengths) -> tuple:
+    """A gather's checked arguments: uint64 indices, the target pointer and
+    its bytes, and the target offsets (NULL: records back to back), whose
+    ranges must not overlap (``lengths`` gives the records' lengths)."""
+    indices = as_indices(idxs)
+    target, target_bytes = _write_buffer(dst, "dst")
+    offsets_pointer = ffi.NULL
+    if offsets is not None:
+        target_offsets = np.ascontiguousarray(np.asarray(offsets), dtype=np.uint64)
+        if target_offsets.shape != indices.shape:
+            raise InvalidArgumentError(f"gather got {indices.size} indices but {target_offsets.size} offsets")
+        if indices.size > 1:
+            _check_disjoint(lengths(indices), indices, target_offsets)
+        offsets_pointer = _u64(target_offsets)
+    return indices, ffi.cast("uint8_t *", target), target_bytes, offsets_pointer
+
+
+def _check_disjoint(lengths: np.ndarray, indices: np.ndarray, starts: np.ndarray) -> None:
+    """DestinationOverlapError when two records' destination ranges overlap (the second
+    would overwrite the first). Sorts only offsets that are not already
+    increasing; empty records write nothing and never overlap."""
+    positions = np.flatnonzero(lengths)
+    starts, ends = starts[positions], starts[positions] + lengths[positions]
+    if starts.size > 1 and np.any(starts[1:] < starts[:-1]):
+        order = np.argsort(starts, kind="stable")
+        positions, starts, ends = positions[order], starts[order], ends[order]
+    # Sorted by start, a range overlapping any later one overlaps its successor.
+    clashes = np.flatnonzero(ends[:-1] > starts[1:])
+    if clashes.size:
+        first, second = positions[clashes[0]], positions[clashes[0] + 1]
+        raise DestinationOverlapError(
+            f"gather destination ranges overlap: record {int(indices[first])} goes to bytes "
+            f"[{int(starts[clashes[0]])}, {int(ends[clashes[0]])}) and record {int(indices[second])} to "
+            f"[{int(starts[clashes[0] + 1])}, {int(ends[clashes[0] + 1])}) of dst: give each record its own range",
+            1,  # invalid_argument
+        )
+
+
 def _u64(array: np.ndarray):
     return ffi.cast("uint64_t *", ffi.from_buffer(array)) if array.size else ffi.NULL
 
@@ -280,48 +318,16 @@ class Zrecord:
         Without ``offsets`` the records must share one length L and land at
         ``k * L``. Raises IndexError for an index outside ``0..len-1``.
         """
-        indices = as_indices(idxs)
-        target, target_bytes = _write_buffer(dst, "dst")
-        offsets_pointer = ffi.NULL
-        if offsets is not None:
-            target_offsets = np.ascontiguousarray(np.asarray(offsets), dtype=np.uint64)
-            if target_offsets.shape != indices.shape:
-                raise InvalidArgumentError(f"gather got {indices.size} indices but {target_offsets.size} offsets")
-            if indices.size > 1:
-                self._check_disjoint(indices, target_offsets)
-            offsets_pointer = _u64(target_offsets)
+        indices, target, target_bytes, offsets_pointer = gather_arguments(idxs, dst, offsets, self.lengths)
         if indices.size == 0:
             return
         handle = self._enter()
         try:
-            status = lib.lx_store_gather(
-                handle, _u64(indices), indices.size, ffi.cast("uint8_t *", target), target_bytes, offsets_pointer,
-            )
+            status = lib.lx_store_gather(handle, _u64(indices), indices.size, target, target_bytes, offsets_pointer)
         finally:
             self._leave()
         if status:
             check(status)
-
-    def _check_disjoint(self, indices: np.ndarray, starts: np.ndarray) -> None:
-        """DestinationOverlapError when two records' destination ranges overlap (the second
-        would overwrite the first). Sorts only offsets that are not already
-        increasing; empty records write nothing and never overlap."""
-        lengths = self.lengths(indices)
-        positions = np.flatnonzero(lengths)
-        starts, ends = starts[positions], starts[positions] + lengths[positions]
-        if starts.size > 1 and np.any(starts[1:] < starts[:-1]):
-            order = np.argsort(starts, kind="stable")
-            positions, starts, ends = positions[order], starts[order], ends[order]
-        # Sorted by start, a range overlapping any later one overlaps its successor.
-        clashes = np.flatnonzero(ends[:-1] > starts[1:])
-        if clashes.size:
-            first, second = positions[clashes[0]], positions[clashes[0] + 1]
-            raise DestinationOverlapError(
-                f"gather destination ranges overlap: record {int(indices[first])} goes to bytes "
-                f"[{int(starts[clashes[0]])}, {int(ends[clashes[0]])}) and record {int(indices[second])} to "
-                f"[{int(starts[clashes[0] + 1])}, {int(ends[clashes[0] + 1])}) of dst: give each record its own range",
-                1,  # invalid_argument
-            )
 
     def lengths(self, idxs) -> np.ndarray:
         """The raw (decoded) byte length of each record in ``idxs``."""

@@ -1,0 +1,531 @@
+"""Sharded datasets: a directory of independently written shard stores plus
+a manifest that makes them one dataset.
+
+Layout::
+
+    dataset/
+      manifest.msgpack     written last, atomically: the dataset exists once it does
+      shard-00000/         a complete loaderx store (zrecord + schema.msgpack)
+      shard-00001/
+      ...
+
+Any engine writes shards in parallel with ``write_shard(dataset, k, data)``
+(each shard is written to a temporary directory and renamed into place, so a
+shard directory is always complete), then one process calls ``commit``, which
+checks every shard's schema and row count and writes the manifest. An
+interrupted conversion has no manifest, so it is never mistaken for a
+dataset; running it again skips the shards ``written_shards`` reports.
+
+The manifest is never trusted: its checksum, version, shard names (relative,
+inside the dataset directory after resolving symlinks, no duplicates) and
+row counts (against the shards themselves) are checked on every open, and
+each failure raises ``ManifestError`` saying what is wrong.
+
+``DenseDataset`` and ``RaggedDataset`` open a sharded dataset like a single
+store; a batch that spans shards is one native call (zig/shards.zig).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import os
+import re
+import shutil
+import threading
+import uuid
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+
+from ._files import fsync_dir, write_file_atomic
+from ._native import check, ffi, lib
+from .dataset import SCHEMA_FILE, Schema, read_schema
+from ._native import check
+from .zrecord import StoreClosedError, Zrecord, _u64, as_indices, gather_arguments
+
+__all__ = [
+    "MANIFEST_FILE",
+    "ManifestError",
+    "ShardedStore",
+    "commit",
+    "is_sharded",
+    "read_manifest",
+    "shard_name",
+    "write_shard",
+    "written_shards",
+]
+
+MANIFEST_FILE = "manifest.msgpack"
+MANIFEST_FORMAT = "loaderx-shards"
+MANIFEST_VERSION = 1
+# Bounds what a damaged manifest can make us allocate or open: 2^20 shards
+# (zig/shards.zig refuses more) at well under 256 bytes an entry.
+SHARD_COUNT_MAX = 1 << 20
+_MANIFEST_BYTES_MAX = 256 << 20
+_SHARD_PATTERN = re.compile(r"shard-(\d{5,})")
+_TEMPORARY_PREFIX = ".tmp-shard-"
+
+
+class ManifestError(ValueError):
+    """A sharded dataset's manifest is damaged, hostile or disagrees with its shards."""
+
+
+def shard_name(k: int) -> str:
+    """The directory name of shard ``k``: ``shard-00042``."""
+    return f"shard-{_shard_number(k):05d}"
+
+
+def is_sharded(path) -> bool:
+    """True when ``path`` is a committed sharded dataset (it has a manifest)."""
+    return os.path.isfile(os.path.join(os.fspath(path), MANIFEST_FILE))
+
+
+# ---- writing ------------------------------------------------------------------
+
+
+def write_shard(dataset_dir, k: int, data, codec="zstd", schema=None, overwrite: bool = False,
+                chunk_bytes: int | None = None, dict_size=None, progress: bool = False) -> int:
+    """Writes shard ``k`` of the sharded dataset at ``dataset_dir``; returns its rows.
+
+    ``data`` is a NumPy array (or array-like with ``shape``, ``dtype`` and
+    slicing: one dense record per row, as ``from_numpy``) or any other
+    iterable of arrays or ``bytes`` (one ragged record each, as
+    ``from_iterator``; an object array of arrays counts as one). ``codec``,
+    ``schema``, ``chunk_bytes`` and ``dict_size`` are those converters'.
+    The shard is written to a temporary directory and renamed into place, so
+    ``shard-k`` is complete or absent. An existing shard raises
+    ``FileExistsError`` unless ``overwrite=True`` (a retried task); a shard
+    listed in the manifest is never overwritten. Safe to call from many
+    processes at once for different ``k``.
+    """
+    from .converter import CHUNK_BYTES, from_iterator, from_numpy
+
+    dataset_dir = os.fspath(dataset_dir)
+    name = shard_name(k)
+    _prepare_directory(dataset_dir)
+    if is_sharded(dataset_dir) and name in read_manifest(dataset_dir).names:
+        raise FileExistsError(f"shard {k} of '{dataset_dir}' is committed in its manifest and cannot change: write new shards with higher numbers")
+    final = os.path.join(dataset_dir, name)
+    if os.path.exists(final) and not overwrite:
+        raise FileExistsError(f"shard {k} of '{dataset_dir}' already exists: skip it (see written_shards) or pass overwrite=True")
+    temporary = os.path.join(dataset_dir, f"{_TEMPORARY_PREFIX}{name}-{uuid.uuid4().hex}")
+    options = dict(codec=codec, chunk_bytes=chunk_bytes or CHUNK_BYTES, dict_size=dict_size, schema=schema, progress=progress)
+    try:
+        if _is_dense_source(data):
+            rows = from_numpy(temporary, data, **options)
+        else:
+            rows = from_iterator(temporary, iter(data), **options)
+        _move_into_place(temporary, final, overwrite)
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+    fsync_dir(dataset_dir)
+    return rows
+
+
+def written_shards(dataset_dir) -> list[int]:
+    """The shard numbers whose directories are complete (committed or not),
+    sorted: what a resumed conversion can skip."""
+    dataset_dir = os.fspath(dataset_dir)
+    if not os.path.isdir(dataset_dir):
+        return []
+    found = []
+    for entry in os.listdir(dataset_dir):
+        match = _SHARD_PATTERN.fullmatch(entry)
+        if match and os.path.isfile(os.path.join(dataset_dir, entry, SCHEMA_FILE)):
+            found.append(int(match.group(1)))
+    return sorted(found)
+
+
+def commit(dataset_dir, shard_count: int | None = None) -> int:
+    """Makes shards ``0..shard_count-1`` of ``dataset_dir`` one dataset by
+    writing its manifest last and atomically; returns the total rows.
+
+    Without ``shard_count`` every shard present is committed, and they must
+    be numbered ``0..n-1`` without gaps. Every shard must have the first
+    shard's schema (kind, dtype, item shape, codec). Committing again after
+    writing more shards extends the dataset; committed shards keep their
+    place. A damaged manifest is rewritten from the shards. Leftover
+    temporary directories of failed writers are removed.
+    """
+    dataset_dir = os.fspath(dataset_dir)
+    if not os.path.isdir(dataset_dir):
+        raise FileNotFoundError(f"no sharded dataset at '{dataset_dir}': write shards with loaderx.shards.write_shard first")
+    numbers = _numbers_to_commit(dataset_dir, written_shards(dataset_dir), shard_count)
+    names = [shard_name(number) for number in numbers]
+    schema, rows = _inspect_shards(dataset_dir, names)
+    if is_sharded(dataset_dir):
+        try:
+            old = read_manifest(dataset_dir)
+        except ManifestError:
+            old = None  # damaged: rewriting it from the shards is the remedy
+        if old is not None:
+            _check_extends(dataset_dir, old, names, rows)
+    _remove_temporaries(dataset_dir)
+    write_file_atomic(os.path.join(dataset_dir, MANIFEST_FILE), _pack_manifest(schema, names, rows))
+    return sum(rows)
+
+
+def _prepare_directory(dataset_dir: str) -> None:
+    if os.path.exists(os.path.join(dataset_dir, SCHEMA_FILE)) or os.path.exists(os.path.join(dataset_dir, "superblock")):
+        raise ValueError(f"'{dataset_dir}' is a single loaderx store, not a sharded dataset: give a new or empty directory for the shards")
+    if os.path.exists(dataset_dir) and not os.path.isdir(dataset_dir):
+        raise ValueError(f"'{dataset_dir}' exists and is not a directory: give a directory for the sharded dataset")
+    os.makedirs(dataset_dir, exist_ok=True)
+
+
+def _is_dense_source(data) -> bool:
+    if isinstance(data, np.ndarray):
+        return not data.dtype.hasobject
+    return hasattr(data, "shape") and hasattr(data, "dtype") and hasattr(data, "__getitem__")
+
+
+def _move_into_place(temporary: str, final: str, overwrite: bool) -> None:
+    """Renames the finished shard to its name; an old one (overwrite) is
+    moved aside first and deleted after, so the name never holds a mix."""
+    aside = None
+    if overwrite and os.path.exists(final):
+        aside = f"{temporary}-old"
+        os.rename(final, aside)
+    try:
+        os.rename(temporary, final)
+    except OSError as exc:
+        if aside is not None:
+            os.rename(aside, final)
+        if os.path.exists(final):
+            raise FileExistsError(f"shard '{final}' was written by another writer at the same time: write each shard from one task") from exc
+        raise
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _numbers_to_commit(dataset_dir: str, present: list, shard_count) -> list:
+    if shard_count is None:
+        if not present:
+            raise ValueError(f"'{dataset_dir}' has no complete shards to commit: write shards with write_shard first")
+        shard_count = present[-1] + 1
+    shard_count = operator.index(shard_count)
+    if not 1 <= shard_count <= SHARD_COUNT_MAX:
+        raise ValueError(f"shard_count must be 1 to {SHARD_COUNT_MAX}, got {shard_count}")
+    missing = sorted(set(range(shard_count)) - set(present))
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+        raise ValueError(f"cannot commit '{dataset_dir}': shards {shown} are missing or unfinished: write them (write_shard) and commit again")
+    extra = [number for number in present if number >= shard_count]
+    if extra:
+        raise ValueError(f"cannot commit '{dataset_dir}': shard {extra[0]} exists beyond shard_count={shard_count}: delete it or commit with a larger shard_count")
+    return list(range(shard_count))
+
+
+def _inspect_shards(dataset_dir: str, names: list) -> tuple:
+    """The common schema of the shards and their row counts; ValueError
+    naming the first shard that disagrees with shard 0."""
+    schema = None
+    rows = []
+    for name in names:
+        path = os.path.join(dataset_dir, name)
+        shard_schema = read_schema(path)
+        if schema is None:
+            schema = shard_schema
+        elif shard_schema != schema:
+            raise ValueError(f"cannot commit '{dataset_dir}': {name} holds {shard_schema.describe()}, but {names[0]} holds {schema.describe()}: rewrite {name} with the same schema")
+        with Zrecord(path, codec=shard_schema.codec) as store:
+            rows.append(len(store))
+    return schema, rows
+
+
+def _check_extends(dataset_dir: str, old, names: list, rows: list) -> None:
+    old_rows = list(old.rows)
+    if names[: len(old.names)] != list(old.names) or rows[: len(old_rows)] != old_rows:
+        raise ValueError(
+            f"cannot commit '{dataset_dir}': its committed shards changed since the last commit "
+            "(a committed shard is never rewritten): restore them or convert into a new directory"
+        )
+
+
+def _remove_temporaries(dataset_dir: str) -> None:
+    for entry in os.listdir(dataset_dir):
+        if entry.startswith(_TEMPORARY_PREFIX):
+            shutil.rmtree(os.path.join(dataset_dir, entry), ignore_errors=True)
+
+
+def _shard_number(k) -> int:
+    try:
+        number = operator.index(k)
+    except TypeError:
+        raise TypeError(f"shard number must be an int, got {type(k).__name__}") from None
+    if not 0 <= number < SHARD_COUNT_MAX:
+        raise ValueError(f"shard number must be 0 to {SHARD_COUNT_MAX - 1}, got {number}")
+    return number
+
+
+# ---- the manifest ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A checked manifest: the schema and each shard's name and row count."""
+
+    schema: Schema
+    names: tuple
+    rows: tuple
+
+    @property
+    def total_rows(self) -> int:
+        return sum(self.rows)
+
+
+def _pack_manifest(schema: Schema, names: list, rows: list) -> bytes:
+    shards = [{"name": name, "rows": int(count)} for name, count in zip(names, rows)]
+    body = msgpack.packb({"schema": schema.to_dict(), "shards": shards, "rows": int(sum(rows))}, use_bin_type=True)
+    return msgpack.packb(
+        {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "body": body, "sha256": hashlib.sha256(body).digest()},
+        use_bin_type=True,
+    )
+
+
+def read_manifest(dataset_dir) -> Manifest:
+    """The manifest of ``dataset_dir``, checked: checksum, version, schema,
+    shard names confined to the directory, no duplicates, row counts that add
+    up. (The row counts are checked against the shards when they are opened.)"""
+    dataset_dir = os.fspath(dataset_dir)
+    file = os.path.join(dataset_dir, MANIFEST_FILE)
+    with open(file, "rb") as handle:
+        payload = handle.read(_MANIFEST_BYTES_MAX + 1)
+    if len(payload) > _MANIFEST_BYTES_MAX:
+        raise ManifestError(f"{file} is over {_MANIFEST_BYTES_MAX} bytes: not a loaderx manifest")
+    body = _unpack_envelope(file, payload)
+    try:
+        data = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types for bad bytes
+        raise ManifestError(f"{file} has a valid checksum but an unreadable body ({exc}): it was not written by loaderx") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("shards"), list):
+        raise ManifestError(f"{file} lists no shards: it was not written by loaderx")
+    try:
+        schema = Schema.from_dict(data.get("schema"), where=f"the schema in {file}")
+    except ValueError as exc:
+        raise ManifestError(str(exc)) from exc
+    names, rows = _check_entries(dataset_dir, file, data["shards"])
+    if data.get("rows") != sum(rows):
+        raise ManifestError(f"{file} says {data.get('rows')!r} rows in total but its shards add up to {sum(rows)}: the manifest is damaged; run loaderx.shards.commit again")
+    return Manifest(schema, tuple(names), tuple(rows))
+
+
+def _unpack_envelope(file: str, payload: bytes) -> bytes:
+    try:
+        envelope = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types for bad bytes
+        raise ManifestError(f"{file} is damaged or not a loaderx manifest ({exc}): run loaderx.shards.commit again to rewrite it from the shards") from exc
+    if not isinstance(envelope, dict) or envelope.get("format") != MANIFEST_FORMAT:
+        raise ManifestError(f"{file} is not a loaderx manifest (no format {MANIFEST_FORMAT!r})")
+    version = envelope.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ManifestError(f"{file} has an invalid version {version!r}")
+    if version > MANIFEST_VERSION:
+        raise ManifestError(f"{file} has version {version}, newer than this loaderx reads ({MANIFEST_VERSION}): upgrade loaderx")
+    body, digest = envelope.get("body"), envelope.get("sha256")
+    if not isinstance(body, bytes) or not isinstance(digest, bytes) or hashlib.sha256(body).digest() != digest:
+        raise ManifestError(f"{file} fails its checksum: the manifest is damaged; run loaderx.shards.commit again to rewrite it from the shards")
+    return body
+
+
+def _check_entries(dataset_dir: str, file: str, entries: list) -> tuple:
+    if not 1 <= len(entries) <= SHARD_COUNT_MAX:
+        raise ManifestError(f"{file} lists {len(entries)} shards; a dataset has 1 to {SHARD_COUNT_MAX}")
+    root = os.path.realpath(dataset_dir)
+    names, rows, seen = [], [], {}
+    for position, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ManifestError(f"{file}: shard entry {position} is not a map")
+        name, count = entry.get("name"), entry.get("rows")
+        resolved = _confined(root, file, position, name)
+        if resolved in seen:
+            raise ManifestError(f"{file}: shard entry {position} ({name!r}) is the same directory as entry {seen[resolved]}: a shard may be listed once")
+        seen[resolved] = position
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ManifestError(f"{file}: shard entry {position} ({name!r}) has an invalid row count {count!r}")
+        names.append(name)
+        rows.append(count)
+    return names, rows
+
+
+def _confined(root: str, file: str, position: int, name) -> str:
+    """The real path of shard ``name``; ManifestError unless it is a
+    relative path that stays inside the dataset directory ``root``."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise ManifestError(f"{file}: shard entry {position} has an invalid name {name!r}")
+    if os.path.isabs(name) or name.startswith("\\"):
+        raise ManifestError(f"{file}: shard entry {position} names an absolute path {name!r}; shard names are relative to the dataset directory")
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        raise ManifestError(f"{file}: shard entry {position} name {name!r} has an empty, '.' or '..' component; shard names stay inside the dataset directory")
+    resolved = os.path.realpath(os.path.join(root, name))
+    if not resolved.startswith(root + os.sep):
+        raise ManifestError(f"{file}: shard entry {position} ({name!r}) resolves to '{resolved}', outside the dataset directory (a symlink out?): refused")
+    return resolved
+
+
+# ---- reading ----------------------------------------------------------------------
+
+
+class ShardedStore:
+    """The shards of a committed dataset read as one store of global rows.
+
+    It offers the read side of ``Zrecord`` that datasets use (``len``,
+    ``gather``, ``lengths``, ``stats``, ``verify``, ``refresh``, ``close``);
+    ``gather`` and ``lengths`` are one native call for a whole batch, however
+    many shards it touches. ``shards`` are the open shard stores (read them,
+    do not write through them).
+    """
+
+    def __init__(self, path, kind: str, verify: bool = False, threads: int = 0):
+        self.path = os.fspath(path)
+        self._verify = verify
+        self._threads = threads
+        self._state = threading.Condition()
+        self._active = 0
+        self._closed = False
+        self.shards: list = []
+        self._handle = ffi.NULL
+        try:
+            self._open(read_manifest(self.path), kind)
+        except BaseException:
+            self._close_shards()
+            raise
+
+    def _open(self, manifest: Manifest, kind: str) -> None:
+        if manifest.schema.kind != kind:
+            other = "RaggedDataset" if manifest.schema.kind == "ragged" else "DenseDataset"
+            raise ValueError(f"'{self.path}' is a sharded {manifest.schema.kind} dataset: open it with {other}")
+        self.schema = manifest.schema
+        self.manifest = manifest
+        for name, count in zip(manifest.names, manifest.rows):
+            self.shards.append(self._open_shard(name, count))
+        self._row_starts = np.zeros(len(self.shards) + 1, dtype=np.uint64)
+        np.cumsum(np.asarray(manifest.rows, dtype=np.uint64), out=self._row_starts[1:])
+        handles = ffi.new("lx_store *[]", [shard._handle for shard in self.shards])
+        out = ffi.new("lx_shards **")
+        check(lib.lx_shards_open(handles, ffi.cast("uint64_t *", ffi.from_buffer(self._row_starts)),
+                                 len(self.shards), self._threads, out), f"cannot open sharded dataset '{self.path}'")
+        self._handle = out[0]
+
+    def _open_shard(self, name: str, count: int) -> Zrecord:
+        path = os.path.join(self.path, name)
+        shard_schema = read_schema(path) if os.path.isdir(path) else None
+        if shard_schema is None:
+            raise ManifestError(f"'{self.path}': shard {name!r} listed in the manifest is missing or not a loaderx store: the dataset is incomplete")
+        if shard_schema != self.schema:
+            raise ManifestError(f"'{self.path}': shard {name!r} holds {shard_schema.describe()}, but the manifest says {self.schema.describe()}")
+        store = Zrecord(path, codec=self.schema.codec, verify=self._verify, threads=self._threads)
+        held = len(store)
+        if held != count:
+            store.close()
+            raise ManifestError(f"'{self.path}': shard {name!r} holds {held} records but the manifest says {count}: the shard or the manifest was changed after commit")
+        return store
+
+    # -- lifetime: native calls run between _enter and _leave, so close()
+    # waits for calls in flight and no call sees a freed handle.
+
+    def _enter(self):
+        with self._state:
+            if self._closed:
+                raise StoreClosedError(f"sharded dataset '{self.path}' is closed; open it again")
+            self._active += 1
+        return self._handle
+
+    def _leave(self) -> None:
+        with self._state:
+            self._active -= 1
+            if self._active == 0:
+                self._state.notify_all()
+
+    def close(self) -> None:
+        """Closes the dataset and its shards (idempotent); waits for calls in flight."""
+        with self._state:
+            if self._closed:
+                return
+            self._closed = True
+            while self._active:
+                self._state.wait()
+        self._close_shards()
+
+    def _close_shards(self) -> None:
+        if self._handle != ffi.NULL:
+            lib.lx_shards_close(self._handle)
+            self._handle = ffi.NULL
+        for shard in self.shards:
+            shard.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- reads
+
+    def __len__(self) -> int:
+        return int(self._row_starts[-1])
+
+    def gather(self, idxs, dst, offsets=None) -> None:
+        """Decodes global records ``idxs`` into ``dst`` at byte ``offsets[k]``,
+        or at ``k * L`` when all records are ``L`` bytes long (dense)."""
+        indices, target, target_bytes, offsets_pointer = gather_arguments(idxs, dst, offsets, self.lengths)
+        if indices.size == 0:
+            return
+        handle = self._enter()
+        try:
+            status = lib.lx_shards_gather(handle, _u64(indices), indices.size, target, target_bytes,
+                                          offsets_pointer, self.schema.item_bytes)
+        finally:
+            self._leave()
+        if status:
+            check(status)
+
+    def lengths(self, idxs) -> np.ndarray:
+        """The decoded byte length of each global record in ``idxs``."""
+        indices = as_indices(idxs)
+        out = np.empty(indices.size, dtype=np.uint64)
+        if indices.size == 0:
+            return out
+        handle = self._enter()
+        try:
+            status = lib.lx_shards_lengths(handle, _u64(indices), indices.size, _u64(out))
+        finally:
+            self._leave()
+        check(status)
+        return out
+
+    def stats(self) -> dict:
+        """The shards' stats added up; ``layout`` is ``fixed`` only when every
+        non-empty shard is fixed with one record size."""
+        parts = [shard.stats() for shard in self.shards]
+        layouts = {(part["layout"], part["record_bytes"]) for part in parts if part["layout"] != "empty"}
+        layout, record_bytes = layouts.pop() if len(layouts) == 1 else (("indexed", 0) if layouts else ("empty", 0))
+        totals = {key: sum(part[key] for part in parts) for key in ("records", "live_bytes", "chunk_bytes", "reclaimable")}
+        return {**totals, "layout": layout, "record_bytes": record_bytes, "shards": len(parts)}
+
+    def verify(self) -> list[int]:
+        """Checks every record's checksum; returns the global indices of damaged records."""
+        damaged = []
+        for shard, start in zip(self.shards, self._row_starts[:-1].tolist()):
+            damaged.extend(start + index for index in shard.verify())
+        return damaged
+
+    def refresh(self) -> int:
+        """A committed sharded dataset does not change; returns len()."""
+        return len(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self)} records in {len(self.shards)} shards"
+        return f"ShardedStore({self.path!r}, {state})"

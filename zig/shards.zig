@@ -1,0 +1,310 @@
+//! A sharded dataset read as one: batch gathers and length lookups over many
+//! stores in one call, so a batch that touches 64 shards costs one crossing
+//! of the C ABI instead of 64.
+//!
+//! Invariant: `row_starts` is validated once, when the handle is made; every
+//! call maps a global index to (shard, local index) through it and hands each
+//! shard's part of the batch to that store's public `gather` or `lengths`,
+//! which check their own indices and destination bounds again. The handle
+//! does not own the stores: the caller keeps them open while it lives.
+const std = @import("std");
+const assert = std.debug.assert;
+const status = @import("status.zig");
+const codec = @import("codec.zig");
+const format = @import("format.zig");
+const Store = @import("store.zig").Store;
+const Error = status.Error;
+
+const allocator = std.heap.c_allocator;
+
+/// A manifest lists at most this many shards (loaderx.shards checks it too).
+pub const shard_count_max: u64 = 1 << 20;
+
+/// Below this many bytes a store's own gather runs inline (codec.zig's
+/// limit): dense pieces are cut smaller, so a store called from a worker
+/// thread does not enter the pool again.
+const store_inline_bytes: u64 = 256 * 1024;
+
+pub const Shards = struct {
+    stores: []*Store,
+    /// `stores.len + 1` entries: shard s holds global rows
+    /// `row_starts[s]..row_starts[s + 1]`.
+    row_starts: []u64,
+    threads: u32,
+
+    pub fn create(stores: []const *Store, row_starts: []const u64, threads: u32) Error!*Shards {
+        status.clear();
+        if (stores.len == 0 or stores.len > shard_count_max) {
+            return status.fail(error.InvalidArgument, "a sharded dataset needs 1 to {d} shards, got {d}", .{ shard_count_max, stores.len });
+        }
+        if (row_starts.len != stores.len + 1 or row_starts[0] != 0) {
+            return status.fail(error.InvalidArgument, "row_starts must have one entry per shard plus one, starting at 0", .{});
+        }
+        for (stores, row_starts[0..stores.len], row_starts[1..], 0..) |store, start, end, shard| {
+            if (end < start or store.count() < end - start) {
+                return status.fail(error.InvalidArgument, "shard {d} is listed with rows {d}..{d} but holds {d} records", .{ shard, start, end, store.count() });
+            }
+        }
+        const shards = allocator.create(Shards) catch return error.OutOfMemory;
+        errdefer allocator.destroy(shards);
+        const stores_copy = allocator.dupe(*Store, stores) catch return error.OutOfMemory;
+        errdefer allocator.free(stores_copy);
+        const starts_copy = allocator.dupe(u64, row_starts) catch return error.OutOfMemory;
+        shards.* = .{
+            .stores = stores_copy,
+            .row_starts = starts_copy,
+            .threads = if (threads == 0) codec.cpuCount() else threads,
+        };
+        return shards;
+    }
+
+    pub fn destroy(shards: *Shards) void {
+        allocator.free(shards.stores);
+        allocator.free(shards.row_starts);
+        allocator.destroy(shards);
+    }
+
+    pub fn count(shards: *const Shards) u64 {
+        return shards.row_starts[shards.stores.len];
+    }
+
+    /// The shard holding global row `index` (< count): the last shard whose
+    /// first row is at or before it, skipping empty shards.
+    fn shardOf(shards: *const Shards, index: u64) usize {
+        assert(index < shards.count());
+        var low: usize = 0;
+        var high: usize = shards.stores.len;
+        while (high - low > 1) {
+            const middle = low + (high - low) / 2;
+            if (shards.row_starts[middle] <= index) low = middle else high = middle;
+        }
+        assert(shards.row_starts[low] <= index and index < shards.row_starts[low + 1]);
+        return low;
+    }
+
+    /// Decodes global records `indices` into `target`: record k at byte
+    /// `target_offsets[k]` or, without offsets, at `k * record_bytes`, in
+    /// which case every record must be `record_bytes` long.
+    pub fn gather(
+        shards: *const Shards,
+        indices: []const u64,
+        target: []u8,
+        target_offsets: ?[]const u64,
+        record_bytes: u64,
+    ) Error!void {
+        status.clear();
+        var plan = try Plan.make(shards, indices);
+        defer plan.deinit();
+        for (plan.positions, plan.offsets) |position, *offset| {
+            offset.* = if (target_offsets) |offsets| offsets[position] else std.math.mul(u64, position, record_bytes) catch
+                return status.fail(error.BufferTooSmall, "record {d} lands past the end of any destination", .{indices[position]});
+        }
+        var job = GatherJob{
+            .shards = shards,
+            .plan = &plan,
+            .target = target,
+            .record_bytes = if (target_offsets == null) record_bytes else null,
+            .piece_records = if (target_offsets == null and record_bytes > 0) @max(1, (store_inline_bytes - 1) / record_bytes) else std.math.maxInt(usize),
+        };
+        // Split by records, not by shards, so every thread gets an even share
+        // however the batch falls into shards.
+        codec.parallelFor(plan.positions.len, target.len, shards.threads, &job, GatherJob.run);
+        try job.failure.check();
+    }
+
+    /// The decoded byte length of each global record in `indices`.
+    pub fn lengths(shards: *const Shards, indices: []const u64, out: []u64) Error!void {
+        status.clear();
+        assert(indices.len == out.len);
+        var plan = try Plan.make(shards, indices);
+        defer plan.deinit();
+        for (plan.groups) |group| {
+            const part = plan.offsets[group.start..group.end];
+            shards.stores[group.shard].lengths(plan.locals[group.start..group.end], part) catch |err| {
+                // The message is copied out before it is rewritten with the shard's number.
+                var failure: Failure = .{};
+                failure.set(err, group.shard);
+                return failure.check();
+            };
+        }
+        for (plan.positions, plan.offsets) |position, length| out[position] = length;
+    }
+};
+
+/// A batch regrouped by shard: entry i of the sorted order is the caller's
+/// record `positions[i]`, local index `locals[i]` of its shard; `groups`
+/// are the runs of one shard. `offsets` is scratch of the same length.
+const Plan = struct {
+    positions: []u64,
+    locals: []u64,
+    offsets: []u64,
+    groups: []Group,
+
+    const Group = struct { shard: usize, start: usize, end: usize };
+
+    const Key = struct {
+        shard: u64,
+        position: u64,
+        fn less(_: void, left: Key, right: Key) bool {
+            return left.shard < right.shard or (left.shard == right.shard and left.position < right.position);
+        }
+    };
+
+    fn make(shards: *const Shards, indices: []const u64) Error!Plan {
+        const total = shards.count();
+        const keys = allocator.alloc(Key, indices.len) catch return error.OutOfMemory;
+        defer allocator.free(keys);
+        for (indices, keys, 0..) |index, *key, position| {
+            if (index >= total) {
+                return status.fail(error.IndexOutOfRange, "index {d} is out of range for a dataset of {d} records", .{ index, total });
+            }
+            key.* = .{ .shard = shards.shardOf(index), .position = position };
+        }
+        // Keys arrive sorted when the batch is sequential; pdq sees that in one pass.
+        std.sort.pdq(Key, keys, {}, Key.less);
+        const plan_buffer = allocator.alloc(u64, 3 * indices.len) catch return error.OutOfMemory;
+        errdefer allocator.free(plan_buffer);
+        var group_count: usize = 0;
+        for (keys, 0..) |key, i| {
+            if (i == 0 or keys[i - 1].shard != key.shard) group_count += 1;
+        }
+        const groups = allocator.alloc(Group, group_count) catch return error.OutOfMemory;
+        var plan = Plan{
+            .positions = plan_buffer[0..indices.len],
+            .locals = plan_buffer[indices.len .. 2 * indices.len],
+            .offsets = plan_buffer[2 * indices.len ..],
+            .groups = groups,
+        };
+        var group: usize = 0;
+        for (keys, 0..) |key, i| {
+            plan.positions[i] = key.position;
+            plan.locals[i] = indices[key.position] - shards.row_starts[key.shard];
+            if (i > 0 and keys[i - 1].shard != key.shard) group += 1;
+            if (i == 0 or keys[i - 1].shard != key.shard) groups[group] = .{ .shard = key.shard, .start = i, .end = i };
+            groups[group].end = i + 1;
+        }
+        assert(indices.len == 0 or group + 1 == group_count);
+        return plan;
+    }
+
+    /// The group holding sorted record `record` (< positions.len).
+    fn groupAt(plan: *const Plan, record: usize) usize {
+        assert(record < plan.positions.len);
+        var low: usize = 0;
+        var high: usize = plan.groups.len;
+        while (high - low > 1) {
+            const middle = low + (high - low) / 2;
+            if (plan.groups[middle].start <= record) low = middle else high = middle;
+        }
+        assert(plan.groups[low].start <= record and record < plan.groups[low].end);
+        return low;
+    }
+
+    fn deinit(plan: *Plan) void {
+        allocator.free(plan.positions.ptr[0 .. 3 * plan.positions.len]);
+        allocator.free(plan.groups);
+    }
+};
+
+/// The first failing shard of a gather, with the message its thread recorded
+/// (messages are per thread, so it is copied before the task ends).
+const Failure = struct {
+    mutex: std.Thread.Mutex = .{},
+    err: ?Error = null,
+    shard: usize = 0,
+    message: [256]u8 = undefined,
+    message_len: usize = 0,
+
+    fn set(failure: *Failure, err: Error, shard: usize) void {
+        failure.mutex.lock();
+        defer failure.mutex.unlock();
+        if (failure.err != null and failure.shard <= shard) return;
+        const text = status.message();
+        failure.message_len = @min(text.len, failure.message.len);
+        @memcpy(failure.message[0..failure.message_len], text[0..failure.message_len]);
+        failure.err = err;
+        failure.shard = shard;
+    }
+
+    fn check(failure: *Failure) Error!void {
+        const err = failure.err orelse return;
+        return status.fail(err, "shard {d}: {s}", .{ failure.shard, failure.message[0..failure.message_len] });
+    }
+};
+
+const GatherJob = struct {
+    shards: *const Shards,
+    plan: *const Plan,
+    target: []u8,
+    /// Set when records land at `k * record_bytes`: each must be that long.
+    record_bytes: ?u64,
+    piece_records: usize,
+    failure: Failure = .{},
+
+    /// Gathers sorted records `first..last`: each run of one shard, in
+    /// pieces of at most `piece_records`, is one call of that store.
+    fn run(job: *GatherJob, first: u64, last: u64) void {
+        const end_all: usize = @intCast(last);
+        var start: usize = @intCast(first);
+        var group_index = job.plan.groupAt(start);
+        while (start < end_all) {
+            const group = job.plan.groups[group_index];
+            const end = @min(end_all, group.end, start + @min(job.piece_records, end_all - start));
+            job.gatherPiece(group.shard, start, end) catch |err| job.failure.set(err, group.shard);
+            start = end;
+            if (start == group.end) group_index += 1;
+        }
+    }
+
+    fn gatherPiece(job: *GatherJob, shard: usize, start: usize, end: usize) Error!void {
+        const store = job.shards.stores[shard];
+        const locals = job.plan.locals[start..end];
+        const offsets = job.plan.offsets[start..end];
+        if (job.record_bytes) |record_bytes| {
+            // A fixed layout holds every record at one length, so only an
+            // indexed shard needs its records' lengths checked one by one.
+            const info = store.info();
+            const fixed = info.layout == @intFromEnum(format.Layout.fixed) and info.record_bytes == record_bytes;
+            if (!fixed) try checkLengths(store, locals, record_bytes);
+        }
+        try store.gather(locals, job.target, offsets);
+    }
+};
+
+/// Refuses a record whose length is not `record_bytes`, in bounded chunks so
+/// the check allocates nothing.
+fn checkLengths(store: *Store, locals: []const u64, record_bytes: u64) Error!void {
+    var lengths: [256]u64 = undefined;
+    var start: usize = 0;
+    while (start < locals.len) : (start += lengths.len) {
+        const part = locals[start..@min(locals.len, start + lengths.len)];
+        try store.lengths(part, lengths[0..part.len]);
+        for (part, lengths[0..part.len]) |local, length| {
+            if (length != record_bytes) {
+                return status.fail(error.Corrupt, "record {d} has {d} bytes, but every record of this dense dataset has {d}", .{ local, length, record_bytes });
+            }
+        }
+    }
+}
+
+test "shardOf finds the shard of every row, skipping empty shards" {
+    var stores: [4]*Store = undefined;
+    var row_starts = [_]u64{ 0, 3, 3, 7, 8 };
+    const shards = Shards{ .stores = &stores, .row_starts = &row_starts, .threads = 1 };
+    const expected = [_]usize{ 0, 0, 0, 2, 2, 2, 2, 3 };
+    for (expected, 0..) |shard, index| try std.testing.expectEqual(shard, shards.shardOf(index));
+}
+
+test "a plan groups a batch by shard and keeps the caller's positions" {
+    var stores: [3]*Store = undefined;
+    var row_starts = [_]u64{ 0, 2, 5, 9 };
+    const shards = Shards{ .stores = &stores, .row_starts = &row_starts, .threads = 1 };
+    var plan = try Plan.make(&shards, &.{ 8, 0, 4, 1, 5 });
+    defer plan.deinit();
+    try std.testing.expectEqualSlices(u64, &.{ 1, 3, 2, 0, 4 }, plan.positions);
+    try std.testing.expectEqualSlices(u64, &.{ 0, 1, 2, 3, 0 }, plan.locals);
+    try std.testing.expectEqual(@as(usize, 3), plan.groups.len);
+    try std.testing.expectEqual(@as(usize, 3), plan.groups[2].start);
+    for ([_]usize{ 0, 0, 1, 2, 2 }, 0..) |group, record| try std.testing.expectEqual(group, plan.groupAt(record));
+    try std.testing.expectError(error.IndexOutOfRange, Plan.make(&shards, &.{9}));
+}
