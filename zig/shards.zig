@@ -10,7 +10,7 @@
 const std = @import("std");
 const assert = std.debug.assert;
 const status = @import("status.zig");
-const codec = @import("codec.zig");
+const workers = @import("workers.zig");
 const format = @import("format.zig");
 const Store = @import("store.zig").Store;
 const Error = status.Error;
@@ -20,7 +20,7 @@ const allocator = std.heap.c_allocator;
 /// A manifest lists at most this many shards (loaderx.shards checks it too).
 pub const shard_count_max: u64 = 1 << 20;
 
-/// Below this many bytes a store's own gather runs inline (codec.zig's
+/// Below this many bytes a store's own gather runs inline (workers.zig's
 /// limit): dense pieces are cut smaller, so a store called from a worker
 /// thread does not enter the pool again.
 const store_inline_bytes: u64 = 256 * 1024;
@@ -53,7 +53,7 @@ pub const Shards = struct {
         shards.* = .{
             .stores = stores_copy,
             .row_starts = starts_copy,
-            .threads = if (threads == 0) codec.cpuCount() else threads,
+            .threads = if (threads == 0) workers.cpuCount() else threads,
         };
         return shards;
     }
@@ -108,7 +108,7 @@ pub const Shards = struct {
         };
         // Split by records, not by shards, so every thread gets an even share
         // however the batch falls into shards.
-        codec.parallelFor(plan.positions.len, target.len, shards.threads, &job, GatherJob.run);
+        workers.parallelFor(plan.positions.len, target.len, shards.threads, &job, GatherJob.run);
         try job.failure.check();
     }
 

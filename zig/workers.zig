@@ -75,7 +75,9 @@ pub fn parallelFor(
     var wait_group: std.Thread.WaitGroup = .{};
     for (1..thread_count) |_| pool_pointer.spawnWg(&wait_group, Shared.drain, .{&shared});
     shared.drain();
-    wait_group.wait();
+    // Run queued pool tasks while waiting: a caller that is itself a pool
+    // thread (a gather across shards) must not block the tasks it waits for.
+    pool_pointer.waitAndWork(&wait_group);
 }
 
 /// The first failure among a batch's tasks, reported on the calling thread.
