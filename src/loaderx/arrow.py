@@ -111,7 +111,7 @@ def from_arrow(path, source, columns=None, codec="zstd", chunk_bytes=CHUNK_BYTES
     plan = _plan(reader.schema, columns, codec)
     path = os.fspath(path)
     with _fresh_directory(path), contextlib.ExitStack() as stack:
-        writers = [stack.enter_context(_Writer(os.path.join(path, column.name), column.schema)) for column in plan]
+        writers = [stack.enter_context(_Writer(os.path.join(path, column.name), column.schema, "x")) for column in plan]
         meter = _Progress(progress, "from_arrow", total_records=reader.rows)
         rows = written_bytes = 0
         for batch in reader.batches(chunk_bytes, plan):
