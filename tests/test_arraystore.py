@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-import loaderx.arraystore as arraystore_module
+from loaderx._fs import OS_FS
 from loaderx import ArrayStore, DataLoader, DenseDataset
 from loaderx.arraystore import LazyArray
 from loaderx.zrecord import StoreClosedError, StoreLockedError, Zrecord
@@ -545,7 +545,7 @@ def test_recovery_finishes_what_a_crashed_writer_left(root):
 def test_overwrite_without_rename_exchange(root, monkeypatch):
     """Where renameat2(RENAME_EXCHANGE) is missing, the two-rename swap
     overwrites correctly and leaves nothing behind."""
-    monkeypatch.setattr(arraystore_module, "_exchange_works", False)
+    monkeypatch.setattr(OS_FS, "exchange_works", False)
     with ArrayStore(root) as store:
         store.save({"a": np.zeros(3)})
         store.save({"a": np.ones((2, 2), np.int8)})
@@ -581,12 +581,12 @@ def test_dataloader_reads_array_store_datasets(root):
 WORKER = r"""
 import sys
 import numpy as np
-import loaderx.arraystore as module
+from loaderx._fs import OS_FS
 from loaderx import ArrayStore
 
 root, mode = sys.argv[1], sys.argv[2]
 if mode == "fallback":
-    module._exchange_works = False
+    OS_FS.exchange_works = False
 old = np.full((20000, 16), 1, np.float32)
 new = np.full((9000, 8), 2, np.int16)
 with ArrayStore(root) as store:
