@@ -9,7 +9,7 @@ The numpack operations (``save``, ``load``, lazy loads, ``getitem``,
                                  one record per row along axis 0
     <root>/<name>/array.msgpack  only for 0-d arrays, stored as one scalar row
     <root>/.commit.msgpack       the commit record of a save or drop in flight
-    <root>/.new-<name>  .old-<name>  .drop-<name>   saves and drops in flight
+    <root>/.new-<name>  .prev-<name>  .drop-<name>  saves and drops in flight
 
 The directory is the only list of arrays, so there is no catalogue to keep in
 step with the data. Row edits are the store's atomic commits. One ``save`` or
@@ -24,15 +24,17 @@ step with the data. Row edits are the store's atomic commits. One ``save`` or
    that fsync is the commit point.
 3. Each new directory is swapped in with ``renameat2(RENAME_EXCHANGE)`` (or,
    where the kernel or file system lacks it, two renames through
-   ``.old-<name>``), each dropped array is renamed to ``.drop-<name>``, the
+   ``.prev-<name>``), each dropped array is renamed to ``.drop-<name>``, the
    root is fsynced, the record deleted, and the old directories removed.
 
 A commit record left by a crash is replayed: the inode numbers tell which
 swaps happened (an exchange leaves both names in place), so each array ends
-as the call's new contents. Without a record, every ``.new-``, ``.old-`` and
-``.drop-`` entry is garbage of an unfinished or finished call and deleted
-(except an ``.old-<name>`` whose ``<name>`` is missing, left by a crash in
-loaderx before the commit record, which is renamed back). The first write of
+as the call's new contents. Without a record, every ``.new-``, ``.prev-`` and
+``.drop-`` entry is garbage of an unfinished or finished call and deleted.
+(An ``.old-<name>`` whose ``<name>`` is missing was left by a crash in a
+loaderx from before the commit record, mid two-rename swap, and is renamed
+back; this protocol never makes one, since after a drop ``<name>`` is
+legitimately missing.) The first write of
 an ArrayStore takes the root lock and does this; opening one does it too when
 no writer holds the lock. Every file-system call goes through the seam in
 ``_fs.py``, which the tests replace with a simulated disk that loses power.
@@ -66,7 +68,7 @@ NAME_BYTES_MAX = 200  # leaves room for the ".drop-" prefix within NAME_MAX (255
 STREAM_BYTES = 64 << 20  # stream_load's default chunk, in bytes of rows
 COMMIT_FILE = ".commit.msgpack"
 COMMIT_FORMAT = "loaderx-arraystore-commit"
-_STAGING = (".new-", ".old-", ".drop-")
+_STAGING = (".new-", ".prev-", ".drop-", ".old-")
 _MARKER_BYTES_MAX = 1 << 16
 
 
@@ -418,6 +420,8 @@ class ArrayStore:
         """Saves ``saves`` and drops ``drops`` as one commit (the protocol of
         the module docstring). Raises ArrayStoreIOError on a file-system error,
         with what the call left."""
+        if not saves and not drops:
+            return
         what = _call_text(saves, drops)
         fs = self._fs
         identities = self._stage(saves, codec, what)
@@ -922,7 +926,7 @@ def _roll_forward(root: str, fs: OsFs, record: dict) -> None:
 
 def _swap_in(root: str, fs: OsFs, name: str, identity: int) -> None:
     """Puts the new directory of ``name`` (inode ``identity``) in place,
-    keeping the old one as ``.new-<name>`` or ``.old-<name>``."""
+    keeping the old one as ``.new-<name>`` or ``.prev-<name>``."""
     target = os.path.join(root, name)
     staging = os.path.join(root, ".new-" + name)
     if fs.identity(target) == identity:
@@ -935,7 +939,7 @@ def _swap_in(root: str, fs: OsFs, name: str, identity: int) -> None:
     if not fs.exists(target):
         fs.rename(staging, target)
     elif not fs.exchange(staging, target):
-        old = os.path.join(root, ".old-" + name)
+        old = os.path.join(root, ".prev-" + name)
         fs.rmtree(old)
         fs.rename(target, old)
         fs.rename(staging, target)
@@ -954,7 +958,7 @@ def _recover(root: str, fs: OsFs) -> None:
         path = os.path.join(root, leftover)
         changed = True
         if leftover.startswith(".old-") and not fs.exists(os.path.join(root, leftover[len(".old-"):])):
-            fs.rename(path, os.path.join(root, leftover[len(".old-"):]))  # a pre-record two-rename swap cut short
+            fs.rename(path, os.path.join(root, leftover[len(".old-"):]))  # an older loaderx's swap cut short
             continue
         fs.rmtree(path)
     if changed:
