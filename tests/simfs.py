@@ -45,6 +45,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import tempfile
 import types
 
 import numpy as np
@@ -344,7 +345,7 @@ class SimFs:
         """The real directory ``build`` writes, built once per distinct argument set."""
         key = (build.func.__qualname__, tuple((name, _fingerprint(value)) for name, value in sorted(build.keywords.items())))
         if key not in self.memo:
-            real = os.path.join(self.workdir, f"store-{len(self.memo)}")
+            real = os.path.join(tempfile.mkdtemp(dir=self.workdir), "store")
             build(real)
             self.memo[key] = real
         return self.memo[key]

@@ -18,11 +18,13 @@ a model (the dict of arrays after each call):
 - a fault (EIO, ENOSPC, failed fsync) at every fallible call, one-shot and
   sticky: the call raises an OSError that names what failed (an
   ArrayStoreIOError saying what the call left, for save/drop), the state is
-  the one the error says, and once the fault clears the store works on.
+  the one the error says, in the process and after a power cut right after
+  the error, and once the fault clears the store works on.
 
-Replay a failure: the assertion message names the workload, the call index
-and the seed; ``run_crash(workload, at, seed)`` or ``run_fault(workload, at,
-code, sticky)`` reproduces it. LOADERX_SIM_SEEDS raises the seeds per crash
+Replay a failure: the assertion message names the calls, the call index and
+the crash seed, and ``run_crash(workdir, {}, ops, at, seed, exchange)`` or
+``run_fault(workdir, {}, ops, at, code, sticky, exchange)`` reproduces it;
+random workloads print their seed, which LOADERX_SIM_SEED replays. LOADERX_SIM_SEEDS raises the seeds per crash
 point (default 16); the soak runs use 200,000 crash points and faults.
 """
 
@@ -45,6 +47,13 @@ from loaderx.arraystore import COMMIT_FILE, LOCK_FILE, MARKER_FILE, ArrayStoreIO
 from simfs import MOUNT, PowerLoss, SimFs
 
 ROOT = MOUNT + "/store"
+def workload_seed() -> int:
+    """The random workloads' seed: LOADERX_SIM_SEED, or a fresh one (printed)."""
+    seed = int(os.environ.get("LOADERX_SIM_SEED", random.randrange(1 << 30)))
+    print(f"\nworkload seed {seed} (LOADERX_SIM_SEED={seed} replays it)")
+    return seed
+
+
 SEEDS = max(16, int(os.environ.get("LOADERX_SIM_SEEDS", "16")))  # crash seeds per crash point
 
 A = np.arange(6, dtype=np.float32).reshape(3, 2)
@@ -230,10 +239,9 @@ def sweep_random_crashes(workdir, memo, workloads: int, points: int, seed: int) 
 
 
 def test_power_loss_at_random_calls_of_random_workloads(workdir, memo):
-    """Random workloads, random crash points and seeds (the workload seed is
-    in the failure message of run_crash via the calls it lists)."""
-    seed = random.randrange(1 << 30)
-    print(f"\nworkload seed {seed}")
+    """Random workloads, random crash points and crash seeds, all drawn from
+    one printed workload seed."""
+    seed = workload_seed()
     runs = sweep_random_crashes(workdir, memo, workloads=20, points=30, seed=seed)
     assert runs == 600
 
@@ -259,8 +267,9 @@ def check_error(exc: OSError, code: int, context: str) -> None:
 
 def run_fault(workdir, memo, ops, at: int, code: int, sticky: bool, exchange: bool = True) -> str:
     """The ``at``-th fallible call fails (from there on when sticky): the call
-    that meets it raises and leaves what its error says, and the store works
-    once the fault clears. Returns the outcome seen."""
+    that meets it raises and leaves what its error says, in the process and
+    after a power cut right then, and once the fault clears the store works
+    on. Returns the outcome seen."""
     states = model_states(ops)
     context = f"exchange={exchange}, ops={ops_text(ops)}, fault {errno.errorcode[code]} at call {at}, sticky={sticky}"
     sim = new_sim(workdir, memo, exchange)
@@ -273,22 +282,26 @@ def run_fault(workdir, memo, ops, at: int, code: int, sticky: bool, exchange: bo
         sim.clear_faults()
         outcome = "open"
         store = ArrayStore(ROOT, _fs=sim)
-    with store:
-        for step, op in enumerate(ops, start=1):
-            try:
-                apply_op(store, op)
-                continue
-            except OSError as exc:
-                check_error(exc, code, context)
-                sim.clear_faults()
-                outcome = getattr(exc, "outcome", "unchanged")
-            state = read_state(store)
-            expected = {"unchanged": [states[step - 1]], "committed": [states[step]], "unknown": [states[step - 1], states[step]]}[outcome]
-            assert state in expected, f"the state is not what a {outcome!r} error says ({context})"
-            if state == states[step - 1]:
-                apply_op(store, op)  # the store works again: the retried call succeeds
-        sim.clear_faults()
-        assert read_state(store) == states[-1], f"wrong final state ({context})"
+    for step, op in enumerate(ops, start=1):
+        try:
+            apply_op(store, op)
+            continue
+        except OSError as exc:
+            check_error(exc, code, context)
+            sim.clear_faults()
+            outcome = getattr(exc, "outcome", "unchanged")
+        expected = {"unchanged": [states[step - 1]], "committed": [states[step]], "unknown": [states[step - 1], states[step]]}[outcome]
+        assert read_state(store) in expected, f"the state is not what a {outcome!r} error says ({context})"
+        sim.crash(at)  # what the error says must also be what is durable
+        abandon(store)
+        store = ArrayStore(ROOT, _fs=sim)
+        state = read_state(store)
+        assert state in expected, f"after a power cut the state is not what a {outcome!r} error says ({context})"
+        if state == states[step - 1]:
+            apply_op(store, op)  # the store works again: the retried call succeeds
+    sim.clear_faults()
+    assert read_state(store) == states[-1], f"wrong final state ({context})"
+    store.close()
     with ArrayStore(ROOT, _fs=sim) as reopened:
         assert read_state(reopened) == states[-1], f"wrong state after reopening ({context})"
         assert_clean(settle_and_list(reopened, sim), states[-1], context)
@@ -319,7 +332,7 @@ def test_every_fault_at_every_call_of_save_and_drop(workdir, memo):
     for ops in WORKLOADS.values():
         for exchange in (True, False):
             sweep_faults(workdir, memo, ops, exchange, outcomes)
-    seed = random.randrange(1 << 30)
+    seed = workload_seed()
     sweep_random_faults(workdir, memo, 5_000, seed, outcomes)
     total = sum(outcomes.values())
     print(f"\n{total} injected faults in {time.perf_counter() - started:.1f} s (workload seed {seed}): {outcomes}")
@@ -385,8 +398,7 @@ def test_arraystore_makes_no_file_system_call_outside_the_seam():
 @pytest.mark.soak
 def test_soak_power_loss_and_faults(workdir, memo):
     """At least 200,000 simulated power losses and 200,000 injected faults."""
-    seed = int(os.environ.get("LOADERX_SIM_SEED", random.randrange(1 << 30)))
-    print(f"\nsoak workload seed {seed} (LOADERX_SIM_SEED={seed} replays it)")
+    seed = workload_seed()
     crashes = sweep_crashes(workdir, memo, seeds=64)
     crashes += sweep_random_crashes(workdir, memo, workloads=2000, points=max(1, (200_000 - crashes) // 2000 + 1), seed=seed)
     outcomes = {}
