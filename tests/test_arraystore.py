@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 import msgpack
 import numpy as np
@@ -539,6 +540,24 @@ def test_recovery_finishes_what_a_crashed_writer_left(root):
         store.compact()  # the first write recovers
         assert store.get_member_list() == ["a", "b"]
         assert same(store.load("a"), np.arange(3)) and same(store.load("b"), np.arange(4))
+    assert sorted(os.listdir(root)) == [".arraystore.msgpack", ".lock", "a", "b"]
+
+
+def test_a_commit_record_left_by_a_crash_is_replayed_on_open(root):
+    """A commit record whose swaps did not happen (a crash right after the
+    commit point) is replayed by the next open on the real file system: the
+    record's inode numbers find the new directories, the saved array is the
+    new one, the dropped one is gone, nothing is left over."""
+    with ArrayStore(root) as store:
+        store.save({"a": np.arange(3), "b": np.arange(4), "c": np.arange(5)})
+    shutil.copytree(os.path.join(root, "b"), os.path.join(root, ".new-a"))
+    record = {"format": "loaderx-arraystore-commit", "version": 1, "save": {"a": os.stat(os.path.join(root, ".new-a")).st_ino}, "drop": ["c"]}
+    payload = msgpack.packb(record)
+    with open(os.path.join(root, ".commit.msgpack"), "wb") as handle:
+        handle.write(payload + zlib.crc32(payload).to_bytes(4, "little"))
+    with ArrayStore(root) as store:
+        assert store.get_member_list() == ["a", "b"]
+        assert same(store.load("a"), np.arange(4))
     assert sorted(os.listdir(root)) == [".arraystore.msgpack", ".lock", "a", "b"]
 
 

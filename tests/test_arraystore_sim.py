@@ -35,8 +35,10 @@ import os
 import random
 import re
 import time
+import zlib
 from pathlib import Path
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -372,7 +374,8 @@ def test_regression_a_save_of_two_arrays_is_one_commit(workdir, memo, exchange):
 
 def test_a_damaged_commit_record_is_refused(workdir, memo):
     """A commit record that fails its checksum (loaderx renames it into place
-    only after an fsync) raises CorruptStoreError and changes nothing."""
+    only after an fsync), or names an invalid array, raises CorruptStoreError
+    and changes nothing."""
     from loaderx.zrecord import CorruptStoreError
 
     sim = new_sim(workdir, memo, True)
@@ -380,6 +383,10 @@ def test_a_damaged_commit_record_is_refused(workdir, memo):
         store.save({"x": A})
     sim.write_new(f"{ROOT}/{COMMIT_FILE}", b"\x93not a record")
     with pytest.raises(CorruptStoreError, match="checksum"):
+        ArrayStore(ROOT, _fs=sim)
+    payload = msgpack.packb({"format": "loaderx-arraystore-commit", "version": 1, "save": {}, "drop": ["../x"]})
+    sim.write_new(f"{ROOT}/{COMMIT_FILE}", payload + zlib.crc32(payload).to_bytes(4, "little"))
+    with pytest.raises(CorruptStoreError, match="invalid"):
         ArrayStore(ROOT, _fs=sim)
     assert sim.isfile(f"{ROOT}/x/schema.msgpack")
 

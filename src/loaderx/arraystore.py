@@ -441,7 +441,7 @@ class ArrayStore:
             except OSError:
                 self._unfinished = True
                 raise ArrayStoreIOError(exc.errno, f"{what} is committed and durable, but finishing it failed: {exc}; the next call on this ArrayStore (or the next writer) finishes it", "committed") from exc
-        self._remove_leftovers([*saves, *drops])
+        self._remove_leftovers([".new-" + name for name in saves] + [".prev-" + name for name in saves] + [".drop-" + name for name in drops])
 
     def _stage(self, saves: dict, codec, what: str) -> dict:
         """Writes each array whole into ``.new-<name>`` and makes those entries
@@ -466,15 +466,14 @@ class ArrayStore:
             raise
         return identities
 
-    def _remove_leftovers(self, names: list) -> None:
+    def _remove_leftovers(self, leftovers: list) -> None:
         """Deletes the old directories of a finished commit; on a failure the
         next call (or the next writer) deletes them."""
-        for name in names:
-            for prefix in _STAGING:
-                try:
-                    self._fs.rmtree(os.path.join(self.path, prefix + name))
-                except OSError:
-                    self._unfinished = True
+        for leftover in leftovers:
+            try:
+                self._fs.rmtree(os.path.join(self.path, leftover))
+            except OSError:
+                self._unfinished = True
 
 
 class LazyArray:
@@ -903,6 +902,14 @@ def _read_commit_record(root: str, fs: OsFs) -> dict | None:
         raise CorruptStoreError(f"{path} passes its checksum but does not decode ({exc}): it was not written by this loaderx") from exc
     if not isinstance(record, dict) or record.get("format") != COMMIT_FORMAT or record.get("version") != 1:
         raise CorruptStoreError(f"{path} is not a commit record of this loaderx (format {record.get('format') if isinstance(record, dict) else None!r}): upgrade loaderx")
+    saves, drops = record.get("save"), record.get("drop")
+    if (
+        not isinstance(saves, dict)
+        or not isinstance(drops, list)
+        or not all(_valid_name(name) and isinstance(identity, int) for name, identity in saves.items())
+        or not all(_valid_name(name) for name in drops)
+    ):
+        raise CorruptStoreError(f"{path} passes its checksum but its names or inode numbers are invalid: it was not written by this loaderx")
     return record
 
 
