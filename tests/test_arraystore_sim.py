@@ -25,7 +25,7 @@ Replay a failure: the assertion message names the calls, the call index and
 the crash seed, and ``run_crash(workdir, {}, ops, at, seed, exchange)`` or
 ``run_fault(workdir, {}, ops, at, code, sticky, exchange)`` reproduces it;
 random workloads print their seed, which LOADERX_SIM_SEED replays. LOADERX_SIM_SEEDS raises the seeds per crash
-point (default 16); the soak runs use 200,000 crash points and faults.
+point (default 20); the soak runs use 200,000 crash points and faults.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def workload_seed() -> int:
     return seed
 
 
-SEEDS = max(16, int(os.environ.get("LOADERX_SIM_SEEDS", "16")))  # crash seeds per crash point
+SEEDS = max(20, int(os.environ.get("LOADERX_SIM_SEEDS", "20")))  # crash seeds per crash point
 
 A = np.arange(6, dtype=np.float32).reshape(3, 2)
 B = np.array([1, -2, 3, -4, 5], dtype=np.int8)

@@ -157,29 +157,11 @@ class OsFs:
     # ---- durability
 
     def fsync_file(self, path: str) -> None:
-        try:
-            descriptor = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise _error(exc, f"open '{path}' to fsync it") from None
-        try:
-            os.fsync(descriptor)
-        except OSError as exc:
-            raise _error(exc, f"fsync '{path}' (its data may not be on disk)") from None
-        finally:
-            os.close(descriptor)
+        _fsync(path, os.O_RDONLY, f"'{path}'")
 
     def fsync_dir(self, path: str) -> None:
         """Makes a directory's entries (new, renamed, deleted names) durable."""
-        try:
-            descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError as exc:
-            raise _error(exc, f"open directory '{path}' to fsync it") from None
-        try:
-            os.fsync(descriptor)
-        except OSError as exc:
-            raise _error(exc, f"fsync directory '{path}' (its entries may not be on disk)") from None
-        finally:
-            os.close(descriptor)
+        _fsync(path, os.O_RDONLY | os.O_DIRECTORY, f"directory '{path}'")
 
     # ---- the writer lock
 
@@ -202,6 +184,19 @@ class OsFs:
     def unlock(self, handle: int) -> None:
         with contextlib.suppress(OSError):
             os.close(handle)  # closing releases the flock
+
+
+def _fsync(path: str, flags: int, thing: str) -> None:
+    try:
+        descriptor = os.open(path, flags)
+    except OSError as exc:
+        raise _error(exc, f"open {thing} to fsync it") from None
+    try:
+        os.fsync(descriptor)
+    except OSError as exc:
+        raise _error(exc, f"fsync {thing} (its changes may not be on disk)") from None
+    finally:
+        os.close(descriptor)
 
 
 OS_FS = OsFs()

@@ -844,26 +844,12 @@ def _write_commit_record(root: str, fs: OsFs, record: dict, what: str, staged: l
     failure the record is taken back (a failed fsync may have persisted it or
     not) and the staged directories removed, so nothing has changed."""
     payload = msgpack.packb(record)
-    payload += zlib.crc32(payload).to_bytes(4, "little")
     path = os.path.join(root, COMMIT_FILE)
-    temporary = path + ".tmp"
     try:
-        try:
-            fs.write_new(temporary, payload)
-            fs.fsync_file(temporary)
-            fs.rename(temporary, path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                fs.unlink(temporary)
-            raise
-        try:
-            fs.fsync_dir(root)
-        except OSError as exc:
-            _take_back(root, fs, path, what, exc)
-            raise
+        write_file_atomic(path, payload + zlib.crc32(payload).to_bytes(4, "little"), fs)
     except OSError as exc:
-        if isinstance(exc, ArrayStoreIOError):
-            raise  # outcome unknown: the record may name the staged directories
+        if fs.exists(path):
+            _take_back(root, fs, path, what, exc)  # renamed in place, the directory fsync failed
         for name in staged:
             with contextlib.suppress(OSError):
                 fs.rmtree(os.path.join(root, ".new-" + name))
