@@ -53,7 +53,7 @@ class OsFs:
         return os.path.lexists(path)
 
     def isdir(self, path: str) -> bool:
-        return os.path.isdir(path) and not os.path.islink(path)
+        return os.path.isdir(path)  # through symlinks: a store's path may be one
 
     def isfile(self, path: str) -> bool:
         return os.path.isfile(path)
