@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 import msgpack
 import numpy as np
@@ -26,8 +27,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-import loaderx.arraystore as arraystore_module
 from loaderx import ArrayStore, DataLoader, DenseDataset
+from loaderx._fs import OS_FS
 from loaderx.arraystore import LazyArray
 from loaderx.zrecord import StoreClosedError, StoreLockedError, Zrecord
 
@@ -542,10 +543,28 @@ def test_recovery_finishes_what_a_crashed_writer_left(root):
     assert sorted(os.listdir(root)) == [".arraystore.msgpack", ".lock", "a", "b"]
 
 
+def test_a_commit_record_left_by_a_crash_is_replayed_on_open(root):
+    """A commit record whose swaps did not happen (a crash right after the
+    commit point) is replayed by the next open on the real file system: the
+    record's inode numbers find the new directories, the saved array is the
+    new one, the dropped one is gone, nothing is left over."""
+    with ArrayStore(root) as store:
+        store.save({"a": np.arange(3), "b": np.arange(4), "c": np.arange(5)})
+    shutil.copytree(os.path.join(root, "b"), os.path.join(root, ".new-a"))
+    record = {"format": "loaderx-arraystore-commit", "version": 1, "save": {"a": os.stat(os.path.join(root, ".new-a")).st_ino}, "drop": ["c"]}
+    payload = msgpack.packb(record)
+    with open(os.path.join(root, ".commit.msgpack"), "wb") as handle:
+        handle.write(payload + zlib.crc32(payload).to_bytes(4, "little"))
+    with ArrayStore(root) as store:
+        assert store.get_member_list() == ["a", "b"]
+        assert same(store.load("a"), np.arange(4))
+    assert sorted(os.listdir(root)) == [".arraystore.msgpack", ".lock", "a", "b"]
+
+
 def test_overwrite_without_rename_exchange(root, monkeypatch):
     """Where renameat2(RENAME_EXCHANGE) is missing, the two-rename swap
     overwrites correctly and leaves nothing behind."""
-    monkeypatch.setattr(arraystore_module, "_exchange_works", False)
+    monkeypatch.setattr(OS_FS, "exchange_works", False)
     with ArrayStore(root) as store:
         store.save({"a": np.zeros(3)})
         store.save({"a": np.ones((2, 2), np.int8)})
@@ -581,12 +600,12 @@ def test_dataloader_reads_array_store_datasets(root):
 WORKER = r"""
 import sys
 import numpy as np
-import loaderx.arraystore as module
 from loaderx import ArrayStore
+from loaderx._fs import OS_FS
 
 root, mode = sys.argv[1], sys.argv[2]
 if mode == "fallback":
-    module._exchange_works = False
+    OS_FS.exchange_works = False
 old = np.full((20000, 16), 1, np.float32)
 new = np.full((9000, 8), 2, np.int16)
 with ArrayStore(root) as store:
@@ -594,17 +613,20 @@ with ArrayStore(root) as store:
     k = 0
     while True:
         if mode == "drop":
-            store.drop("a")
-        store.save({"a": new if k % 2 == 0 else old})
+            store.drop([name for name in ("a", "b") if name in store])
+        version = new if k % 2 == 0 else old
+        store.save({"a": version, "b": version})
         k += 1
 """
+STAGING = (".new-", ".prev-", ".old-", ".drop-", ".commit.msgpack")
 
 
 @pytest.mark.parametrize("mode", ["exchange", "fallback", "drop"])
 def test_save_and_drop_survive_sigkill(tmp_path, mode):
-    """A writer killed with SIGKILL mid-save (or mid-drop) leaves each array
-    whole: old or new contents (or absent after a drop), never a mix; the
-    next writer clears the leftovers and the other array is untouched."""
+    """A writer killed with SIGKILL mid-save (or mid-drop) of two arrays
+    leaves both old or both new (or both absent after a drop), each whole,
+    never a mix; the next open clears the leftovers and the other array is
+    untouched."""
     old = np.full((20000, 16), 1, np.float32)
     new = np.full((9000, 8), 2, np.int16)
     other = np.arange(1000, dtype=np.int64)
@@ -623,17 +645,20 @@ def test_save_and_drop_survive_sigkill(tmp_path, mode):
             child.send_signal(signal.SIGKILL)
             child.wait()
             child.stdout.close()
-        interrupted += any(name.startswith((".new-", ".old-", ".drop-")) for name in os.listdir(root))
+        interrupted += any(name.startswith(STAGING) for name in os.listdir(root))
         with ArrayStore(root) as store:
             store.compact()  # takes the lock: recovery
             context = f"mode {mode}, trial {trial}, seed {seed}"
-            if "a" in store:
-                loaded = store.load("a")
-                assert same(loaded, old) or same(loaded, new), context
+            present = [name for name in ("a", "b") if name in store]
+            if present == ["a"]:
+                assert same(store.load("a"), old), context  # the first save did not commit
+            elif present == ["a", "b"]:
+                loaded = [store.load(name) for name in present]
+                assert all(same(array, old) for array in loaded) or all(same(array, new) for array in loaded), context
             else:
-                assert mode == "drop", context
+                assert present == [] and mode == "drop", context
             assert same(store.load("other"), other), context
-        assert [name for name in os.listdir(root) if name.startswith((".new-", ".old-", ".drop-"))] == []
+        assert [name for name in os.listdir(root) if name.startswith(STAGING)] == []
     # Most kills land inside an operation (about 5 in 6 here); none would mean
     # the test exercised nothing.
     assert interrupted > 0, f"no kill landed mid-operation in {CRASH_TRIALS} trials (seed {seed})"

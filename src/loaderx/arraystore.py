@@ -8,40 +8,56 @@ The numpack operations (``save``, ``load``, lazy loads, ``getitem``,
     <root>/<name>/               a dense loaderx store (zrecord + schema.msgpack),
                                  one record per row along axis 0
     <root>/<name>/array.msgpack  only for 0-d arrays, stored as one scalar row
-    <root>/.new-<name>  .old-<name>  .drop-<name>   saves and drops in flight
+    <root>/.commit.msgpack       the commit record of a save or drop in flight
+    <root>/.new-<name>  .prev-<name>  .drop-<name>  saves and drops in flight
 
 The directory is the only list of arrays, so there is no catalogue to keep in
-step with the data. Row edits are the store's atomic commits. ``save`` writes
-the whole new array into ``.new-<name>`` (data, schema and directory fsynced),
-then swaps it in with one ``renameat2(RENAME_EXCHANGE)`` (or, where the
-kernel or file system lacks it, two renames through ``.old-<name>``), fsyncs
-the root and deletes the old data. ``drop`` renames to ``.drop-<name>`` first.
-The first write of an ArrayStore takes the root lock and finishes what a
-crashed writer left: ``.new-`` and ``.drop-`` directories are deleted, and an
-``.old-<name>`` whose ``<name>`` is missing is renamed back. So after a crash
-every array is its old or its new contents, never a mix.
+step with the data. Row edits are the store's atomic commits. One ``save`` or
+``drop`` call is one commit, however many arrays it names:
+
+1. ``save`` writes each new array whole into ``.new-<name>`` (zrecord makes
+   its data and schema durable), then fsyncs the root so those directory
+   entries are durable too.
+2. The commit record ``.commit.msgpack`` (checksummed: each saved name with
+   the inode number of its new directory, and the dropped names) is written
+   to a temporary file, fsynced, renamed into place and the root fsynced:
+   that fsync is the commit point.
+3. Each new directory is swapped in with ``renameat2(RENAME_EXCHANGE)`` (or,
+   where the kernel or file system lacks it, two renames through
+   ``.prev-<name>``), each dropped array is renamed to ``.drop-<name>``, the
+   root is fsynced, the record deleted, and the old directories removed.
+
+A commit record left by a crash is replayed: the inode numbers tell which
+swaps happened (an exchange leaves both names in place), so each array ends
+as the call's new contents. Without a record, every ``.new-``, ``.prev-`` and
+``.drop-`` entry is garbage of an unfinished or finished call and deleted.
+(An ``.old-<name>`` whose ``<name>`` is missing was left by a crash in a
+loaderx from before the commit record, mid two-rename swap, and is renamed
+back; this protocol never makes one, since after a drop ``<name>`` is
+legitimately missing.) The first write of
+an ArrayStore takes the root lock and does this; opening one does it too when
+no writer holds the lock. Every file-system call goes through the seam in
+``_fs.py``, which the tests replace with a simulated disk that loses power.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
-import fcntl
+import functools
 import math
 import os
-import shutil
 import threading
+import zlib
 
 import msgpack
 import numpy as np
 
-from ._files import fsync_dir, write_file_atomic
+from ._fs import OS_FS, OsFs, make_dirs_durable, write_file_atomic
 from .converter import from_numpy
 from .dataset import SCHEMA_FILE, DenseDataset, _int_index, _is_int, _record_indices
-from .zrecord import CODECS, StoreClosedError, StoreLockedError, StoreReadOnlyError
+from .zrecord import CODECS, CorruptStoreError, StoreClosedError, StoreLockedError, StoreReadOnlyError
 
-__all__ = ["ArrayStore", "LazyArray"]
+__all__ = ["ArrayStore", "ArrayStoreIOError", "LazyArray"]
 
 FORMAT_NAME = "loaderx-arraystore"
 FORMAT_VERSION = 1
@@ -50,8 +66,22 @@ LOCK_FILE = ".lock"
 ARRAY_FILE = "array.msgpack"  # only in the directory of a 0-d array
 NAME_BYTES_MAX = 200  # leaves room for the ".drop-" prefix within NAME_MAX (255)
 STREAM_BYTES = 64 << 20  # stream_load's default chunk, in bytes of rows
-_STAGING = (".new-", ".old-", ".drop-")
+COMMIT_FILE = ".commit.msgpack"
+COMMIT_FORMAT = "loaderx-arraystore-commit"
+_STAGING = (".new-", ".prev-", ".drop-", ".old-")
 _MARKER_BYTES_MAX = 1 << 16
+
+
+class ArrayStoreIOError(OSError):
+    """A save or drop failed on a file-system error. ``outcome`` says what
+    the call left: ``"unchanged"`` (nothing changed), ``"committed"`` (the
+    call is durable; finishing it failed and the next call retries that), or
+    ``"unknown"`` (the fsync that commits it failed and taking it back failed
+    too: after a reopen the call is applied entirely or not at all)."""
+
+    def __init__(self, code, message: str, outcome: str):
+        super().__init__(code, message)
+        self.outcome = outcome
 
 
 class ArrayStore:
@@ -69,13 +99,16 @@ class ArrayStore:
     float into int is refused); integers must fit the array's integer dtype.
     """
 
-    def __init__(self, path):
+    def __init__(self, path, *, _fs: OsFs = OS_FS):
         self.path = os.fspath(path)
+        self._fs = _fs  # the file-system seam; tests pass a simulated disk
         self._lock = threading.RLock()
         self._arrays: dict[str, _Array] = {}
         self._lock_fd = None
         self._closed = False
-        _open_root(self.path)
+        self._unfinished = False  # a commit or cleanup of this writer still to finish
+        _open_root(self.path, _fs)
+        _replay_if_unlocked(self.path, _fs)
 
     # ---- lifetime
 
@@ -92,7 +125,7 @@ class ArrayStore:
                     entry.close()
                 self._arrays.clear()
                 if self._lock_fd is not None:
-                    os.close(self._lock_fd)  # releases the flock
+                    self._fs.unlock(self._lock_fd)
                     self._lock_fd = None
 
     def sync(self) -> None:
@@ -132,18 +165,15 @@ class ArrayStore:
     def get_member_list(self) -> list:
         """The names of the arrays, sorted."""
         self._check_open()
-        names = []
-        with os.scandir(self.path) as entries:
-            for item in entries:
-                if not item.name.startswith(".") and os.path.isfile(os.path.join(item.path, SCHEMA_FILE)):
-                    names.append(item.name)
+        fs = self._fs
+        names = [item for item in fs.listdir(self.path) if not item.startswith(".") and fs.isfile(os.path.join(self.path, item, SCHEMA_FILE))]
         return sorted(names)
 
     def has_array(self, name) -> bool:
         self._check_open()
         if not _valid_name(name):
             return False
-        return os.path.isfile(os.path.join(self.path, name, SCHEMA_FILE))
+        return self._fs.isfile(os.path.join(self.path, name, SCHEMA_FILE))
 
     def __contains__(self, name) -> bool:
         return self.has_array(name)
@@ -191,7 +221,7 @@ class ArrayStore:
     def get_modify_time(self, name) -> float:
         """When ``name`` last changed, in seconds since the epoch (its last commit)."""
         self._require(name)
-        return os.stat(os.path.join(self.path, name, "superblock")).st_mtime
+        return self._fs.stat(os.path.join(self.path, name, "superblock")).st_mtime
 
     def get_metadata(self) -> dict:
         """The format, and for each array its shape, dtype, codec, logical and
@@ -204,7 +234,7 @@ class ArrayStore:
                 "dtype": entry.dataset.dtype.str,
                 "codec": entry.dataset.codec,
                 "nbytes": math.prod(entry.shape) * entry.dataset.dtype.itemsize,
-                "disk_bytes": _tree_bytes(entry.path),
+                "disk_bytes": _tree_bytes(self._fs, entry.path),
                 "modify_time": self.get_modify_time(name),
             }
         return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "path": self.path, "arrays": arrays}
@@ -229,20 +259,20 @@ class ArrayStore:
         entry = self._entry(name)
         if entry.scalar:
             raise ValueError(f"array '{name}' is 0-d: a dataset needs rows")
-        return DenseDataset(entry.path)
+        return DenseDataset(self._fs.real_path(entry.path))
 
     # ---- writes
 
     def save(self, arrays, codec: str = "raw") -> None:
         """Creates or overwrites each named array (one record per row along
-        axis 0). An overwrite is atomic: a crash leaves the old array or the
-        new one. All names and arrays are checked before anything is written."""
+        axis 0). The call is one commit, durable when it returns: a crash or
+        power cut leaves every named array old or every one new, never a mix.
+        All names and arrays are checked before anything is written."""
         codec = _codec_name(codec)
-        items = [(name, _array_to_save(name, value)) for name, value in _named(arrays, "save")]
+        items = {name: _array_to_save(name, value) for name, value in _named(arrays, "save")}
         with self._lock:
             self._begin_write()
-            for name, array in items:
-                self._save_one(name, array, codec)
+            self._commit(items, [], codec)
 
     def replace(self, arrays, idx) -> None:
         """Gives rows ``idx`` (int, slice, list, int array or boolean mask) of
@@ -277,15 +307,16 @@ class ArrayStore:
                     entry.appended = True
 
     def drop(self, name, rows=None) -> None:
-        """Drops arrays (a name or a list of names), or with ``rows`` drops
-        those rows of each named array, keeping the order of the rest."""
+        """Drops arrays (a name or a list of names; one commit, durable when
+        it returns), or with ``rows`` drops those rows of each named array,
+        keeping the order of the rest."""
         names = list(dict.fromkeys([name] if isinstance(name, str) else _name_list(name)))
         with self._lock:
             self._begin_write()
             if rows is None:
                 for member in names:
                     self._require(member)  # KeyError before any change
-                self._drop_arrays(names)
+                self._commit({}, names, None)
                 return
             plans = []
             for entry in [self._entry(member) for member in names]:
@@ -307,13 +338,20 @@ class ArrayStore:
         """Drops every array."""
         with self._lock:
             self._begin_write()
-            self._drop_arrays(self.get_member_list())
+            self._commit({}, self.get_member_list(), None)
 
     # ---- internals
 
     def _check_open(self) -> None:
+        """Refuses a closed store; finishes a commit a fault interrupted
+        (so reads after the fault clears see the committed state)."""
         if self._closed:
             raise StoreClosedError(f"ArrayStore '{self.path}' is closed; open it again with ArrayStore(path)")
+        if self._unfinished:
+            with self._lock:
+                if self._unfinished and self._lock_fd is not None:
+                    _recover(self.path, self._fs)
+                    self._unfinished = False
 
     def _entry(self, name) -> "_Array":
         """The open array ``name``; KeyError when there is none.
@@ -330,18 +368,15 @@ class ArrayStore:
             if entry is not None and self._lock_fd is not None:
                 return entry
             path = os.path.join(self.path, name)
-            try:
-                inode = os.stat(path).st_ino
-            except FileNotFoundError:
-                inode = None
+            inode = self._fs.identity(path)
             if entry is not None:
                 if inode == entry.inode:
                     entry.store.refresh()
                     return entry
                 self._forget(name)
-            if inode is None or not os.path.isfile(os.path.join(path, SCHEMA_FILE)):
+            if inode is None or not self._fs.isfile(os.path.join(path, SCHEMA_FILE)):
                 self._require(name)
-            entry = _Array.open(name, path, inode)
+            entry = _Array.open(name, path, inode, self._fs)
             self._arrays[name] = entry
             return entry
 
@@ -368,55 +403,77 @@ class ArrayStore:
         self._check_open()
         if self._lock_fd is not None:
             return
+        handle = _take_lock(self.path, self._fs)
         try:
-            descriptor = os.open(os.path.join(self.path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
-        except PermissionError:
-            raise StoreReadOnlyError(f"cannot write ArrayStore '{self.path}': the directory is read-only (open it for reading only, or fix its permissions)") from None
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(descriptor)
-            raise StoreLockedError(f"ArrayStore '{self.path}' is open for writing by another ArrayStore (in this or another process); one writer at a time: close the other first") from None
-        try:
-            _recover(self.path)
+            _recover(self.path, self._fs)
             for name in list(self._arrays):
                 try:
                     self._entry(name)  # as a reader still: reopens or refreshes stale handles
                 except KeyError:
                     pass  # dropped by another writer: _entry forgot it
         except BaseException:
-            os.close(descriptor)
+            self._fs.unlock(handle)
             raise
-        self._lock_fd = descriptor
+        self._lock_fd = handle
 
-    def _save_one(self, name: str, array: np.ndarray, codec: str) -> None:
-        target = os.path.join(self.path, name)
-        staging = os.path.join(self.path, ".new-" + name)
-        _remove_tree(staging)
-        try:
-            from_numpy(staging, array.reshape(1) if array.ndim == 0 else array, codec=codec, progress=False)
-            if array.ndim == 0:
-                write_file_atomic(os.path.join(staging, ARRAY_FILE), msgpack.packb({"shape": []}))
-        except BaseException:
-            _remove_tree(staging)
-            raise
-        self._forget(name)
-        old = _swap_in(self.path, name, staging, target)
-        fsync_dir(self.path)
-        if old is not None:
-            _remove_tree(old)
-
-    def _drop_arrays(self, names) -> None:
-        doomed = []
-        for name in names:
+    def _commit(self, saves: dict, drops: list, codec) -> None:
+        """Saves ``saves`` and drops ``drops`` as one commit (the protocol of
+        the module docstring). Raises ArrayStoreIOError on a file-system error,
+        with what the call left."""
+        if not saves and not drops:
+            return
+        what = _call_text(saves, drops)
+        fs = self._fs
+        identities = self._stage(saves, codec, what)
+        for name in [*saves, *drops]:
             self._forget(name)
-            trash = os.path.join(self.path, ".drop-" + name)
-            os.rename(os.path.join(self.path, name), trash)
-            doomed.append(trash)
-        if doomed:
-            fsync_dir(self.path)
-        for trash in doomed:
-            _remove_tree(trash)
+        record = {"format": COMMIT_FORMAT, "version": 1, "save": identities, "drop": list(drops)}
+        try:
+            _write_commit_record(self.path, fs, record, what, staged=list(saves))
+        except ArrayStoreIOError as exc:
+            self._unfinished = exc.outcome == "unknown"  # the next call replays or discards the record
+            raise
+        try:
+            _roll_forward(self.path, fs, record)
+        except OSError as exc:
+            try:
+                _recover(self.path, fs)  # one more try from what the directory holds
+            except OSError:
+                self._unfinished = True
+                raise ArrayStoreIOError(exc.errno, f"{what} is committed and durable, but finishing it failed: {exc}; the next call on this ArrayStore (or the next writer) finishes it", "committed") from exc
+        self._remove_leftovers([".new-" + name for name in saves] + [".prev-" + name for name in saves] + [".drop-" + name for name in drops])
+
+    def _stage(self, saves: dict, codec, what: str) -> dict:
+        """Writes each array whole into ``.new-<name>`` and makes those entries
+        durable; returns each name's new directory identity. On failure the
+        staging directories are removed and nothing has changed."""
+        fs = self._fs
+        identities = {}
+        try:
+            for name, array in saves.items():
+                staging = os.path.join(self.path, ".new-" + name)
+                fs.rmtree(staging)
+                fs.build_store(staging, functools.partial(_write_array, array=array, codec=codec))
+                identities[name] = fs.identity(staging)
+            if saves:
+                fs.fsync_dir(self.path)  # the new directories' entries, before the record names them
+        except BaseException as exc:
+            for name in saves:
+                with contextlib.suppress(OSError):
+                    fs.rmtree(os.path.join(self.path, ".new-" + name))
+            if isinstance(exc, OSError) and not isinstance(exc, ArrayStoreIOError):
+                raise ArrayStoreIOError(exc.errno, f"{what} failed, nothing changed: {exc}", "unchanged") from exc
+            raise
+        return identities
+
+    def _remove_leftovers(self, leftovers: list) -> None:
+        """Deletes the old directories of a finished commit; on a failure the
+        next call (or the next writer) deletes them."""
+        for leftover in leftovers:
+            try:
+                self._fs.rmtree(os.path.join(self.path, leftover))
+            except OSError:
+                self._unfinished = True
 
 
 class LazyArray:
@@ -533,10 +590,10 @@ class _Array:
         self._offsets = np.empty(0, dtype=np.uint64)
 
     @classmethod
-    def open(cls, name: str, path: str, inode: int) -> "_Array":
-        dataset = DenseDataset(path)
+    def open(cls, name: str, path: str, inode: int, fs: OsFs) -> "_Array":
+        dataset = DenseDataset(fs.real_path(path))
         try:
-            scalar = _read_scalar_marker(path, dataset)
+            scalar = _read_scalar_marker(path, dataset, fs)
         except BaseException:
             dataset.close()
             raise
@@ -705,11 +762,10 @@ def _last_wins(indices: np.ndarray, data: np.ndarray, key):
     return reversed_unique, np.ascontiguousarray(data[keep])
 
 
-def _read_scalar_marker(path: str, dataset: DenseDataset) -> bool:
+def _read_scalar_marker(path: str, dataset: DenseDataset, fs: OsFs) -> bool:
     file = os.path.join(path, ARRAY_FILE)
     try:
-        with open(file, "rb") as handle:
-            payload = handle.read(_MARKER_BYTES_MAX + 1)
+        payload = fs.read_file(file, _MARKER_BYTES_MAX + 1)
     except FileNotFoundError:
         return False
     try:
@@ -721,19 +777,33 @@ def _read_scalar_marker(path: str, dataset: DenseDataset) -> bool:
     return True
 
 
-def _open_root(path: str) -> None:
-    """Creates the ArrayStore directory or checks that ``path`` is one."""
+def _write_array(path: str, array: np.ndarray, codec: str) -> None:
+    """Writes ``array`` as a complete dense store at the new ``path`` (data
+    and schema durable when it returns; a 0-d array as one row and a marker)."""
+    from_numpy(path, array.reshape(1) if array.ndim == 0 else array, codec=codec, progress=False)
+    if array.ndim == 0:
+        write_file_atomic(os.path.join(path, ARRAY_FILE), msgpack.packb({"shape": []}))
+
+
+def _call_text(saves: dict, drops: list) -> str:
+    if saves:
+        return f"save of {sorted(saves)}"
+    return f"drop of {sorted(drops)}"
+
+
+def _open_root(path: str, fs: OsFs) -> None:
+    """Creates the ArrayStore directory (durably: its parent is fsynced) or
+    checks that ``path`` is one."""
     marker = os.path.join(path, MARKER_FILE)
-    if os.path.exists(path) and not os.path.isdir(path):
+    if fs.exists(path) and not fs.isdir(path):
         raise ValueError(f"'{path}' is a file, not an ArrayStore directory")
-    os.makedirs(path, exist_ok=True)
+    make_dirs_durable(path, fs)
     try:
-        with open(marker, "rb") as handle:
-            payload = handle.read(_MARKER_BYTES_MAX + 1)
+        payload = fs.read_file(marker, _MARKER_BYTES_MAX + 1)
     except FileNotFoundError:
-        if any(not item.startswith(MARKER_FILE + ".tmp") for item in os.listdir(path)):
+        if any(not item.startswith(MARKER_FILE + ".tmp") for item in fs.listdir(path)):
             raise ValueError(f"'{path}' is a non-empty directory that is not an ArrayStore (it has no {MARKER_FILE}): give a new or empty directory") from None
-        write_file_atomic(marker, msgpack.packb({"format": FORMAT_NAME, "version": FORMAT_VERSION}))
+        write_file_atomic(marker, msgpack.packb({"format": FORMAT_NAME, "version": FORMAT_VERSION}), fs)
         return
     try:
         data = msgpack.unpackb(payload, raw=False)
@@ -748,66 +818,149 @@ def _open_root(path: str) -> None:
         raise ValueError(f"ArrayStore '{path}' has version {version}, newer than this loaderx understands ({FORMAT_VERSION}): upgrade loaderx")
 
 
-def _recover(root: str) -> None:
-    """Finishes what a crashed writer left (see the module docstring)."""
-    changed = False
-    with os.scandir(root) as entries:
-        leftovers = [item.name for item in entries if item.name.startswith(_STAGING) or item.name.startswith(MARKER_FILE + ".tmp")]
-    for leftover in leftovers:
+def _take_lock(root: str, fs: OsFs):
+    """The root's write lock, or StoreLockedError / StoreReadOnlyError."""
+    try:
+        return fs.lock(os.path.join(root, LOCK_FILE))
+    except PermissionError:
+        raise StoreReadOnlyError(f"cannot write ArrayStore '{root}': the directory is read-only (open it for reading only, or fix its permissions)") from None
+    except BlockingIOError:
+        raise StoreLockedError(f"ArrayStore '{root}' is open for writing by another ArrayStore (in this or another process); one writer at a time: close the other first") from None
+
+
+def _replay_if_unlocked(root: str, fs: OsFs) -> None:
+    """Finishes a commit a crashed writer left, so that readers see whole
+    calls, when no live writer holds the lock (a live one finishes its own)."""
+    if not fs.exists(os.path.join(root, COMMIT_FILE)):
+        return
+    try:
+        handle = _take_lock(root, fs)
+    except (StoreLockedError, StoreReadOnlyError):
+        return
+    try:
+        _recover(root, fs)
+    finally:
+        fs.unlock(handle)
+
+
+def _write_commit_record(root: str, fs: OsFs, record: dict, what: str, staged: list) -> None:
+    """Makes ``record`` durable at ``COMMIT_FILE``: the commit point. On a
+    failure the record is taken back (a failed fsync may have persisted it or
+    not) and the staged directories removed, so nothing has changed."""
+    payload = msgpack.packb(record)
+    path = os.path.join(root, COMMIT_FILE)
+    try:
+        write_file_atomic(path, payload + zlib.crc32(payload).to_bytes(4, "little"), fs)
+    except OSError as exc:
+        if fs.exists(path):
+            _take_back(root, fs, path, what, exc)  # renamed in place, the directory fsync failed
+        for name in staged:
+            with contextlib.suppress(OSError):
+                fs.rmtree(os.path.join(root, ".new-" + name))
+        raise ArrayStoreIOError(exc.errno, f"{what} failed, nothing changed: {exc}", "unchanged") from exc
+
+
+def _take_back(root: str, fs: OsFs, path: str, what: str, cause: OSError) -> None:
+    """After the fsync of the commit failed: deletes the record durably (a
+    retried fsync proves nothing about the failed one), or says that the
+    outcome is unknown until the next writer replays or discards it."""
+    try:
+        fs.unlink(path)
+        fs.fsync_dir(root)
+    except OSError as exc:
+        raise ArrayStoreIOError(
+            cause.errno,
+            f"{what} may or may not have taken effect: making it durable failed ({cause}) and taking it back failed ({exc}); "
+            "reopen the ArrayStore once the disk works: the call is then applied entirely or not at all",
+            "unknown",
+        ) from cause
+
+
+def _read_commit_record(root: str, fs: OsFs) -> dict | None:
+    """The commit record in ``root``, None when there is none."""
+    path = os.path.join(root, COMMIT_FILE)
+    try:
+        payload = fs.read_file(path, _MARKER_BYTES_MAX + 1)
+    except FileNotFoundError:
+        return None
+    body, checksum = payload[:-4], payload[-4:]
+    if len(payload) < 4 or zlib.crc32(body).to_bytes(4, "little") != checksum:
+        raise CorruptStoreError(f"{path} is damaged (its checksum does not match); loaderx makes it durable before renaming it into place, so something else changed it: restore the ArrayStore from a backup")
+    try:
+        record = msgpack.unpackb(body, raw=False)
+    except Exception as exc:
+        raise CorruptStoreError(f"{path} passes its checksum but does not decode ({exc}): it was not written by this loaderx") from exc
+    if not isinstance(record, dict) or record.get("format") != COMMIT_FORMAT or record.get("version") != 1:
+        raise CorruptStoreError(f"{path} is not a commit record of this loaderx (format {record.get('format') if isinstance(record, dict) else None!r}): upgrade loaderx")
+    saves, drops = record.get("save"), record.get("drop")
+    if (
+        not isinstance(saves, dict)
+        or not isinstance(drops, list)
+        or not all(_valid_name(name) and isinstance(identity, int) for name, identity in saves.items())
+        or not all(_valid_name(name) for name in drops)
+    ):
+        raise CorruptStoreError(f"{path} passes its checksum but its names or inode numbers are invalid: it was not written by this loaderx")
+    return record
+
+
+def _roll_forward(root: str, fs: OsFs, record: dict) -> None:
+    """Applies a durable commit record; each step is skipped when done, so a
+    replay after a crash at any point ends in the same state. Deletes the
+    record once the steps are durable; the old directories stay (leftovers)."""
+    for name, identity in record["save"].items():
+        _swap_in(root, fs, name, identity)
+    for name in record["drop"]:
+        target = os.path.join(root, name)
+        if fs.exists(target):
+            trash = os.path.join(root, ".drop-" + name)
+            fs.rmtree(trash)
+            fs.rename(target, trash)
+    fs.fsync_dir(root)  # every step durable before the record goes
+    # No fsync after this unlink: a record that survives a crash is replayed
+    # and finds every step done, and the next commit's fsyncs persist it.
+    fs.unlink(os.path.join(root, COMMIT_FILE))
+
+
+def _swap_in(root: str, fs: OsFs, name: str, identity: int) -> None:
+    """Puts the new directory of ``name`` (inode ``identity``) in place,
+    keeping the old one as ``.new-<name>`` or ``.prev-<name>``."""
+    target = os.path.join(root, name)
+    staging = os.path.join(root, ".new-" + name)
+    if fs.identity(target) == identity:
+        return
+    if fs.identity(staging) != identity:
+        raise CorruptStoreError(
+            f"the commit record of ArrayStore '{root}' names the new directory of '{name}' (inode {identity}), but neither "
+            f"'{name}' nor '.new-{name}' is it: the directory was copied or changed during a commit; restore it from a backup"
+        )
+    if not fs.exists(target):
+        fs.rename(staging, target)
+    elif not fs.exchange(staging, target):
+        old = os.path.join(root, ".prev-" + name)
+        fs.rmtree(old)
+        fs.rename(target, old)
+        fs.rename(staging, target)
+
+
+def _recover(root: str, fs: OsFs) -> None:
+    """Finishes what a crashed or failed writer left (see the module docstring)."""
+    record = _read_commit_record(root, fs)
+    if record is not None:
+        _roll_forward(root, fs, record)
+    changed = record is not None
+    temporaries = (MARKER_FILE + ".tmp", COMMIT_FILE + ".tmp")
+    for leftover in fs.listdir(root):
+        if not leftover.startswith(_STAGING + temporaries):
+            continue
         path = os.path.join(root, leftover)
         changed = True
-        if leftover.startswith(".old-"):
-            target = os.path.join(root, leftover[len(".old-"):])
-            if not os.path.exists(target):
-                os.rename(path, target)  # the swap stopped between its two renames: roll back
-                continue
-        _remove_tree(path)
+        if leftover.startswith(".old-") and not fs.exists(os.path.join(root, leftover[len(".old-"):])):
+            fs.rename(path, os.path.join(root, leftover[len(".old-"):]))  # an older loaderx's swap cut short
+            continue
+        fs.rmtree(path)
     if changed:
-        fsync_dir(root)
+        fs.fsync_dir(root)
 
 
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-_renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-_exchange_works = _renameat2 is not None
-
-
-def _exchange(source: str, target: str) -> bool:
-    """Atomically swaps two paths; False where the OS or file system cannot."""
-    global _exchange_works
-    if not _exchange_works:
-        return False
-    if _renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_EXCHANGE) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        _exchange_works = False
-        return False
-    raise OSError(code, f"cannot swap '{source}' and '{target}': {os.strerror(code)}")
-
-
-def _swap_in(root: str, name: str, staging: str, target: str):
-    """Moves the complete ``staging`` to ``target``; returns where the old
-    contents now are (to delete), or None when there were none."""
-    if not os.path.lexists(target):
-        os.rename(staging, target)
-        return None
-    if _exchange(staging, target):
-        return staging
-    old = os.path.join(root, ".old-" + name)
-    os.rename(target, old)
-    os.rename(staging, target)
-    return old
-
-
-def _remove_tree(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-
-
-def _tree_bytes(path: str) -> int:
-    with os.scandir(path) as entries:
-        return sum(item.stat().st_size for item in entries if item.is_file())
+def _tree_bytes(fs: OsFs, path: str) -> int:
+    return sum(fs.stat(os.path.join(path, item)).st_size for item in fs.listdir(path) if fs.isfile(os.path.join(path, item)))

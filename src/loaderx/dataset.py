@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-from ._files import write_file_atomic
+from ._fs import write_file_atomic
 from .zrecord import CODECS, Zrecord
 
 __all__ = ["DenseDataset", "RaggedDataset", "Schema", "pad", "read_schema", "write_schema"]

@@ -1,0 +1,238 @@
+"""The file-system seam of the Python layer: every file-system call that
+ArrayStore and the small-file writer make goes through an ``OsFs``.
+
+Tests swap in a simulated file system with the same methods (tests/simfs.py)
+that loses power between any two calls and fails any call on cue, so the
+order of renames and fsyncs that makes a commit durable is tested, not
+assumed. Every OS error message of these calls is made here: an ``OSError``
+that names the call, the path and the reason.
+
+A zrecord store directory is opaque to this seam: ``build_store`` hands a
+real path to a function that writes the whole store (zrecord does its own
+I/O and fsyncs), and ``real_path`` says where an existing one can be opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import shutil
+from typing import Callable
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _error(exc: OSError, what: str) -> OSError:
+    """``exc`` re-raised as the same OSError subclass with a message that
+    says which call failed on which path."""
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    return type(exc)(exc.errno, f"cannot {what}: {reason}")
+
+
+class OsFs:
+    """The real file system (the production seam)."""
+
+    def __init__(self):
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._renameat2 = getattr(libc, "renameat2", None)
+        self.exchange_works = self._renameat2 is not None
+
+    # ---- reads
+
+    def listdir(self, path: str) -> list:
+        try:
+            return os.listdir(path)
+        except OSError as exc:
+            raise _error(exc, f"list directory '{path}'") from None
+
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(path)
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(path)  # through symlinks: a store's path may be one
+
+    def isfile(self, path: str) -> bool:
+        return os.path.isfile(path)
+
+    def identity(self, path: str):
+        """The inode number of ``path`` (stable across reboots on a local
+        file system), or None when it does not exist."""
+        try:
+            return os.lstat(path).st_ino
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _error(exc, f"stat '{path}'") from None
+
+    def stat(self, path: str) -> os.stat_result:
+        try:
+            return os.stat(path)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise _error(exc, f"stat '{path}'") from None
+
+    def read_file(self, path: str, bytes_max: int) -> bytes:
+        """At most ``bytes_max`` bytes of ``path``; FileNotFoundError when absent."""
+        try:
+            with open(path, "rb") as handle:
+                return handle.read(bytes_max)
+        except (FileNotFoundError, NotADirectoryError):
+            raise
+        except OSError as exc:
+            raise _error(exc, f"read '{path}'") from None
+
+    def real_path(self, path: str) -> str:
+        """Where the store directory ``path`` can be opened by zrecord."""
+        return path
+
+    # ---- writes (durable only after the fsync named in each)
+
+    def mkdir(self, path: str) -> None:
+        """Creates a directory; durable after ``fsync_dir`` of its parent."""
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise _error(exc, f"create directory '{path}'") from None
+
+    def write_new(self, path: str, payload: bytes) -> None:
+        """Creates (or truncates) ``path`` holding ``payload``; the bytes are
+        durable after ``fsync_file``, the name after ``fsync_dir``."""
+        try:
+            with open(path, "wb") as handle:
+                handle.write(payload)
+        except OSError as exc:
+            raise _error(exc, f"write '{path}'") from None
+
+    def rename(self, source: str, target: str) -> None:
+        try:
+            os.rename(source, target)
+        except OSError as exc:
+            raise _error(exc, f"rename '{source}' to '{target}'") from None
+
+    def exchange(self, source: str, target: str) -> bool:
+        """Atomically swaps two existing paths (renameat2 RENAME_EXCHANGE);
+        False where the kernel or file system cannot."""
+        if not self.exchange_works:
+            return False
+        if self._renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_EXCHANGE) == 0:
+            return True
+        code = ctypes.get_errno()
+        if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            self.exchange_works = False
+            return False
+        raise OSError(code, f"cannot swap '{source}' and '{target}': {os.strerror(code)}")
+
+    def unlink(self, path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise _error(exc, f"delete '{path}'") from None
+
+    def rmtree(self, path: str) -> None:
+        """Deletes a directory tree (or a file); absent is fine."""
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise _error(exc, f"delete '{path}'") from None
+
+    def build_store(self, path: str, build: Callable[[str], None]) -> None:
+        """Runs ``build(path)``, which writes a complete store directory at
+        the new ``path`` and makes its contents durable before returning."""
+        build(path)
+
+    # ---- durability
+
+    def fsync_file(self, path: str) -> None:
+        _fsync(path, os.O_RDONLY, f"'{path}'")
+
+    def fsync_dir(self, path: str) -> None:
+        """Makes a directory's entries (new, renamed, deleted names) durable."""
+        _fsync(path, os.O_RDONLY | os.O_DIRECTORY, f"directory '{path}'")
+
+    # ---- the writer lock
+
+    def lock(self, path: str) -> int:
+        """Takes an exclusive flock on ``path`` (created if missing) without
+        waiting: BlockingIOError when another holder has it."""
+        try:
+            descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError:
+            raise
+        except OSError as exc:
+            raise _error(exc, f"open lock file '{path}'") from None
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException:
+            os.close(descriptor)
+            raise
+        return descriptor
+
+    def unlock(self, handle: int) -> None:
+        with contextlib.suppress(OSError):
+            os.close(handle)  # closing releases the flock
+
+
+def _fsync(path: str, flags: int, thing: str) -> None:
+    try:
+        descriptor = os.open(path, flags)
+    except OSError as exc:
+        raise _error(exc, f"open {thing} to fsync it") from None
+    try:
+        os.fsync(descriptor)
+    except OSError as exc:
+        raise _error(exc, f"fsync {thing} (its changes may not be on disk)") from None
+    finally:
+        os.close(descriptor)
+
+
+OS_FS = OsFs()
+
+
+def write_file_atomic(path: str, payload: bytes, fs: OsFs = OS_FS) -> None:
+    """Writes a small file atomically and durably: a temporary file, fsync,
+    rename over ``path``, then fsync of its directory. A crash leaves the old
+    file or the new one, never a mix."""
+    path = os.fspath(path)
+    temporary = f"{path}.tmp-{os.getpid()}"
+    try:
+        fs.write_new(temporary, payload)
+        fs.fsync_file(temporary)
+        fs.rename(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            fs.unlink(temporary)
+        raise
+    fs.fsync_dir(os.path.dirname(path) or ".")
+
+
+def make_dirs_durable(path: str, fs: OsFs = OS_FS) -> None:
+    """Creates ``path`` and its missing ancestors, each made durable by an
+    fsync of its parent (a new directory whose parent entry is not fsynced
+    can vanish in a power cut, with everything in it)."""
+    path = os.path.abspath(path)
+    if fs.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    if parent != path:
+        make_dirs_durable(parent, fs)
+    try:
+        fs.mkdir(path)
+    except FileExistsError:
+        if not fs.isdir(path):
+            raise
+        return
+    fs.fsync_dir(parent)

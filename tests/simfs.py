@@ -1,0 +1,400 @@
+"""A simulated file system for ArrayStore's seam (loaderx._fs.OsFs): power
+loss and I/O faults on cue.
+
+The model. Directories and files live in memory under the mount ``/sim``
+(a path that does not exist on the real disk, so a call that bypasses the
+seam fails). Each name and each file has two states: what the process sees
+(``entries``, ``data``) and what survives a power cut (``durable_entries``,
+``durable_data``). Directory operations (create, mkdir, rename, exchange,
+unlink, rmtree) change what the process sees at once and are queued per
+directory; ``fsync_dir`` of that directory makes its queue durable. Writes
+are queued per file; ``fsync_file`` makes them durable. A rename or exchange
+is one operation (both names change together), as the kernel does it within
+one directory; ArrayStore renames only within its root.
+
+``crash(seed)`` loses power: each queued directory operation is kept or
+dropped independently (kept ones applied in order), each queued write is
+dropped, kept, or torn at 512-byte sectors (each sector kept or not), and
+what the process sees becomes what survived. Between ``arm_crash`` firing and
+``crash`` every call raises ``PowerLoss``: nothing after the crash point
+happens. Held locks die with the process.
+
+Faults: ``fail(at=n, code=..., sticky=...)`` makes the n-th fallible call
+(counted from when it was armed) raise ``OSError(code)``; sticky faults fail
+every call from there until ``clear_faults``. A failed ``fsync_file`` drops
+the file's queued writes for good (the page cache marks them clean, as Linux
+does), so a retried fsync cannot make them durable; a failed ``fsync_dir``
+leaves its queue as it was (kept or dropped at a crash).
+
+Zrecord store directories are opaque blobs. ``build_store`` runs zrecord for
+real, into a directory under ``workdir`` (zrecord syncs its own files, which
+this model takes as durable once the build returned, the store's own
+promise), and puts a blob node at the requested name, whose entry follows
+the directory rules above. Calls on paths inside a blob go to that real
+directory (reads; zrecord's own commits are outside this model), so
+``real_path`` is where DenseDataset opens it. A build that fails leaves an
+incomplete blob (a directory without a schema), as a half-written store
+would be. Removing a directory tree is one operation on its parent's entry
+(a half-deleted garbage directory is still garbage). Builds are memoised by
+their arguments: a store directory is a pure function of the array and the
+codec, and the workloads here never edit a built store in place.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import tempfile
+import types
+
+import numpy as np
+
+MOUNT = "/sim"
+SECTOR_BYTES = 512
+
+
+class PowerLoss(BaseException):
+    """The simulated power went out (a BaseException: nothing may catch it
+    and carry on)."""
+
+
+class SimFs:
+    """Implements loaderx._fs.OsFs over the model in the module docstring."""
+
+    def __init__(self, workdir: str, memo: dict):
+        self.workdir = workdir
+        self.memo = memo  # build arguments -> real store directory, shared across simulations
+        self.next_inode = 2
+        self.kinds = {1: "dir"}
+        self.entries = {1: {}}  # directory inode -> {name: inode}, as the process sees it
+        self.durable_entries = {1: {}}
+        self.data = {}  # file inode -> bytes, as the process sees them
+        self.durable_data = {}
+        self.blobs = {}  # blob inode -> real directory
+        self.pending_entries = []  # (directory inode, {name: inode or None}) in call order
+        self.pending_writes = []  # (file inode, offset, bytes)
+        self.locks = set()
+        self.epoch = 0
+        self.exchange_works = True
+        self.dead = False
+        self.crash_at = None
+        self.mutations = 0  # calls that change something or sync: the crash points
+        self.fallible = 0  # calls that can fail: the fault points
+        self.fault = None  # (index, code, sticky)
+        self.fallible_kinds = []  # kind of each fallible call since the fault counter was armed
+
+    # ---- control
+
+    def arm_crash(self, at: int | None) -> None:
+        """Power is lost just before the ``at``-th mutating call from now."""
+        self.mutations = 0
+        self.crash_at = at
+
+    def fail(self, at: int, code: int, sticky: bool = False) -> None:
+        self.fallible = 0
+        self.fallible_kinds = []
+        self.fault = (at, code, sticky)
+
+    def count_from_here(self) -> None:
+        self.fallible = 0
+        self.fallible_kinds = []
+        self.mutations = 0
+
+    def clear_faults(self) -> None:
+        self.fault = None
+
+    def crash(self, seed: int) -> None:
+        """Power is lost: only what the model says survives (see the module docstring)."""
+        rng = random.Random(seed)
+        for inode, offset, payload in self.pending_writes:
+            choice = rng.randrange(3)
+            if choice == 1:
+                self._write_durable(inode, offset, payload)
+            elif choice == 2:
+                for start in range(0, len(payload), SECTOR_BYTES):
+                    if rng.random() < 0.5:
+                        self._write_durable(inode, offset + start, payload[start : start + SECTOR_BYTES])
+        for directory, changes in self.pending_entries:
+            if rng.random() < 0.5:
+                self._apply(self.durable_entries[directory], changes)
+        self.pending_entries, self.pending_writes = [], []
+        self.entries = {inode: dict(names) for inode, names in self.durable_entries.items()}
+        self.data = dict(self.durable_data)
+        self.locks.clear()
+        self.epoch += 1
+        self.dead = False
+        self.crash_at = None
+
+    # ---- bookkeeping
+
+    def _mutation(self, kind: str) -> None:
+        """Counts a call that changes or syncs something; loses power on cue."""
+        if self.dead:
+            raise PowerLoss()
+        if self.crash_at is not None and self.mutations == self.crash_at:
+            self.dead = True
+            raise PowerLoss()
+        self.mutations += 1
+        self._fallible(kind)
+
+    def _fallible(self, kind: str) -> None:
+        if self.dead:
+            raise PowerLoss()
+        index = self.fallible
+        self.fallible += 1
+        self.fallible_kinds.append(kind)
+        if self.fault is None:
+            return
+        at, code, sticky = self.fault
+        if index == at or (sticky and index > at):
+            raise OSError(code, f"cannot {kind} (simulated fault at call {index}): {os.strerror(code)}")
+
+    def _write_durable(self, inode: int, offset: int, payload: bytes) -> None:
+        old = self.durable_data.get(inode, b"")
+        if len(old) < offset:
+            old += bytes(offset - len(old))
+        self.durable_data[inode] = old[:offset] + payload + old[offset + len(payload) :]
+
+    @staticmethod
+    def _apply(names: dict, changes: dict) -> None:
+        for name, inode in changes.items():
+            if inode is None:
+                names.pop(name, None)
+            else:
+                names[name] = inode
+
+    def _change(self, directory: int, changes: dict) -> None:
+        self._apply(self.entries[directory], changes)
+        self.pending_entries.append((directory, changes))
+
+    def _new_inode(self, kind: str) -> int:
+        inode = self.next_inode
+        self.next_inode += 1
+        self.kinds[inode] = kind
+        return inode
+
+    def _parts(self, path: str) -> list:
+        path = os.path.normpath(path)
+        if path != MOUNT and not path.startswith(MOUNT + "/"):
+            raise AssertionError(f"the simulated file system got a path outside {MOUNT}: {path}")
+        return [part for part in path[len(MOUNT) :].split("/") if part]
+
+    def _lookup(self, path: str):
+        """(inode, real path inside a blob or None); inode None when absent."""
+        inode = 1
+        parts = self._parts(path)
+        for position, part in enumerate(parts):
+            if self.kinds[inode] == "blob":
+                real = os.path.join(self.blobs[inode], *parts[position:])
+                return (inode, real) if os.path.lexists(real) else (None, None)
+            if self.kinds[inode] != "dir":
+                return None, None
+            inode = self.entries[inode].get(part)
+            if inode is None:
+                return None, None
+        if self.kinds[inode] == "blob":
+            return inode, self.blobs[inode]
+        return inode, None
+
+    def _parent(self, path: str):
+        """(parent directory inode, name); FileNotFoundError without a parent."""
+        parent, real = self._lookup(os.path.dirname(os.path.normpath(path)))
+        if parent is None or real is not None or self.kinds[parent] != "dir":
+            raise FileNotFoundError(errno.ENOENT, f"no directory for '{path}' in the simulation")
+        return parent, os.path.basename(os.path.normpath(path))
+
+    # ---- reads
+
+    def listdir(self, path: str) -> list:
+        self._fallible("list")
+        inode, real = self._lookup(path)
+        if real is not None:
+            return os.listdir(real)
+        if inode is None or self.kinds[inode] != "dir":
+            raise FileNotFoundError(errno.ENOENT, f"cannot list '{path}': no such directory")
+        return sorted(self.entries[inode])
+
+    def exists(self, path: str) -> bool:
+        if self.dead:
+            raise PowerLoss()
+        return self._lookup(path)[0] is not None
+
+    def isdir(self, path: str) -> bool:
+        if self.dead:
+            raise PowerLoss()
+        inode, real = self._lookup(path)
+        if real is not None:
+            return os.path.isdir(real)
+        return inode is not None and self.kinds[inode] == "dir"
+
+    def isfile(self, path: str) -> bool:
+        if self.dead:
+            raise PowerLoss()
+        inode, real = self._lookup(path)
+        if real is not None:
+            return os.path.isfile(real)
+        return inode is not None and self.kinds[inode] == "file"
+
+    def identity(self, path: str):
+        self._fallible("stat")
+        inode, real = self._lookup(path)
+        if real is not None and self.kinds.get(inode) != "blob":
+            return os.lstat(real).st_ino
+        return inode
+
+    def stat(self, path: str):
+        self._fallible("stat")
+        inode, real = self._lookup(path)
+        if real is not None:
+            return os.stat(real)
+        if inode is None:
+            raise FileNotFoundError(errno.ENOENT, f"cannot stat '{path}': no such file")
+        return types.SimpleNamespace(st_size=len(self.data.get(inode, b"")), st_mtime=0.0, st_ino=inode)
+
+    def read_file(self, path: str, bytes_max: int) -> bytes:
+        self._fallible("read")
+        inode, real = self._lookup(path)
+        if real is not None:
+            with open(real, "rb") as handle:
+                return handle.read(bytes_max)
+        if inode is None or self.kinds[inode] != "file":
+            raise FileNotFoundError(errno.ENOENT, f"cannot read '{path}': no such file")
+        return self.data[inode][:bytes_max]
+
+    def real_path(self, path: str) -> str:
+        inode, real = self._lookup(path)
+        if real is None:
+            raise AssertionError(f"'{path}' is not a store directory in the simulation")
+        return real
+
+    # ---- writes
+
+    def mkdir(self, path: str) -> None:
+        self._mutation("mkdir")
+        parent, name = self._parent(path)
+        if name in self.entries[parent]:
+            raise FileExistsError(errno.EEXIST, f"cannot create directory '{path}': it exists")
+        inode = self._new_inode("dir")
+        self.entries[inode], self.durable_entries[inode] = {}, {}
+        self._change(parent, {name: inode})
+
+    def write_new(self, path: str, payload: bytes) -> None:
+        """A new inode at ``path`` (replacing any file there), bytes queued."""
+        self._mutation("write")
+        parent, name = self._parent(path)
+        inode = self._new_inode("file")
+        self.durable_data[inode] = b""
+        self.data[inode] = bytes(payload)
+        self._change(parent, {name: inode})
+        self.pending_writes.append((inode, 0, bytes(payload)))
+
+    def rename(self, source: str, target: str) -> None:
+        self._mutation("rename")
+        parent, source_name = self._parent(source)
+        target_parent, target_name = self._parent(target)
+        assert parent == target_parent, "the model renames within one directory"
+        inode = self.entries[parent].get(source_name)
+        if inode is None:
+            raise FileNotFoundError(errno.ENOENT, f"cannot rename '{source}': no such file")
+        existing = self.entries[parent].get(target_name)
+        if existing is not None and self.kinds[existing] != "file" and self._nonempty(existing):
+            raise OSError(errno.ENOTEMPTY, f"cannot rename '{source}' to '{target}': the target is a non-empty directory")
+        self._change(parent, {source_name: None, target_name: inode})
+
+    def _nonempty(self, inode: int) -> bool:
+        if self.kinds[inode] == "blob":
+            return True
+        return bool(self.entries[inode])
+
+    def exchange(self, source: str, target: str) -> bool:
+        if not self.exchange_works:
+            return False
+        self._mutation("exchange")
+        parent, source_name = self._parent(source)
+        _, target_name = self._parent(target)
+        names = self.entries[parent]
+        if source_name not in names or target_name not in names:
+            raise FileNotFoundError(errno.ENOENT, f"cannot swap '{source}' and '{target}': one is missing")
+        self._change(parent, {source_name: names[target_name], target_name: names[source_name]})
+        return True
+
+    def unlink(self, path: str) -> None:
+        self._mutation("unlink")
+        parent, name = self._parent(path)
+        if name not in self.entries[parent]:
+            raise FileNotFoundError(errno.ENOENT, f"cannot delete '{path}': no such file")
+        self._change(parent, {name: None})
+
+    def rmtree(self, path: str) -> None:
+        self._mutation("rmtree")
+        parent, name = self._parent(path)
+        if name in self.entries[parent]:
+            self._change(parent, {name: None})
+
+    def build_store(self, path: str, build) -> None:
+        self._mutation("build")
+        parent, name = self._parent(path)
+        if name in self.entries[parent]:
+            raise FileExistsError(errno.EEXIST, f"cannot build a store at '{path}': it exists")
+        inode = self._new_inode("blob")
+        self._change(parent, {name: inode})
+        self.blobs[inode] = self._built(build)
+
+    def _built(self, build) -> str:
+        """The real directory ``build`` writes, built once per distinct argument set."""
+        key = (build.func.__qualname__, tuple((name, _fingerprint(value)) for name, value in sorted(build.keywords.items())))
+        if key not in self.memo:
+            real = os.path.join(tempfile.mkdtemp(dir=self.workdir), "store")
+            build(real)
+            self.memo[key] = real
+        return self.memo[key]
+
+    # ---- durability
+
+    def fsync_file(self, path: str) -> None:
+        inode, _ = self._lookup(path)
+        try:
+            self._mutation("fsync")
+        except OSError:
+            self.pending_writes = [write for write in self.pending_writes if write[0] != inode]
+            raise
+        if inode is None:
+            raise FileNotFoundError(errno.ENOENT, f"cannot fsync '{path}': no such file")
+        for write in [write for write in self.pending_writes if write[0] == inode]:
+            self._write_durable(*write)
+        self.pending_writes = [write for write in self.pending_writes if write[0] != inode]
+
+    def fsync_dir(self, path: str) -> None:
+        self._mutation("fsync")
+        inode, real = self._lookup(path)
+        if inode is None or real is not None or self.kinds[inode] != "dir":
+            raise FileNotFoundError(errno.ENOENT, f"cannot fsync directory '{path}': no such directory")
+        for directory, changes in self.pending_entries:
+            if directory == inode:
+                self._apply(self.durable_entries[directory], changes)
+        self.pending_entries = [change for change in self.pending_entries if change[0] != inode]
+
+    # ---- the writer lock
+
+    def lock(self, path: str):
+        parent, name = self._parent(path)
+        if name not in self.entries[parent]:
+            self.write_new(path, b"")
+        else:
+            self._fallible("lock")
+        if path in self.locks:
+            raise BlockingIOError(errno.EWOULDBLOCK, f"'{path}' is locked")
+        self.locks.add(path)
+        return (self.epoch, path)
+
+    def unlock(self, handle) -> None:
+        epoch, path = handle
+        if epoch == self.epoch:
+            self.locks.discard(path)
+
+
+def _fingerprint(value):
+    if isinstance(value, np.ndarray):
+        return (value.dtype.str, value.shape, value.tobytes())
+    return value

@@ -1,0 +1,428 @@
+"""ArrayStore's directory protocol on a simulated disk: power loss at every
+file-system call, and every fault at every call.
+
+The simulated file system (tests/simfs.py, whose docstring states the model)
+replaces the seam loaderx._fs.OsFs. Names and directory entries are durable
+only after an fsync of their directory, file bytes only after an fsync of the
+file; a power cut keeps or drops each pending operation and tears pending
+writes at 512-byte sectors. Zrecord store directories are opaque blobs,
+durable once built, whose own entry follows the directory rule.
+
+Each workload is a list of ``save``/``drop``/``reset`` calls, checked against
+a model (the dict of arrays after each call):
+
+- power loss before every mutating call (exhaustively, several seeds each):
+  the store reopens, holds the state after every acknowledged call and
+  possibly the call in flight (never part of one), and the next writer's
+  recovery leaves no staging entry;
+- a fault (EIO, ENOSPC, failed fsync) at every fallible call, one-shot and
+  sticky: the call raises an OSError that names what failed (an
+  ArrayStoreIOError saying what the call left, for save/drop), the state is
+  the one the error says, in the process and after a power cut right after
+  the error, and once the fault clears the store works on.
+
+Replay a failure: the assertion message names the calls, the call index and
+the crash seed, and ``run_crash(workdir, {}, ops, at, seed, exchange)`` or
+``run_fault(workdir, {}, ops, at, code, sticky, exchange)`` reproduces it;
+random workloads print their seed, which LOADERX_SIM_SEED replays. LOADERX_SIM_SEEDS raises the seeds per crash
+point (default 20); the soak runs use 200,000 crash points and faults.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import re
+import time
+import zlib
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+
+import loaderx.arraystore as arraystore_module
+from loaderx import ArrayStore
+from loaderx.arraystore import COMMIT_FILE, LOCK_FILE, MARKER_FILE, ArrayStoreIOError
+
+from simfs import MOUNT, PowerLoss, SimFs
+
+ROOT = MOUNT + "/store"
+def workload_seed() -> int:
+    """The random workloads' seed: LOADERX_SIM_SEED, or a fresh one (printed)."""
+    seed = int(os.environ.get("LOADERX_SIM_SEED", random.randrange(1 << 30)))
+    print(f"\nworkload seed {seed} (LOADERX_SIM_SEED={seed} replays it)")
+    return seed
+
+
+SEEDS = max(20, int(os.environ.get("LOADERX_SIM_SEEDS", "20")))  # crash seeds per crash point
+
+A = np.arange(6, dtype=np.float32).reshape(3, 2)
+B = np.array([1, -2, 3, -4, 5], dtype=np.int8)
+C = np.array(2.5)  # 0-d
+D = np.zeros((0, 3), dtype=np.int16)
+E = np.array([[True, False], [False, True]])
+ARRAYS = [A, B, C, D, E]
+
+# Short workloads, swept exhaustively: multi-array saves over existing and new
+# names, a replace of a whole array, drops of one and several, reset.
+WORKLOADS = {
+    "save-drop": [("save", {"x": A, "y": B}), ("save", {"x": C, "y": A}), ("drop", ["y"]), ("save", {"y": D, "z": E}), ("drop", ["x", "z"]), ("reset",)],
+    "replace": [("save", {"x": A}), ("save", {"x": B}), ("save", {"x": C, "w": E}), ("drop", ["w", "x"])],
+}
+
+
+@pytest.fixture(scope="module")
+def memo():
+    return {}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("simstores"))
+
+
+def apply_op(store: ArrayStore, op) -> None:
+    kind = op[0]
+    if kind == "save":
+        store.save(op[1])
+    elif kind == "drop":
+        store.drop(op[1])
+    else:
+        store.reset()
+
+
+def model_states(ops) -> list:
+    """The expected state before the first call and after each call."""
+    state, states = {}, [{}]
+    for op in ops:
+        state = dict(state)
+        if op[0] == "save":
+            state.update({name: _frozen(array) for name, array in op[1].items()})
+        elif op[0] == "drop":
+            for name in op[1]:
+                del state[name]
+        else:
+            state = {}
+        states.append(state)
+    return states
+
+
+def _frozen(array: np.ndarray) -> tuple:
+    return (array.dtype.str, array.shape, array.tobytes())
+
+
+def read_state(store: ArrayStore) -> dict:
+    return {name: _frozen(store.load(name)) for name in store.get_member_list()}
+
+
+def settle_and_list(store: ArrayStore, sim: SimFs) -> list:
+    """Runs the writer's recovery (``drop([])`` is a write that changes
+    nothing) and returns the root's listing."""
+    store.drop([])
+    return sim.listdir(ROOT)
+
+
+def assert_clean(listing: list, state: dict, context: str) -> None:
+    allowed = {MARKER_FILE, LOCK_FILE, *state}
+    assert set(listing) <= allowed, f"leftovers after recovery: {sorted(set(listing) - allowed)} ({context})"
+
+
+def new_sim(workdir: str, memo: dict, exchange: bool) -> SimFs:
+    sim = SimFs(workdir, memo)
+    sim.exchange_works = exchange
+    return sim
+
+
+def abandon(store) -> None:
+    """Drops a store object whose process 'died' in the power cut."""
+    if store is not None:
+        for entry in store._arrays.values():
+            entry.close()
+        store._closed = True
+
+
+# ---- power loss ------------------------------------------------------------------
+
+
+def count_mutations(workdir, memo, ops, exchange: bool) -> int:
+    sim = new_sim(workdir, memo, exchange)
+    sim.arm_crash(None)
+    with ArrayStore(ROOT, _fs=sim) as store:
+        for op in ops:
+            apply_op(store, op)
+    return sim.mutations
+
+
+def run_crash(workdir, memo, ops, at: int, seed: int, exchange: bool = True) -> None:
+    """Power loss before the ``at``-th mutating call, then the checks of the
+    module docstring."""
+    states = model_states(ops)
+    sim = new_sim(workdir, memo, exchange)
+    sim.arm_crash(at)
+    acked, started, store = 0, False, None
+    try:
+        store = ArrayStore(ROOT, _fs=sim)
+        started = True
+        for op in ops:
+            apply_op(store, op)
+            acked += 1
+        store.close()
+    except PowerLoss:
+        pass
+    sim.crash(seed)
+    abandon(store)
+    context = f"exchange={exchange}, ops={ops_text(ops)}, crash before mutation {at}, seed {seed}"
+    possible = [states[acked]] + ([states[acked + 1]] if started and acked < len(ops) else [])
+    with ArrayStore(ROOT, _fs=sim) as reopened:
+        state = read_state(reopened)
+        assert state in possible, f"state after power loss is no prefix of the calls ({context})"
+        assert_clean(settle_and_list(reopened, sim), state, context)
+        assert read_state(reopened) == state, f"recovery changed the state ({context})"
+
+
+def ops_text(ops) -> str:
+    return " ".join(f"{op[0]}({','.join(sorted(op[1]))})" if len(op) > 1 else op[0] for op in ops)
+
+
+def sweep_crashes(workdir, memo, seeds: int) -> int:
+    runs = 0
+    for ops in WORKLOADS.values():
+        for exchange in (True, False):
+            total = count_mutations(workdir, memo, ops, exchange)
+            for at in range(total + 1):
+                for seed in range(seeds):
+                    run_crash(workdir, memo, ops, at, seed, exchange)
+                    runs += 1
+    return runs
+
+
+def test_power_loss_at_every_call_of_save_and_drop(workdir, memo):
+    """Exhaustive over the mutating calls of each short workload, with and
+    without RENAME_EXCHANGE, SEEDS crash seeds each: every reopened state is
+    the model after a prefix that holds every acknowledged call."""
+    started = time.perf_counter()
+    runs = sweep_crashes(workdir, memo, SEEDS)
+    print(f"\n{runs} simulated power losses in {time.perf_counter() - started:.1f} s")
+    assert runs >= 5_000
+
+
+def random_workload(rng: random.Random, length: int) -> list:
+    """Random save/drop/reset calls over five names, each valid when it runs."""
+    names, ops, present = ["a", "b", "c", "d", "e"], [], set()
+    for _ in range(length):
+        choice = rng.random()
+        if choice < 0.6 or not present:
+            picked = rng.sample(names, rng.randint(1, 3))
+            ops.append(("save", {name: rng.choice(ARRAYS) for name in picked}))
+            present.update(picked)
+        elif choice < 0.95:
+            picked = rng.sample(sorted(present), rng.randint(1, len(present)))
+            ops.append(("drop", picked))
+            present.difference_update(picked)
+        else:
+            ops.append(("reset",))
+            present.clear()
+    return ops
+
+
+def sweep_random_crashes(workdir, memo, workloads: int, points: int, seed: int) -> int:
+    rng = random.Random(seed)
+    runs = 0
+    for _ in range(workloads):
+        ops = random_workload(rng, rng.randint(4, 12))
+        exchange = rng.random() < 0.7
+        total = count_mutations(workdir, memo, ops, exchange)
+        for _ in range(points):
+            run_crash(workdir, memo, ops, rng.randint(0, total), rng.randrange(1 << 30), exchange)
+            runs += 1
+    return runs
+
+
+def test_power_loss_at_random_calls_of_random_workloads(workdir, memo):
+    """Random workloads, random crash points and crash seeds, all drawn from
+    one printed workload seed."""
+    seed = workload_seed()
+    runs = sweep_random_crashes(workdir, memo, workloads=20, points=30, seed=seed)
+    assert runs == 600
+
+
+# ---- faults ---------------------------------------------------------------------
+
+CODES = {"fsync": [errno.EIO], "write": [errno.EIO, errno.ENOSPC], "build": [errno.EIO, errno.ENOSPC], "mkdir": [errno.EIO, errno.ENOSPC]}
+
+
+def fallible_kinds(workdir, memo, ops, exchange: bool) -> list:
+    sim = new_sim(workdir, memo, exchange)
+    sim.count_from_here()
+    with ArrayStore(ROOT, _fs=sim) as store:
+        for op in ops:
+            apply_op(store, op)
+    return list(sim.fallible_kinds)
+
+
+def check_error(exc: OSError, code: int, context: str) -> None:
+    assert exc.errno == code, f"lost the errno: {exc!r} ({context})"
+    assert re.search(r"cannot \w+", str(exc)), f"the message does not say what failed: {exc} ({context})"
+
+
+def run_fault(workdir, memo, ops, at: int, code: int, sticky: bool, exchange: bool = True) -> str:
+    """The ``at``-th fallible call fails (from there on when sticky): the call
+    that meets it raises and leaves what its error says, in the process and
+    after a power cut right then, and once the fault clears the store works
+    on. Returns the outcome seen."""
+    states = model_states(ops)
+    context = f"exchange={exchange}, ops={ops_text(ops)}, fault {errno.errorcode[code]} at call {at}, sticky={sticky}"
+    sim = new_sim(workdir, memo, exchange)
+    sim.fail(at, code, sticky)
+    outcome = "absorbed"
+    try:
+        store = ArrayStore(ROOT, _fs=sim)
+    except OSError as exc:
+        check_error(exc, code, context)
+        sim.clear_faults()
+        outcome = "open"
+        store = ArrayStore(ROOT, _fs=sim)
+    for step, op in enumerate(ops, start=1):
+        try:
+            apply_op(store, op)
+            continue
+        except OSError as exc:
+            check_error(exc, code, context)
+            sim.clear_faults()
+            outcome = getattr(exc, "outcome", "unchanged")
+        expected = {"unchanged": [states[step - 1]], "committed": [states[step]], "unknown": [states[step - 1], states[step]]}[outcome]
+        assert read_state(store) in expected, f"the state is not what a {outcome!r} error says ({context})"
+        sim.crash(at)  # what the error says must also be what is durable
+        abandon(store)
+        store = ArrayStore(ROOT, _fs=sim)
+        state = read_state(store)
+        assert state in expected, f"after a power cut the state is not what a {outcome!r} error says ({context})"
+        if state == states[step - 1]:
+            apply_op(store, op)  # the store works again: the retried call succeeds
+    sim.clear_faults()
+    assert read_state(store) == states[-1], f"wrong final state ({context})"
+    store.close()
+    with ArrayStore(ROOT, _fs=sim) as reopened:
+        assert read_state(reopened) == states[-1], f"wrong state after reopening ({context})"
+        assert_clean(settle_and_list(reopened, sim), states[-1], context)
+    return outcome
+
+
+def sweep_faults(workdir, memo, ops, exchange: bool, outcomes: dict) -> None:
+    """Every fault kind, one-shot and sticky, at every fallible call of ``ops``."""
+    for at, kind in enumerate(fallible_kinds(workdir, memo, ops, exchange)):
+        for code in CODES.get(kind, [errno.EIO]):
+            for sticky in (False, True):
+                outcome = run_fault(workdir, memo, ops, at, code, sticky, exchange)
+                outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+
+def sweep_random_faults(workdir, memo, target: int, seed: int, outcomes: dict) -> None:
+    rng = random.Random(seed)
+    while sum(outcomes.values()) < target:
+        sweep_faults(workdir, memo, random_workload(rng, rng.randint(2, 6)), rng.random() < 0.7, outcomes)
+
+
+def test_every_fault_at_every_call_of_save_and_drop(workdir, memo):
+    """EIO/ENOSPC/failed fsync at each fallible call of each short workload,
+    one-shot and sticky, with and without RENAME_EXCHANGE; then of random
+    workloads up to 5,000 faults."""
+    started = time.perf_counter()
+    outcomes = {}
+    for ops in WORKLOADS.values():
+        for exchange in (True, False):
+            sweep_faults(workdir, memo, ops, exchange, outcomes)
+    seed = workload_seed()
+    sweep_random_faults(workdir, memo, 5_000, seed, outcomes)
+    total = sum(outcomes.values())
+    print(f"\n{total} injected faults in {time.perf_counter() - started:.1f} s (workload seed {seed}): {outcomes}")
+    # One-shot faults after the commit point are absorbed (a retry finishes
+    # the commit); every other fault surfaces, with the outcome it says.
+    for outcome in ("unchanged", "committed", "unknown", "absorbed", "open"):
+        assert outcomes.get(outcome, 0) > 0, f"no fault had outcome {outcome!r}: {outcomes}"
+    assert total >= 5_000
+
+
+# ---- regressions ------------------------------------------------------------------
+
+
+def test_regression_a_new_store_survives_power_loss_after_open(workdir, memo):
+    """Regression: the parent of a new ArrayStore directory was never fsynced,
+    so the whole store (and a saved array) could vanish in a power cut."""
+    for seed in range(64):
+        sim = new_sim(workdir, memo, True)
+        with ArrayStore(ROOT, _fs=sim) as store:
+            store.save({"x": A})
+        sim.crash(seed)
+        assert sim.isfile(f"{ROOT}/{MARKER_FILE}"), f"seed {seed}"
+        with ArrayStore(ROOT, _fs=sim) as store:
+            assert read_state(store) == {"x": _frozen(A)}, f"seed {seed}"
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_regression_a_save_of_two_arrays_is_one_commit(workdir, memo, exchange):
+    """Regression: save({x, y}) swapped the arrays one by one, so a power cut
+    (or kill) between the swaps left new x beside old y."""
+    ops = [("save", {"x": A, "y": B}), ("save", {"x": C, "y": E}), ("drop", ["x", "y"])]
+    total = count_mutations(workdir, memo, ops, exchange)
+    for at in range(total + 1):
+        for seed in range(8):
+            run_crash(workdir, memo, ops, at, seed, exchange)
+
+
+def test_a_damaged_commit_record_is_refused(workdir, memo):
+    """A commit record that fails its checksum (loaderx renames it into place
+    only after an fsync), or names an invalid array, raises CorruptStoreError
+    and changes nothing."""
+    from loaderx.zrecord import CorruptStoreError
+
+    sim = new_sim(workdir, memo, True)
+    with ArrayStore(ROOT, _fs=sim) as store:
+        store.save({"x": A})
+    sim.write_new(f"{ROOT}/{COMMIT_FILE}", b"\x93not a record")
+    with pytest.raises(CorruptStoreError, match="checksum"):
+        ArrayStore(ROOT, _fs=sim)
+    payload = msgpack.packb({"format": "loaderx-arraystore-commit", "version": 1, "save": {}, "drop": ["../x"]})
+    sim.write_new(f"{ROOT}/{COMMIT_FILE}", payload + zlib.crc32(payload).to_bytes(4, "little"))
+    with pytest.raises(CorruptStoreError, match="invalid"):
+        ArrayStore(ROOT, _fs=sim)
+    assert sim.isfile(f"{ROOT}/x/schema.msgpack")
+
+
+def test_arraystore_makes_no_file_system_call_outside_the_seam():
+    """arraystore.py reaches the disk only through loaderx._fs (a direct os,
+    shutil or fcntl call would bypass the simulated disk and its tests)."""
+    source = Path(arraystore_module.__file__).read_text()
+    calls = re.findall(r"\b(?:os\.(?!path\.join|fspath|getpid)\w+|shutil\.\w+|fcntl\.\w+|(?<![.\w])(?<!def )open\()", source)
+    assert calls == [], f"file-system calls outside the seam: {calls}"
+
+
+# ---- soak -------------------------------------------------------------------------
+
+
+SOAK_COUNT = 200_000
+
+
+@pytest.mark.soak
+def test_soak_power_loss(workdir, memo):
+    """At least 200,000 simulated power losses: the short workloads with 64
+    seeds per crash point, then random workloads at random points."""
+    seed = workload_seed()
+    started = time.perf_counter()
+    crashes = sweep_crashes(workdir, memo, seeds=64)
+    crashes += sweep_random_crashes(workdir, memo, workloads=2000, points=(SOAK_COUNT - crashes) // 2000 + 1, seed=seed)
+    print(f"{crashes} simulated power losses in {time.perf_counter() - started:.0f} s")
+    assert crashes >= SOAK_COUNT
+
+
+@pytest.mark.soak
+def test_soak_faults(workdir, memo):
+    """At least 200,000 injected faults, every one at every call of random workloads."""
+    seed = workload_seed()
+    started = time.perf_counter()
+    outcomes = {}
+    sweep_random_faults(workdir, memo, SOAK_COUNT, seed, outcomes)
+    print(f"{sum(outcomes.values())} injected faults in {time.perf_counter() - started:.0f} s: {outcomes}")
+    assert sum(outcomes.values()) >= SOAK_COUNT
