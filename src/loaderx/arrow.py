@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-from ._files import write_file_atomic
+from ._fs import write_file_atomic
 from .converter import CHUNK_BYTES, DICT_BYTES, _RECORD_COST_BYTES, _codec_name, _positive_int, _Progress, _Writer
 from .dataset import DenseDataset, RaggedDataset, Schema
 

@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from ._files import fsync_dir
+from ._fs import OS_FS
 from ._native import LIMITS
 from .dataset import Schema, read_schema, write_schema
 from .zrecord import CODECS, StoreLockedError, Zrecord, ZrecordError, codec_id
@@ -291,12 +291,10 @@ class _Writer:
         if self.new:
             write_schema(self.path, self.schema)
         if self.staging:
-            from .arraystore import _swap_in  # arraystore imports this module
-
             self.store.close()
             parent, name = os.path.split(os.path.abspath(self.target))
             old = _swap_in(parent, name, self.staging, self.target)
-            fsync_dir(parent)
+            OS_FS.fsync_dir(parent)
             if old is not None:
                 _remove_tree(old)
 
@@ -581,3 +579,17 @@ class _Progress:
             self.update(records, done_bytes, force=True)
             self.stream.write("\n")
             self.stream.flush()
+
+
+def _swap_in(parent: str, name: str, staging: str, target: str) -> str | None:
+    """Moves the complete ``staging`` to ``target``; returns where the old
+    contents now are (to delete), or None when there were none."""
+    if not OS_FS.exists(target):
+        OS_FS.rename(staging, target)
+        return None
+    if OS_FS.exchange(staging, target):
+        return staging
+    old = os.path.join(parent, ".old-" + name)
+    OS_FS.rename(target, old)
+    OS_FS.rename(staging, target)
+    return old

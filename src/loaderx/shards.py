@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import msgpack
 import numpy as np
 
-from ._files import fsync_dir, write_file_atomic
+from ._fs import OS_FS, write_file_atomic
 from ._native import check, ffi, lib
 from .dataset import SCHEMA_FILE, Schema, read_schema
 from ._native import check
@@ -120,7 +120,7 @@ def write_shard(dataset_dir, k: int, data, codec="zstd", schema=None, overwrite:
         _move_into_place(temporary, final, overwrite)
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
-    fsync_dir(dataset_dir)
+    OS_FS.fsync_dir(dataset_dir)
     return rows
 
 
