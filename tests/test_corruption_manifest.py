@@ -205,7 +205,7 @@ def test_a_newer_manifest_version_asks_for_an_upgrade(dataset):
 
 def test_a_shard_changed_after_commit_is_refused(dataset):
     """Rows appended to a committed shard behind the manifest's back are refused."""
-    from_numpy(dataset / "shard-00002", ROWS[:3], progress=False)
+    from_numpy(dataset / "shard-00002", ROWS[:3], progress=False, mode="a")
     with pytest.raises(ManifestError, match="holds 28 records but the manifest says 25"):
         DenseDataset(dataset)
 

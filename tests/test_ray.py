@@ -20,6 +20,10 @@ ROWS = 300
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
+    # The README's Ray block (run by tests/test_examples.py in this process)
+    # may have started a default cluster: start ours on a clean slate.
+    if ray.is_initialized():
+        ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield

@@ -1,11 +1,14 @@
 """loaderx: feed ML training from local disk."""
 
-from .arraystore import ArrayStore
+from .arraystore import ArrayStore, ArrayStoreIOError
 from .converter import from_iterator, from_numpy
 from .dataloader import DataLoader, LoaderError
 from .dataset import DenseDataset, RaggedDataset, pad
 from .packing import Packing
+from .processes import TransformProcessError
 from .sampler import Sampler
+from .schedule import ElasticError
+from .shards import ManifestError
 from .streams import RaggedBatch
 from .zrecord import (
     ChecksumError,
@@ -27,14 +30,17 @@ __version__ = "1.0.0.dev0"
 
 __all__ = [
     "ArrayStore",
+    "ArrayStoreIOError",
     "ChecksumError",
     "CorruptStoreError",
     "DataLoader",
     "DenseDataset",
     "DestinationOverlapError",
+    "ElasticError",
     "IndexOutOfRangeError",
     "InvalidArgumentError",
     "LoaderError",
+    "ManifestError",
     "NoDictionaryError",
     "Packing",
     "RaggedBatch",
@@ -45,6 +51,7 @@ __all__ = [
     "StoreLockedError",
     "StoreReadOnlyError",
     "StoreReplacedError",
+    "TransformProcessError",
     "Zrecord",
     "ZrecordError",
     "__version__",

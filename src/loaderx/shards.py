@@ -42,7 +42,6 @@ import numpy as np
 from ._fs import OS_FS, write_file_atomic
 from ._native import check, ffi, lib
 from .dataset import SCHEMA_FILE, Schema, read_schema
-from ._native import check
 from .zrecord import StoreClosedError, Zrecord, _u64, as_indices, gather_arguments
 
 __all__ = [
@@ -474,7 +473,8 @@ class ShardedStore:
     def gather(self, idxs, dst, offsets=None) -> None:
         """Decodes global records ``idxs`` into ``dst`` at byte ``offsets[k]``,
         or at ``k * L`` when all records are ``L`` bytes long (dense)."""
-        indices, target, target_bytes, offsets_pointer = gather_arguments(idxs, dst, offsets, self.lengths)
+        indices, target, target_bytes, target_offsets = gather_arguments(idxs, dst, offsets, self.lengths)
+        offsets_pointer = ffi.NULL if target_offsets is None else _u64(target_offsets)
         if indices.size == 0:
             return
         handle = self._enter()

@@ -160,19 +160,19 @@ def _offsets(offsets, source_bytes: int) -> np.ndarray:
 
 def gather_arguments(idxs, dst, offsets, lengths) -> tuple:
     """A gather's checked arguments: uint64 indices, the target pointer and
-    its bytes, and the target offsets (NULL: records back to back), whose
-    ranges must not overlap (``lengths`` gives the records' lengths)."""
+    its bytes, and the target offsets as a uint64 array (None: records back
+    to back), whose ranges must not overlap (``lengths`` gives the records'
+    lengths). The caller keeps the arrays alive across the native call."""
     indices = as_indices(idxs)
     target, target_bytes = _write_buffer(dst, "dst")
-    offsets_pointer = ffi.NULL
+    target_offsets = None
     if offsets is not None:
         target_offsets = np.ascontiguousarray(np.asarray(offsets), dtype=np.uint64)
         if target_offsets.shape != indices.shape:
             raise InvalidArgumentError(f"gather got {indices.size} indices but {target_offsets.size} offsets")
         if indices.size > 1:
             _check_disjoint(lengths(indices), indices, target_offsets)
-        offsets_pointer = _u64(target_offsets)
-    return indices, ffi.cast("uint8_t *", target), target_bytes, offsets_pointer
+    return indices, ffi.cast("uint8_t *", target), target_bytes, target_offsets
 
 
 def _check_disjoint(lengths: np.ndarray, indices: np.ndarray, starts: np.ndarray) -> None:
@@ -318,9 +318,10 @@ class Zrecord:
         Without ``offsets`` the records must share one length L and land at
         ``k * L``. Raises IndexError for an index outside ``0..len-1``.
         """
-        indices, target, target_bytes, offsets_pointer = gather_arguments(idxs, dst, offsets, self.lengths)
+        indices, target, target_bytes, target_offsets = gather_arguments(idxs, dst, offsets, self.lengths)
         if indices.size == 0:
             return
+        offsets_pointer = ffi.NULL if target_offsets is None else _u64(target_offsets)
         handle = self._enter()
         try:
             status = lib.lx_store_gather(handle, _u64(indices), indices.size, target, target_bytes, offsets_pointer)
