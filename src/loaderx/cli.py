@@ -470,7 +470,10 @@ def _run_convert(args: argparse.Namespace) -> int:
 
 
 def _is_parquet_source(source: str) -> bool:
-    """A .parquet file, a directory (of .parquet files) or a glob; anything else is read as .npy."""
+    """A .parquet file, a directory (of .parquet files) or a glob; any other file is read as .npy
+    (an existing file is never taken for a glob, whatever characters its name has)."""
+    if os.path.isfile(source):
+        return source.lower().endswith(".parquet")
     return source.lower().endswith(".parquet") or os.path.isdir(source) or any(char in source for char in "*?[")
 
 
