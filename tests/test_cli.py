@@ -1,8 +1,10 @@
 """The `loaderx` command: every subcommand run as a user runs it, in a subprocess."""
 
 import glob
+import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loaderx import ArrayStore, DenseDataset, Zrecord, from_iterator, from_numpy
+from loaderx import ArrayStore, DenseDataset, RaggedDataset, Zrecord, from_iterator, from_numpy, shards
+from loaderx.zrecord import ChecksumError
 
 
 def loaderx(*args, cwd=None):
@@ -227,3 +230,206 @@ def test_bench_quick_figures(tmp_path):
     assert os.listdir(tmp_path) == []
     status, out, _ = loaderx("bench", "--records", 300, "--dir", tmp_path)
     assert status == 0 and "sampler" in out and "loaderx zstd" in out
+
+
+# ---- sharded datasets and column directories ------------------------------------------
+
+
+def _require(name):
+    """The module; CI installs the [arrow] extra, so there a missing one fails."""
+    if os.environ.get("CI"):
+        return importlib.import_module(name)
+    return pytest.importorskip(name)
+
+
+def sharded_dataset(path, shard_count=4, rows_per_shard=10, damaged=None):
+    """A ragged sharded dataset of incompressible 4 KiB records, stored raw
+    back to back; ``damaged=(shard, local_index)`` flips one byte of that record."""
+    rng = np.random.default_rng(0)
+    records = [rng.integers(0, 256, 4096, dtype=np.uint8) for _ in range(shard_count * rows_per_shard)]
+    for k in range(shard_count):
+        shards.write_shard(path, k, records[k * rows_per_shard:(k + 1) * rows_per_shard])
+    shards.commit(path)
+    if damaged is not None:
+        shard, index = damaged
+        (data,) = glob.glob(os.path.join(path, shards.shard_name(shard), "data-*"))
+        with open(data, "r+b") as handle:
+            handle.seek(index * 4096 + 100)
+            byte = handle.read(1)[0]
+            handle.seek(index * 4096 + 100)
+            handle.write(bytes([byte ^ 0xFF]))
+    return records
+
+
+def test_info_of_a_sharded_dataset(tmp_path):
+    """info opens a sharded dataset as one: kind, dtype, shape, codec, records over all shards, shards, bytes, ratio."""
+    array = np.tile(np.arange(64, dtype=np.uint8), (300, 16))  # 1 KiB rows zstd shrinks
+    for k, (start, end) in enumerate([(0, 100), (100, 100), (100, 300)]):
+        shards.write_shard(tmp_path / "ds", k, array[start:end])
+    shards.commit(tmp_path / "ds")
+    info = loaderx_json("info", tmp_path / "ds")
+    assert (info["kind"], info["sharded"], info["shards"], info["dtype"], info["shape"], info["codec"]) == \
+        ("dense", True, 3, "uint8", [300, 1024], "zstd")
+    assert info["records"] == 300 and info["raw_bytes"] == array.nbytes
+    assert info["disk_bytes"] == disk_bytes(tmp_path / "ds")
+    assert info["ratio"] == pytest.approx(array.nbytes / info["disk_bytes"], rel=1e-3) and info["ratio"] > 1
+    status, out, _ = loaderx("info", tmp_path / "ds")
+    assert status == 0
+    assert "dense dataset, sharded" in out and "shards       3" in out and "(300, 1024)" in out
+
+
+def test_info_of_a_ragged_sharded_dataset_and_an_unfinished_one(tmp_path):
+    """A ragged sharded dataset sums its records' lengths; shards without a manifest are refused with the remedy."""
+    records = sharded_dataset(tmp_path / "ds", shard_count=3)
+    info = loaderx_json("info", tmp_path / "ds")
+    assert (info["kind"], info["shards"], info["records"], info["raw_bytes"]) == ("ragged", 3, 30, sum(r.nbytes for r in records))
+    os.remove(tmp_path / "ds" / shards.MANIFEST_FILE)
+    status, out, err = loaderx("info", tmp_path / "ds")
+    assert status == 2 and out == "" and "no manifest.msgpack" in err and "shards.commit" in err
+
+
+def test_verify_a_sharded_dataset_names_damage_by_global_index(tmp_path):
+    """verify checks every shard; a flipped byte in shard 2 is reported at its global index, exit 1."""
+    sharded_dataset(tmp_path / "clean")
+    result = loaderx_json("verify", tmp_path / "clean")
+    assert result["ok"] and result["damaged"] == [] and [entry["name"] for entry in result["stores"]] == \
+        [shards.shard_name(k) for k in range(4)]
+    assert [entry["first_record"] for entry in result["stores"]] == [0, 10, 20, 30]
+    sharded_dataset(tmp_path / "bad", damaged=(2, 3))
+    status, out, _ = loaderx("verify", tmp_path / "bad", "--json")
+    result = json.loads(out)
+    assert status == 1 and result["ok"] is False and result["damaged"] == [23]
+    assert [entry["damaged"] for entry in result["stores"]] == [[], [], [23], []]
+    status, out, _ = loaderx("verify", tmp_path / "bad")
+    assert status == 1
+    assert "shard-00002 (global records 20..29): DAMAGED, 1 of 10 records fail their checksum: 23" in out
+    assert "shard-00001 (global records 10..19): ok, 10 records verified" in out
+    assert "global indices: 23" in out
+    with RaggedDataset(tmp_path / "bad", verify=True) as dataset:  # what verify names is what a checked read trips on
+        assert len(dataset[22]) == 4096 and len(dataset[24]) == 4096
+        with pytest.raises(ChecksumError):
+            dataset[23]
+
+
+def test_verify_a_sharded_dataset_with_a_damaged_manifest_or_missing_shard(tmp_path):
+    """A garbled manifest, or a shard deleted after commit, is damage (exit 1) and the other shards are still checked."""
+    sharded_dataset(tmp_path / "ds")
+    manifest = tmp_path / "ds" / shards.MANIFEST_FILE
+    good = manifest.read_bytes()
+    manifest.write_bytes(good[:-5] + b"xxxxx")
+    status, out, _ = loaderx("verify", tmp_path / "ds")
+    assert status == 1 and "DAMAGED, cannot be read" in out and "ManifestError" in out
+    status, _, err = loaderx("info", tmp_path / "ds")
+    assert status == 2 and "loaderx: error:" in err and "manifest" in err
+    manifest.write_bytes(good)
+    shutil.rmtree(tmp_path / "ds" / shards.shard_name(1))
+    result = json.loads(loaderx("verify", tmp_path / "ds", "--json")[1])
+    assert result["ok"] is False and result["stores"][1]["error"] is not None
+    assert [entry["error"] is None for entry in result["stores"]] == [True, False, True, True]
+
+
+def test_compact_a_sharded_dataset_per_shard(tmp_path):
+    """compact compacts every shard in place; a dataset whose manifest disagrees with its shards is refused untouched."""
+    records = sharded_dataset(tmp_path / "ds", shard_count=2)
+    result = loaderx_json("compact", tmp_path / "ds")
+    assert result["disk_bytes_after"] == disk_bytes(tmp_path / "ds")
+    with RaggedDataset(tmp_path / "ds") as dataset:
+        assert len(dataset) == 20 and bytes(dataset[13]) == records[13].tobytes()
+    with Zrecord(tmp_path / "ds" / shards.shard_name(1)) as store:
+        store.delete([0])  # the manifest now disagrees: compacting would make it permanent
+    before = disk_bytes(tmp_path / "ds")
+    status, _, err = loaderx("compact", tmp_path / "ds")
+    assert status == 2 and "manifest says 10" in err and disk_bytes(tmp_path / "ds") == before
+
+
+def test_info_verify_and_compact_a_column_directory(tmp_path):
+    """A from_arrow column directory: info lists every column, verify checks each (exit 1 on damage), compact each."""
+    pa = _require("pyarrow")
+    from loaderx.arrow import from_arrow
+
+    rng = np.random.default_rng(0)
+    table = pa.table({"label": np.arange(10), "blob": [rng.integers(0, 256, 4096, dtype=np.uint8).tobytes() for _ in range(10)]})
+    from_arrow(tmp_path / "cols", table, codec="zstd", progress=False)
+    info = loaderx_json("info", tmp_path / "cols")
+    assert (info["kind"], info["records"]) == ("columns", 10)
+    assert {(entry["name"], entry["kind"], entry["dtype"]) for entry in info["columns"]} == \
+        {("label", "dense", "int64"), ("blob", "ragged", "uint8")}
+    assert info["disk_bytes"] == disk_bytes(tmp_path / "cols")
+    status, out, _ = loaderx("info", tmp_path / "cols")
+    assert status == 0 and "column directory, 2 columns of 10 records" in out
+    assert loaderx_json("verify", tmp_path / "cols")["ok"]
+    assert loaderx_json("compact", tmp_path / "cols")["disk_bytes_after"] == disk_bytes(tmp_path / "cols")
+    (data,) = glob.glob(os.path.join(tmp_path / "cols" / "blob", "data-*"))
+    with open(data, "r+b") as handle:
+        handle.seek(7 * 4096 + 9)
+        byte = handle.read(1)[0]
+        handle.seek(7 * 4096 + 9)
+        handle.write(bytes([byte ^ 0xFF]))
+    status, out, _ = loaderx("verify", tmp_path / "cols", "--json")
+    result = json.loads(out)
+    assert status == 1 and {entry["name"]: entry["damaged"] for entry in result["stores"]} == {"label": [], "blob": [7]}
+
+
+def parquet_table(pa, start, rows):
+    return pa.table({"x": np.arange(start, start + rows, dtype=np.float32),
+                     "ids": [list(range(i % 5)) for i in range(start, start + rows)],
+                     "name": [f"row {i}" for i in range(start, start + rows)]})
+
+
+def test_convert_parquet_file_and_glob(tmp_path):
+    """convert takes a .parquet file or a glob through from_arrow: one store per column, rows in file order."""
+    pa = _require("pyarrow")
+    pq = _require("pyarrow.parquet")
+    from loaderx.arrow import open_columns
+
+    (tmp_path / "parts").mkdir()
+    for k in range(3):
+        pq.write_table(parquet_table(pa, 100 * k, 100), tmp_path / "parts" / f"part-{k}.parquet")
+    status, out, err = loaderx("convert", tmp_path / "parts" / "part-1.parquet", tmp_path / "one", "--codec", "raw")
+    assert status == 0, err
+    assert "100 rows written" in out and "column directory, 3 columns" in out
+    columns = open_columns(tmp_path / "one")
+    assert columns["x"][:].tolist() == list(range(100, 200)) and columns["x"].codec == "raw"
+    assert columns["ids"][4].tolist() == [0, 1, 2, 3] and bytes(columns["name"][0]) == b"row 100"
+    for dataset in columns.values():
+        dataset.close()
+    result = loaderx_json("convert", str(tmp_path / "parts" / "part-*.parquet"), tmp_path / "all", "--columns", "x,name")
+    assert result["rows_written"] == 300 and [entry["name"] for entry in result["columns"]["columns"]] == ["x", "name"]
+    with DenseDataset(tmp_path / "all" / "x") as x:
+        np.testing.assert_array_equal(x[:], np.arange(300, dtype=np.float32))
+
+
+def test_convert_parquet_replaces_only_a_column_directory(tmp_path):
+    """--mode w replaces a column directory, x and a refuse it; another non-empty directory is never replaced."""
+    pa = _require("pyarrow")
+    pq = _require("pyarrow.parquet")
+    pq.write_table(parquet_table(pa, 0, 50), tmp_path / "a.parquet")
+    pq.write_table(parquet_table(pa, 50, 20), tmp_path / "b.parquet")
+    assert loaderx("convert", tmp_path / "a.parquet", tmp_path / "cols")[0] == 0
+    for mode, reason in [("x", "--mode x refuses"), ("a", "cannot append")]:
+        status, _, err = loaderx("convert", tmp_path / "b.parquet", tmp_path / "cols", "--mode", mode)
+        assert status == 2 and reason in err
+    assert loaderx_json("info", tmp_path / "cols")["records"] == 50
+    assert loaderx_json("convert", tmp_path / "b.parquet", tmp_path / "cols")["rows_written"] == 20
+    with DenseDataset(tmp_path / "cols" / "x") as x:
+        assert x[:].tolist() == list(range(50, 70))
+    assert sorted(os.listdir(tmp_path)) == ["a.parquet", "b.parquet", "cols"]  # no staging left behind
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.jpg").write_bytes(b"meow")
+    status, _, err = loaderx("convert", tmp_path / "a.parquet", tmp_path / "photos")
+    assert status == 2 and "not a loaderx column directory" in err and os.listdir(tmp_path / "photos") == ["cat.jpg"]
+    status, _, err = loaderx("convert", str(tmp_path / "none-*.parquet"), tmp_path / "new")
+    assert status == 2 and "no Parquet file" in err and not (tmp_path / "new").exists()
+    status, _, err = loaderx("convert", tmp_path / "a.parquet", tmp_path / "new", "--columns", "nope")
+    assert status == 2 and "no column 'nope'" in err and not (tmp_path / "new").exists()
+
+
+def test_convert_parquet_without_pyarrow_says_how_to_install_it(tmp_path):
+    """Where pyarrow cannot be imported, a Parquet convert exits 2 naming the extra to install, and writes nothing."""
+    (tmp_path / "a.parquet").write_bytes(b"PAR1")
+    code = ("import sys; sys.modules['pyarrow'] = None; from loaderx.cli import main; "
+            f"sys.exit(main(['convert', {str(tmp_path / 'a.parquet')!r}, {str(tmp_path / 'out')!r}]))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "needs pyarrow: pip install 'loaderx[arrow]'" in result.stderr and result.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()

@@ -5,6 +5,11 @@ compact, convert and benchmark stores from a shell.
     loaderx verify PATH                checks every record's checksum
     loaderx compact PATH               reclaims deleted and replaced records' bytes
     loaderx convert SRC.npy DST        a .npy file into a dense dataset
+    loaderx convert 'SRC*.parquet' DST Parquet files into a column directory
+
+PATH may also be a sharded dataset (a directory with ``manifest.msgpack``:
+every shard, records named by their global index) or a column directory
+written by ``loaderx.arrow.from_arrow`` (``columns.msgpack``: every column).
     loaderx bench                      quick figures for this machine
 
 Output is for people; ``--json`` prints one JSON object for scripts instead.
@@ -21,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -29,11 +35,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import __version__
+from ._fs import OS_FS
 from .arraystore import MARKER_FILE, ArrayStore
+from .arrow import COLUMNS_FILE, _read_listing, from_arrow, open_columns
 from .converter import from_numpy
 from .dataloader import DataLoader
 from .dataset import DenseDataset, RaggedDataset, read_schema
 from .sampler import Sampler
+from .shards import MANIFEST_FILE, is_sharded, read_manifest, written_shards
 from .zrecord import CODECS, StoreLockedError, Zrecord, ZrecordError
 
 __all__ = ["main"]
@@ -92,12 +101,16 @@ def _parser() -> argparse.ArgumentParser:
     compact = commands.add_parser("compact", parents=[common], help="reclaim the bytes of deleted and replaced records")
     compact.add_argument("path", metavar="PATH")
     compact.set_defaults(run=_run_compact)
-    convert = commands.add_parser("convert", parents=[common], help="convert a .npy file into a dense dataset")
-    convert.add_argument("source", metavar="SRC.npy")
+    convert = commands.add_parser("convert", parents=[common],
+                                  help="convert a .npy file into a dense dataset, or Parquet files into a column directory")
+    convert.add_argument("source", metavar="SRC",
+                         help="a .npy file, or a .parquet file, a directory of them or a quoted glob ('dir/*.parquet')")
     convert.add_argument("target", metavar="DST")
     convert.add_argument("--codec", choices=sorted(CODECS), default="zstd", help="record codec (default zstd)")
     convert.add_argument("--mode", choices=["w", "a", "x"], default="w",
-                         help="an existing DST: w replaces it (default), a appends, x refuses")
+                         help="an existing DST: w replaces it (default), a appends (.npy only), x refuses")
+    convert.add_argument("--columns", default=None,
+                         help="Parquet only: the columns to convert, comma separated (default: all)")
     convert.add_argument("--progress", action="store_true",
                          help="show the progress bar on stderr even when it is not a terminal")
     convert.set_defaults(run=_run_convert)
@@ -116,13 +129,21 @@ def _emit(args: argparse.Namespace, result: dict, text: Callable[[dict], str]) -
 
 
 def _kind(path: str) -> str:
-    """``arraystore``, ``dense``, ``ragged`` or ``zrecord`` (a bare record store)."""
+    """``arraystore``, ``sharded``, ``columns``, ``dense``, ``ragged`` or
+    ``zrecord`` (a bare record store)."""
     if not os.path.exists(path):
         raise CommandError(f"'{path}' does not exist")
     if not os.path.isdir(path):
         raise CommandError(f"'{path}' is a file: a store is a directory (convert a .npy file with `loaderx convert`)")
     if os.path.exists(os.path.join(path, MARKER_FILE)):
         return "arraystore"
+    if is_sharded(path):
+        return "sharded"
+    if os.path.exists(os.path.join(path, COLUMNS_FILE)):
+        return "columns"
+    if written_shards(path) and not os.path.exists(os.path.join(path, "superblock")):
+        raise CommandError(f"'{path}' holds shards but no {MANIFEST_FILE}: an unfinished sharded conversion; "
+                           "finish it and run loaderx.shards.commit")
     schema = read_schema(path)  # a dataset that lost its superblock is still one, a damaged one
     if schema is None and not os.path.exists(os.path.join(path, "superblock")):
         raise CommandError(f"'{path}' is not a loaderx store, dataset or ArrayStore (it has no superblock or {MARKER_FILE})")
@@ -187,12 +208,51 @@ def _arraystore_info(path: str) -> dict:
             "ratio": round(raw / disk, 4) if disk else None}
 
 
+def _dataset_class(kind: str) -> type:
+    return DenseDataset if kind == "dense" else RaggedDataset
+
+
+def _sharded_info(path: str) -> dict:
+    """The dataset the shards make: opening it checks the manifest against every shard."""
+    schema = read_manifest(path).schema
+    with _dataset_class(schema.kind)(path) as dataset:
+        store = dataset.store
+        stats = store.stats()
+        dictionary = any(shard.has_dict() for shard in store.shards)
+        raw = _raw_bytes(store, schema.item_bytes if schema.kind == "dense" else None)
+    disk = _disk_bytes(path)
+    info: dict[str, Any] = {"path": path, "kind": schema.kind, "sharded": True, "shards": stats["shards"],
+                            "dtype": str(schema.dtype), "item_shape": list(schema.item_shape), "codec": schema.codec}
+    if schema.kind == "dense":
+        info["shape"] = [stats["records"], *schema.item_shape]
+    info.update(records=stats["records"], raw_bytes=raw, disk_bytes=disk, ratio=round(raw / disk, 4) if disk else None,
+                layout=stats["layout"], reclaimable_bytes=stats["reclaimable"], dictionary=dictionary)
+    return info
+
+
+def _columns_info(path: str) -> dict:
+    """Every column store of a ``from_arrow`` directory; opening them checks the listing."""
+    opened = open_columns(path)
+    kinds = {name: dataset.schema.kind for name, dataset in opened.items()}
+    rows = len(next(iter(opened.values())))
+    for dataset in opened.values():
+        dataset.close()
+    columns = [dict(_store_info(os.path.join(path, name), kind), name=name) for name, kind in kinds.items()]
+    disk = _disk_bytes(path)
+    raw = sum(entry["raw_bytes"] for entry in columns)
+    return {"path": path, "kind": "columns", "records": rows, "columns": columns, "raw_bytes": raw,
+            "disk_bytes": disk, "ratio": round(raw / disk, 4) if disk else None}
+
+
+_INFO = {"arraystore": _arraystore_info, "sharded": _sharded_info, "columns": _columns_info}
+
+
 # ---- info ------------------------------------------------------------------------
 
 
 def _run_info(args: argparse.Namespace) -> int:
     kind = _kind(args.path)
-    info = _arraystore_info(args.path) if kind == "arraystore" else _store_info(args.path, kind)
+    info = _INFO[kind](args.path) if kind in _INFO else _store_info(args.path, kind)
     _emit(args, info, _info_text)
     return EXIT_OK
 
@@ -219,8 +279,13 @@ def _info_text(info: dict) -> str:
                          f"{_size(entry['disk_bytes'])} on disk ({_ratio(entry)}), {entry['layout']} layout, "
                          f"generation {entry['generation']}")
         return "\n".join(lines)
+    if info["kind"] == "columns":
+        return _columns_text(info)
     title = {"dense": "loaderx dense dataset", "ragged": "loaderx ragged dataset", "zrecord": "zrecord store (no schema)"}
     rows = [("kind", info["kind"])]
+    if info.get("sharded"):
+        title = {kind: f"{name}, sharded" for kind, name in title.items()}
+        rows.append(("shards", f"{info['shards']:,}"))
     if "dtype" in info:
         rows += [("dtype", info["dtype"]), ("item shape", str(tuple(info["item_shape"])))]
         if "shape" in info:
@@ -231,10 +296,24 @@ def _info_text(info: dict) -> str:
         ("raw bytes", _size(info["raw_bytes"])),
         ("on disk", f"{_size(info['disk_bytes'])} (compression ratio {_ratio(info)})"),
         ("layout", info["layout"]),
-        ("generation", str(info["generation"])),
-        ("reclaimable", f"{_size(info['reclaimable_bytes'])} (loaderx compact)" if info["reclaimable_bytes"] else "0 B"),
     ]
+    if "generation" in info:  # a sharded dataset has one per shard
+        rows.append(("generation", str(info["generation"])))
+    rows.append(("reclaimable", f"{_size(info['reclaimable_bytes'])} (loaderx compact)" if info["reclaimable_bytes"] else "0 B"))
     return f"{info['path']}: {title[info['kind']]}\n" + "\n".join(f"  {key:<12} {value}" for key, value in rows)
+
+
+def _columns_text(info: dict) -> str:
+    lines = [f"{info['path']}: loaderx column directory, {len(info['columns'])} columns of {info['records']:,} records, "
+             f"{_size(info['disk_bytes'])} on disk ({_ratio(info)})"]
+    for entry in info["columns"]:
+        if "shape" in entry:
+            shape = f"{entry['dtype']} {tuple(entry['shape'])}"
+        else:
+            shape = f"ragged, records of {entry['dtype']}" + (f" items {tuple(entry['item_shape'])}" if entry["item_shape"] else "")
+        lines.append(f"  {entry['name']}: {shape}, codec {entry['codec']}, "
+                     f"{_size(entry['disk_bytes'])} on disk ({_ratio(entry)})")
+    return "\n".join(lines)
 
 
 # ---- verify ----------------------------------------------------------------------
@@ -249,8 +328,47 @@ def _verify_store(path: str, kind: str) -> dict:
                 return {"path": path, "records": len(store), "damaged": store.verify(), "error": None}
         with opener(path) as dataset:
             return {"path": path, "records": len(dataset), "damaged": dataset.store.verify(), "error": None}
-    except (ZrecordError, ValueError) as exc:
-        return {"path": path, "records": None, "damaged": [], "error": f"{type(exc).__name__}: {exc}"}
+    except (ZrecordError, ValueError, OSError) as exc:
+        return _unreadable(path, exc)
+
+
+def _unreadable(path: str, exc: Exception) -> dict:
+    return {"path": path, "records": None, "damaged": [], "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _verify_member(path: str, name: str, kind: str, expected: int, listed_in: str) -> dict:
+    """One shard or column: its checksums, and its record count against the listing's."""
+    entry = dict(_verify_store(os.path.join(path, name), kind), name=name)
+    if entry["error"] is None and entry["records"] != expected:
+        entry["error"] = f"it holds {entry['records']:,} records but {listed_in} says {expected:,}"
+    return entry
+
+
+def _verify_sharded(path: str) -> list:
+    """Every shard on its own, so one damaged shard does not hide the others;
+    damaged records are named by their global index."""
+    try:
+        manifest = read_manifest(path)
+    except (ValueError, OSError) as exc:
+        return [_unreadable(path, exc)]
+    stores, start = [], 0
+    for name, count in zip(manifest.names, manifest.rows):
+        entry = _verify_member(path, name, manifest.schema.kind, count, MANIFEST_FILE)
+        shard_schema = read_schema(os.path.join(path, name)) if entry["error"] is None else None
+        if shard_schema is not None and shard_schema != manifest.schema:
+            entry["error"] = f"it holds {shard_schema.describe()} but {MANIFEST_FILE} says {manifest.schema.describe()}"
+        entry.update(first_record=start, damaged=[start + index for index in entry["damaged"]])
+        stores.append(entry)
+        start += count
+    return stores
+
+
+def _verify_columns(path: str) -> list:
+    try:
+        listing = _read_listing(path)
+    except (ValueError, OSError) as exc:
+        return [_unreadable(path, exc)]
+    return [_verify_member(path, entry["name"], entry["kind"], listing["rows"], COLUMNS_FILE) for entry in listing["columns"]]
 
 
 def _run_verify(args: argparse.Namespace) -> int:
@@ -263,10 +381,17 @@ def _run_verify(args: argparse.Namespace) -> int:
         with ArrayStore(args.path) as store:
             names = store.get_member_list()
         stores = [dict(_verify_store(os.path.join(args.path, name), "dense"), name=name) for name in names]
+    elif kind == "sharded":
+        stores = _verify_sharded(args.path)
+    elif kind == "columns":
+        stores = _verify_columns(args.path)
     elif kind != "damaged":
         stores = [_verify_store(args.path, kind)]
     ok = all(not entry["damaged"] and entry["error"] is None for entry in stores)
-    _emit(args, {"path": args.path, "ok": ok, "stores": stores}, _verify_text)
+    result = {"path": args.path, "ok": ok, "stores": stores}
+    if kind == "sharded":  # the global indices of every damaged record, across shards
+        result["damaged"] = [index for entry in stores for index in entry["damaged"]]
+    _emit(args, result, _verify_text)
     return EXIT_OK if ok else EXIT_DAMAGED
 
 
@@ -274,6 +399,8 @@ def _verify_text(result: dict) -> str:
     lines = []
     for entry in result["stores"]:
         where = entry["path"]
+        if "first_record" in entry and entry["records"]:
+            where += f" (global records {entry['first_record']:,}..{entry['first_record'] + entry['records'] - 1:,})"
         if entry["error"] is not None:
             lines.append(f"{where}: DAMAGED, cannot be read: {entry['error']}")
         elif entry["damaged"]:
@@ -283,6 +410,12 @@ def _verify_text(result: dict) -> str:
                          f"checksum: {shown}{more}")
         else:
             lines.append(f"{where}: ok, {entry['records']:,} records verified")
+    if "damaged" in result:
+        shards = f"sharded dataset of {len(result['stores']):,} shards"
+        damaged = result["damaged"]
+        shown = ", ".join(map(str, damaged[:_DAMAGED_SHOWN])) + (" ..." if len(damaged) > _DAMAGED_SHOWN else "")
+        lines.append(f"{result['path']}: {shards}, " + ("ok" if result["ok"] else
+                     f"DAMAGED: {len(damaged):,} damaged records, global indices: {shown or 'none (see above)'}"))
     return "\n".join(lines)
 
 
@@ -295,6 +428,10 @@ def _run_compact(args: argparse.Namespace) -> int:
     if kind == "arraystore":
         with ArrayStore(args.path) as store:
             store.compact()
+    elif kind in ("sharded", "columns"):
+        for member in _members(args.path, kind):
+            with Zrecord(os.path.join(args.path, member)) as store:
+                store.compact()
     else:
         with Zrecord(args.path) as store:
             store.compact()
@@ -305,10 +442,42 @@ def _run_compact(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _members(path: str, kind: str) -> list:
+    """The shard or column stores to compact, after opening the whole dataset
+    checked its listing against them: a damaged dataset is not touched.
+    Compaction keeps every live record and its order, so the manifest's row
+    counts stay true."""
+    if kind == "sharded":
+        manifest = read_manifest(path)
+        with _dataset_class(manifest.schema.kind)(path):
+            pass
+        return list(manifest.names)
+    opened = open_columns(path)
+    for dataset in opened.values():
+        dataset.close()
+    return list(opened)
+
+
 # ---- convert ---------------------------------------------------------------------
 
 
 def _run_convert(args: argparse.Namespace) -> int:
+    if _is_parquet_source(args.source):
+        return _convert_parquet(args)
+    if args.columns is not None:
+        raise CommandError("--columns applies to a Parquet source only: a .npy file is one array")
+    return _convert_npy(args)
+
+
+def _is_parquet_source(source: str) -> bool:
+    """A .parquet file, a directory (of .parquet files) or a glob; any other file is read as .npy
+    (an existing file is never taken for a glob, whatever characters its name has)."""
+    if os.path.isfile(source):
+        return source.lower().endswith(".parquet")
+    return source.lower().endswith(".parquet") or os.path.isdir(source) or any(char in source for char in "*?[")
+
+
+def _convert_npy(args: argparse.Namespace) -> int:
     try:
         source = np.load(args.source, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as exc:
@@ -327,6 +496,69 @@ def _run_convert(args: argparse.Namespace) -> int:
         f"{_size(info['raw_bytes'])} in {_size(info['disk_bytes'])} on disk ({_ratio(info)})"
     ))
     return EXIT_OK
+
+
+def _convert_parquet(args: argparse.Namespace) -> int:
+    """Parquet through ``loaderx.arrow.from_arrow``: one store per column. An
+    existing column directory is replaced (``--mode w``) by writing a new one
+    beside it and swapping it in, so a failed conversion leaves the old one."""
+    try:
+        import pyarrow.parquet  # noqa: F401  (only to fail early with the remedy)
+    except ImportError:
+        raise CommandError("converting Parquet needs pyarrow: pip install 'loaderx[arrow]'") from None
+    columns = [name.strip() for name in args.columns.split(",") if name.strip()] if args.columns else None
+    target = args.target
+    replace = os.path.isdir(target) and bool(os.listdir(target))
+    if replace or (os.path.exists(target) and not os.path.isdir(target)):
+        _check_replaceable(target, args.mode)
+    started = time.perf_counter()
+    staging = _staging_sibling(target) if replace else target
+    try:
+        try:
+            rows = from_arrow(staging, args.source, columns=columns, codec=args.codec,
+                              progress=sys.stderr if args.progress else True)
+        except TypeError as exc:  # a column type loaderx cannot store
+            raise CommandError(f"{exc} (pick the other columns with --columns)") from None
+        if replace:
+            _swap_directory(staging, target)
+    finally:
+        if replace:
+            shutil.rmtree(staging, ignore_errors=True)
+    seconds = time.perf_counter() - started
+    info = _columns_info(target)
+    result = {"source": args.source, "rows_written": rows, "seconds": round(seconds, 3), "columns": info}
+    _emit(args, result, lambda r: f"{r['source']} -> {target}: {rows:,} rows written in {seconds:.1f} s\n" + _columns_text(info))
+    return EXIT_OK
+
+
+def _check_replaceable(target: str, mode: str) -> None:
+    if mode == "a":
+        raise CommandError(f"'{target}' exists and --mode a cannot append to a column directory: convert into a new directory")
+    if mode == "x":
+        raise CommandError(f"'{target}' exists and --mode x refuses to replace it: give a new path, or --mode w (the default) to replace it")
+    if not os.path.isfile(os.path.join(target, COLUMNS_FILE)):
+        raise CommandError(f"'{target}' exists and is not a loaderx column directory (no {COLUMNS_FILE}): "
+                           "give a new or empty directory; only a column directory is replaced")
+
+
+def _staging_sibling(target: str) -> str:
+    """A hidden sibling of ``target`` (same file system, so the swap is a rename)."""
+    parent, name = os.path.split(os.path.abspath(target))
+    staging = os.path.join(parent, f".{name}.loaderx-convert")
+    shutil.rmtree(staging, ignore_errors=True)  # left by a conversion that was killed
+    return staging
+
+
+def _swap_directory(staging: str, target: str) -> None:
+    """Puts the finished ``staging`` in place of ``target``; the old contents end in ``staging`` (removed by the caller)."""
+    parent = os.path.dirname(os.path.abspath(target))
+    if not OS_FS.exchange(staging, target):  # no atomic exchange here: three renames
+        old = staging + "-old"
+        shutil.rmtree(old, ignore_errors=True)
+        OS_FS.rename(target, old)
+        OS_FS.rename(staging, target)
+        OS_FS.rename(old, staging)
+    OS_FS.fsync_dir(parent)
 
 
 # ---- bench -----------------------------------------------------------------------
