@@ -425,3 +425,18 @@ def test_dataset_in_spawned_workers(dense, method):
     np.testing.assert_array_equal(np.stack(items), array)
     np.testing.assert_array_equal(batches[0], array[[9, 0]])
     np.testing.assert_array_equal(batches[1], array[[3, 3]])
+
+
+def test_an_index_out_of_range_raises_the_same_class_from_either_layer(tmp_path):
+    """The dataset layer (int, slice-free selectors) and the store below it
+    raise the same IndexOutOfRangeError: a ZrecordError and an IndexError."""
+    from loaderx import IndexOutOfRangeError, ZrecordError
+
+    from_numpy(tmp_path / "d", np.arange(10), progress=False)
+    with DenseDataset(tmp_path / "d") as ds:
+        for bad in (10, -11, [0, 99], np.array([5, 12])):
+            with pytest.raises(IndexOutOfRangeError) as caught:
+                ds[bad]
+            assert isinstance(caught.value, ZrecordError) and isinstance(caught.value, IndexError)
+        with pytest.raises(IndexOutOfRangeError):
+            ds.store.gather([10], bytearray(8))

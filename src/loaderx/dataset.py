@@ -27,7 +27,7 @@ import msgpack
 import numpy as np
 
 from ._fs import write_file_atomic
-from .zrecord import CODECS, Zrecord
+from .zrecord import CODECS, IndexOutOfRangeError, Zrecord
 
 __all__ = ["DenseDataset", "RaggedDataset", "Schema", "pad", "read_schema", "write_schema"]
 
@@ -185,7 +185,7 @@ def _int_index(key, length: int) -> int:
     index = operator.index(key)
     position = index + length if index < 0 else index
     if not 0 <= position < length:
-        raise IndexError(f"index {index} is out of range for a dataset of {length} records")
+        raise IndexOutOfRangeError(f"index {index} is out of range for a dataset of {length} records")
     return position
 
 
@@ -217,10 +217,10 @@ def _record_indices(key, length: int):
             flat = np.where(flat < 0, flat + length, flat)
             low = int(flat.min())
             if low < 0:
-                raise IndexError(f"index {low - length} is out of range for a dataset of {length} records")
+                raise IndexOutOfRangeError(f"index {low - length} is out of range for a dataset of {length} records")
     high = int(flat.max())
     if high >= length:
-        raise IndexError(f"index {high} is out of range for a dataset of {length} records")
+        raise IndexOutOfRangeError(f"index {high} is out of range for a dataset of {length} records")
     return np.ascontiguousarray(flat, dtype=np.uint64), array.shape
 
 
