@@ -378,6 +378,9 @@ class ShardedStore:
     do not write through them).
     """
 
+    #: What a closed dataset's error message tells the user to open again.
+    _reopen_hint: str
+
     def __init__(self, path, kind: str, verify: bool = False, threads: int = 0):
         self.path = os.fspath(path)
         self._verify = verify
