@@ -352,7 +352,8 @@ class DataLoader:
                 raise ValueError("packing and weights do not combine yet: pack one ragged stream, or mix unpacked sources")
             name, dataset = _packed_stream(packing, self._streams)
             packer = make_packer(packing, name, dataset, self._sampler)
-        mixer = None if sources is None else Mixer(sources, weights, batch_size, mode, seed, shard)
+        # weights is not None whenever sources is not
+        mixer = None if sources is None else Mixer(sources, weights, batch_size, mode, seed, shard)  # type: ignore[arg-type]
         self._batches = _Batches(Schedule(self._sampler), self._streams, transform, self._stats, packer, mixer)
         self._packing_state = None if packer is None else packer.state()
         self._step = 0
