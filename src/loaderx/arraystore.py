@@ -48,7 +48,7 @@ import math
 import os
 import threading
 import zlib
-from typing import Any, Iterator, Mapping, Sequence, cast
+from typing import Any, Iterator, Mapping, Sequence, cast, overload
 
 import msgpack
 import numpy as np
@@ -213,6 +213,11 @@ class ArrayStore:
             return entry.dataset[idx]
         except IndexError as exc:
             raise IndexError(f"array '{name}': {exc}") from None
+
+    @overload
+    def get_shape(self, name: None = None) -> dict[str, tuple[int, ...]]: ...
+    @overload
+    def get_shape(self, name: str) -> tuple[int, ...]: ...
 
     def get_shape(self, name: str | None = None) -> tuple[int, ...] | dict[str, tuple[int, ...]]:
         """The shape of ``name``, or a dict of the shapes of all arrays."""

@@ -57,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
     try:
-        return args.run(args)
+        status: int = args.run(args)  # the subcommand's exit status
+        return status
     except StoreLockedError as exc:
         advice = "" if "another process" in str(exc) else " (another process is writing to this store: retry when it is done)"
         return _fail(f"{exc}{advice}")
@@ -108,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _emit(args: argparse.Namespace, result: dict, text: Callable[[dict], str]) -> None:
+def _emit(args: argparse.Namespace, result: dict[str, Any], text: Callable[[dict[str, Any]], str]) -> None:
     print(json.dumps(result, indent=2) if args.json else text(result))
 
 
@@ -153,7 +154,7 @@ def _raw_bytes(store: Zrecord, item_bytes: int | None) -> int:
     return total
 
 
-def _store_info(path: str, kind: str) -> dict:
+def _store_info(path: str, kind: str) -> dict[str, Any]:
     schema = read_schema(path) if kind != "zrecord" else None
     with Zrecord(path) as store:
         stats = store.stats()
@@ -173,7 +174,7 @@ def _store_info(path: str, kind: str) -> dict:
     return info
 
 
-def _arraystore_info(path: str) -> dict:
+def _arraystore_info(path: str) -> dict[str, Any]:
     with ArrayStore(path) as store:
         shapes = store.get_shape()
     arrays = []
@@ -206,11 +207,11 @@ def _size(count: int | None) -> str:
     return f"{count} B"
 
 
-def _ratio(info: dict) -> str:
+def _ratio(info: dict[str, Any]) -> str:
     return f"{info['ratio']:.2f}x" if info.get("ratio") else "-"
 
 
-def _info_text(info: dict) -> str:
+def _info_text(info: dict[str, Any]) -> str:
     if info["kind"] == "arraystore":
         lines = [f"{info['path']}: ArrayStore, {len(info['arrays'])} arrays, {_size(info['disk_bytes'])} on disk "
                  f"({_ratio(info)})"]
@@ -240,7 +241,7 @@ def _info_text(info: dict) -> str:
 # ---- verify ----------------------------------------------------------------------
 
 
-def _verify_store(path: str, kind: str) -> dict:
+def _verify_store(path: str, kind: str) -> dict[str, Any]:
     """Every record's checksum; a store that cannot even be opened is damaged too."""
     opener = {"dense": DenseDataset, "ragged": RaggedDataset}.get(kind)
     try:
@@ -270,7 +271,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if ok else EXIT_DAMAGED
 
 
-def _verify_text(result: dict) -> str:
+def _verify_text(result: dict[str, Any]) -> str:
     lines = []
     for entry in result["stores"]:
         where = entry["path"]
@@ -353,10 +354,11 @@ def _bench_rows(count: int) -> np.ndarray:
     grid = np.linspace(0.0, 1.0, _RECORD_FLOATS, dtype=np.float32)
     frequency = rng.uniform(1.0, 8.0, (count, 1)).astype(np.float32)
     rows = np.sin(frequency * grid * np.float32(2 * np.pi)) + rng.normal(0, 0.01, (count, _RECORD_FLOATS)).astype(np.float32)
-    return (np.round(rows * 65536) / 65536).astype(np.float32)
+    quantized: np.ndarray = (np.round(rows * 65536) / 65536).astype(np.float32)
+    return quantized
 
 
-def _bench_sampler() -> list:
+def _bench_sampler() -> list[dict[str, Any]]:
     rng = np.random.default_rng(0)
     results = []
     for batch in (256, 1024):
@@ -371,7 +373,7 @@ def _bench_sampler() -> list:
     return results
 
 
-def _bench_store(root: str, rows: np.ndarray) -> list:
+def _bench_store(root: str, rows: np.ndarray) -> list[dict[str, Any]]:
     positions = np.random.default_rng(1).integers(0, len(rows), (20, _BATCH))
     batches = positions.astype(np.uint64)
     out = np.empty((_BATCH, _RECORD_FLOATS), np.float32)
@@ -402,7 +404,7 @@ def _bench_store(root: str, rows: np.ndarray) -> list:
     return results
 
 
-def _bench_loader(root: str) -> list:
+def _bench_loader(root: str) -> list[dict[str, Any]]:
     results = []
     for codec in ("raw", "zstd"):
         with DenseDataset(os.path.join(root, f"store-{codec}")) as dataset:
@@ -415,7 +417,7 @@ def _bench_loader(root: str) -> list:
     return results
 
 
-def _machine() -> dict:
+def _machine() -> dict[str, Any]:
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as handle:
@@ -439,7 +441,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _table(rows: list, columns: list) -> str:
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     cells = [[("-" if row[key] is None else f"{row[key]:,}" if isinstance(row[key], (int, float)) else str(row[key]))
               for key in columns] for row in rows]
     widths = [max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)]
@@ -448,7 +450,7 @@ def _table(rows: list, columns: list) -> str:
     return "\n".join(lines)
 
 
-def _bench_text(result: dict) -> str:
+def _bench_text(result: dict[str, Any]) -> str:
     machine = result["machine"]
     stores = [dict(row, disk=_size(row["disk_bytes"]) if row["disk_bytes"] else None) for row in result["store"]]
     return "\n\n".join([
