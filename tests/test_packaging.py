@@ -170,7 +170,8 @@ def test_baseline_runs_on_a_cpu_without_avx():
 
 
 SDIST_NEEDS = ("LICENSE", "README.md", "pyproject.toml", "build.zig", "build_backend/loaderx_build.py",
-               "zig/root.zig", "examples/quickstart.py", "tests/conftest.py", "src/loaderx/_abi.h")
+               "zig/root.zig", "examples/quickstart.py", "tests/conftest.py", "src/loaderx/_abi.h",
+               "src/loaderx/py.typed")
 
 
 @pytest.fixture(scope="module")
@@ -214,6 +215,7 @@ def test_wheel_is_a_portable_platform_wheel(artefacts, tmp_path):
                 expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
                 assert (digest, int(size)) == (f"sha256={expected}", len(data)), name
         assert any(name.endswith(".dist-info/licenses/LICENSE") for name in archive.namelist())
+        assert "loaderx/py.typed" in archive.namelist()  # PEP 561: the package is typed
         archive.extractall(tmp_path)
     libraries = bundled_libraries(tmp_path / "loaderx")
     assert len(libraries) == (3 if ON_X86_64 else 1)

@@ -20,7 +20,7 @@ import errno
 import fcntl
 import os
 import shutil
-from typing import Callable
+from typing import Any, Callable
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -36,14 +36,14 @@ def _error(exc: OSError, what: str) -> OSError:
 class OsFs:
     """The real file system (the production seam)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
-        self._renameat2 = getattr(libc, "renameat2", None)
+        self._renameat2: Any = getattr(libc, "renameat2", None)  # a ctypes function, or None
         self.exchange_works = self._renameat2 is not None
 
     # ---- reads
 
-    def listdir(self, path: str) -> list:
+    def listdir(self, path: str) -> list[str]:
         try:
             return os.listdir(path)
         except OSError as exc:
@@ -58,7 +58,7 @@ class OsFs:
     def isfile(self, path: str) -> bool:
         return os.path.isfile(path)
 
-    def identity(self, path: str):
+    def identity(self, path: str) -> int | None:
         """The inode number of ``path`` (stable across reboots on a local
         file system), or None when it does not exist."""
         try:

@@ -167,7 +167,8 @@ def last_message() -> str:
     """The native message of this thread's last failure."""
     buffer = ffi.new("char[1024]")
     lib.lx_error_message(buffer, len(buffer))
-    return ffi.string(buffer).decode("utf-8", "replace")
+    text: bytes = ffi.string(buffer)
+    return text.decode("utf-8", "replace")
 
 
 def check(status: int, context: str = "") -> None:
@@ -181,7 +182,7 @@ def check(status: int, context: str = "") -> None:
     raise cls(message, status)
 
 
-def _limits() -> dict:
+def _limits() -> dict[str, int]:
     out = ffi.new("lx_limits_t *")
     lib.lx_limits(out)
     return {name: int(getattr(out, name)) for name in

@@ -48,14 +48,16 @@ import math
 import os
 import threading
 import zlib
+from typing import Any, Iterator, Mapping, Sequence, cast, overload
 
 import msgpack
 import numpy as np
+import numpy.typing as npt
 
 from ._fs import OS_FS, OsFs, make_dirs_durable, write_file_atomic
 from .converter import from_numpy
-from .dataset import SCHEMA_FILE, DenseDataset, _int_index, _is_int, _record_indices
-from .zrecord import CODECS, CorruptStoreError, StoreClosedError, StoreLockedError, StoreReadOnlyError
+from .dataset import SCHEMA_FILE, DenseDataset, StrPath, _int_index, _is_int, _record_indices
+from .zrecord import CODECS, Zrecord, CorruptStoreError, StoreClosedError, StoreLockedError, StoreReadOnlyError
 
 __all__ = ["ArrayStore", "ArrayStoreIOError", "LazyArray"]
 
@@ -79,7 +81,7 @@ class ArrayStoreIOError(OSError):
     ``"unknown"`` (the fsync that commits it failed and taking it back failed
     too: after a reopen the call is applied entirely or not at all)."""
 
-    def __init__(self, code, message: str, outcome: str):
+    def __init__(self, code: int | None, message: str, outcome: str) -> None:
         super().__init__(code, message)
         self.outcome = outcome
 
@@ -99,12 +101,12 @@ class ArrayStore:
     float into int is refused); integers must fit the array's integer dtype.
     """
 
-    def __init__(self, path, *, _fs: OsFs = OS_FS):
+    def __init__(self, path: StrPath, *, _fs: OsFs = OS_FS) -> None:
         self.path = os.fspath(path)
         self._fs = _fs  # the file-system seam; tests pass a simulated disk
         self._lock = threading.RLock()
         self._arrays: dict[str, _Array] = {}
-        self._lock_fd = None
+        self._lock_fd: int | None = None
         self._closed = False
         self._unfinished = False  # a commit or cleanup of this writer still to finish
         _open_root(self.path, _fs)
@@ -144,13 +146,13 @@ class ArrayStore:
     def closed(self) -> bool:
         return self._closed
 
-    def __enter__(self):
+    def __enter__(self) -> ArrayStore:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:
@@ -162,23 +164,23 @@ class ArrayStore:
 
     # ---- names
 
-    def get_member_list(self) -> list:
+    def get_member_list(self) -> list[str]:
         """The names of the arrays, sorted."""
         self._check_open()
         fs = self._fs
         names = [item for item in fs.listdir(self.path) if not item.startswith(".") and fs.isfile(os.path.join(self.path, item, SCHEMA_FILE))]
         return sorted(names)
 
-    def has_array(self, name) -> bool:
+    def has_array(self, name: str) -> bool:
         self._check_open()
         if not _valid_name(name):
             return False
         return self._fs.isfile(os.path.join(self.path, name, SCHEMA_FILE))
 
-    def __contains__(self, name) -> bool:
-        return self.has_array(name)
+    def __contains__(self, name: object) -> bool:
+        return self.has_array(name)  # type: ignore[arg-type]  # has_array answers False for a non-str
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self.get_member_list())
 
     def __len__(self) -> int:
@@ -186,22 +188,22 @@ class ArrayStore:
 
     # ---- reads
 
-    def load(self, name, lazy: bool = False):
+    def load(self, name: str, lazy: bool = False) -> npt.NDArray[Any] | LazyArray:
         """The whole array (one native gather into a fresh array), or with
         ``lazy=True`` at once a ``LazyArray`` that reads only the rows asked for."""
         entry = self._entry(name)
         return LazyArray(entry) if lazy else entry.read_all()
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> npt.NDArray[Any] | LazyArray:
         return self.load(name)
 
     @contextlib.contextmanager
-    def mmap_mode(self):
+    def mmap_mode(self) -> Iterator[_LazyLoading]:
         """``with store.mmap_mode() as view:`` ``view.load(name)`` is lazy (numpack 0.1)."""
         self._check_open()
         yield _LazyLoading(self)
 
-    def getitem(self, name, idx):
+    def getitem(self, name: str, idx: Any) -> Any:  # idx and the result: as DenseDataset[idx]
         """Rows of ``name``: an int gives one row, a slice, list, int array or
         boolean mask gives an array of rows, read with one gather."""
         entry = self._entry(name)
@@ -212,18 +214,23 @@ class ArrayStore:
         except IndexError as exc:
             raise IndexError(f"array '{name}': {exc}") from None
 
-    def get_shape(self, name=None):
+    @overload
+    def get_shape(self, name: None = None) -> dict[str, tuple[int, ...]]: ...
+    @overload
+    def get_shape(self, name: str) -> tuple[int, ...]: ...
+
+    def get_shape(self, name: str | None = None) -> tuple[int, ...] | dict[str, tuple[int, ...]]:
         """The shape of ``name``, or a dict of the shapes of all arrays."""
         if name is not None:
             return self._entry(name).shape
         return {member: self._entry(member).shape for member in self.get_member_list()}
 
-    def get_modify_time(self, name) -> float:
+    def get_modify_time(self, name: str) -> float:
         """When ``name`` last changed, in seconds since the epoch (its last commit)."""
         self._require(name)
         return self._fs.stat(os.path.join(self.path, name, "superblock")).st_mtime
 
-    def get_metadata(self) -> dict:
+    def get_metadata(self) -> dict[str, Any]:
         """The format, and for each array its shape, dtype, codec, logical and
         on-disk bytes and modify time."""
         arrays = {}
@@ -239,7 +246,7 @@ class ArrayStore:
             }
         return {"format": FORMAT_NAME, "version": FORMAT_VERSION, "path": self.path, "arrays": arrays}
 
-    def stream_load(self, name, buffer_size=None):
+    def stream_load(self, name: str, buffer_size: int | None = None) -> Iterator[npt.NDArray[Any]]:
         """Iterates over ``name`` in chunks of at most ``buffer_size`` rows
         (default: 64 MiB of rows), each read with one gather."""
         entry = self._entry(name)
@@ -253,7 +260,7 @@ class ArrayStore:
             rows = int(buffer_size)
         return _stream(entry, rows)
 
-    def dataset(self, name) -> DenseDataset:
+    def dataset(self, name: str) -> DenseDataset:
         """The array ``name`` as a new ``DenseDataset`` (for the ``DataLoader``).
         It reads the array as it is now; close it when done."""
         entry = self._entry(name)
@@ -263,7 +270,7 @@ class ArrayStore:
 
     # ---- writes
 
-    def save(self, arrays, codec: str = "raw") -> None:
+    def save(self, arrays: Mapping[str, npt.ArrayLike], codec: str = "raw") -> None:
         """Creates or overwrites each named array (one record per row along
         axis 0). The call is one commit, durable when it returns: a crash or
         power cut leaves every named array old or every one new, never a mix.
@@ -274,7 +281,7 @@ class ArrayStore:
             self._begin_write()
             self._commit(items, [], codec)
 
-    def replace(self, arrays, idx) -> None:
+    def replace(self, arrays: Mapping[str, npt.ArrayLike], idx: Any) -> None:  # idx: as for DenseDataset[idx]
         """Gives rows ``idx`` (int, slice, list, int array or boolean mask) of
         each named array new contents, in place and atomically. ``arrays`` maps
         names to rows of shape ``(len(idx), *row_shape)``; a repeated index
@@ -292,7 +299,7 @@ class ArrayStore:
                 if indices.size:
                     entry.store.replace(indices, data, entry.offsets(indices.size))
 
-    def append(self, arrays) -> None:
+    def append(self, arrays: Mapping[str, npt.ArrayLike]) -> None:
         """Appends rows to each named (existing) array."""
         items = _named(arrays, "append")
         with self._lock:
@@ -306,7 +313,7 @@ class ArrayStore:
                     entry.store.append(data, entry.offsets(len(data)))
                     entry.appended = True
 
-    def drop(self, name, rows=None) -> None:
+    def drop(self, name: str | list[str] | tuple[str, ...], rows: Any = None) -> None:  # rows: as for DenseDataset[rows]
         """Drops arrays (a name or a list of names; one commit, durable when
         it returns), or with ``rows`` drops those rows of each named array,
         keeping the order of the rest."""
@@ -353,7 +360,7 @@ class ArrayStore:
                     _recover(self.path, self._fs)
                     self._unfinished = False
 
-    def _entry(self, name) -> "_Array":
+    def _entry(self, name: str) -> "_Array":
         """The open array ``name``; KeyError when there is none.
 
         The writer's handles are current by construction. A reader checks
@@ -376,23 +383,24 @@ class ArrayStore:
                 self._forget(name)
             if inode is None or not self._fs.isfile(os.path.join(path, SCHEMA_FILE)):
                 self._require(name)
+            assert inode is not None  # _require raised otherwise
             entry = _Array.open(name, path, inode, self._fs)
             self._arrays[name] = entry
             return entry
 
-    def _require(self, name) -> None:
+    def _require(self, name: str) -> None:
         """KeyError unless ``name`` is an array (without opening it)."""
         if not self.has_array(name):
             _check_name(name)
             raise KeyError(f"no array named {name!r} in ArrayStore '{self.path}' (it has {self.get_member_list()})")
 
-    def _row_entry(self, name, what: str) -> "_Array":
+    def _row_entry(self, name: str, what: str) -> "_Array":
         entry = self._entry(name)
         if entry.scalar:
             raise ValueError(f"cannot {what} rows of '{name}': it is a 0-d array; save a new value with save()")
         return entry
 
-    def _forget(self, name) -> None:
+    def _forget(self, name: str) -> None:
         entry = self._arrays.pop(name, None)
         if entry is not None:
             entry.close()
@@ -416,7 +424,7 @@ class ArrayStore:
             raise
         self._lock_fd = handle
 
-    def _commit(self, saves: dict, drops: list, codec) -> None:
+    def _commit(self, saves: dict[str, npt.NDArray[Any]], drops: list[str], codec: str | None) -> None:
         """Saves ``saves`` and drops ``drops`` as one commit (the protocol of
         the module docstring). Raises ArrayStoreIOError on a file-system error,
         with what the call left."""
@@ -443,7 +451,7 @@ class ArrayStore:
                 raise ArrayStoreIOError(exc.errno, f"{what} is committed and durable, but finishing it failed: {exc}; the next call on this ArrayStore (or the next writer) finishes it", "committed") from exc
         self._remove_leftovers([".new-" + name for name in saves] + [".prev-" + name for name in saves] + [".drop-" + name for name in drops])
 
-    def _stage(self, saves: dict, codec, what: str) -> dict:
+    def _stage(self, saves: dict[str, npt.NDArray[Any]], codec: str | None, what: str) -> dict[str, Any]:
         """Writes each array whole into ``.new-<name>`` and makes those entries
         durable; returns each name's new directory identity. On failure the
         staging directories are removed and nothing has changed."""
@@ -451,6 +459,7 @@ class ArrayStore:
         identities = {}
         try:
             for name, array in saves.items():
+                assert codec is not None  # only a drop, which saves nothing, commits without one
                 staging = os.path.join(self.path, ".new-" + name)
                 fs.rmtree(staging)
                 fs.build_store(staging, functools.partial(_write_array, array=array, codec=codec))
@@ -466,7 +475,7 @@ class ArrayStore:
             raise
         return identities
 
-    def _remove_leftovers(self, leftovers: list) -> None:
+    def _remove_leftovers(self, leftovers: list[str]) -> None:
         """Deletes the old directories of a finished commit; on a failure the
         next call (or the next writer) deletes them."""
         for leftover in leftovers:
@@ -500,7 +509,7 @@ class LazyArray:
         return self._entry.name
 
     @property
-    def shape(self) -> tuple:
+    def shape(self) -> tuple[int, ...]:
         return self._live().shape
 
     @property
@@ -525,7 +534,7 @@ class LazyArray:
             raise TypeError("len() of a 0-d array")
         return shape[0]
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: Any) -> Any:  # key and the result: as for DenseDataset[key]
         entry = self._live()
         if entry.scalar:
             if key is Ellipsis or (isinstance(key, tuple) and key == ()):
@@ -533,11 +542,11 @@ class LazyArray:
             raise IndexError(f"array '{entry.name}' is 0-d: index it with [()] or [...]")
         return entry.dataset[key]
 
-    def __array__(self, dtype=None, copy=None):
+    def __array__(self, dtype: npt.DTypeLike | None = None, copy: bool | None = None) -> npt.NDArray[Any]:
         array = self._live().read_all()
         return array if dtype is None else array.astype(dtype, copy=False)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         entry = self._live()
         if entry.scalar:
             raise TypeError("iteration over a 0-d array")
@@ -553,25 +562,25 @@ class LazyArray:
 class _LazyLoading:
     """The view ``mmap_mode()`` yields: the store, with lazy ``load``."""
 
-    def __init__(self, store: ArrayStore):
+    def __init__(self, store: ArrayStore) -> None:
         self._store = store
 
-    def load(self, name, lazy: bool = True):
+    def load(self, name: str, lazy: bool = True) -> npt.NDArray[Any] | LazyArray:
         return self._store.load(name, lazy=lazy)
 
-    def __getitem__(self, name):
+    def __getitem__(self, name: str) -> npt.NDArray[Any] | LazyArray:
         return self._store.load(name, lazy=True)
 
-    def __getattr__(self, attribute):
+    def __getattr__(self, attribute: str) -> Any:
         return getattr(self._store, attribute)
 
-    def __contains__(self, name):
+    def __contains__(self, name: object) -> bool:
         return name in self._store
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self._store)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._store)
 
 
@@ -583,7 +592,7 @@ class _Array:
         self.path = path
         self.inode = inode
         self.dataset = dataset
-        self.store = dataset.store
+        self.store = cast(Zrecord, dataset.store)  # an ArrayStore array is one store, never sharded
         self.scalar = scalar
         self.row_bytes = dataset.dtype.itemsize * math.prod(dataset.item_shape)
         self.appended = False
@@ -607,7 +616,7 @@ class _Array:
         self.dataset.close()
 
     @property
-    def shape(self) -> tuple:
+    def shape(self) -> tuple[int, ...]:
         return () if self.scalar else (len(self.dataset), *self.dataset.item_shape)
 
     def read_all(self) -> np.ndarray:
@@ -630,7 +639,7 @@ class _Array:
             self._offsets = np.arange(count, dtype=np.uint64) * np.uint64(self.row_bytes)
         return self._offsets
 
-    def rows(self, rows, count, what: str) -> np.ndarray:
+    def rows(self, rows: npt.ArrayLike, count: int | None, what: str) -> np.ndarray:
         """``rows`` as a C-contiguous ``(n, *item_shape)`` array of this
         array's dtype (``n == count`` when given); ValueError otherwise."""
         item_shape = self.dataset.item_shape
@@ -647,12 +656,12 @@ class _Array:
 # ---- helpers ------------------------------------------------------------------
 
 
-def _shape_text(first: str, item_shape: tuple) -> str:
+def _shape_text(first: str, item_shape: tuple[int, ...]) -> str:
     parts = [first, *map(str, item_shape)]
     return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
 
-def _stream(entry: _Array, rows: int):
+def _stream(entry: _Array, rows: int) -> Iterator[npt.NDArray[Any]]:
     start = 0
     while True:
         end = min(start + rows, len(entry.dataset))
@@ -662,7 +671,7 @@ def _stream(entry: _Array, rows: int):
         start = end
 
 
-def _named(arrays, what: str) -> list:
+def _named(arrays: Any, what: str) -> list[tuple[str, Any]]:  # Any: checked here
     """The ``(name, value)`` pairs of a ``{name: array}`` argument, names checked."""
     if not hasattr(arrays, "items"):
         raise TypeError(f"{what} takes a dict {{name: array}}, got {type(arrays).__name__}")
@@ -672,7 +681,7 @@ def _named(arrays, what: str) -> list:
     return items
 
 
-def _name_list(names) -> list:
+def _name_list(names: str | list[str] | tuple[str, ...]) -> list[str]:
     if isinstance(names, (list, tuple)):
         for name in names:
             _check_name(name)
@@ -681,7 +690,7 @@ def _name_list(names) -> list:
     return [names]
 
 
-def _valid_name(name) -> bool:
+def _valid_name(name: object) -> bool:
     return (
         isinstance(name, str)
         and name != ""
@@ -693,7 +702,7 @@ def _valid_name(name) -> bool:
     )
 
 
-def _check_name(name) -> None:
+def _check_name(name: object) -> None:
     if not _valid_name(name):
         raise ValueError(
             f"invalid array name {name!r}: a name is a non-empty str of at most {NAME_BYTES_MAX} bytes, "
@@ -701,13 +710,13 @@ def _check_name(name) -> None:
         )
 
 
-def _codec_name(codec) -> str:
+def _codec_name(codec: str) -> str:
     if codec not in CODECS:
         raise ValueError(f"unknown codec {codec!r}: use one of {sorted(CODECS)}")
     return codec
 
 
-def _array_to_save(name: str, value) -> np.ndarray:
+def _array_to_save(name: str, value: npt.ArrayLike) -> np.ndarray:
     array = value if isinstance(value, np.ndarray) else np.asarray(value)
     if array.dtype.hasobject:
         raise ValueError(f"cannot save '{name}': dtype {array.dtype} holds Python objects; convert it to a numeric, string or bytes dtype")
@@ -736,7 +745,7 @@ def _cast(array: np.ndarray, dtype: np.dtype, context: str, from_python: bool = 
     return array.astype(dtype)
 
 
-def _row_indices(key, length: int, name: str) -> np.ndarray:
+def _row_indices(key: Any, length: int, name: str) -> npt.NDArray[np.uint64]:
     """Row selector (int, slice, list, int array, bool mask; negative counts
     from the end) as flat uint64 indices; IndexError when out of range."""
     try:
@@ -750,7 +759,7 @@ def _row_indices(key, length: int, name: str) -> np.ndarray:
     return indices
 
 
-def _last_wins(indices: np.ndarray, data: np.ndarray, key):
+def _last_wins(indices: npt.NDArray[np.uint64], data: npt.NDArray[Any], key: Any) -> tuple[npt.NDArray[np.uint64], npt.NDArray[Any]]:
     """Drops repeated indices but the last (NumPy's assignment order), since
     the store takes each record once per replace."""
     if isinstance(key, slice) or indices.size < 2 or np.all(indices[1:] > indices[:-1]):
@@ -785,7 +794,7 @@ def _write_array(path: str, array: np.ndarray, codec: str) -> None:
         write_file_atomic(os.path.join(path, ARRAY_FILE), msgpack.packb({"shape": []}))
 
 
-def _call_text(saves: dict, drops: list) -> str:
+def _call_text(saves: dict[str, npt.NDArray[Any]], drops: list[str]) -> str:
     if saves:
         return f"save of {sorted(saves)}"
     return f"drop of {sorted(drops)}"
@@ -818,7 +827,7 @@ def _open_root(path: str, fs: OsFs) -> None:
         raise ValueError(f"ArrayStore '{path}' has version {version}, newer than this loaderx understands ({FORMAT_VERSION}): upgrade loaderx")
 
 
-def _take_lock(root: str, fs: OsFs):
+def _take_lock(root: str, fs: OsFs) -> int:
     """The root's write lock, or StoreLockedError / StoreReadOnlyError."""
     try:
         return fs.lock(os.path.join(root, LOCK_FILE))
@@ -843,7 +852,7 @@ def _replay_if_unlocked(root: str, fs: OsFs) -> None:
         fs.unlock(handle)
 
 
-def _write_commit_record(root: str, fs: OsFs, record: dict, what: str, staged: list) -> None:
+def _write_commit_record(root: str, fs: OsFs, record: dict[str, Any], what: str, staged: list[str]) -> None:
     """Makes ``record`` durable at ``COMMIT_FILE``: the commit point. On a
     failure the record is taken back (a failed fsync may have persisted it or
     not) and the staged directories removed, so nothing has changed."""
@@ -876,7 +885,7 @@ def _take_back(root: str, fs: OsFs, path: str, what: str, cause: OSError) -> Non
         ) from cause
 
 
-def _read_commit_record(root: str, fs: OsFs) -> dict | None:
+def _read_commit_record(root: str, fs: OsFs) -> dict[str, Any] | None:
     """The commit record in ``root``, None when there is none."""
     path = os.path.join(root, COMMIT_FILE)
     try:
@@ -903,7 +912,7 @@ def _read_commit_record(root: str, fs: OsFs) -> dict | None:
     return record
 
 
-def _roll_forward(root: str, fs: OsFs, record: dict) -> None:
+def _roll_forward(root: str, fs: OsFs, record: dict[str, Any]) -> None:
     """Applies a durable commit record; each step is skipped when done, so a
     replay after a crash at any point ends in the same state. Deletes the
     record once the steps are durable; the old directories stay (leftovers)."""

@@ -51,13 +51,14 @@ import shutil
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Callable, Iterator, TextIO
 
 import msgpack
 import numpy as np
 
 from ._fs import write_file_atomic
 from .converter import CHUNK_BYTES, DICT_BYTES, _RECORD_COST_BYTES, _codec_name, _positive_int, _Progress, _Writer
-from .dataset import DenseDataset, RaggedDataset, Schema
+from .dataset import DenseDataset, RaggedDataset, Schema, StrPath
 
 __all__ = ["COLUMNS_FILE", "from_arrow", "open_columns"]
 
@@ -91,7 +92,10 @@ class _Column:
         return self.schema.kind == "ragged"
 
 
-def from_arrow(path, source, columns=None, codec="zstd", chunk_bytes=CHUNK_BYTES, progress=True) -> int:
+def from_arrow(
+    path: StrPath, source: Any, columns: Mapping[str, str] | list[str] | tuple[str, ...] | None = None,
+    codec: str | int | Mapping[str, str | int] = "zstd", chunk_bytes: int = CHUNK_BYTES, progress: bool | TextIO = True,
+) -> int:
     """Writes the table ``source`` to a new column directory at ``path`` (one
     store per column, see the module doc); returns the rows written.
 
@@ -126,13 +130,13 @@ def from_arrow(path, source, columns=None, codec="zstd", chunk_bytes=CHUNK_BYTES
     return rows
 
 
-def open_columns(path, verify: bool = False) -> dict:
+def open_columns(path: StrPath, verify: bool = False) -> dict[str, DenseDataset | RaggedDataset]:
     """The stores of the column directory at ``path`` as ``{name: DenseDataset
     | RaggedDataset}``, in the listing's order, all of its row count. Dense
     ones can be passed to the ``DataLoader`` as they are."""
     path = os.fspath(path)
     listing = _read_listing(path)
-    opened: dict = {}
+    opened: dict[str, DenseDataset | RaggedDataset] = {}
     try:
         for entry in listing["columns"]:
             kind = DenseDataset if entry["kind"] == "dense" else RaggedDataset
@@ -157,17 +161,19 @@ class _Reader:
     """A source as a schema, a row count (None when unknown) and record
     batches of about ``chunk_bytes`` each, holding at least the planned columns."""
 
-    def __init__(self, schema, rows, batches_of):
+    def __init__(
+        self, schema: Any, rows: int | None, batches_of: Callable[[int, list[_Column]], Iterator[Any]],
+    ) -> None:  # schema: a pyarrow.Schema; batches: pyarrow.RecordBatch
         self.schema = schema
         self.rows = rows
         self._batches_of = batches_of
 
-    def batches(self, chunk_bytes: int, plan: list):
+    def batches(self, chunk_bytes: int, plan: list[_Column]) -> Iterator[Any]:
         for batch in self._batches_of(chunk_bytes, plan):
             yield from _cut(batch, chunk_bytes)
 
 
-def _open_source(source) -> _Reader:
+def _open_source(source: Any) -> _Reader:
     pa = _pyarrow()
     if isinstance(source, (str, os.PathLike)):
         return _parquet_reader(os.fspath(source))
@@ -205,7 +211,7 @@ def _parquet_reader(pattern: str) -> _Reader:
             raise ValueError(f"'{file}' has another schema than '{files[0]}': convert files of one schema together")
         rows += metadata.num_rows
 
-    def batches(chunk_bytes: int, plan: list):
+    def batches(chunk_bytes: int, plan: list[_Column]) -> Iterator[Any]:
         columns = [column.source for column in plan]
         fixed_bytes = sum(column.schema.item_bytes for column in plan if not column.ragged)
         seen_bytes = 0  # the largest bytes per row seen so far
@@ -221,7 +227,7 @@ def _parquet_reader(pattern: str) -> _Reader:
     return _Reader(schema, rows, batches)
 
 
-def _hugging_face_reader(dataset) -> _Reader:
+def _hugging_face_reader(dataset: Any) -> _Reader:
     if not hasattr(dataset, "with_format") or not hasattr(dataset, "features"):
         raise TypeError(f"from_arrow reads a Hugging Face Dataset or IterableDataset, got {type(dataset).__name__}: pick a split, e.g. dataset['train']")
     if dataset.features is None:
@@ -230,7 +236,7 @@ def _hugging_face_reader(dataset) -> _Reader:
     rows = len(dataset) if hasattr(dataset, "__len__") and not hasattr(dataset, "n_shards") else None
     schema = dataset.features.arrow_schema
 
-    def batches(chunk_bytes: int, plan: list):
+    def batches(chunk_bytes: int, plan: list[_Column]) -> Iterator[Any]:
         data = getattr(dataset, "data", None)
         nbytes = getattr(data, "nbytes", None)
         if nbytes and rows:
@@ -244,7 +250,7 @@ def _hugging_face_reader(dataset) -> _Reader:
     return _Reader(schema, rows, batches)
 
 
-def _encoded_row_bytes(row_group, plan: list) -> int:
+def _encoded_row_bytes(row_group: Any, plan: list[_Column]) -> int:
     """Bytes per row of the ragged columns as Parquet stores them before
     compression: a first guess (encodings shrink data), raised by the batches
     actually read."""
@@ -254,7 +260,7 @@ def _encoded_row_bytes(row_group, plan: list) -> int:
         chunk = row_group.column(index)
         if chunk.path_in_schema.split(".")[0] in ragged:
             total += chunk.total_uncompressed_size
-    return total // max(1, row_group.num_rows)
+    return int(total // max(1, row_group.num_rows))
 
 
 def _rows_per_batch(data_bytes: int, rows: int, chunk_bytes: int) -> int:
@@ -265,7 +271,7 @@ def _rows_per_batch(data_bytes: int, rows: int, chunk_bytes: int) -> int:
     return max(1, min(rows, chunk_bytes // row_bytes))
 
 
-def _cut(batch, chunk_bytes: int):
+def _cut(batch: Any, chunk_bytes: int) -> Iterator[Any]:
     """``batch`` in zero-copy slices of about ``chunk_bytes`` each (a source
     may hand over one huge batch)."""
     if batch.num_rows == 0:
@@ -278,7 +284,7 @@ def _cut(batch, chunk_bytes: int):
 # ---- the column plan ------------------------------------------------------------------
 
 
-def _plan(schema, columns, codec) -> list:
+def _plan(schema: Any, columns: Any, codec: Any) -> list[_Column]:  # columns, codec: checked here
     """The columns to convert, checked before any write."""
     names = list(schema.names)
     if columns is None:
@@ -309,7 +315,7 @@ def _plan(schema, columns, codec) -> list:
     return plan
 
 
-def _codecs(codec, stores: list) -> dict:
+def _codecs(codec: Any, stores: list[str]) -> dict[str, str]:
     if isinstance(codec, Mapping):
         unknown = sorted(set(codec) - set(stores))
         if unknown:
@@ -318,7 +324,7 @@ def _codecs(codec, stores: list) -> dict:
     return {name: _codec_name(codec) for name in stores}
 
 
-def _check_store_name(name, column: str) -> None:
+def _check_store_name(name: object, column: str) -> None:
     if not isinstance(name, str) or not _STORE_NAME.fullmatch(name) or name == COLUMNS_FILE:
         raise ValueError(
             f"column {column!r} would be stored as {name!r}, which is not a plain file name (letters, digits, '_', '.', '-', "
@@ -326,7 +332,7 @@ def _check_store_name(name, column: str) -> None:
         )
 
 
-def _store_layout(column: str, arrow_type) -> tuple:
+def _store_layout(column: str, arrow_type: Any) -> tuple[str, np.dtype[Any], tuple[int, ...]]:
     """(kind, dtype, item_shape) of the store for a column of ``arrow_type``."""
     pa = _pyarrow()
     fixed = _fixed_layout(arrow_type)
@@ -351,7 +357,7 @@ def _store_layout(column: str, arrow_type) -> tuple:
     )
 
 
-def _fixed_layout(arrow_type):
+def _fixed_layout(arrow_type: Any) -> tuple[np.dtype[Any], tuple[int, ...]] | None:
     """(dtype, item_shape) when every value of ``arrow_type`` has one fixed
     shape, else None."""
     pa = _pyarrow()
@@ -367,7 +373,7 @@ def _fixed_layout(arrow_type):
     return None
 
 
-def _extension_layout(arrow_type):
+def _extension_layout(arrow_type: Any) -> tuple[np.dtype[Any], tuple[int, ...]] | None:
     """Arrow's fixed-shape tensor and Hugging Face's ArrayXD carry their shape;
     other extension types are read as their storage."""
     shape = getattr(arrow_type, "shape", None)
@@ -383,13 +389,13 @@ def _extension_layout(arrow_type):
     return None if inner is None else (inner[0], (*(int(size) for size in shape), *inner[1]))
 
 
-def _value_type(arrow_type):
+def _value_type(arrow_type: Any) -> Any:
     """The element type of a tensor extension type (Hugging Face names it, e.g. 'float32')."""
     value_type = arrow_type.value_type
     return _pyarrow().type_for_alias(value_type) if isinstance(value_type, str) else value_type
 
 
-def _is_bytes(arrow_type) -> bool:
+def _is_bytes(arrow_type: Any) -> bool:
     pa = _pyarrow()
     return any(check(arrow_type) for check in (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_string, pa.types.is_large_string))
 
@@ -397,7 +403,7 @@ def _is_bytes(arrow_type) -> bool:
 # ---- writing a batch -----------------------------------------------------------------
 
 
-def _write_column(writer: _Writer, column: _Column, array, chunk_bytes: int) -> int:
+def _write_column(writer: _Writer, column: _Column, array: Any, chunk_bytes: int) -> int:
     """Appends one batch's part of a column; returns the bytes appended."""
     if column.ragged:
         data, starts = _ragged_parts(column, array)
@@ -419,10 +425,10 @@ def _write_column(writer: _Writer, column: _Column, array, chunk_bytes: int) -> 
         base = int(starts[first])
         writer.append(data[base : int(ends[last - 1])], starts[first:last] - np.uint64(base))
         first = last
-    return data.size
+    return int(data.size)
 
 
-def _dense_values(column: _Column, array) -> np.ndarray:
+def _dense_values(column: _Column, array: Any) -> np.ndarray:
     """The column's values as an array ``(rows, *item_shape)``, zero-copy where
     Arrow's layout allows."""
     pa = _pyarrow()
@@ -452,7 +458,7 @@ def _dense_values(column: _Column, array) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=column.schema.dtype).reshape(rows, *column.schema.item_shape)
 
 
-def _ragged_parts(column: _Column, array) -> tuple:
+def _ragged_parts(column: _Column, array: Any) -> tuple[np.ndarray, np.ndarray]:
     """The column's records packed back to back as bytes, and the byte offset
     of each record's start."""
     array = _storage(array)
@@ -474,12 +480,12 @@ def _ragged_parts(column: _Column, array) -> tuple:
     return data, starts
 
 
-def _storage(array):
+def _storage(array: Any) -> Any:
     """An extension array's storage; other arrays as they are."""
     return array.storage if isinstance(array.type, _pyarrow().BaseExtensionType) else array
 
 
-def _check_no_nulls(column: _Column, array) -> None:
+def _check_no_nulls(column: _Column, array: Any) -> None:
     if array.null_count:
         raise ValueError(
             f"column {column.source!r} has {array.null_count} null values, and a store has no missing values: fill them "
@@ -491,7 +497,7 @@ def _check_no_nulls(column: _Column, array) -> None:
 
 
 @contextlib.contextmanager
-def _fresh_directory(path: str):
+def _fresh_directory(path: str) -> Iterator[None]:
     """Creates the target directory; on failure removes what this call wrote."""
     existed = os.path.isdir(path)
     if os.path.exists(path) and (not existed or os.listdir(path)):
@@ -506,7 +512,7 @@ def _fresh_directory(path: str):
         raise
 
 
-def _write_listing(path: str, plan: list, rows: int) -> None:
+def _write_listing(path: str, plan: list[_Column], rows: int) -> None:
     body = msgpack.packb(
         {
             "format": COLUMNS_FORMAT,
@@ -519,7 +525,7 @@ def _write_listing(path: str, plan: list, rows: int) -> None:
     write_file_atomic(os.path.join(path, COLUMNS_FILE), msgpack.packb({"body": body, "crc32": zlib.crc32(body)}, use_bin_type=True))
 
 
-def _read_listing(path: str) -> dict:
+def _read_listing(path: str) -> dict[str, Any]:
     """``columns.msgpack`` checked field by field: every name a plain
     directory inside ``path``, no duplicates, a known kind, a sane count."""
     file = os.path.join(path, COLUMNS_FILE)
@@ -530,11 +536,11 @@ def _read_listing(path: str) -> dict:
         payload = handle.read(_COLUMNS_BYTES_MAX + 1)
     damaged = f"{file} is damaged: convert again"
     try:
-        outer = msgpack.unpackb(payload, raw=False, strict_map_key=False) if len(payload) <= _COLUMNS_BYTES_MAX else None
+        outer: Any = msgpack.unpackb(payload, raw=False, strict_map_key=False) if len(payload) <= _COLUMNS_BYTES_MAX else None
         body = outer["body"]
         if not isinstance(body, bytes) or zlib.crc32(body) != outer["crc32"]:
             raise ValueError("checksum mismatch")
-        listing = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        listing: dict[str, Any] = msgpack.unpackb(body, raw=False, strict_map_key=False)
         if listing["format"] != COLUMNS_FORMAT:
             raise ValueError(f"format {listing['format']!r}")
     except Exception as exc:
@@ -556,7 +562,7 @@ def _read_listing(path: str) -> dict:
     return listing
 
 
-def _pyarrow():
+def _pyarrow() -> Any:  # the pyarrow module
     try:
         import pyarrow
     except ImportError:

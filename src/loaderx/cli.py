@@ -66,7 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
     try:
-        return args.run(args)
+        status: int = args.run(args)  # the subcommand's exit status
+        return status
     except StoreLockedError as exc:
         advice = "" if "another process" in str(exc) else " (another process is writing to this store: retry when it is done)"
         return _fail(f"{exc}{advice}")
@@ -121,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _emit(args: argparse.Namespace, result: dict, text: Callable[[dict], str]) -> None:
+def _emit(args: argparse.Namespace, result: dict[str, Any], text: Callable[[dict[str, Any]], str]) -> None:
     print(json.dumps(result, indent=2) if args.json else text(result))
 
 
@@ -174,7 +175,7 @@ def _raw_bytes(store: Zrecord, item_bytes: int | None) -> int:
     return total
 
 
-def _store_info(path: str, kind: str) -> dict:
+def _store_info(path: str, kind: str) -> dict[str, Any]:
     schema = read_schema(path) if kind != "zrecord" else None
     with Zrecord(path) as store:
         stats = store.stats()
@@ -194,7 +195,7 @@ def _store_info(path: str, kind: str) -> dict:
     return info
 
 
-def _arraystore_info(path: str) -> dict:
+def _arraystore_info(path: str) -> dict[str, Any]:
     with ArrayStore(path) as store:
         shapes = store.get_shape()
     arrays = []
@@ -212,7 +213,7 @@ def _dataset_class(kind: str) -> type:
     return DenseDataset if kind == "dense" else RaggedDataset
 
 
-def _sharded_info(path: str) -> dict:
+def _sharded_info(path: str) -> dict[str, Any]:
     """The dataset the shards make: opening it checks the manifest against every shard."""
     schema = read_manifest(path).schema
     with _dataset_class(schema.kind)(path) as dataset:
@@ -230,7 +231,7 @@ def _sharded_info(path: str) -> dict:
     return info
 
 
-def _columns_info(path: str) -> dict:
+def _columns_info(path: str) -> dict[str, Any]:
     """Every column store of a ``from_arrow`` directory; opening them checks the listing."""
     opened = open_columns(path)
     kinds = {name: dataset.schema.kind for name, dataset in opened.items()}
@@ -266,11 +267,11 @@ def _size(count: int | None) -> str:
     return f"{count} B"
 
 
-def _ratio(info: dict) -> str:
+def _ratio(info: dict[str, Any]) -> str:
     return f"{info['ratio']:.2f}x" if info.get("ratio") else "-"
 
 
-def _info_text(info: dict) -> str:
+def _info_text(info: dict[str, Any]) -> str:
     if info["kind"] == "arraystore":
         lines = [f"{info['path']}: ArrayStore, {len(info['arrays'])} arrays, {_size(info['disk_bytes'])} on disk "
                  f"({_ratio(info)})"]
@@ -303,7 +304,7 @@ def _info_text(info: dict) -> str:
     return f"{info['path']}: {title[info['kind']]}\n" + "\n".join(f"  {key:<12} {value}" for key, value in rows)
 
 
-def _columns_text(info: dict) -> str:
+def _columns_text(info: dict[str, Any]) -> str:
     lines = [f"{info['path']}: loaderx column directory, {len(info['columns'])} columns of {info['records']:,} records, "
              f"{_size(info['disk_bytes'])} on disk ({_ratio(info)})"]
     for entry in info["columns"]:
@@ -319,7 +320,7 @@ def _columns_text(info: dict) -> str:
 # ---- verify ----------------------------------------------------------------------
 
 
-def _verify_store(path: str, kind: str) -> dict:
+def _verify_store(path: str, kind: str) -> dict[str, Any]:
     """Every record's checksum; a store that cannot even be opened is damaged too."""
     opener = {"dense": DenseDataset, "ragged": RaggedDataset}.get(kind)
     try:
@@ -332,11 +333,11 @@ def _verify_store(path: str, kind: str) -> dict:
         return _unreadable(path, exc)
 
 
-def _unreadable(path: str, exc: Exception) -> dict:
+def _unreadable(path: str, exc: Exception) -> dict[str, Any]:
     return {"path": path, "records": None, "damaged": [], "error": f"{type(exc).__name__}: {exc}"}
 
 
-def _verify_member(path: str, name: str, kind: str, expected: int, listed_in: str) -> dict:
+def _verify_member(path: str, name: str, kind: str, expected: int, listed_in: str) -> dict[str, Any]:
     """One shard or column: its checksums, and its record count against the listing's."""
     entry = dict(_verify_store(os.path.join(path, name), kind), name=name)
     if entry["error"] is None and entry["records"] != expected:
@@ -344,7 +345,7 @@ def _verify_member(path: str, name: str, kind: str, expected: int, listed_in: st
     return entry
 
 
-def _verify_sharded(path: str) -> list:
+def _verify_sharded(path: str) -> list[dict[str, Any]]:
     """Every shard on its own, so one damaged shard does not hide the others;
     damaged records are named by their global index."""
     try:
@@ -363,7 +364,7 @@ def _verify_sharded(path: str) -> list:
     return stores
 
 
-def _verify_columns(path: str) -> list:
+def _verify_columns(path: str) -> list[dict[str, Any]]:
     try:
         listing = _read_listing(path)
     except (ValueError, OSError) as exc:
@@ -395,7 +396,7 @@ def _run_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if ok else EXIT_DAMAGED
 
 
-def _verify_text(result: dict) -> str:
+def _verify_text(result: dict[str, Any]) -> str:
     lines = []
     for entry in result["stores"]:
         where = entry["path"]
@@ -442,7 +443,7 @@ def _run_compact(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _members(path: str, kind: str) -> list:
+def _members(path: str, kind: str) -> list[str]:
     """The shard or column stores to compact, after opening the whole dataset
     checked its listing against them: a damaged dataset is not touched.
     Compaction keeps every live record and its order, so the manifest's row
@@ -585,10 +586,11 @@ def _bench_rows(count: int) -> np.ndarray:
     grid = np.linspace(0.0, 1.0, _RECORD_FLOATS, dtype=np.float32)
     frequency = rng.uniform(1.0, 8.0, (count, 1)).astype(np.float32)
     rows = np.sin(frequency * grid * np.float32(2 * np.pi)) + rng.normal(0, 0.01, (count, _RECORD_FLOATS)).astype(np.float32)
-    return (np.round(rows * 65536) / 65536).astype(np.float32)
+    quantized: np.ndarray = (np.round(rows * 65536) / 65536).astype(np.float32)
+    return quantized
 
 
-def _bench_sampler() -> list:
+def _bench_sampler() -> list[dict[str, Any]]:
     rng = np.random.default_rng(0)
     results = []
     for batch in (256, 1024):
@@ -603,7 +605,7 @@ def _bench_sampler() -> list:
     return results
 
 
-def _bench_store(root: str, rows: np.ndarray) -> list:
+def _bench_store(root: str, rows: np.ndarray) -> list[dict[str, Any]]:
     positions = np.random.default_rng(1).integers(0, len(rows), (20, _BATCH))
     batches = positions.astype(np.uint64)
     out = np.empty((_BATCH, _RECORD_FLOATS), np.float32)
@@ -634,7 +636,7 @@ def _bench_store(root: str, rows: np.ndarray) -> list:
     return results
 
 
-def _bench_loader(root: str) -> list:
+def _bench_loader(root: str) -> list[dict[str, Any]]:
     results = []
     for codec in ("raw", "zstd"):
         with DenseDataset(os.path.join(root, f"store-{codec}")) as dataset:
@@ -647,7 +649,7 @@ def _bench_loader(root: str) -> list:
     return results
 
 
-def _machine() -> dict:
+def _machine() -> dict[str, Any]:
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as handle:
@@ -671,7 +673,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _table(rows: list, columns: list) -> str:
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     cells = [[("-" if row[key] is None else f"{row[key]:,}" if isinstance(row[key], (int, float)) else str(row[key]))
               for key in columns] for row in rows]
     widths = [max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)]
@@ -680,7 +682,7 @@ def _table(rows: list, columns: list) -> str:
     return "\n".join(lines)
 
 
-def _bench_text(result: dict) -> str:
+def _bench_text(result: dict[str, Any]) -> str:
     machine = result["machine"]
     stores = [dict(row, disk=_size(row["disk_bytes"]) if row["disk_bytes"] else None) for row in result["store"]]
     return "\n\n".join([

@@ -33,12 +33,14 @@ import os
 import shutil
 import sys
 import time
+from typing import Any, Callable, Iterable, Literal, TextIO, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from ._fs import OS_FS
 from ._native import LIMITS
-from .dataset import Schema, read_schema, write_schema
+from .dataset import Schema, StrPath, read_schema, write_schema
 from .zrecord import CODECS, StoreLockedError, Zrecord, ZrecordError, codec_id
 
 __all__ = ["from_iterator", "from_numpy"]
@@ -58,8 +60,10 @@ _SAMPLE_BUDGET_MAX = 32 * MiB
 _SAMPLE_PIECES_MIN = 16
 
 
-def from_numpy(path, array, codec="zstd", chunk_bytes=CHUNK_BYTES, dict_size=None, schema=None, progress=True,
-               mode: str = "w") -> int:
+def from_numpy(
+    path: StrPath, array: npt.ArrayLike, codec: str | int = "zstd", chunk_bytes: int = CHUNK_BYTES, dict_size: int | None = None,
+    schema: Schema | dict[str, Any] | None = None, progress: bool | TextIO = True, mode: str = "w",
+) -> int:
     """Writes one dense record per row of ``array`` (along axis 0) to the store
     at ``path``; returns the rows written.
 
@@ -117,8 +121,10 @@ def from_numpy(path, array, codec="zstd", chunk_bytes=CHUNK_BYTES, dict_size=Non
     return row_count
 
 
-def from_iterator(path, source, codec="zstd", chunk_bytes=CHUNK_BYTES, dict_size=None, schema=None, progress=True,
-                  mode: str = "w") -> int:
+def from_iterator(
+    path: StrPath, source: Iterable[npt.ArrayLike], codec: str | int = "zstd", chunk_bytes: int = CHUNK_BYTES, dict_size: int | None = None,
+    schema: Schema | dict[str, Any] | None = None, progress: bool | TextIO = True, mode: str = "w",
+) -> int:
     """Writes one ragged record per item of ``source`` to the store at
     ``path``; returns the records written. ``mode`` is as for ``from_numpy``
     (``"w"`` replaces an existing store, ``"a"`` appends, ``"x"`` refuses).
@@ -136,7 +142,7 @@ def from_iterator(path, source, codec="zstd", chunk_bytes=CHUNK_BYTES, dict_size
     chunk_bytes = _positive_int(chunk_bytes, "chunk_bytes")
     dict_size = _dict_size(dict_size, codec)
     try:
-        total = len(source)
+        total: int | None = len(source)  # type: ignore[arg-type]  # sized sources only: the others raise TypeError
     except TypeError:
         total = None
     iterator = iter(source)
@@ -162,7 +168,7 @@ def from_iterator(path, source, codec="zstd", chunk_bytes=CHUNK_BYTES, dict_size
         packed = _PackedRecords(chunk_bytes, records_per_chunk)
         count = written_bytes = 0
 
-        def write(buffer: np.ndarray, sizes: list) -> None:
+        def write(buffer: npt.NDArray[np.uint8], sizes: list[int]) -> None:
             nonlocal written_bytes
             if codec == "zstd_dict" and not writer.store.has_dict():
                 ends = np.cumsum(sizes)
@@ -207,7 +213,7 @@ class _PackedRecords:
         self.used += data.size
         self.sizes.append(data.size)
 
-    def take(self) -> tuple:
+    def take(self) -> tuple[npt.NDArray[np.uint8], list[int]]:
         """The packed bytes and their sizes; the buffer is free again after
         the caller has written them."""
         packed = (self.buffer[: self.used], self.sizes)
@@ -226,7 +232,7 @@ class _Writer:
     directory beside it and swaps it in at commit, so a failed overwrite
     leaves the old store whole."""
 
-    def __init__(self, path, schema: Schema, mode: str):
+    def __init__(self, path: StrPath, schema: Schema, mode: str) -> None:
         self.target = os.fspath(path)
         self.staging = None
         self.target_lock = None
@@ -260,10 +266,10 @@ class _Writer:
         self.store = Zrecord(self.path, codec=schema.codec)
         self.first = len(self.store)
 
-    def __enter__(self):
+    def __enter__(self) -> _Writer:
         return self
 
-    def __exit__(self, kind, error, traceback):
+    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> Literal[False]:
         try:
             if error is None:
                 self.store.close()
@@ -281,7 +287,7 @@ class _Writer:
     def append(self, buffer: np.ndarray, offsets: np.ndarray) -> None:
         self.store.append(buffer, offsets)
 
-    def train_dictionary(self, samples: list, dict_size: int) -> None:
+    def train_dictionary(self, samples: list[npt.NDArray[np.uint8]], dict_size: int) -> None:
         _train_dictionary(self.store, samples, dict_size)
 
     def commit(self) -> None:
@@ -353,7 +359,7 @@ def _is_fresh(path: str) -> bool:
     return not os.listdir(path)
 
 
-def _existing_schema(path: str):
+def _existing_schema(path: str) -> Schema | None:
     """The schema of the store at ``path``, or None for an empty zrecord store
     without one; a clear error for anything else."""
     schema = read_schema(path)
@@ -389,19 +395,19 @@ def _mismatch(path: str, existing: Schema, new: Schema) -> str:
 _END = object()
 
 
-def _codec_name(codec) -> str:
+def _codec_name(codec: str | int) -> str:
     """The codec's name (codecs may also be given by id); ValueError if unknown."""
     value = codec_id(codec)
     return next(name for name, number in CODECS.items() if number == value)
 
 
-def _mode(mode) -> str:
+def _mode(mode: object) -> str:
     if mode not in ("w", "a", "x"):
         raise ValueError(f"mode must be 'w' (create or overwrite), 'a' (create or append) or 'x' (create only), got {mode!r}")
     return mode
 
 
-def _positive_int(value, name: str) -> int:
+def _positive_int(value: Any, name: str) -> int:  # Any: checked here
     try:
         number = operator.index(value)
     except TypeError:
@@ -411,7 +417,7 @@ def _positive_int(value, name: str) -> int:
     return number
 
 
-def _dict_size(dict_size, codec: str) -> int:
+def _dict_size(dict_size: int | None, codec: str) -> int:
     if dict_size is None:
         return DICT_BYTES
     if codec != "zstd_dict":
@@ -427,7 +433,7 @@ def _check_dtype(dtype: np.dtype, what: str) -> None:
         raise TypeError(f"{what} has dtype {dtype}, which holds Python objects a store cannot hold: convert it to a numeric, string or bytes dtype first")
 
 
-def _array_like(array):
+def _array_like(array: npt.ArrayLike) -> Any:  # Any: an array, or a lazily sliced array-like
     """``array`` itself when it can be sliced lazily (NumPy arrays, memmaps,
     HDF5 or zarr arrays), else ``np.asarray(array)``."""
     if isinstance(array, np.ndarray):
@@ -437,7 +443,10 @@ def _array_like(array):
     return np.asarray(array)
 
 
-def _forced_schema(kind: str, dtype, item_shape, codec: str, schema) -> Schema:
+def _forced_schema(
+    kind: str, dtype: npt.DTypeLike | None, item_shape: Iterable[int] | None, codec: str,
+    schema: Schema | dict[str, Any] | None,
+) -> Schema:
     """The schema of the data, with the fields ``schema`` forces."""
     if schema is not None:
         if isinstance(schema, Schema):
@@ -461,7 +470,7 @@ def _forced_schema(kind: str, dtype, item_shape, codec: str, schema) -> Schema:
     return Schema(kind, np.dtype(dtype), tuple(item_shape), codec)
 
 
-def _record_array(item, position: int, target, cast: bool = False) -> np.ndarray:
+def _record_array(item: object, position: int, target: Schema | None, cast: bool = False) -> npt.NDArray[Any]:
     """Record ``position`` of a ragged source as an array of rows; checked
     against ``target`` (the store's schema) when given."""
     if isinstance(item, (bytes, bytearray, memoryview)):
@@ -489,7 +498,9 @@ def _record_array(item, position: int, target, cast: bool = False) -> np.ndarray
 # ---- dictionary training ---------------------------------------------------------
 
 
-def _dense_samples(rows, row_count: int, row_bytes: int, dict_size: int) -> list:
+def _dense_samples(
+    rows: Callable[[int, int], npt.NDArray[Any]], row_count: int, row_bytes: int, dict_size: int,
+) -> list[npt.NDArray[np.uint8]]:
     """Rows spread evenly over the array, about 100x ``dict_size`` bytes."""
     budget = min(100 * dict_size, _SAMPLE_BUDGET_MAX)
     wanted = min(row_count, max(1, budget // max(row_bytes, 1)))
@@ -499,7 +510,7 @@ def _dense_samples(rows, row_count: int, row_bytes: int, dict_size: int) -> list
     return [rows(int(start), int(start) + per_block).reshape(-1).view(np.uint8) for start in np.unique(starts)]
 
 
-def _train_dictionary(store: Zrecord, samples: list, dict_size: int) -> None:
+def _train_dictionary(store: Zrecord, samples: list[npt.NDArray[np.uint8]], dict_size: int) -> None:
     """Trains the store's dictionary from byte ``samples`` cut into pieces, so
     that few large records still give zstd enough samples."""
     total = sum(sample.size for sample in samples)
@@ -539,9 +550,11 @@ class _Progress:
     delay_seconds = 1.0
     interval_seconds = 0.2
 
-    def __init__(self, enabled, label: str, total_bytes=None, total_records=None):
+    def __init__(
+        self, enabled: bool | TextIO, label: str, total_bytes: int | None = None, total_records: int | None = None,
+    ) -> None:
         forced = hasattr(enabled, "write")
-        self.stream = enabled if forced else sys.stderr
+        self.stream: TextIO = cast(TextIO, enabled) if forced else sys.stderr  # forced: it has write()
         if forced:
             self.delay_seconds = 0.0
         try:

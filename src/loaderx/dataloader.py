@@ -41,8 +41,10 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from .dataset import DenseDataset, RaggedDataset
 from .mixing import Mixer, check_sources
@@ -71,7 +73,7 @@ class LoaderError(RuntimeError):
         self.step = step
 
 
-def _identity(batch):
+def _identity(batch: Any) -> Any:
     return batch
 
 
@@ -79,7 +81,7 @@ class _Stats:
     """Counters a long-running loader reports through ``DataLoader.stats()``.
     Stage times are summed over the workers (worker-seconds)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.batches = 0
         self.stall = 0.0
@@ -96,7 +98,7 @@ class _Stats:
             self.batches += 1
             self.stall += stall
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, float]:
         with self.lock:
             return {
                 "batches": self.batches,
@@ -110,8 +112,8 @@ class _Batches:
     transform. Computing a batch touches nothing mutable but the stats
     counters, so any thread may do it."""
 
-    def __init__(self, schedule: Schedule, streams: dict, transform, stats: _Stats, packer=None,
-                 mixer: Mixer | None = None):
+    def __init__(self, schedule: Schedule, streams: dict[str, DenseDataset | RaggedDataset], transform: Callable[[Any], Any],
+                 stats: _Stats, packer: Any = None, mixer: Mixer | None = None) -> None:
         self.schedule = schedule
         self.transform = transform
         self.stats = stats
@@ -121,7 +123,7 @@ class _Batches:
             (name, reader_for(dataset, schedule.sampler.batch_size)) for name, dataset in streams.items()
         ]
 
-    def plan(self):
+    def plan(self) -> Any:
         """The packer's plan of the next step (None without packing). Called in
         step order only: by the consumer inline, else under the pipeline lock
         as a worker claims its step."""
@@ -132,11 +134,14 @@ class _Batches:
         self.stats.add_stages(time.perf_counter() - started, 0.0, 0.0)
         return plan
 
-    def allocate(self) -> list:
+    def allocate(self) -> list[Any]:
         """Fresh output arrays for one batch, one per dense stream (None for ragged)."""
         return [reader.allocate() for _, reader in self.readers]
 
-    def compute(self, step: int, plan, indices: np.ndarray, outputs: list, transform=None):
+    def compute(
+        self, step: int, plan: Any, indices: npt.NDArray[np.uint64], outputs: list[Any],
+        transform: Callable[[Any], Any] | None = None,
+    ) -> Any:
         """Batch ``step`` (with ``plan`` from ``plan()``) gathered into ``outputs``
         (from ``allocate``), then transformed (by ``transform`` when given: a
         worker's ``ProcessTransform``); or raises ``_StepFailure`` saying which
@@ -165,7 +170,7 @@ class _Batches:
 
 
 class _StepFailure(Exception):
-    def __init__(self, step: int, stage: str, error: BaseException):
+    def __init__(self, step: int, stage: str, error: BaseException) -> None:
         super().__init__(step, stage, error)
         self.step = step
         self.stage = stage
@@ -196,19 +201,21 @@ class _Pipeline:
     batch, and page-faulting it in again cost about as much as the gather.
     """
 
-    def __init__(self, batches: _Batches, num_workers: int, capacity: int, first_step: int, processes: bool = False):
+    def __init__(
+        self, batches: _Batches, num_workers: int, capacity: int, first_step: int, processes: bool = False,
+    ) -> None:
         self.batches = batches
         self.capacity = capacity
         self.lock = threading.Lock()
         self.ready = threading.Condition(self.lock)  # the consumer waits for its step
         self.space = threading.Condition(self.lock)  # workers wait for room to claim
-        self.slots: list = [None] * capacity
-        self.outputs: list = [batches.allocate() for _ in range(capacity)]
+        self.slots: list[Any] = [None] * capacity
+        self.outputs: list[Any] = [batches.allocate() for _ in range(capacity)]
         self.next_step = first_step
         self.claimed = first_step
         self.closed = False
         # With processes, each thread hands its batches to its own child.
-        self.runners = []
+        self.runners: list[ProcessTransform] = []
         try:
             for _ in range(num_workers if processes else 0):
                 self.runners.append(ProcessTransform(batches.transform))
@@ -223,7 +230,7 @@ class _Pipeline:
         for thread in self.threads:
             thread.start()
 
-    def _work(self, runner) -> None:
+    def _work(self, runner: ProcessTransform | None) -> None:
         indices = np.empty(self.batches.schedule.sampler.batch_size, dtype=np.uint64)
         while True:
             with self.lock:
@@ -242,7 +249,7 @@ class _Pipeline:
             try:
                 if isinstance(plan, _StepFailure):
                     raise plan
-                entry = (step, self.batches.compute(step, plan, indices, outputs, runner), None, plan)
+                entry: tuple[int, Any, _StepFailure | None, Any] | None = (step, self.batches.compute(step, plan, indices, outputs, runner), None, plan)
             except _StepFailure as failure:
                 entry = (step, None, failure, None)
             with self.lock:
@@ -252,7 +259,7 @@ class _Pipeline:
                 self.ready.notify()
             entry = outputs = None
 
-    def take(self):
+    def take(self) -> tuple[Any, Any]:
         """The next step's batch and its plan, in step order; raises ``_StepFailure``."""
         with self.lock:
             while True:
@@ -315,9 +322,13 @@ class DataLoader:
     allows it (see ``load_state_dict``).
     """
 
-    def __init__(self, streams, num_workers=4, batch_size=256, prefetch_size=4, mode=1, seed=42,
-                 transform=_identity, shard=None, packing: Packing | None = None, weights=None,
-                 transform_processes: bool = False):
+    def __init__(
+        self, streams: Mapping[str, DenseDataset | RaggedDataset] | Sequence[Mapping[str, DenseDataset | RaggedDataset]], num_workers: int = 4,
+        batch_size: int = 256, prefetch_size: int = 4, mode: Sampler.Mode | int | str = 1, seed: int = 42,
+        transform: Callable[[dict[str, Any]], Any] = _identity, shard: tuple[int, int] | None = None,
+        packing: Packing | None = None, weights: Sequence[float] | npt.NDArray[np.floating[Any]] | None = None,
+        transform_processes: bool = False,
+    ) -> None:
         sources = None
         if weights is not None:
             sources = _check_sources(streams)
@@ -341,22 +352,23 @@ class DataLoader:
                 raise ValueError("packing and weights do not combine yet: pack one ragged stream, or mix unpacked sources")
             name, dataset = _packed_stream(packing, self._streams)
             packer = make_packer(packing, name, dataset, self._sampler)
-        mixer = None if sources is None else Mixer(sources, weights, batch_size, mode, seed, shard)
+        # weights is not None whenever sources is not
+        mixer = None if sources is None else Mixer(sources, weights, batch_size, mode, seed, shard)  # type: ignore[arg-type]
         self._batches = _Batches(Schedule(self._sampler), self._streams, transform, self._stats, packer, mixer)
         self._packing_state = None if packer is None else packer.state()
         self._step = 0
-        self._pipeline = None
-        self._finalizer = None
-        self._indices = None
-        self._failure = None
+        self._pipeline: _Pipeline | None = None
+        self._finalizer: weakref.finalize[[], DataLoader] | None = None
+        self._indices: npt.NDArray[np.uint64] | None = None
+        self._failure: _StepFailure | None = None
         self._closed = False
 
     # -- iteration ---------------------------------------------------------------
 
-    def __iter__(self):
+    def __iter__(self) -> DataLoader:
         return self
 
-    def __next__(self):
+    def __next__(self) -> Any:
         if self._failure is not None:
             raise self._failure.loader_error() from self._failure.error
         if self._closed:
@@ -378,7 +390,7 @@ class DataLoader:
 
     next = __next__
 
-    def _take(self):
+    def _take(self) -> tuple[Any, Any]:
         if self._num_workers == 0:
             if self._indices is None:
                 self._indices = np.empty(self._sampler.batch_size, dtype=np.uint64)
@@ -392,13 +404,13 @@ class DataLoader:
             self._finalizer = weakref.finalize(self, self._pipeline.close)
         return self._pipeline.take()
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         raise TypeError(
             "a DataLoader runs threads in this process and cannot be pickled: pass its datasets "
             "(they pickle as their paths) and its state_dict() to the other process and build a DataLoader there"
         )
 
-    def __len__(self):
+    def __len__(self) -> int:
         raise TypeError("a DataLoader is endless (step-based): it has no len(); count the steps you take")
 
     # -- epochs (CYCLIC) ---------------------------------------------------------------
@@ -428,7 +440,7 @@ class DataLoader:
         are dropped, different ones each epoch, so every batch is whole)."""
         return self._cyclic_schedule().batches_per_cycle
 
-    def one_epoch(self):
+    def one_epoch(self) -> Iterator[Any]:
         """CYCLIC: yields the batches left in the current epoch, then stops; the
         loader stays open, and the next call yields the next epoch."""
         schedule = self._cyclic_schedule()
@@ -438,7 +450,7 @@ class DataLoader:
 
     # -- observability -------------------------------------------------------------
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, float]:
         """Counters since this loader was created: ``batches`` delivered,
         ``stall_seconds`` the consumer spent inside ``next()`` waiting,
         ``queue_depth`` batches ready now, and ``sample_seconds``,
@@ -462,10 +474,10 @@ class DataLoader:
     def closed(self) -> bool:
         return self._closed
 
-    def __enter__(self):
+    def __enter__(self) -> DataLoader:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- checkpoints ----------------------------------------------------------------
@@ -475,7 +487,7 @@ class DataLoader:
         """The step of the batch the next ``next()`` returns."""
         return self._step
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """A small versioned dict: the next step, and the configuration it belongs to."""
         return {
             "version": STATE_VERSION,
@@ -492,7 +504,7 @@ class DataLoader:
                 "weights": self._batches.mixer.weights.tolist(), "lengths": self._batches.mixer.lengths}}),
         }
 
-    def load_state_dict(self, state) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continues from ``state`` (from ``state_dict()``) with exactly the batch
         that would have come next. Call it on a loader that has not started.
 
@@ -544,7 +556,7 @@ class DataLoader:
         )
 
 
-def _saved_sampler(state) -> Sampler:
+def _saved_sampler(state: Mapping[str, Any]) -> Sampler:
     """The sampler a state was saved with, rebuilt (which also validates it)."""
     missing = sorted({"step", "seed", "mode", "batch_size", "shard", "length"} - set(state))
     if missing:
@@ -555,7 +567,7 @@ def _saved_sampler(state) -> Sampler:
         raise ValueError(f"state does not describe a valid sampler: {exc}") from exc
 
 
-def _check_global_batch(state, schedule: Schedule) -> None:
+def _check_global_batch(state: Mapping[str, Any], schedule: Schedule) -> None:
     recorded = state.get("global_batch", schedule.global_batch)
     if recorded != schedule.global_batch:
         raise ValueError(
@@ -563,7 +575,7 @@ def _check_global_batch(state, schedule: Schedule) -> None:
         )
 
 
-def _check_streams(streams) -> dict:
+def _check_streams(streams: object) -> dict[str, DenseDataset | RaggedDataset]:
     if not isinstance(streams, Mapping):
         raise TypeError(f"streams must be a dict {{name: DenseDataset or RaggedDataset}}, got {type(streams).__name__}")
     if not streams:
@@ -579,7 +591,7 @@ def _check_streams(streams) -> dict:
     return dict(streams)
 
 
-def _check_sources(sources) -> list[dict]:
+def _check_sources(sources: object) -> list[dict[str, DenseDataset | RaggedDataset]]:
     if isinstance(sources, Mapping) or not isinstance(sources, (list, tuple)):
         raise TypeError(
             f"with weights, streams must be a list of sources (one {{name: dataset}} dict each), got {type(sources).__name__}"
@@ -587,7 +599,7 @@ def _check_sources(sources) -> list[dict]:
     return check_sources([_check_streams(source) for source in sources])
 
 
-def _check_mixing(state, mixer: Mixer | None, saved: Schedule) -> None:
+def _check_mixing(state: Mapping[str, Any], mixer: Mixer | None, saved: Schedule) -> None:
     """A mixed state resumes with the same sources; the weights may change."""
     if (mixer is None) != ("mixing" not in state):
         raise ValueError("state and loader disagree on mixing: resume a mixed loader's state with the same sources")
@@ -604,7 +616,7 @@ def _check_mixing(state, mixer: Mixer | None, saved: Schedule) -> None:
         )
 
 
-def _packed_stream(packing, streams: dict) -> tuple:
+def _packed_stream(packing: object, streams: dict[str, DenseDataset | RaggedDataset]) -> tuple[str, RaggedDataset]:
     """The one (name, RaggedDataset) a packed loader reads."""
     if not isinstance(packing, Packing):
         raise TypeError(f"packing must be a loaderx.Packing(seq_len, strategy), got {type(packing).__name__}")
@@ -617,7 +629,7 @@ def _packed_stream(packing, streams: dict) -> tuple:
     return name, dataset
 
 
-def _shard_key(shard):
+def _shard_key(shard: Any) -> object:  # Any: a malformed shard is stored as given
     """A shard as a checkpoint stores it: None when unsharded, else [rank, world_size]."""
     if shard is None or isinstance(shard, (str, bytes)):
         return shard
@@ -628,7 +640,7 @@ def _shard_key(shard):
     return None if pair == [0, 1] else pair
 
 
-def _count(name: str, value, minimum: int) -> int:
+def _count(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:

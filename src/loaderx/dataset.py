@@ -22,12 +22,21 @@ import math
 import operator
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Sequence, TypeVar, Union, overload
 
 import msgpack
 import numpy as np
+import numpy.typing as npt
 
 from ._fs import write_file_atomic
 from .zrecord import CODECS, IndexOutOfRangeError, Zrecord
+
+if TYPE_CHECKING:
+    from .shards import ShardedStore
+
+#: A file system path, as the public functions take it.
+StrPath = Union[str, "os.PathLike[str]"]
+_DatasetT = TypeVar("_DatasetT", bound="_Dataset")
 
 __all__ = ["DenseDataset", "RaggedDataset", "Schema", "pad", "read_schema", "write_schema"]
 
@@ -46,11 +55,11 @@ class Schema:
     """What the records of a store are: kind, dtype, item shape and codec."""
 
     kind: str
-    dtype: np.dtype
-    item_shape: tuple
+    dtype: np.dtype[Any]
+    item_shape: tuple[int, ...]
     codec: str
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"schema kind must be one of {KINDS}, got {self.kind!r}")
         dtype = np.dtype(self.dtype)
@@ -67,9 +76,9 @@ class Schema:
     @property
     def item_bytes(self) -> int:
         """Bytes of one item (a dense record, or one row of a ragged record)."""
-        return self.dtype.itemsize * math.prod(self.item_shape)
+        return int(self.dtype.itemsize * math.prod(self.item_shape))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         dtype = self.dtype.str if self.dtype.fields is None else _descr_to_lists(self.dtype.descr)
         return {
             "format": FORMAT_NAME,
@@ -81,7 +90,7 @@ class Schema:
         }
 
     @classmethod
-    def from_dict(cls, data, where: str = "schema") -> "Schema":
+    def from_dict(cls, data: object, where: str = "schema") -> "Schema":
         if not isinstance(data, dict):
             raise ValueError(f"{where} is not a loaderx schema (expected a map, got {type(data).__name__})")
         if data.get("format") != FORMAT_NAME:
@@ -109,14 +118,14 @@ class Schema:
         return f"{self.kind} {self.dtype} items of shape {self.item_shape}, codec {self.codec!r}"
 
 
-def _descr_to_lists(descr):
+def _descr_to_lists(descr: list[Any]) -> list[Any]:
     return [[name, _descr_to_lists(kind) if isinstance(kind, list) else kind, *map(list, rest)] for name, kind, *rest in descr]
 
 
-def _lists_to_descr(lists):
+def _lists_to_descr(lists: object) -> list[tuple[Any, ...]]:
     if not isinstance(lists, (list, tuple)):
         raise ValueError(f"dtype {lists!r} is neither a dtype string nor a field list")
-    fields = []
+    fields: list[tuple[Any, ...]] = []
     for field in lists:
         name, kind, *rest = field
         kind = _lists_to_descr(kind) if isinstance(kind, (list, tuple)) else kind
@@ -124,11 +133,11 @@ def _lists_to_descr(lists):
     return fields
 
 
-def schema_path(path) -> str:
+def schema_path(path: StrPath) -> str:
     return os.path.join(os.fspath(path), SCHEMA_FILE)
 
 
-def read_schema(path) -> Schema | None:
+def read_schema(path: StrPath) -> Schema | None:
     """The schema of the store at ``path``, or None when it has no schema file."""
     file = schema_path(path)
     try:
@@ -147,12 +156,12 @@ def read_schema(path) -> Schema | None:
     return Schema.from_dict(data, where=file)
 
 
-def write_schema(path, schema: Schema) -> None:
+def write_schema(path: StrPath, schema: Schema) -> None:
     """Writes ``schema.msgpack`` atomically and durably."""
     write_file_atomic(schema_path(os.fspath(path)), msgpack.packb(schema.to_dict(), use_bin_type=True))
 
 
-def open_schema(path, kind: str) -> Schema:
+def open_schema(path: StrPath, kind: str) -> Schema:
     """The schema of an existing store of ``kind``; a clear error otherwise."""
     path = os.fspath(path)
     if os.path.exists(path) and not os.path.isdir(path):
@@ -177,11 +186,11 @@ def open_schema(path, kind: str) -> Schema:
 # ---- indexing ---------------------------------------------------------------
 
 
-def _is_int(key) -> bool:
+def _is_int(key: object) -> bool:
     return isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
 
 
-def _int_index(key, length: int) -> int:
+def _int_index(key: Any, length: int) -> int:
     index = operator.index(key)
     position = index + length if index < 0 else index
     if not 0 <= position < length:
@@ -189,7 +198,7 @@ def _int_index(key, length: int) -> int:
     return position
 
 
-def _record_indices(key, length: int):
+def _record_indices(key: Any, length: int) -> tuple[npt.NDArray[np.uint64], tuple[int, ...]]:
     """Normalizes a record selector to (uint64 indices, result shape).
 
     ``key`` is a slice, a list or array of ints (negative counts from the
@@ -233,10 +242,11 @@ class _Dataset:
 
     _kind = ""
 
-    def __init__(self, path, verify: bool = False, threads: int = 0):
+    def __init__(self, path: StrPath, verify: bool = False, threads: int = 0) -> None:
         from .shards import ShardedStore, is_sharded  # shards builds on this module
 
         self.path = os.fspath(path)
+        self._store: Zrecord | ShardedStore
         if is_sharded(self.path):
             # A sharded dataset reads like one store: ShardedStore has the
             # read side of Zrecord, over one global index space.
@@ -252,7 +262,7 @@ class _Dataset:
         self._store._reopen_hint = f"{type(self).__name__}(path)"
         self._options = (verify, threads)
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type[_Dataset], tuple[str, bool, int]]:
         if self.closed:
             raise TypeError(f"cannot pickle the closed {type(self).__name__} '{self.path}': pickle it while open")
         return (type(self), (self.path, *self._options))
@@ -262,7 +272,7 @@ class _Dataset:
         return self._schema
 
     @property
-    def store(self):
+    def store(self) -> Zrecord | ShardedStore:
         """The underlying record store, a ``Zrecord`` or for a sharded dataset
         a ``loaderx.shards.ShardedStore`` (read it, do not write through it)."""
         return self._store
@@ -281,10 +291,10 @@ class _Dataset:
     def closed(self) -> bool:
         return self._store.closed
 
-    def __enter__(self):
+    def __enter__(self: _DatasetT) -> _DatasetT:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -303,7 +313,7 @@ class DenseDataset(_Dataset):
 
     _kind = "dense"
 
-    def __init__(self, path, verify: bool = False, threads: int = 0):
+    def __init__(self, path: StrPath, verify: bool = False, threads: int = 0) -> None:
         super().__init__(path, verify=verify, threads=threads)
         try:
             self._check_record_bytes()
@@ -329,10 +339,10 @@ class DenseDataset(_Dataset):
             )
 
     @property
-    def shape(self) -> tuple:
+    def shape(self) -> tuple[int, ...]:
         return (len(self), *self.item_shape)
 
-    def gather_into(self, indices, out: np.ndarray) -> np.ndarray:
+    def gather_into(self, indices: Sequence[int] | npt.NDArray[np.integer[Any]], out: npt.NDArray[Any]) -> npt.NDArray[Any]:
         """Decodes records ``indices`` (in range, non-negative) into ``out``, a
         writable C-contiguous array of shape ``(n, *item_shape)`` and this
         dataset's dtype, with one native call; returns ``out``."""
@@ -348,12 +358,12 @@ class DenseDataset(_Dataset):
             self._store.gather(indices, out)
         return out
 
-    def _gather(self, indices: np.ndarray, shape: tuple) -> np.ndarray:
+    def _gather(self, indices: npt.NDArray[np.uint64], shape: tuple[int, ...]) -> npt.NDArray[Any]:
         out = np.empty((indices.size, *self.item_shape), dtype=self.dtype)
         self.gather_into(indices, out)
         return out.reshape(*shape, *self.item_shape)
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: Any) -> Any:  # an array, or one element of it for a full index
         rest = None
         if isinstance(key, tuple):
             if key and key[0] is Ellipsis:
@@ -368,7 +378,7 @@ class DenseDataset(_Dataset):
         out = self._gather(indices, shape)
         return out if rest is None else out[(slice(None),) * len(shape) + rest]
 
-    def __getitems__(self, idxs) -> np.ndarray:
+    def __getitems__(self, idxs: npt.ArrayLike) -> npt.NDArray[Any]:
         """Records ``idxs`` (a sequence of ints) as one ``(n, *item_shape)`` array."""
         indices, shape = _record_indices(idxs, len(self))
         if len(shape) != 1:
@@ -386,12 +396,12 @@ class RaggedDataset(_Dataset):
 
     _kind = "ragged"
 
-    def row_counts(self, key=None) -> np.ndarray:
+    def row_counts(self, key: Any = None) -> npt.NDArray[np.int64]:
         """The row count of each selected record (all records by default)."""
         indices, _ = _record_indices(slice(None) if key is None else key, len(self))
         return self._row_counts(indices)
 
-    def _row_counts(self, indices: np.ndarray) -> np.ndarray:
+    def _row_counts(self, indices: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
         byte_lengths = self._store.lengths(indices).astype(np.int64)
         if self._item_bytes == 0:
             return np.zeros(indices.size, dtype=np.int64)
@@ -404,7 +414,7 @@ class RaggedDataset(_Dataset):
             )
         return rows
 
-    def _gather(self, indices: np.ndarray) -> list:
+    def _gather(self, indices: npt.NDArray[np.uint64]) -> list[npt.NDArray[Any]]:
         rows = self._row_counts(indices)
         item_size = math.prod(self.item_shape)
         ends = np.cumsum(rows * item_size)
@@ -414,7 +424,12 @@ class RaggedDataset(_Dataset):
             self._store.gather(indices, flat, (starts * self.dtype.itemsize).astype(np.uint64))
         return [flat[start:end].reshape(count, *self.item_shape) for start, end, count in zip(starts.tolist(), ends.tolist(), rows.tolist())]
 
-    def __getitem__(self, key):
+    @overload
+    def __getitem__(self, key: int | np.integer[Any]) -> npt.NDArray[Any]: ...
+    @overload
+    def __getitem__(self, key: slice | Sequence[int] | npt.NDArray[Any]) -> list[npt.NDArray[Any]]: ...
+
+    def __getitem__(self, key: Any) -> npt.NDArray[Any] | list[npt.NDArray[Any]]:
         if _is_int(key):
             index = _int_index(key, len(self))
             return self._gather(np.array([index], dtype=np.uint64))[0]
@@ -425,11 +440,13 @@ class RaggedDataset(_Dataset):
             raise IndexError(f"a RaggedDataset takes a flat selector, got an index array of shape {shape}")
         return self._gather(indices)
 
-    def __getitems__(self, idxs) -> list:
+    def __getitems__(self, idxs: Iterable[int] | npt.NDArray[np.integer[Any]]) -> list[npt.NDArray[Any]]:
         return self[list(idxs) if not isinstance(idxs, np.ndarray) else idxs]
 
 
-def pad(records, max_len=None, pad_value=0):
+def pad(
+    records: Iterable[npt.ArrayLike], max_len: int | None = None, pad_value: object = 0,
+) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
     """Pads variable-length records into one dense array.
 
     ``records`` is a sequence of arrays ``(rows_i, *tail)`` sharing ``tail``.
@@ -463,7 +480,7 @@ def pad(records, max_len=None, pad_value=0):
     return padded, lengths
 
 
-def _pad_fill(pad_value: object, dtype: np.dtype) -> np.ndarray:
+def _pad_fill(pad_value: Any, dtype: np.dtype[Any]) -> npt.NDArray[Any]:  # Any: checked here
     """``pad_value`` as a ``dtype`` scalar; ValueError when the dtype cannot
     hold it (0.5 in an int array, -1 in a uint8 one) rather than padding with
     some other value."""

@@ -20,7 +20,10 @@ destination offsets, straight into the batch's buffer.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import numpy as np
+import numpy.typing as npt
 
 from .dataset import DenseDataset, RaggedDataset
 from .sampler import Sampler
@@ -41,7 +44,7 @@ def _mix_scalar(value: int) -> int:
     return value ^ (value >> 31)
 
 
-def _mix(values: np.ndarray) -> np.ndarray:
+def _mix(values: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """SplitMix64's finalizer on a uint64 array (arithmetic wraps modulo 2^64)."""
     values = values ^ (values >> np.uint64(30))
     values = values * np.uint64(0xBF58476D1CE4E5B9)
@@ -50,14 +53,14 @@ def _mix(values: np.ndarray) -> np.ndarray:
     return values ^ (values >> np.uint64(31))
 
 
-def uniforms(seed: int, step: int, first: int, count: int) -> np.ndarray:
+def uniforms(seed: int, step: int, first: int, count: int) -> npt.NDArray[np.float64]:
     """Uniform floats in [0, 1) for draws first..first + count of global batch ``step``."""
     start = _mix_scalar((_mix_scalar(seed ^ _DOMAIN) + step * _GAMMA_STEP) & _MASK)
     counters = np.arange(first + 1, first + count + 1, dtype=np.uint64) * np.uint64(_GAMMA) + np.uint64(start)
     return (_mix(counters) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def check_weights(weights, count: int) -> np.ndarray:
+def check_weights(weights: npt.ArrayLike, count: int) -> npt.NDArray[np.float64]:
     """Weights as probabilities summing to 1; ValueError for anything else."""
     try:
         array = np.asarray(weights, dtype=np.float64)
@@ -65,10 +68,11 @@ def check_weights(weights, count: int) -> np.ndarray:
         raise ValueError(f"weights must be a list of {count} non-negative numbers, got {weights!r}") from None
     if array.shape != (count,) or not np.all(np.isfinite(array)) or np.any(array < 0) or array.sum() <= 0:
         raise ValueError(f"weights must be {count} non-negative finite numbers (one per source), not all 0; got {weights!r}")
-    return array / array.sum()
+    probabilities: npt.NDArray[np.float64] = array / array.sum()
+    return probabilities
 
 
-def check_sources(sources) -> list[dict]:
+def check_sources(sources: list[dict[str, DenseDataset | RaggedDataset]]) -> list[dict[str, DenseDataset | RaggedDataset]]:
     """The sources of a mixture: stream dicts with the same names and layouts."""
     if not sources:
         raise ValueError("a mixture needs at least one source ({name: dataset} dict)")
@@ -92,7 +96,10 @@ def check_sources(sources) -> list[dict]:
 class Mixer:
     """Samples and reads mixed batches for one rank (see the module doc)."""
 
-    def __init__(self, sources: list[dict], weights, batch_size: int, mode, seed: int, shard):
+    def __init__(
+        self, sources: list[dict[str, DenseDataset | RaggedDataset]], weights: npt.ArrayLike, batch_size: int,
+        mode: Sampler.Mode | int | str, seed: int, shard: tuple[int, int] | None,
+    ) -> None:
         self.sources = sources
         self.weights = check_weights(weights, len(sources))
         self.cumulative = np.cumsum(self.weights)
@@ -110,11 +117,11 @@ class Mixer:
     def lengths(self) -> list[int]:
         return [schedule.length for schedule in self.schedules]
 
-    def sample(self, step: int) -> tuple[np.ndarray, list]:
+    def sample(self, step: int) -> tuple[np.ndarray, list[tuple[int, np.ndarray, np.ndarray]]]:
         """Each sample's source, and per source the rows it fills and their indices."""
         draws = uniforms(self.seed, step, self.first, self.share)
         choice = np.minimum(np.searchsorted(self.cumulative, draws, side="right"), len(self.sources) - 1)
-        parts = []
+        parts: list[tuple[int, np.ndarray, np.ndarray]] = []
         buffer = np.empty(self.share, dtype=np.uint64)
         for number, schedule in enumerate(self.schedules):
             rows = np.flatnonzero(choice == number)
@@ -122,19 +129,20 @@ class Mixer:
                 parts.append((number, rows, schedule.indices(step, buffer)[rows]))
         return choice.astype(np.int32), parts
 
-    def read(self, choice: np.ndarray, parts: list) -> dict:
-        batch = {}
+    def read(self, choice: np.ndarray, parts: list[tuple[int, np.ndarray, np.ndarray]]) -> dict[str, Any]:
+        batch: dict[str, Any] = {}
         for name, dataset in self.sources[0].items():
             datasets = [source[name] for source in self.sources]
             if isinstance(dataset, RaggedDataset):
-                batch[name] = _read_ragged(datasets, parts, self.share)
+                # check_sources: every source's stream is of the first one's kind
+                batch[name] = _read_ragged(cast("list[RaggedDataset]", datasets), parts, self.share)
             else:
-                batch[name] = _read_dense(datasets, parts, self.share)
+                batch[name] = _read_dense(cast("list[DenseDataset]", datasets), parts, self.share)
         batch["source"] = choice
         return batch
 
 
-def _read_dense(datasets: list[DenseDataset], parts: list, share: int) -> np.ndarray:
+def _read_dense(datasets: list[DenseDataset], parts: list[tuple[int, np.ndarray, np.ndarray]], share: int) -> np.ndarray:
     first = datasets[0]
     out = np.empty((share, *first.item_shape), dtype=first.dtype)
     row_bytes = out.itemsize * int(np.prod(first.item_shape, dtype=np.int64))
@@ -143,7 +151,7 @@ def _read_dense(datasets: list[DenseDataset], parts: list, share: int) -> np.nda
     return out
 
 
-def _read_ragged(datasets: list[RaggedDataset], parts: list, share: int) -> RaggedBatch:
+def _read_ragged(datasets: list[RaggedDataset], parts: list[tuple[int, np.ndarray, np.ndarray]], share: int) -> RaggedBatch:
     first = datasets[0]
     rows_of = np.zeros(share, dtype=np.int64)
     for number, rows, indices in parts:

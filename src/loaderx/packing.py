@@ -40,6 +40,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +70,7 @@ class Packing:
 
     Strategy = Strategy
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("seq_len", "window"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -82,7 +83,9 @@ class Packing:
             ) from None
 
 
-def make_packer(packing: Packing, name: str, dataset: RaggedDataset, sampler: Sampler):
+def make_packer(
+    packing: Packing, name: str, dataset: RaggedDataset, sampler: Sampler,
+) -> _ConcatPacker | _FirstFitPacker:
     """The packer of ``packing.strategy`` for one ragged stream and this rank."""
     kind = _ConcatPacker if packing.strategy is Strategy.CONCAT else _FirstFitPacker
     return kind(packing, name, dataset, sampler)
@@ -97,9 +100,9 @@ class _Documents:
         self.length = sampler.length
         self.chunk = min(DOCUMENT_CHUNK, self.length)
         self.sampler = Sampler(self.length, self.chunk, sampler.mode, seed=sampler.seed)
-        self.cached = (-1, None, None)  # chunk number, its indices, their token counts
+        self.cached: tuple[int, Any, Any] = (-1, None, None)  # chunk number, its indices, their token counts
 
-    def chunk_at(self, position: int):
+    def chunk_at(self, position: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Indices and token counts of the chunk holding document ``position``, and
         that document's place in it."""
         number, place = divmod(position, self.chunk)
@@ -127,10 +130,10 @@ class _Packer:
         self.documents = _Documents(dataset, sampler)
         self.document = 0
 
-    def _config(self) -> dict:
+    def _config(self) -> dict[str, Any]:
         return {"strategy": self.packing.strategy.value, "seq_len": self.seq_len}
 
-    def _check_state(self, state, keys: tuple) -> None:
+    def _check_state(self, state: object, keys: tuple[str, ...]) -> None:
         if not isinstance(state, dict):
             raise ValueError(f"state packing must be a dict, got {type(state).__name__}")
         mine = self._config()
@@ -158,7 +161,9 @@ class _ConcatPlan:
 
     __slots__ = ("indices", "lengths", "skip", "piece_starts", "state_after")
 
-    def __init__(self, indices, lengths, skip, piece_starts, state_after):
+    def __init__(
+        self, indices: np.ndarray, lengths: np.ndarray, skip: int, piece_starts: np.ndarray, state_after: dict[str, Any],
+    ) -> None:
         self.indices = indices
         self.lengths = lengths
         self.skip = skip
@@ -169,14 +174,14 @@ class _ConcatPlan:
 class _ConcatPacker(_Packer):
     """Concatenate-and-split (see the module doc)."""
 
-    def __init__(self, *args):
+    def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.token = 0
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         return {**self._config(), "document": self.document, "token": self.token}
 
-    def load(self, state) -> None:
+    def load(self, state: Any) -> None:  # Any: checked here
         self._check_state(state, ("document", "token"))
         self.document, self.token = int(state["document"]), int(state["token"])
 
@@ -191,10 +196,13 @@ class _ConcatPacker(_Packer):
         skip = int(starts[first] + (low - (ends[first] - counts[first])))
         return _ConcatPlan(indices[mine], lengths[mine], skip, piece_starts, self.state())
 
-    def _take(self, need: int):
+    def _take(self, need: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The next ``need`` tokens as pieces: document index, first token, token
         count, and the document's whole length (empty documents left out)."""
-        parts_index, parts_start, parts_count, lengths = [], [], [], []
+        parts_index: list[np.ndarray] = []
+        parts_start: list[np.ndarray] = []
+        parts_count: list[np.ndarray] = []
+        lengths: list[np.ndarray] = []
         empty_run = 0
         while need > 0:
             indices, tokens, position = self.documents.chunk_at(self.document)
@@ -223,7 +231,7 @@ class _ConcatPacker(_Packer):
         return (np.concatenate(parts_index)[keep], np.concatenate(parts_start)[keep], counts[keep],
                 np.concatenate(lengths)[keep])
 
-    def read(self, plan: _ConcatPlan) -> dict:
+    def read(self, plan: _ConcatPlan) -> dict[str, np.ndarray]:
         """This rank's rows: the stream's tokens, ``segment_ids`` and ``positions``,
         each ``(batch_size, seq_len)``; the rows are one slice of the gathered
         documents, as consecutive pieces are consecutive documents."""
@@ -234,7 +242,7 @@ class _ConcatPacker(_Packer):
         return {self.name: tokens, "segment_ids": segment_ids, "positions": positions}
 
 
-def _segments(piece_starts: np.ndarray, rows: int, seq_len: int):
+def _segments(piece_starts: np.ndarray, rows: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """Segment ids (1-based per row) and positions (0-based per segment) for
     rows cut at every piece start and every row start."""
     size = rows * seq_len
@@ -254,7 +262,7 @@ class _RowsPlan:
 
     __slots__ = ("rows", "state_after")
 
-    def __init__(self, rows: list, state_after: dict):
+    def __init__(self, rows: list[list[int]], state_after: dict[str, Any]) -> None:
         self.rows = rows
         self.state_after = state_after
 
@@ -264,21 +272,21 @@ class _FirstFitPacker(_Packer):
     flat list ``[index, start, count, index, start, count, ...]``; ``free``
     holds the room left in each open row."""
 
-    def __init__(self, *args):
+    def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.window = int(self.packing.window)
         self.open: list[list[int]] = []
         self.free: list[int] = []
-        self.ready: deque = deque()
+        self.ready: deque[list[int]] = deque()
 
-    def _config(self) -> dict:
+    def _config(self) -> dict[str, Any]:
         return {**super()._config(), "window": self.window}
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         return {**self._config(), "document": self.document,
                 "open": [list(row) for row in self.open], "ready": [list(row) for row in self.ready]}
 
-    def load(self, state) -> None:
+    def load(self, state: Any) -> None:  # Any: checked here
         self._check_state(state, ("document",))
         rows = {key: state.get(key) for key in ("open", "ready")}
         for key, value in rows.items():
@@ -326,7 +334,7 @@ class _FirstFitPacker(_Packer):
         self.ready.append(self.open.pop(row))
         self.free.pop(row)
 
-    def read(self, plan: _RowsPlan) -> dict:
+    def read(self, plan: _RowsPlan) -> dict[str, np.ndarray]:
         """This rank's rows from one gather of the documents they hold (each once)."""
         pieces = np.array([triple for row in plan.rows for triple in zip(row[0::3], row[1::3], row[2::3])],
                           dtype=np.int64).reshape(-1, 3)
@@ -353,7 +361,7 @@ class _FirstFitPacker(_Packer):
                 "positions": positions.reshape(shape)}
 
 
-def _is_row(row, seq_len: int) -> bool:
+def _is_row(row: object, seq_len: int) -> bool:
     if not isinstance(row, list) or len(row) % 3 or not all(
             isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0 for value in row):
         return False

@@ -40,8 +40,11 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from multiprocessing import reduction
+from multiprocessing.connection import Connection
+from typing import Any, Callable
 
 import numpy as np
+import numpy.typing as npt
 
 from .streams import RaggedBatch
 
@@ -61,30 +64,30 @@ class TransformProcessError(RuntimeError):
 class _Array:
     __slots__ = ("offset", "dtype", "shape")
 
-    def __init__(self, offset: int, dtype: str, shape: tuple):
+    def __init__(self, offset: int, dtype: str, shape: tuple[int, ...]) -> None:
         self.offset, self.dtype, self.shape = offset, dtype, shape
 
-    def __getstate__(self):
+    def __getstate__(self) -> tuple[int, str, tuple[int, ...]]:
         return self.offset, self.dtype, self.shape
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: tuple[int, str, tuple[int, ...]]) -> None:
         self.offset, self.dtype, self.shape = state
 
 
 class _Ragged:
     __slots__ = ("values", "offsets")
 
-    def __init__(self, values: _Array, offsets: _Array):
+    def __init__(self, values: _Array, offsets: _Array) -> None:
         self.values, self.offsets = values, offsets
 
-    def __getstate__(self):
+    def __getstate__(self) -> tuple[_Array, _Array]:
         return self.values, self.offsets
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: tuple[_Array, _Array]) -> None:
         self.values, self.offsets = state
 
 
-def _arrays(tree) -> list:
+def _arrays(tree: object) -> list[npt.NDArray[Any]]:
     """The arrays of a batch tree, in the order ``_layout`` places them."""
     if isinstance(tree, np.ndarray) and not tree.dtype.hasobject:
         return [tree]
@@ -97,7 +100,7 @@ def _arrays(tree) -> list:
     return []
 
 
-def _layout(tree, offsets: Iterator[int]):
+def _layout(tree: Any, offsets: Iterator[int]) -> Any:  # a batch tree in, its layout tree out
     """The tree with each array replaced by its ``_Array`` (offsets in ``_arrays`` order)."""
     if isinstance(tree, np.ndarray) and not tree.dtype.hasobject:
         return _Array(next(offsets), tree.dtype.str, tree.shape)
@@ -110,7 +113,7 @@ def _layout(tree, offsets: Iterator[int]):
     return tree
 
 
-def _build(layout, buffer, copy: bool):
+def _build(layout: Any, buffer: mmap.mmap, copy: bool) -> Any:  # a layout tree in, a batch tree out
     """The tree of a layout over ``buffer``: views, or copies when ``copy``."""
     if isinstance(layout, _Array):
         view = np.ndarray(layout.shape, np.dtype(layout.dtype), buffer, layout.offset)
@@ -124,16 +127,17 @@ def _build(layout, buffer, copy: bool):
     return layout
 
 
-def _place(arrays: list) -> tuple[list[int], int]:
+def _place(arrays: list[npt.NDArray[Any]]) -> tuple[list[int], int]:
     """Aligned offsets for ``arrays`` back to back, and the bytes they need."""
-    offsets, end = [], 0
+    offsets: list[int] = []
+    end = 0
     for array in arrays:
         offsets.append(end)
         end += -(-array.nbytes // _ALIGN) * _ALIGN
     return offsets, max(end, _ALIGN)
 
 
-def _write(arrays: list, offsets: list[int], buffer) -> None:
+def _write(arrays: list[npt.NDArray[Any]], offsets: list[int], buffer: mmap.mmap) -> None:
     for array, offset in zip(arrays, offsets):
         np.ndarray(array.shape, array.dtype, buffer, offset)[...] = array
 
@@ -156,6 +160,7 @@ class _Block:
             handle, path = tempfile.mkstemp(prefix="loaderx-", dir=_SHM_DIR)
             os.unlink(path)
             number = next(_block_numbers)
+        assert handle is not None  # ours (mkstemp) or the one the parent sent
         try:
             if owner:
                 os.ftruncate(handle, size)
@@ -189,7 +194,7 @@ def _grown(block: _Block | None, need: int) -> _Block:
 # ---- the child ------------------------------------------------------------------------------
 
 
-def _child_main(connection, transform) -> None:
+def _child_main(connection: Connection, transform: Callable[[Any], Any]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     mapped: dict[str, _Block] = {}  # role -> the parent's current block
 
@@ -237,7 +242,7 @@ def _picklable(exc: BaseException) -> BaseException:
 # ---- the parent's side: one per worker thread ------------------------------------------------
 
 
-def check_picklable(transform) -> None:
+def check_picklable(transform: object) -> None:
     """A clear TypeError, up front, for a transform a child process cannot receive."""
     try:
         pickle.dumps(transform)
@@ -257,7 +262,7 @@ class ProcessTransform:
     checking ``closed``, so no block is created after close or used after
     removal."""
 
-    def __init__(self, transform):
+    def __init__(self, transform: Callable[[Any], Any]) -> None:
         check_picklable(transform)
         context = multiprocessing.get_context("spawn")
         self.connection, child = context.Pipe()
@@ -270,7 +275,7 @@ class ProcessTransform:
         self.output: _Block | None = None
         self.sent: set[int] = set()  # numbers of the blocks the child has
 
-    def __call__(self, batch):
+    def __call__(self, batch: Any) -> Any:
         arrays = _arrays(batch)
         offsets, need = _place(arrays)
         with self.lock:
@@ -292,13 +297,14 @@ class ProcessTransform:
             self._check_open()
             return _build(reply[1], self.output.map, copy=True)
 
-    def _exchange(self, message, *blocks: _Block):
+    def _exchange(self, message: object, *blocks: _Block) -> Any:
         """Sends ``message`` and the descriptors of the blocks the child has not
         seen (in the order it expects them), then waits for the reply."""
         try:
             self.connection.send(message)
             for block in blocks:
                 if block.number not in self.sent:
+                    assert block.handle is not None  # the parent owns the blocks it sends
                     reduction.send_handle(self.connection, block.handle, self.process.pid)
                     self.sent.add(block.number)
             return self.connection.recv()

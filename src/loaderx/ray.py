@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -37,7 +38,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError(f"loaderx.ray needs Ray Data: pip install 'loaderx[ray]' ({exc})") from exc
 
 from . import shards
-from .dataset import DenseDataset, RaggedDataset, read_schema
+from .dataset import DenseDataset, RaggedDataset, StrPath, read_schema
 
 __all__ = ["LoaderxDatasink", "LoaderxDatasource", "read_dataset", "write_dataset"]
 
@@ -47,8 +48,10 @@ _READ_BLOCK_BYTES = 64 << 20
 # ---- writing --------------------------------------------------------------------
 
 
-def write_dataset(dataset: "ray.data.Dataset", path, columns=None, codec="zstd", resume: bool = False,
-                  concurrency: int | None = None) -> dict:
+def write_dataset(
+    dataset: "ray.data.Dataset", path: StrPath, columns: Sequence[str] | None = None,
+    codec: str | dict[str, str] = "zstd", resume: bool = False, concurrency: int | None = None,
+) -> dict[str, int]:
     """Writes ``dataset`` (its ``columns``, all by default) to ``path/<column>``,
     one sharded loaderx dataset per column, one shard per Ray write task, in
     parallel; returns ``{column: rows}``.
@@ -79,7 +82,7 @@ def write_dataset(dataset: "ray.data.Dataset", path, columns=None, codec="zstd",
     return sink.rows
 
 
-def _check_target(path: str, names: list, resume: bool) -> None:
+def _check_target(path: str, names: list[str], resume: bool) -> None:
     for name in names:
         column_dir = os.path.join(path, name)
         if shards.is_sharded(column_dir):
@@ -94,13 +97,13 @@ def _check_target(path: str, names: list, resume: bool) -> None:
 class LoaderxDatasink(Datasink):
     """Writes each Ray write task's blocks as shard ``task_idx`` of every column."""
 
-    def __init__(self, path: str, columns: list, codec):
+    def __init__(self, path: str, columns: list[str], codec: str | dict[str, str]) -> None:
         self.path = path
         self.columns = columns
         self.codecs = codec if isinstance(codec, dict) else {name: codec for name in columns}
-        self.rows: dict = {}
+        self.rows: dict[str, int] = {}
 
-    def write(self, blocks, ctx) -> tuple:
+    def write(self, blocks: Iterable[Any], ctx: Any) -> tuple[int, int | None]:
         k = ctx.task_idx
         tables = [BlockAccessor.for_block(block).to_arrow() for block in blocks]
         tables = [table for table in tables if table.num_rows] or tables[:1]
@@ -114,7 +117,7 @@ class LoaderxDatasink(Datasink):
             shards.write_shard(os.path.join(self.path, name), k, data, codec=self.codecs[name], schema=schema, overwrite=True)
         return (k, table.num_rows)
 
-    def on_write_complete(self, write_result) -> None:
+    def on_write_complete(self, write_result: Any) -> None:
         written = dict(write_result.write_returns)
         if not written:
             raise ValueError("the Ray dataset produced no blocks: nothing to write")
@@ -127,7 +130,7 @@ class LoaderxDatasink(Datasink):
             self.rows[name] = shards.commit(column_dir, shard_count=count)
 
 
-def _complete(column_dir: str) -> set:
+def _complete(column_dir: str) -> set[str]:
     return {shards.shard_name(k) for k in shards.written_shards(column_dir)}
 
 
@@ -140,11 +143,12 @@ def _write_empty_shard(column_dir: str, k: int) -> None:
     if not present:
         raise ValueError(f"no shard of '{column_dir}' was written: the dataset is empty")
     schema = read_schema(os.path.join(column_dir, shards.shard_name(present[0])))
-    empty = np.empty((0, *schema.item_shape), dtype=schema.dtype) if schema.kind == "dense" else []
+    assert schema is not None  # written_shards lists only shards with a schema file
+    empty: np.ndarray | list[Any] = np.empty((0, *schema.item_shape), dtype=schema.dtype) if schema.kind == "dense" else []
     shards.write_shard(column_dir, k, empty, codec=schema.codec, schema={"dtype": schema.dtype, "item_shape": schema.item_shape})
 
 
-def column_records(column: "pa.ChunkedArray", name: str) -> tuple:
+def column_records(column: "pa.ChunkedArray", name: str) -> tuple[Any, dict[str, Any] | None]:
     """A column as what ``write_shard`` takes: a dense array, or a list of
     ragged records plus the schema that types an empty list."""
     kind = column.type
@@ -171,7 +175,7 @@ def column_records(column: "pa.ChunkedArray", name: str) -> tuple:
     raise TypeError(f"column {name!r} has Arrow type {kind}, which loaderx cannot store: convert it to numbers, lists of numbers, strings or binary")
 
 
-def _list_records(array: "pa.ListArray", name: str) -> tuple:
+def _list_records(array: "pa.ListArray", name: str) -> tuple[list[np.ndarray], dict[str, Any]]:
     values = array.flatten()
     if values.null_count:
         raise ValueError(f"column {name!r} has nulls inside its lists: fill or drop them first")
@@ -188,7 +192,9 @@ def _list_records(array: "pa.ListArray", name: str) -> tuple:
 # ---- reading --------------------------------------------------------------------------
 
 
-def read_dataset(path, columns=None, override_num_blocks: int | None = None) -> "ray.data.Dataset":
+def read_dataset(
+    path: StrPath, columns: Sequence[str] | None = None, override_num_blocks: int | None = None,
+) -> "ray.data.Dataset":
     """``path`` (written by ``write_dataset``: one loaderx dataset per column
     directory; or a single loaderx dataset, read as column ``data``) as a
     ``ray.data.Dataset``, rows in order."""
@@ -199,7 +205,7 @@ class LoaderxDatasource(Datasource):
     """Reads loaderx datasets (single stores or sharded) as Ray blocks: each
     read task gathers a contiguous range of rows from every column."""
 
-    def __init__(self, path, columns=None):
+    def __init__(self, path: StrPath, columns: Sequence[str] | None = None) -> None:
         self.path = os.path.abspath(os.fspath(path))  # read tasks run in another directory
         self.columns = _column_paths(self.path, columns)
         self.row_count, self.row_bytes = _measure(self.columns)
@@ -207,7 +213,9 @@ class LoaderxDatasource(Datasource):
     def estimate_inmemory_data_size(self) -> int:
         return self.row_count * self.row_bytes
 
-    def get_read_tasks(self, parallelism: int, per_task_row_limit=None, data_context=None) -> list:
+    def get_read_tasks(
+        self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None,
+    ) -> list[Any]:
         task_count = max(1, min(parallelism, self.row_count))
         bounds = np.linspace(0, self.row_count, task_count + 1).astype(np.int64).tolist()
         rows_per_block = max(1, _READ_BLOCK_BYTES // max(1, self.row_bytes))
@@ -219,7 +227,7 @@ class LoaderxDatasource(Datasource):
         return tasks
 
 
-def _column_paths(path: str, columns) -> dict:
+def _column_paths(path: str, columns: Sequence[str] | None) -> dict[str, str]:
     if shards.is_sharded(path) or read_schema(path) is not None:
         found = {"data": path}
     elif os.path.isdir(path):
@@ -237,14 +245,16 @@ def _column_paths(path: str, columns) -> dict:
     return {name: found[name] for name in columns}
 
 
-def _open(path: str):
+def _open(path: str) -> DenseDataset | RaggedDataset:
     schema = shards.read_manifest(path).schema if shards.is_sharded(path) else read_schema(path)
+    assert schema is not None  # _column_paths lists only datasets
     return (DenseDataset if schema.kind == "dense" else RaggedDataset)(path)
 
 
-def _measure(columns: dict) -> tuple:
+def _measure(columns: dict[str, str]) -> tuple[int, int]:
     """The common row count of the columns and an estimate of a row's bytes."""
-    counts, row_bytes = {}, 0
+    counts: dict[str, int] = {}
+    row_bytes = 0
     for name, path in columns.items():
         with _open(path) as dataset:
             counts[name] = len(dataset)
@@ -261,10 +271,10 @@ def _measure(columns: dict) -> tuple:
 class _RangeReader:
     """Rows ``start..end`` of every column, as Arrow blocks of bounded size."""
 
-    def __init__(self, columns: dict, start: int, end: int, rows_per_block: int):
+    def __init__(self, columns: dict[str, str], start: int, end: int, rows_per_block: int) -> None:
         self.columns, self.start, self.end, self.rows_per_block = columns, start, end, rows_per_block
 
-    def __call__(self):
+    def __call__(self) -> Iterator[Any]:
         datasets = {name: _open(path) for name, path in self.columns.items()}
         try:
             for first in range(self.start, self.end, self.rows_per_block):
@@ -275,7 +285,7 @@ class _RangeReader:
                 dataset.close()
 
 
-def _to_arrow(dataset, values):
+def _to_arrow(dataset: DenseDataset | RaggedDataset, values: Any) -> Any:  # a pyarrow array
     """A column of a block: plain values, Ray tensors, lists or variable-shaped tensors."""
     from ray.data.extensions import ArrowTensorArray, ArrowVariableShapedTensorArray
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import operator
+from typing import Any, Sequence, SupportsIndex
 
 import numpy as np
 
@@ -45,7 +46,7 @@ if lib.lx_sampler_config_bytes() != ffi.sizeof("lx_sampler_config"):
     )
 
 
-def _integer(name: str, value) -> int:
+def _integer(name: str, value: Any) -> int:  # Any: checked here, at run time
     """``value`` as a Python int; bools and floats are refused."""
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an integer, not bool")
@@ -73,8 +74,20 @@ class Sampler:
 
     __slots__ = ("_length", "_batch_size", "_mode", "_seed", "_rank", "_world_size",
                  "_config", "_step", "__weakref__")
+    # The slots' types (declarations only: __slots__ holds the values).
+    _length: int
+    _batch_size: int
+    _mode: Sampler.Mode
+    _seed: int
+    _rank: int
+    _world_size: int
+    _config: Any  # a cffi lx_sampler_config *
+    _step: int
 
-    def __init__(self, length, batch_size, mode, seed=42, shard=None):
+    def __init__(
+        self, length: SupportsIndex, batch_size: SupportsIndex, mode: Sampler.Mode | int | str,
+        seed: SupportsIndex = 42, shard: Sequence[SupportsIndex] | None = None,
+    ) -> None:
         length = _integer("length", length)
         batch_size = _integer("batch_size", batch_size)
         seed = _integer("seed", seed)
@@ -120,7 +133,7 @@ class Sampler:
         self._step = 0
 
     @classmethod
-    def _parse_mode(cls, mode) -> "Sampler.Mode":
+    def _parse_mode(cls, mode: object) -> "Sampler.Mode":
         if isinstance(mode, str):
             try:
                 return cls.Mode[mode.upper()]
@@ -137,7 +150,7 @@ class Sampler:
             ) from None
 
     @staticmethod
-    def _parse_shard(shard) -> tuple[int, int]:
+    def _parse_shard(shard: Any) -> tuple[int, int]:  # Any: checked here, at run time
         if shard is None:
             return 0, 1
         if isinstance(shard, (str, bytes)) or not hasattr(shard, "__len__") or len(shard) != 2:
@@ -205,7 +218,7 @@ class Sampler:
         if status:
             check(status, "Sampler")
 
-    def _check_out(self, out) -> np.ndarray:
+    def _check_out(self, out: object) -> np.ndarray:
         if not isinstance(out, np.ndarray):
             raise TypeError(f"out must be a numpy uint64 array, not {type(out).__name__}")
         if out.dtype != _UINT64:
@@ -217,7 +230,7 @@ class Sampler:
         return out
 
     @staticmethod
-    def _check_step(step) -> int:
+    def _check_step(step: object) -> int:
         step = _integer("step", step)
         if not 0 <= step < _U64_LIMIT:
             raise ValueError(f"step must be in 0..2**64 - 1, got {step}")
@@ -225,7 +238,7 @@ class Sampler:
 
     # -- pickling: the parameters and the step, rebuilt natively on load ------
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type[Sampler], tuple[int, int, int, int, tuple[int, int] | None], int]:
         shard = None if self._world_size == 1 else (self._rank, self._world_size)
         return (type(self), (self._length, self._batch_size, int(self._mode), self._seed, shard), self._step)
 

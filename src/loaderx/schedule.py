@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ class ElasticError(ValueError):
 class Schedule:
     """Step -> this rank's record indices, for one sampler and one anchor."""
 
-    def __init__(self, sampler: Sampler, anchor: dict | None = None):
+    def __init__(self, sampler: Sampler, anchor: Mapping[str, Any] | None = None) -> None:
         self.sampler = sampler
         self.length = sampler.length
         self.rank, self.world_size = sampler.shard
@@ -57,7 +58,7 @@ class Schedule:
         """CYCLIC: whole global batches in a cycle (the rest of a cycle is dropped)."""
         return self.length // self.global_batch
 
-    def position(self, step: int) -> dict:
+    def position(self, step: int) -> dict[str, int]:
         """Where the global stream stands before batch ``step``: ``{"cycle",
         "offset"}`` (CYCLIC: the samples of the cycle read so far, which may
         leave less than a batch) or ``{"position"}`` (SEQUENTIAL: a sample
@@ -76,6 +77,7 @@ class Schedule:
         return {}
 
     def _since_anchor(self, step: int) -> int:
+        assert self.anchor is not None  # called on an anchored schedule only
         since = step - self.anchor["step"]
         if since < 0:
             raise ValueError(f"step {step} comes before this loader's resume point {self.anchor['step']}")
@@ -111,7 +113,8 @@ class Schedule:
         if self.sampler.mode == _SEQUENTIAL:
             start = (self._sequential(step) + self.rank * share) % self.length
             np.add(np.arange(share, dtype=np.uint64), np.uint64(start), out=out)
-            return np.remainder(out, np.uint64(self.length), out=out)
+            np.remainder(out, np.uint64(self.length), out=out)
+            return out
         cycle, offset = self._cyclic(step)
         if offset % self.global_batch == 0:  # aligned: the sharded native step itself
             return self.sampler.batch(cycle * self.batches_per_cycle + offset // self.global_batch, out)
@@ -134,7 +137,7 @@ class Schedule:
         return out
 
 
-def _check_anchor(anchor, mode, length: int) -> dict:
+def _check_anchor(anchor: object, mode: Sampler.Mode, length: int) -> dict[str, int]:
     if not isinstance(anchor, Mapping):
         raise ValueError(f"state anchor must be a dict or None, got {type(anchor).__name__}")
     keys = {"step", "cycle", "offset"} if mode == _CYCLIC else {"step", "position"}
@@ -151,7 +154,7 @@ def _check_anchor(anchor, mode, length: int) -> dict:
     return {key: int(value) for key, value in values.items()}
 
 
-def elastic_anchor(saved: Schedule, step: int, target: Schedule) -> dict | None:
+def elastic_anchor(saved: Schedule, step: int, target: Schedule) -> dict[str, int] | None:
     """The anchor that makes ``target`` read, from ``step`` on, what ``saved``
     would have read next; ElasticError where that cannot be exact."""
     if saved.global_batch == target.global_batch:

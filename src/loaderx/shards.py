@@ -35,13 +35,15 @@ import shutil
 import threading
 import uuid
 from dataclasses import dataclass
+from typing import Any, Iterable, TextIO
 
 import msgpack
 import numpy as np
+import numpy.typing as npt
 
 from ._fs import OS_FS, write_file_atomic
 from ._native import check, ffi, lib
-from .dataset import SCHEMA_FILE, Schema, read_schema
+from .dataset import SCHEMA_FILE, Schema, StrPath, read_schema
 from .zrecord import StoreClosedError, Zrecord, _u64, as_indices, gather_arguments
 
 __all__ = [
@@ -76,7 +78,7 @@ def shard_name(k: int) -> str:
     return f"shard-{_shard_number(k):05d}"
 
 
-def is_sharded(path) -> bool:
+def is_sharded(path: StrPath) -> bool:
     """True when ``path`` is a committed sharded dataset (it has a manifest)."""
     return os.path.isfile(os.path.join(os.fspath(path), MANIFEST_FILE))
 
@@ -84,8 +86,11 @@ def is_sharded(path) -> bool:
 # ---- writing ------------------------------------------------------------------
 
 
-def write_shard(dataset_dir, k: int, data, codec="zstd", schema=None, overwrite: bool = False,
-                chunk_bytes: int | None = None, dict_size=None, progress: bool = False) -> int:
+def write_shard(
+    dataset_dir: StrPath, k: int, data: Any, codec: str | int = "zstd",
+    schema: Schema | dict[str, Any] | None = None, overwrite: bool = False, chunk_bytes: int | None = None,
+    dict_size: int | None = None, progress: bool | TextIO = False,
+) -> int:
     """Writes shard ``k`` of the sharded dataset at ``dataset_dir``; returns its rows.
 
     ``data`` is a NumPy array (or array-like with ``shape``, ``dtype`` and
@@ -110,7 +115,7 @@ def write_shard(dataset_dir, k: int, data, codec="zstd", schema=None, overwrite:
     if os.path.exists(final) and not overwrite:
         raise FileExistsError(f"shard {k} of '{dataset_dir}' already exists: skip it (see written_shards) or pass overwrite=True")
     temporary = os.path.join(dataset_dir, f"{_TEMPORARY_PREFIX}{name}-{uuid.uuid4().hex}")
-    options = dict(codec=codec, chunk_bytes=chunk_bytes or CHUNK_BYTES, dict_size=dict_size, schema=schema, progress=progress)
+    options: dict[str, Any] = dict(codec=codec, chunk_bytes=chunk_bytes or CHUNK_BYTES, dict_size=dict_size, schema=schema, progress=progress)
     try:
         if _is_dense_source(data):
             rows = from_numpy(temporary, data, **options)
@@ -123,7 +128,7 @@ def write_shard(dataset_dir, k: int, data, codec="zstd", schema=None, overwrite:
     return rows
 
 
-def written_shards(dataset_dir) -> list[int]:
+def written_shards(dataset_dir: StrPath) -> list[int]:
     """The shard numbers whose directories are complete (committed or not),
     sorted: what a resumed conversion can skip."""
     dataset_dir = os.fspath(dataset_dir)
@@ -137,7 +142,7 @@ def written_shards(dataset_dir) -> list[int]:
     return sorted(found)
 
 
-def commit(dataset_dir, shard_count: int | None = None) -> int:
+def commit(dataset_dir: StrPath, shard_count: int | None = None) -> int:
     """Makes shards ``0..shard_count-1`` of ``dataset_dir`` one dataset by
     writing its manifest last and atomically; returns the total rows.
 
@@ -174,7 +179,7 @@ def _prepare_directory(dataset_dir: str) -> None:
     os.makedirs(dataset_dir, exist_ok=True)
 
 
-def _is_dense_source(data) -> bool:
+def _is_dense_source(data: object) -> bool:
     if isinstance(data, np.ndarray):
         return not data.dtype.hasobject
     return hasattr(data, "shape") and hasattr(data, "dtype") and hasattr(data, "__getitem__")
@@ -199,7 +204,7 @@ def _move_into_place(temporary: str, final: str, overwrite: bool) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def _numbers_to_commit(dataset_dir: str, present: list, shard_count) -> list:
+def _numbers_to_commit(dataset_dir: str, present: list[int], shard_count: int | None) -> list[int]:
     if shard_count is None:
         if not present:
             raise ValueError(f"'{dataset_dir}' has no complete shards to commit: write shards with write_shard first")
@@ -217,7 +222,7 @@ def _numbers_to_commit(dataset_dir: str, present: list, shard_count) -> list:
     return list(range(shard_count))
 
 
-def _inspect_shards(dataset_dir: str, names: list) -> tuple:
+def _inspect_shards(dataset_dir: str, names: list[str]) -> tuple[Schema, list[int]]:
     """The common schema of the shards and their row counts; ValueError
     naming the first shard that disagrees with shard 0."""
     schema = None
@@ -225,16 +230,18 @@ def _inspect_shards(dataset_dir: str, names: list) -> tuple:
     for name in names:
         path = os.path.join(dataset_dir, name)
         shard_schema = read_schema(path)
+        assert shard_schema is not None  # written_shards lists only shards with a schema file
         if schema is None:
             schema = shard_schema
         elif shard_schema != schema:
             raise ValueError(f"cannot commit '{dataset_dir}': {name} holds {shard_schema.describe()}, but {names[0]} holds {schema.describe()}: rewrite {name} with the same schema")
         with Zrecord(path, codec=shard_schema.codec) as store:
             rows.append(len(store))
+    assert schema is not None  # names is never empty
     return schema, rows
 
 
-def _check_extends(dataset_dir: str, old, names: list, rows: list) -> None:
+def _check_extends(dataset_dir: str, old: Manifest, names: list[str], rows: list[int]) -> None:
     old_rows = list(old.rows)
     if names[: len(old.names)] != list(old.names) or rows[: len(old_rows)] != old_rows:
         raise ValueError(
@@ -249,7 +256,7 @@ def _remove_temporaries(dataset_dir: str) -> None:
             shutil.rmtree(os.path.join(dataset_dir, entry), ignore_errors=True)
 
 
-def _shard_number(k) -> int:
+def _shard_number(k: Any) -> int:  # Any: checked here
     try:
         number = operator.index(k)
     except TypeError:
@@ -267,24 +274,25 @@ class Manifest:
     """A checked manifest: the schema and each shard's name and row count."""
 
     schema: Schema
-    names: tuple
-    rows: tuple
+    names: tuple[str, ...]
+    rows: tuple[int, ...]
 
     @property
     def total_rows(self) -> int:
         return sum(self.rows)
 
 
-def _pack_manifest(schema: Schema, names: list, rows: list) -> bytes:
+def _pack_manifest(schema: Schema, names: list[str], rows: list[int]) -> bytes:
     shards = [{"name": name, "rows": int(count)} for name, count in zip(names, rows)]
     body = msgpack.packb({"schema": schema.to_dict(), "shards": shards, "rows": int(sum(rows))}, use_bin_type=True)
-    return msgpack.packb(
+    envelope: bytes = msgpack.packb(
         {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "body": body, "sha256": hashlib.sha256(body).digest()},
         use_bin_type=True,
     )
+    return envelope
 
 
-def read_manifest(dataset_dir) -> Manifest:
+def read_manifest(dataset_dir: StrPath) -> Manifest:
     """The manifest of ``dataset_dir``, checked: checksum, version, schema,
     shard names confined to the directory, no duplicates, row counts that add
     up. (The row counts are checked against the shards when they are opened.)"""
@@ -329,11 +337,13 @@ def _unpack_envelope(file: str, payload: bytes) -> bytes:
     return body
 
 
-def _check_entries(dataset_dir: str, file: str, entries: list) -> tuple:
+def _check_entries(dataset_dir: str, file: str, entries: list[Any]) -> tuple[list[str], list[int]]:
     if not 1 <= len(entries) <= SHARD_COUNT_MAX:
         raise ManifestError(f"{file} lists {len(entries)} shards; a dataset has 1 to {SHARD_COUNT_MAX}")
     root = os.path.realpath(dataset_dir)
-    names, rows, seen = [], [], {}
+    names: list[str] = []
+    rows: list[int] = []
+    seen: dict[str, int] = {}
     for position, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise ManifestError(f"{file}: shard entry {position} is not a map")
@@ -344,12 +354,13 @@ def _check_entries(dataset_dir: str, file: str, entries: list) -> tuple:
         seen[resolved] = position
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise ManifestError(f"{file}: shard entry {position} ({name!r}) has an invalid row count {count!r}")
+        assert isinstance(name, str)  # _confined refused anything else
         names.append(name)
         rows.append(count)
     return names, rows
 
 
-def _confined(root: str, file: str, position: int, name) -> str:
+def _confined(root: str, file: str, position: int, name: object) -> str:
     """The real path of shard ``name``; ManifestError unless it is a
     relative path that stays inside the dataset directory ``root``."""
     if not isinstance(name, str) or not name or "\x00" in name:
@@ -377,14 +388,17 @@ class ShardedStore:
     do not write through them).
     """
 
-    def __init__(self, path, kind: str, verify: bool = False, threads: int = 0):
+    #: What a closed dataset's error message tells the user to open again.
+    _reopen_hint: str
+
+    def __init__(self, path: StrPath, kind: str, verify: bool = False, threads: int = 0) -> None:
         self.path = os.fspath(path)
         self._verify = verify
         self._threads = threads
         self._state = threading.Condition()
         self._active = 0
         self._closed = False
-        self.shards: list = []
+        self.shards: list[Zrecord] = []
         self._handle = ffi.NULL
         try:
             self._open(read_manifest(self.path), kind)
@@ -425,7 +439,7 @@ class ShardedStore:
     # -- lifetime: native calls run between _enter and _leave, so close()
     # waits for calls in flight and no call sees a freed handle.
 
-    def _enter(self):
+    def _enter(self) -> Any:
         with self._state:
             if self._closed:
                 raise StoreClosedError(f"sharded dataset '{self.path}' is closed; open it again")
@@ -455,7 +469,7 @@ class ShardedStore:
         for shard in self.shards:
             shard.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:
@@ -470,7 +484,7 @@ class ShardedStore:
     def __len__(self) -> int:
         return int(self._row_starts[-1])
 
-    def gather(self, idxs, dst, offsets=None) -> None:
+    def gather(self, idxs: npt.ArrayLike, dst: Any, offsets: npt.ArrayLike | None = None) -> None:
         """Decodes global records ``idxs`` into ``dst`` at byte ``offsets[k]``,
         or at ``k * L`` when all records are ``L`` bytes long (dense)."""
         indices, target, target_bytes, target_offsets = gather_arguments(idxs, dst, offsets, self.lengths)
@@ -486,7 +500,7 @@ class ShardedStore:
         if status:
             check(status)
 
-    def lengths(self, idxs) -> np.ndarray:
+    def lengths(self, idxs: npt.ArrayLike) -> npt.NDArray[np.uint64]:
         """The decoded byte length of each global record in ``idxs``."""
         indices = as_indices(idxs)
         out = np.empty(indices.size, dtype=np.uint64)
@@ -500,7 +514,7 @@ class ShardedStore:
         check(status)
         return out
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """The shards' stats added up; ``layout`` is ``fixed`` only when every
         non-empty shard is fixed with one record size."""
         parts = [shard.stats() for shard in self.shards]
@@ -511,7 +525,7 @@ class ShardedStore:
 
     def verify(self) -> list[int]:
         """Checks every record's checksum; returns the global indices of damaged records."""
-        damaged = []
+        damaged: list[int] = []
         for shard, start in zip(self.shards, self._row_starts[:-1].tolist()):
             damaged.extend(start + index for index in shard.verify())
         return damaged
@@ -520,10 +534,10 @@ class ShardedStore:
         """A committed sharded dataset does not change; returns len()."""
         return len(self)
 
-    def __enter__(self):
+    def __enter__(self) -> ShardedStore:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -12,6 +12,8 @@ gather writes exactly the records' bytes, nothing is zero-filled, and
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .dataset import DenseDataset, RaggedDataset
@@ -56,7 +58,7 @@ class RaggedBatch:
         start, stop = self.offsets[index], self.offsets[index + 1]
         return self.values[start:stop]
 
-    def padded(self, max_len: int | None = None, pad_value=0) -> tuple[np.ndarray, np.ndarray]:
+    def padded(self, max_len: int | None = None, pad_value: Any = 0) -> tuple[np.ndarray, np.ndarray]:
         """``(padded, lengths)``: ``(n, max_len, *item_shape)`` with ``pad_value``
         past each record (longer ones truncated), and the rows kept of each."""
         lengths = self.lengths
@@ -71,7 +73,7 @@ class RaggedBatch:
         out[mask] = self.values[(self.offsets[:-1, None] + columns)[mask]]
         return out, kept
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return (isinstance(other, RaggedBatch) and np.array_equal(self.offsets, other.offsets)
                 and self.values.dtype == other.values.dtype and np.array_equal(self.values, other.values))
 
@@ -142,7 +144,7 @@ class RaggedReader:
         return out[:size].view(dataset.dtype).reshape(rows, *dataset.item_shape)
 
 
-def reader_for(dataset, batch_size: int):
+def reader_for(dataset: DenseDataset | RaggedDataset, batch_size: int) -> DenseReader | RaggedReader:
     """The reader of one stream, for a dataset the loader checked."""
     if isinstance(dataset, RaggedDataset):
         return RaggedReader(dataset)

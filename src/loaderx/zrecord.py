@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Iterable
+from typing import Any, Callable, Iterable, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from ._native import (
     LIMITS,
@@ -76,7 +77,7 @@ class StoreReplacedError(ZrecordError):
     handle is stale."""
 
 
-def codec_id(codec) -> int:
+def codec_id(codec: str | int | np.integer[Any]) -> int:
     """The numeric id of a codec name (or id); ValueError for anything else."""
     if isinstance(codec, str) and codec in CODECS:
         return CODECS[codec]
@@ -85,12 +86,12 @@ def codec_id(codec) -> int:
     raise InvalidArgumentError(f"unknown codec {codec!r}: use one of {sorted(CODECS)}")
 
 
-def as_indices(idxs, name: str = "indices") -> np.ndarray:
+def as_indices(idxs: npt.ArrayLike, name: str = "indices") -> npt.NDArray[np.uint64]:
     """Indices as a contiguous uint64 array; IndexError for negative values."""
     if type(idxs) is np.ndarray and idxs.dtype == np.uint64 and idxs.ndim == 1 and idxs.flags.c_contiguous:
         return idxs  # the loader's hot path: nothing to convert or check
     if isinstance(idxs, (int, np.integer)) and not isinstance(idxs, bool):
-        idxs = [idxs]
+        idxs = cast("npt.ArrayLike", [idxs])  # a list of one NumPy integer is array-like too
     array = np.asarray(idxs)
     if array.ndim != 1:
         raise InvalidArgumentError(f"{name} must be one-dimensional, got shape {array.shape}")
@@ -103,7 +104,7 @@ def as_indices(idxs, name: str = "indices") -> np.ndarray:
     return np.ascontiguousarray(array, dtype=np.uint64)
 
 
-def _read_buffer(source, name: str):
+def _read_buffer(source: Any, name: str) -> tuple[Any, int]:
     """A cffi view of a C-contiguous bytes-like object, and its length."""
     if isinstance(source, np.ndarray):
         if not source.flags.c_contiguous:
@@ -118,7 +119,7 @@ def _read_buffer(source, name: str):
     return ffi.from_buffer(view), view.nbytes
 
 
-def _write_buffer(target, name: str):
+def _write_buffer(target: Any, name: str) -> tuple[Any, int]:
     """A cffi view of a writable C-contiguous buffer, and its length."""
     if isinstance(target, np.ndarray):
         if not target.flags.c_contiguous:
@@ -134,7 +135,7 @@ def _write_buffer(target, name: str):
     return ffi.from_buffer(view, require_writable=True), view.nbytes
 
 
-def _offsets(offsets, source_bytes: int) -> np.ndarray:
+def _offsets(offsets: npt.ArrayLike, source_bytes: int) -> npt.NDArray[np.uint64]:
     array = np.asarray(offsets)
     if array.ndim != 1:
         raise InvalidArgumentError(f"offsets must be one-dimensional, got shape {array.shape}")
@@ -158,7 +159,10 @@ def _offsets(offsets, source_bytes: int) -> np.ndarray:
     return array
 
 
-def gather_arguments(idxs, dst, offsets, lengths) -> tuple:
+def gather_arguments(
+    idxs: npt.ArrayLike, dst: Any, offsets: npt.ArrayLike | None,
+    lengths: Callable[[npt.NDArray[np.uint64]], npt.NDArray[np.uint64]],
+) -> tuple[npt.NDArray[np.uint64], Any, int, npt.NDArray[np.uint64] | None]:
     """A gather's checked arguments: uint64 indices, the target pointer and
     its bytes, and the target offsets as a uint64 array (None: records back
     to back), whose ranges must not overlap (``lengths`` gives the records'
@@ -175,7 +179,9 @@ def gather_arguments(idxs, dst, offsets, lengths) -> tuple:
     return indices, ffi.cast("uint8_t *", target), target_bytes, target_offsets
 
 
-def _check_disjoint(lengths: np.ndarray, indices: np.ndarray, starts: np.ndarray) -> None:
+def _check_disjoint(
+    lengths: npt.NDArray[np.uint64], indices: npt.NDArray[np.uint64], starts: npt.NDArray[np.uint64],
+) -> None:
     """DestinationOverlapError when two records' destination ranges overlap (the second
     would overwrite the first). Sorts only offsets that are not already
     increasing; empty records write nothing and never overlap."""
@@ -196,7 +202,7 @@ def _check_disjoint(lengths: np.ndarray, indices: np.ndarray, starts: np.ndarray
         )
 
 
-def _u64(array: np.ndarray):
+def _u64(array: npt.NDArray[np.uint64]) -> Any:
     return ffi.cast("uint64_t *", ffi.from_buffer(array)) if array.size else ffi.NULL
 
 
@@ -210,7 +216,10 @@ class Zrecord:
     path and options: unpickling opens it again.
     """
 
-    def __init__(self, path, codec: str = "zstd", verify: bool = False, threads: int = 0, create: bool = False):
+    def __init__(
+        self, path: str | os.PathLike[str], codec: str = "zstd", verify: bool = False, threads: int = 0,
+        create: bool = False,
+    ) -> None:
         self.path = os.fspath(path)
         self.codec = codec
         self._codec = codec_id(codec)
@@ -231,7 +240,7 @@ class Zrecord:
         self._active = 0
         self._closed = False
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type[Zrecord], tuple[str, str, bool, int]]:
         # A native handle cannot cross processes: a pickled store is its path
         # and options, opened again on unpickling (spawn/forkserver workers).
         if self._closed:
@@ -241,14 +250,14 @@ class Zrecord:
     # -- lifetime: every native call runs between _enter and _leave, so close()
     # waits for calls in flight and no call ever sees a freed handle.
 
-    def _enter(self):
+    def _enter(self) -> Any:
         with self._state:
             if self._closed:
                 raise StoreClosedError(f"store '{self.path}' is closed; open it again with {self._reopen_hint}")
             self._active += 1
         return self._handle
 
-    def _leave(self):
+    def _leave(self) -> None:
         with self._state:
             self._active -= 1
             if self._active == 0:
@@ -265,13 +274,13 @@ class Zrecord:
         lib.lx_store_close(self._handle)
         self._handle = ffi.NULL
 
-    def __enter__(self):
+    def __enter__(self) -> Zrecord:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             if not self._closed:
                 self.close()
@@ -282,7 +291,7 @@ class Zrecord:
     def closed(self) -> bool:
         return self._closed
 
-    def _call(self, function, *args, context: str = ""):
+    def _call(self, function: Callable[..., int], *args: Any, context: str = "") -> None:
         handle = self._enter()
         try:
             check(function(handle, *args), context)
@@ -312,7 +321,7 @@ class Zrecord:
             raise
         return len(self)
 
-    def gather(self, idxs, dst, offsets=None) -> None:
+    def gather(self, idxs: npt.ArrayLike, dst: Any, offsets: npt.ArrayLike | None = None) -> None:
         """Decodes records ``idxs`` into ``dst``: record k at byte ``offsets[k]``.
 
         Without ``offsets`` the records must share one length L and land at
@@ -330,7 +339,7 @@ class Zrecord:
         if status:
             check(status)
 
-    def lengths(self, idxs) -> np.ndarray:
+    def lengths(self, idxs: npt.ArrayLike) -> npt.NDArray[np.uint64]:
         """The raw (decoded) byte length of each record in ``idxs``."""
         indices = as_indices(idxs)
         out = np.empty(indices.size, dtype=np.uint64)
@@ -351,7 +360,7 @@ class Zrecord:
         self.gather([idx], buffer, [0])  # also for 0 bytes: a verified read checks it
         return bytes(buffer)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         info = self._info()
         return {
             "records": info.records,
@@ -369,7 +378,7 @@ class Zrecord:
     def has_dict(self) -> bool:
         return bool(self._info().has_dict)
 
-    def _info(self):
+    def _info(self) -> Any:
         info = ffi.new("lx_store_info *")
         self._call(lib.lx_store_info_get, info)
         return info
@@ -388,7 +397,7 @@ class Zrecord:
 
     # -- writes
 
-    def append(self, src, offsets, codec=None) -> int:
+    def append(self, src: Any, offsets: npt.ArrayLike, codec: str | int | None = None) -> int:
         """Appends the records packed in ``src`` (record i starts at
         ``offsets[i]``, the last runs to the end); returns the first new index."""
         codec_value = self._codec if codec is None else codec_id(codec)
@@ -401,7 +410,9 @@ class Zrecord:
         )
         return int(first[0])
 
-    def replace(self, idxs, src, offsets, codec=None) -> None:
+    def replace(
+        self, idxs: npt.ArrayLike, src: Any, offsets: npt.ArrayLike, codec: str | int | None = None,
+    ) -> None:
         """Gives records ``idxs`` new contents, packed in ``src`` as for ``append``."""
         codec_value = self._codec if codec is None else codec_id(codec)
         indices = as_indices(idxs)
@@ -419,7 +430,7 @@ class Zrecord:
             self._leave()
         check(status)
 
-    def delete(self, idxs, keep_order: bool = False) -> None:
+    def delete(self, idxs: npt.ArrayLike, keep_order: bool = False) -> None:
         """Deletes records ``idxs``. The tail fills the holes (the moved records
         keep their relative order), or with ``keep_order=True`` every survivor
         keeps its order. Live records are always ``0..len-1``."""
@@ -441,7 +452,7 @@ class Zrecord:
         """Makes every commit so far durable (survives power loss)."""
         self._call(lib.lx_store_sync)
 
-    def train_dict(self, samples, sizes: Iterable[int], target: int) -> int:
+    def train_dict(self, samples: Any, sizes: Iterable[int], target: int) -> int:
         """Trains the store's zstd dictionary from ``samples`` (sample i is
         ``sizes[i]`` bytes, back to back); returns the dictionary's size."""
         source, source_bytes = _read_buffer(samples, "samples")
