@@ -1,5 +1,6 @@
 //! The on-disk format of a zrecord store: the superblock, the index entry, the
-//! file names, and the checksums. Nothing here touches a file; store.zig does.
+//! file names, and the checksums. Nothing here touches a file: every file
+//! operation of the core goes through io.zig.
 //!
 //! A store is a directory:
 //!
@@ -26,12 +27,13 @@
 //! lengths, and turns indexed (once, by writing an index) when a later write
 //! does not fit the fixed layout.
 //!
-//! Commit protocol: payload bytes and index entries are written past the
-//! committed lengths (or into new files), fsync'ed, then the superblock of
-//! generation g+1 is written into slot (g+1) % 2. A torn or damaged slot fails
-//! its checksum and the other slot (generation g) wins, so every operation
-//! happens whole or not at all. Files a commit replaced are unlinked only after
-//! the new superblock is fsync'ed.
+//! Commit protocol (commit.zig, superblock.zig): payload bytes and index
+//! entries are written past the committed lengths (or into new files),
+//! fsync'ed, then the superblock of generation g+1 is written into slot
+//! (g+1) % 2 and fsync'ed before the operation returns. A torn or damaged
+//! slot fails its checksum and the other slot (generation g, durable) wins,
+//! so every operation happens whole or not at all. Files a commit replaced
+//! are unlinked only after the new superblock is fsync'ed.
 //!
 //! Everything is little-endian; the library refuses to build for big-endian
 //! hosts rather than silently misreading a store.
