@@ -32,7 +32,6 @@ import operator
 import os
 import re
 import shutil
-import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, TextIO
@@ -44,7 +43,7 @@ import numpy.typing as npt
 from ._fs import OS_FS, write_file_atomic
 from ._native import check, ffi, lib
 from .dataset import SCHEMA_FILE, Schema, StrPath, read_schema
-from .zrecord import StoreClosedError, Zrecord, _u64, as_indices, gather_arguments
+from .zrecord import NativeHandle, Zrecord, _u64, as_indices, gather_arguments
 
 __all__ = [
     "MANIFEST_FILE",
@@ -378,7 +377,7 @@ def _confined(root: str, file: str, position: int, name: object) -> str:
 # ---- reading ----------------------------------------------------------------------
 
 
-class ShardedStore:
+class ShardedStore(NativeHandle):
     """The shards of a committed dataset read as one store of global rows.
 
     It offers the read side of ``Zrecord`` that datasets use (``len``,
@@ -395,9 +394,7 @@ class ShardedStore:
         self.path = os.fspath(path)
         self._verify = verify
         self._threads = threads
-        self._state = threading.Condition()
-        self._active = 0
-        self._closed = False
+        self._init_lifetime()
         self.shards: list[Zrecord] = []
         self._handle = ffi.NULL
         try:
@@ -436,30 +433,10 @@ class ShardedStore:
             raise ManifestError(f"'{self.path}': shard {name!r} holds {held} records but the manifest says {count}: the shard or the manifest was changed after commit")
         return store
 
-    # -- lifetime: native calls run between _enter and _leave, so close()
-    # waits for calls in flight and no call sees a freed handle.
+    def _closed_message(self) -> str:
+        return f"sharded dataset '{self.path}' is closed; open it again"
 
-    def _enter(self) -> Any:
-        with self._state:
-            if self._closed:
-                raise StoreClosedError(f"sharded dataset '{self.path}' is closed; open it again")
-            self._active += 1
-        return self._handle
-
-    def _leave(self) -> None:
-        with self._state:
-            self._active -= 1
-            if self._active == 0:
-                self._state.notify_all()
-
-    def close(self) -> None:
-        """Closes the dataset and its shards (idempotent); waits for calls in flight."""
-        with self._state:
-            if self._closed:
-                return
-            self._closed = True
-            while self._active:
-                self._state.wait()
+    def _release(self) -> None:
         self._close_shards()
 
     def _close_shards(self) -> None:
@@ -468,16 +445,6 @@ class ShardedStore:
             self._handle = ffi.NULL
         for shard in self.shards:
             shard.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     # -- reads
 

@@ -206,7 +206,62 @@ def _u64(array: npt.NDArray[np.uint64]) -> Any:
     return ffi.cast("uint64_t *", ffi.from_buffer(array)) if array.size else ffi.NULL
 
 
-class Zrecord:
+class NativeHandle:
+    """The lifetime of a native handle shared by ``Zrecord`` and
+    ``ShardedStore``: every native call runs between ``_enter`` and
+    ``_leave``, so ``close()`` waits for calls in flight on other threads and
+    no call ever sees a freed handle. Subclasses free the handle in
+    ``_release`` and name themselves in ``_closed_message``."""
+
+    _handle: Any
+
+    def _init_lifetime(self) -> None:
+        self._state = threading.Condition()
+        self._active = 0
+        self._closed = False
+
+    def _closed_message(self) -> str:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+    def _enter(self) -> Any:
+        with self._state:
+            if self._closed:
+                raise StoreClosedError(self._closed_message())
+            self._active += 1
+        return self._handle
+
+    def _leave(self) -> None:
+        with self._state:
+            self._active -= 1
+            if self._active == 0:
+                self._state.notify_all()
+
+    def close(self) -> None:
+        """Closes the handle (idempotent); waits for calls in flight on other threads."""
+        with self._state:
+            if self._closed:
+                return
+            self._closed = True
+            while self._active:
+                self._state.wait()
+        self._release()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed:
+                self.close()
+        except Exception:
+            pass
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+class Zrecord(NativeHandle):
     """A zrecord store directory, opened (or created) at ``path``.
 
     ``codec`` is the default for ``append`` and ``replace``; ``verify=True``
@@ -236,9 +291,7 @@ class Zrecord:
         # from damage when a refresh finds no superblock.
         self._inode = _inode(self.path)
         self._reopen_hint = "Zrecord(path)"
-        self._state = threading.Condition()
-        self._active = 0
-        self._closed = False
+        self._init_lifetime()
 
     def __reduce__(self) -> tuple[type[Zrecord], tuple[str, str, bool, int]]:
         # A native handle cannot cross processes: a pickled store is its path
@@ -247,30 +300,10 @@ class Zrecord:
             raise TypeError(f"cannot pickle the closed store '{self.path}': pickle it while open")
         return (type(self), (self.path, self.codec, self.verify_reads, self._threads))
 
-    # -- lifetime: every native call runs between _enter and _leave, so close()
-    # waits for calls in flight and no call ever sees a freed handle.
+    def _closed_message(self) -> str:
+        return f"store '{self.path}' is closed; open it again with {self._reopen_hint}"
 
-    def _enter(self) -> Any:
-        with self._state:
-            if self._closed:
-                raise StoreClosedError(f"store '{self.path}' is closed; open it again with {self._reopen_hint}")
-            self._active += 1
-        return self._handle
-
-    def _leave(self) -> None:
-        with self._state:
-            self._active -= 1
-            if self._active == 0:
-                self._state.notify_all()
-
-    def close(self) -> None:
-        """Closes the store (idempotent); waits for calls in flight on other threads."""
-        with self._state:
-            if self._closed:
-                return
-            self._closed = True
-            while self._active:
-                self._state.wait()
+    def _release(self) -> None:
         lib.lx_store_close(self._handle)
         self._handle = ffi.NULL
 
@@ -279,17 +312,6 @@ class Zrecord:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def __del__(self) -> None:
-        try:
-            if not self._closed:
-                self.close()
-        except Exception:
-            pass
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def _call(self, function: Callable[..., int], *args: Any, context: str = "") -> None:
         handle = self._enter()
