@@ -43,7 +43,7 @@ import numpy.typing as npt
 from ._fs import OS_FS, write_file_atomic
 from ._native import check, ffi, lib
 from .dataset import SCHEMA_FILE, Schema, StrPath, read_schema
-from .zrecord import NativeHandle, Zrecord, _u64, as_indices, gather_arguments
+from .zrecord import NativeHandle, Zrecord, _u64, gather_arguments
 
 __all__ = [
     "MANIFEST_FILE",
@@ -469,17 +469,7 @@ class ShardedStore(NativeHandle):
 
     def lengths(self, idxs: npt.ArrayLike) -> npt.NDArray[np.uint64]:
         """The decoded byte length of each global record in ``idxs``."""
-        indices = as_indices(idxs)
-        out = np.empty(indices.size, dtype=np.uint64)
-        if indices.size == 0:
-            return out
-        handle = self._enter()
-        try:
-            status = lib.lx_shards_lengths(handle, _u64(indices), indices.size, _u64(out))
-        finally:
-            self._leave()
-        check(status)
-        return out
+        return self._lengths_with(lib.lx_shards_lengths, idxs)
 
     def stats(self) -> dict[str, Any]:
         """The shards' stats added up; ``layout`` is ``fixed`` only when every

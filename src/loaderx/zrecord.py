@@ -239,6 +239,20 @@ class NativeHandle:
             if self._active == 0:
                 self._state.notify_all()
 
+    def _lengths_with(self, function: Callable[..., int], idxs: npt.ArrayLike) -> npt.NDArray[np.uint64]:
+        """The decoded lengths of records ``idxs``, from one native call."""
+        indices = as_indices(idxs)
+        out = np.empty(indices.size, dtype=np.uint64)
+        if indices.size == 0:
+            return out
+        handle = self._enter()
+        try:
+            status = function(handle, _u64(indices), indices.size, _u64(out))
+        finally:
+            self._leave()
+        check(status)
+        return out
+
     def close(self) -> None:
         """Closes the handle (idempotent); waits for calls in flight on other threads."""
         with self._state:
@@ -363,17 +377,7 @@ class Zrecord(NativeHandle):
 
     def lengths(self, idxs: npt.ArrayLike) -> npt.NDArray[np.uint64]:
         """The raw (decoded) byte length of each record in ``idxs``."""
-        indices = as_indices(idxs)
-        out = np.empty(indices.size, dtype=np.uint64)
-        if indices.size == 0:
-            return out
-        handle = self._enter()
-        try:
-            status = lib.lx_store_lengths(handle, _u64(indices), indices.size, _u64(out))
-        finally:
-            self._leave()
-        check(status)
-        return out
+        return self._lengths_with(lib.lx_store_lengths, idxs)
 
     def read(self, idx: int) -> bytes:
         """One record as bytes (a convenience over ``gather``)."""
