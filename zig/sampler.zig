@@ -152,13 +152,17 @@ fn batchIid(config: *const Config, step: u64, target: []u64) void {
     }
 }
 
-/// Draws per step of `iidVector`, or 1 where the scalar loop is faster.
-/// With AVX2 the hashes of 8 draws (two registers; one with AVX-512) go
-/// through the vector unit while `bounded`'s 128-bit multiplies stay on the
-/// scalar one, which the scalar loop keeps busy with all three multiplies
-/// of a draw: about 1.9x faster on Zen 3. Without AVX2, SSE2's two lanes
-/// gain nothing, and other architectures have not been measured.
-const iid_lanes = if (builtin.cpu.arch == .x86_64 and builtin.cpu.has(.x86, .avx2)) 8 else 1;
+/// x86-64 with AVX2 (the v3 and v4 builds): the vector forms of the IID
+/// hash and of `reduce` below multiply u64 lanes with `vpmuludq`. They were
+/// measured slower with SSE2 alone (half the width, no `vpblendd`), and
+/// 64-bit Arm has no u64 lane multiply at all.
+const x86_avx2 = builtin.cpu.arch == .x86_64 and builtin.cpu.has(.x86, .avx2);
+
+/// Draws per step of `iidVector`, or 1 for the scalar loop. The hashes of 8
+/// draws (two AVX2 registers, one AVX-512) go through the vector unit while
+/// `bounded`'s 128-bit multiplies stay on the scalar one, which the scalar
+/// loop keeps busy with all three multiplies of a draw: 1.9x faster on Zen 3.
+const iid_lanes = if (x86_avx2) 8 else 1;
 
 /// Writes the first draws of `batchIid`, `iid_lanes` at a time, and returns
 /// how many (a multiple of `iid_lanes`); the caller draws the rest.
@@ -381,8 +385,8 @@ const Permutation = struct {
     fn encrypt(permutation: *const Permutation, comptime n: comptime_int, values: @Vector(n, u64)) @Vector(n, u64) {
         const Half = @Vector(n, u32);
         const radix: Half = @splat(permutation.radix_high);
-        var high: Half = @intCast(values >> @splat(permutation.bits_low));
-        var low: Half = @intCast(values & @as(@Vector(n, u64), @splat(permutation.mask_low)));
+        var high: Half = narrow(n, values >> @splat(permutation.bits_low));
+        var low: Half = narrow(n, values & @as(@Vector(n, u64), @splat(permutation.mask_low)));
         assert(@reduce(.And, high < radix));
         var round: u32 = 0;
         while (round < permutation.rounds) : (round += 2) {
@@ -390,7 +394,7 @@ const Permutation = struct {
             high = @select(u32, high >= radix, high -% radix, high);
             low ^= roundHash(n, high, permutation.keys[round + 1]) >> @splat(permutation.shift_low);
         }
-        return (@as(@Vector(n, u64), high) << @splat(permutation.bits_low)) | low;
+        return (widen(n, high) << @splat(permutation.bits_low)) | widen(n, low);
     }
 
     /// The inverse of `encrypt`, for the tests: the rounds undone in reverse.
@@ -407,11 +411,31 @@ const Permutation = struct {
     }
 };
 
+/// Lanes below 2^32 as u32 lanes, in an order of `narrow`'s choosing that
+/// `widen` undoes. The rounds treat every lane alike, so the order is free:
+/// lane i of the first half and lane i of the second share a u64 lane, which
+/// takes shifts alone, where keeping the order takes cross-lane shuffles
+/// (slow on some CPUs and tuned differently per CPU model).
+fn narrow(comptime n: comptime_int, values: @Vector(n, u64)) @Vector(n, u32) {
+    if (n % 2 != 0) return @intCast(values);
+    assert(@reduce(.And, values <= @as(@Vector(n, u64), @splat(std.math.maxInt(u32)))));
+    const first = std.simd.extract(values, 0, n / 2);
+    const second = std.simd.extract(values, n / 2, n / 2);
+    return @bitCast(first | (second << @splat(32)));
+}
+
+/// The inverse of `narrow`.
+fn widen(comptime n: comptime_int, halves: @Vector(n, u32)) @Vector(n, u64) {
+    if (n % 2 != 0) return halves;
+    const pairs: @Vector(n / 2, u64) = @bitCast(halves);
+    return std.simd.join(pairs & @as(@Vector(n / 2, u64), @splat(0xffff_ffff)), pairs >> @splat(32));
+}
+
 /// Maps a 32-bit hash into 0..radix by multiply-shift; the slight unevenness
 /// (radix / 2^32 at most) only shapes the round function, never the
 /// bijection.
 fn reduce(comptime n: comptime_int, hash: @Vector(n, u32), radix: @Vector(n, u32)) @Vector(n, u32) {
-    if (n % 2 != 0) {
+    if (!x86_avx2 or n % 2 != 0) {
         const product = @as(@Vector(n, u64), hash) * @as(@Vector(n, u64), radix);
         return @intCast(product >> @splat(32));
     }
