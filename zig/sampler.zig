@@ -641,6 +641,9 @@ test "decrypt undoes encrypt over the whole domain, up to 2^63" {
 }
 
 test "reduce gives the high word of hash * radix in every lane, paired or not" {
+    // AVX2 builds take the paired form for 16 lanes and the widened one for
+    // a single lane; both must equal the plain 64-bit product's high word.
+    // Each lane's radix is shifted further right, down to a few bits.
     var hashes: [16]u32 = undefined;
     var radixes: [16]u32 = undefined;
     for (0..1000) |i| {
