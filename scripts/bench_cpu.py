@@ -12,7 +12,8 @@ order, so noise on a shared machine hits all of them alike. Every figure is a
 median over rounds; `picked / native` is the median of the per-round ratios
 (above 1: the build `import loaderx` picks is faster than the native one). The rows are the CPU-bound parts of
 `scripts/bench.py sampler` and `store`: sampler batches, warm gathers from a
-raw and a zstd store, and verify (XXH3 over every record).
+raw and a zstd store, and verify (XXH3 over every record). A bundled build
+this CPU cannot run is named above the table with the flags it lacks.
 """
 
 from __future__ import annotations
@@ -55,6 +56,14 @@ def load_builds(native: Path) -> dict:
         if _native.library_path(name).exists():
             builds[name] = ffi.dlopen(str(_native.library_path(name)))
     return builds
+
+
+def untimed_builds() -> list[str]:
+    """One line per bundled build this CPU cannot run (loading it would die with SIGILL), saying what it lacks."""
+    flags = _native.cpu_flags()
+    return [f"{name}: not timed, this CPU lacks {', '.join(sorted(needed - flags))}"
+            for name, needed in _native.CPU_LEVELS.items()
+            if not needed <= flags and _native.library_path(name).exists()]
 
 
 def interleaved(builds: dict, run, rounds: int) -> dict:
@@ -151,7 +160,8 @@ def main(argv: list | None = None) -> int:
         pairs = [p / n if higher_is_better else n / p for p, n in zip(samples[picked], samples["native"])]
         table.append([row, unit] + [f"{statistics.median(samples[name]):,.2f}" for name in builds]
                      + [f"{statistics.median(pairs):.3f}x"])
-    print(f"import picks: {picked}; {len(rows[0][3]['native'])} rounds per sampler row\n")
+    print(f"import picks: {picked}; {len(rows[0][3]['native'])} rounds per sampler row")
+    print("".join(f"{line}\n" for line in untimed_builds()))
     print(markdown_table(["row", "unit", *builds, "picked / native"], table))
     return 0
 
