@@ -75,11 +75,14 @@ const EncodeJob = struct {
     fn run(job: *EncodeJob, start: u64, end: u64) void {
         const encoder = codec.takeEncoder() catch return job.failure.set(error.OutOfMemory, start, "out of memory for a zstd context");
         defer codec.giveEncoder(encoder);
+        var shuffled: codec.Scratch = .{};
+        defer shuffled.deinit();
         for (start..end) |k| {
             const raw = job.source[job.offsets[k]..][0..recordLengthIn(job.source, job.offsets, k)];
             const slot = job.scratch[job.slots[k]..job.slots[k + 1]];
-            const written = codec.compress(encoder, job.record_codec, job.dictionary, raw, slot) catch {
-                return job.failure.set(error.Codec, k, "zstd could not compress the record");
+            const written = codec.compress(encoder, job.record_codec, job.dictionary, raw, slot, &shuffled) catch |err| switch (err) {
+                error.Codec => return job.failure.set(error.Codec, k, "zstd could not compress the record"),
+                error.OutOfMemory => return job.failure.set(error.OutOfMemory, k, "out of memory for the shuffled copy of the record"),
             };
             // A frame that does not shrink the record is not worth decoding.
             job.entries[k] = if (written < raw.len)
@@ -151,6 +154,31 @@ pub fn encodeBatch(threads: u32, dictionary: ?*const codec.Dictionary, source: [
     return .{ .payload = scratch[0..cursor], .entries = entries, .scratch = scratch };
 }
 
+/// The bytes the records of a batch would take in a store with `record_codec`
+/// (after the raw fallback of records a frame would not shrink), without
+/// writing anything: the converters try codecs on a sample with it.
+pub fn encodedBytes(threads: u32, source: []const u8, offsets: []const u64, record_codec: Codec) Error!u64 {
+    try checkBatch(source, offsets);
+    if (record_codec.usesDictionary()) {
+        return status.fail(error.InvalidArgument, "cannot try codec '{s}' without a store: its dictionary lives in one", .{@tagName(record_codec)});
+    }
+    var batch = try encodeBatch(threads, null, source, offsets, record_codec, 0);
+    defer batch.deinit();
+    return batch.payload.len;
+}
+
+test "encodedBytes counts the raw fallback and the shuffle's gain" {
+    var values: [4096]u32 = undefined;
+    for (&values, 0..) |*value, index| value.* = @intCast(100_000 + index * 3);
+    const source = std.mem.sliceAsBytes(&values);
+    const offsets = [_]u64{ 0, 8192 };
+    const plain = try encodedBytes(1, source, &offsets, .zstd);
+    const shuffled = try encodedBytes(1, source, &offsets, .zstd_shuffle4);
+    try std.testing.expect(shuffled < plain);
+    try std.testing.expectEqual(@as(u64, source.len), try encodedBytes(1, source, &offsets, .raw));
+    // Eight random bytes do not shrink: the record is counted raw.
+    try std.testing.expectEqual(@as(u64, 8), try encodedBytes(1, "\x93\x01\xfe\x42\x17\xc8\x5d\xa0", &.{0}, .zstd_shuffle2));
+}
 
 /// The bytes [start, end) of the file `old ++ payload`, copied into `scratch`
 /// only when the range straddles the two.
