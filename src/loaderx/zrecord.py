@@ -105,6 +105,17 @@ def shuffled_codec(codec: str, element_bytes: int) -> str:
     return f"{codec}_shuffle{element_bytes}"
 
 
+def encoded_bytes(src: Any, offsets: npt.ArrayLike, codec: str | int) -> int:
+    """The bytes the records packed in ``src`` (as for ``append``) would take
+    in a store with ``codec``, records that a frame does not shrink counted
+    raw; nothing is written. Dictionary codecs need a store and are refused."""
+    source, source_bytes = _read_buffer(src, "src")
+    starts = _offsets(offsets, source_bytes)
+    out = ffi.new("uint64_t *")
+    check(lib.lx_encoded_bytes(ffi.cast("uint8_t *", source), source_bytes, _u64(starts), starts.size, codec_id(codec), 0, out))
+    return int(out[0])
+
+
 def as_indices(idxs: npt.ArrayLike, name: str = "indices") -> npt.NDArray[np.uint64]:
     """Indices as a contiguous uint64 array; IndexError for negative values."""
     if type(idxs) is np.ndarray and idxs.dtype == np.uint64 and idxs.ndim == 1 and idxs.flags.c_contiguous:
