@@ -971,6 +971,7 @@ def _write_loader_data(directory: Path, rows: np.ndarray, labels: np.ndarray, co
 
         from_numpy(directory / "x-zstd", rows, codec="zstd", progress=False)
         from_numpy(directory / "x-raw", rows, codec="raw", progress=False)
+        from_numpy(directory / "x-zstd_shuffle4", rows, codec="zstd_shuffle4", progress=False)
         # 8-byte labels gain nothing from a zstd frame each: both loaderx rows store them raw.
         from_numpy(directory / "y", labels, codec="raw", progress=False)
     if "npy" in kinds:
@@ -1156,6 +1157,7 @@ def loader_contenders() -> list[LoaderContender]:
     return [
         LoaderContender("loaderx zstd", ("loaderx.dataloader",), "-e .", "loaderx", _start_loaderx("zstd")),
         LoaderContender("loaderx raw", ("loaderx.dataloader",), "-e .", "loaderx", _start_loaderx("raw")),
+        LoaderContender("loaderx zstd_shuffle4", ("loaderx.dataloader",), "-e .", "loaderx", _start_loaderx("zstd_shuffle4")),
         LoaderContender("bare gather loop, zstd (no DataLoader)", ("loaderx.dataset",), "-e .", "loaderx", _start_bare("zstd")),
         LoaderContender("bare gather loop, raw (no DataLoader)", ("loaderx.dataset",), "-e .", "loaderx", _start_bare("raw")),
         LoaderContender("torch DataLoader, npy-mmap, per-record", ("torch",), "torch==2.13.0", "npy", _start_torch(False)),
@@ -1224,6 +1226,7 @@ def bench_loader(quick: bool) -> str:
                     )
                 except Exception as exc:
                     failures[contender.name] = f"{type(exc).__name__}: {exc}"
+        first_batch = _first_batch_table(directory, runs) if any(c.data == "loaderx" for c in runnable) else ""
     batch_bytes = BATCH_SIZE * (RECORD_BYTES + 8)
     table_rows = []
     for contender in runnable:
@@ -1248,7 +1251,45 @@ def bench_loader(quick: bool) -> str:
         "shuffled IndexSampler) read without replacement and pay their epoch restarts and the "
         "inter-process hand-over. The bare loop is the DataLoader's work without the DataLoader: "
         "what its threads and prefetching cost or win."
+        + (f"\n\n{first_batch}" if first_batch else "")
     )
+
+
+# What a fresh process does before training starts: import loaderx, open the
+# two streams, build the DataLoader and take its first batch (timed apart).
+_FIRST_BATCH_SCRIPT = """
+import sys, time
+started = time.perf_counter()
+from loaderx import DataLoader, DenseDataset
+imported = time.perf_counter()
+directory, codec, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+streams = {"x": DenseDataset(f"{directory}/x-{codec}"), "y": DenseDataset(f"{directory}/y")}
+opened = time.perf_counter()
+loader = DataLoader(streams, num_workers=workers, batch_size=%d, prefetch_size=4, mode=1, seed=42)
+batch = next(loader)
+first = time.perf_counter()
+assert batch["x"].shape == (%d, %d)
+loader.close()
+print(imported - started, opened - imported, first - opened)
+""" % (BATCH_SIZE, BATCH_SIZE, RECORD_FLOATS)
+
+
+def _first_batch_table(directory: Path, runs: int) -> str:
+    """Time to the first batch in a fresh process (median of at least 5),
+    with the import and the opening of the streams timed apart."""
+    rows = []
+    for codec in ("zstd", "zstd_shuffle4", "raw"):
+        samples = []
+        for _ in range(max(5, runs)):
+            result = subprocess.run([sys.executable, "-c", _FIRST_BATCH_SCRIPT, str(directory), codec, str(LOADER_WORKERS)],
+                                    capture_output=True, text=True, check=True)
+            samples.append([float(value) for value in result.stdout.split()])
+        imported, opened, first = (statistics.median(sample[k] for sample in samples) for k in range(3))
+        rows.append([f"loaderx {codec}", f"{first * 1e3:.1f}", f"{imported * 1e3:.0f}", f"{opened * 1e3:.1f}"])
+    table = markdown_table(["loader", "DataLoader(...) to first batch, ms", "import loaderx, ms", "open streams, ms"], rows)
+    return (f"### loader, time to first batch: a fresh process, median of {max(5, runs)}\n\n{table}\n\n"
+            "Each run is a new Python process that imports loaderx, opens the two streams and times "
+            "`DataLoader(...)` through `next(loader)` (warm page cache).")
 
 
 # -- registry ---------------------------------------------------------------------
