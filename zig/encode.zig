@@ -58,9 +58,24 @@ pub const EncodedBatch = struct {
 
     pub fn deinit(batch: *EncodedBatch) void {
         allocator.free(batch.entries);
-        if (batch.scratch.len > 0) allocator.free(batch.scratch);
+        if (batch.scratch.len > 0) std.heap.page_allocator.free(batch.scratch);
     }
 };
+
+const huge_page_bytes = 2 << 20;
+
+/// The frames' scratch: whole pages straight from mmap, marked for 2 MiB pages
+/// when large, so compressing into it takes a few page faults per 2 MiB
+/// rather than one per 4 KiB (those faults were ~15% of the CPU time of a
+/// 64 MiB zstd append).
+fn allocScratch(bytes: u64) Error![]u8 {
+    const scratch = std.heap.page_allocator.alloc(u8, bytes) catch return error.OutOfMemory;
+    if (bytes >= huge_page_bytes) {
+        const pages: [*]align(std.heap.page_size_min) u8 = @alignCast(scratch.ptr);
+        std.posix.madvise(pages, scratch.len, std.posix.MADV.HUGEPAGE) catch {};
+    }
+    return scratch;
+}
 
 const EncodeJob = struct {
     source: []const u8,
@@ -124,8 +139,8 @@ pub fn encodeBatch(threads: u32, dictionary: ?*const codec.Dictionary, source: [
         const bound = zstd.ZSTD_compressBound(recordLengthIn(source, offsets, k));
         slots[k + 1] = std.math.add(u64, slots[k], bound) catch return error.TooLarge;
     }
-    const scratch = allocator.alloc(u8, slots[offsets.len]) catch return error.OutOfMemory;
-    errdefer allocator.free(scratch);
+    const scratch = try allocScratch(slots[offsets.len]);
+    errdefer std.heap.page_allocator.free(scratch);
     var job = EncodeJob{
         .source = source,
         .offsets = offsets,
