@@ -1226,7 +1226,7 @@ def bench_loader(quick: bool) -> str:
                     )
                 except Exception as exc:
                     failures[contender.name] = f"{type(exc).__name__}: {exc}"
-        first_batch = _first_batch_table(directory, runs) if any(c.data == "loaderx" for c in runnable) else ""
+        first_batch = _first_batch_table(directory, 1 if quick else max(5, runs)) if any(c.data == "loaderx" for c in runnable) else ""
     batch_bytes = BATCH_SIZE * (RECORD_BYTES + 8)
     table_rows = []
     for contender in runnable:
@@ -1275,19 +1275,19 @@ print(imported - started, opened - imported, first - opened)
 
 
 def _first_batch_table(directory: Path, runs: int) -> str:
-    """Time to the first batch in a fresh process (median of at least 5),
-    with the import and the opening of the streams timed apart."""
+    """Time to the first batch in a fresh process (median of `runs`), with the
+    import and the opening of the streams timed apart."""
     rows = []
     for codec in ("zstd", "zstd_shuffle4", "raw"):
         samples = []
-        for _ in range(max(5, runs)):
+        for _ in range(runs):
             result = subprocess.run([sys.executable, "-c", _FIRST_BATCH_SCRIPT, str(directory), codec, str(LOADER_WORKERS)],
                                     capture_output=True, text=True, check=True)
             samples.append([float(value) for value in result.stdout.split()])
         imported, opened, first = (statistics.median(sample[k] for sample in samples) for k in range(3))
         rows.append([f"loaderx {codec}", f"{first * 1e3:.1f}", f"{imported * 1e3:.0f}", f"{opened * 1e3:.1f}"])
     table = markdown_table(["loader", "DataLoader(...) to first batch, ms", "import loaderx, ms", "open streams, ms"], rows)
-    return (f"### loader, time to first batch: a fresh process, median of {max(5, runs)}\n\n{table}\n\n"
+    return (f"### loader, time to first batch: a fresh process, median of {runs}\n\n{table}\n\n"
             "Each run is a new Python process that imports loaderx, opens the two streams and times "
             "`DataLoader(...)` through `next(loader)` (warm page cache).")
 
