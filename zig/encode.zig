@@ -11,6 +11,7 @@ const codec = @import("codec.zig");
 const status = @import("status.zig");
 const workers = @import("workers.zig");
 const zstd = @import("zstd.zig");
+const io = @import("io.zig");
 
 const assert = std.debug.assert;
 const allocator = std.heap.c_allocator;
@@ -70,10 +71,7 @@ const huge_page_bytes = 2 << 20;
 /// 64 MiB zstd append).
 fn allocScratch(bytes: u64) Error![]u8 {
     const scratch = std.heap.page_allocator.alloc(u8, bytes) catch return error.OutOfMemory;
-    if (bytes >= huge_page_bytes) {
-        const pages: [*]align(std.heap.page_size_min) u8 = @alignCast(scratch.ptr);
-        std.posix.madvise(pages, scratch.len, std.posix.MADV.HUGEPAGE) catch {};
-    }
+    if (bytes >= huge_page_bytes) io.advise(scratch, .huge_pages);
     return scratch;
 }
 
