@@ -318,14 +318,18 @@ def _loaderx(codec: str) -> tuple[Callable, Callable]:
                 # zstd wants about 100x the dictionary in samples: ~1000 rows
                 # spread over the data for a 112 KiB dictionary.
                 sample = np.ascontiguousarray(rows[:: max(1, len(rows) // 1000)])
-                store.train_dict(sample, [RECORD_BYTES] * len(sample), 112 * 1024)
-            store.append(rows, np.arange(len(rows), dtype=np.uint64) * np.uint64(RECORD_BYTES))
+                store.train_dict(sample, [rows[0].nbytes] * len(sample), 112 * 1024)
+            store.append(rows, np.arange(len(rows), dtype=np.uint64) * np.uint64(rows[0].nbytes))
 
+    return write, _open_loaderx(codec)
+
+
+def _open_loaderx(codec: str) -> Callable[[Path, np.ndarray], Opened]:
     def open_(directory: Path, rows: np.ndarray) -> Opened:
         from loaderx.zrecord import Zrecord
 
         store = Zrecord(directory / "store", codec=codec)
-        out = np.empty((BATCH_SIZE, RECORD_FLOATS), dtype=np.float32)
+        out = np.empty((BATCH_SIZE, *rows.shape[1:]), dtype=rows.dtype)
 
         def read(indices: np.ndarray) -> np.ndarray:
             store.gather(indices, out)
@@ -333,7 +337,19 @@ def _loaderx(codec: str) -> tuple[Callable, Callable]:
 
         return read, store.close
 
-    return write, open_
+    return open_
+
+
+def _loaderx_from_numpy(codec: str) -> tuple[Callable, Callable]:
+    """The converter's write (chunked appends, schema, durable commit); reads
+    as `_loaderx` does."""
+
+    def write(directory: Path, rows: np.ndarray) -> None:
+        from loaderx import from_numpy
+
+        from_numpy(directory / "store", rows, codec=codec, progress=False)
+
+    return write, _open_loaderx("zstd" if codec == "auto" else codec)  # reads do not depend on the default codec
 
 
 SHARD_COUNT = 64
@@ -540,6 +556,10 @@ def store_contenders() -> list[StoreContender]:
         StoreContender("loaderx raw", ("loaderx",), "-e .", *ours[0]),
         StoreContender("loaderx zstd", ("loaderx",), "-e .", *ours[1]),
         StoreContender("loaderx zstd_dict", ("loaderx",), "-e .", *ours[2]),
+        StoreContender("loaderx zstd_shuffle4", ("loaderx",), "-e .", *_loaderx("zstd_shuffle4")),
+        StoreContender("loaderx from_numpy raw", ("loaderx",), "-e .", *_loaderx_from_numpy("raw")),
+        StoreContender("loaderx from_numpy zstd", ("loaderx",), "-e .", *_loaderx_from_numpy("zstd")),
+        StoreContender("loaderx from_numpy auto", ("loaderx",), "-e .", *_loaderx_from_numpy("auto")),
         StoreContender(f"loaderx raw, {SHARD_COUNT} shards", ("loaderx",), "-e .", *_loaderx_sharded("raw")),
         StoreContender(f"loaderx zstd, {SHARD_COUNT} shards", ("loaderx",), "-e .", *_loaderx_sharded("zstd")),
         StoreContender("npy-mmap", (), "", _write_npy, _open_npy),
@@ -657,11 +677,12 @@ def _store_row(result: StoreResult, source_bytes: int, batch_count: int) -> list
     return [name, write, _mib_per_second(gathered, read), f"{read / batch_count * 1e3:.2f}", on_disk, ratio]
 
 
-def _write_stores(root: Path, rows: np.ndarray, runs: int) -> tuple[list[StoreResult], list[str]]:
-    """Writes every installed contender's store under `root` and reads its
-    files once; returns the results so far and the skipped lines."""
+def _write_stores(root: Path, rows: np.ndarray, runs: int, contenders: list[StoreContender] | None = None) -> tuple[list[StoreResult], list[str]]:
+    """Writes every installed contender's store (all of `store_contenders()`
+    by default) under `root` and reads its files once; returns the results
+    so far and the skipped lines."""
     results, skipped = [], []
-    for number, contender in enumerate(store_contenders()):
+    for number, contender in enumerate(store_contenders() if contenders is None else contenders):
         if _missing(contender.modules) is not None:
             skipped.append(f"skipped: {contender.name} not installed (pip install {contender.install})")
             continue
@@ -717,9 +738,11 @@ def bench_store(quick: bool) -> str:
         cold = [result for result in results if result.contender.name in COLD_CONTENDERS and not result.failure]
         cold_note = _cold_table(cold, rows, batches[:cold_batches], cold_runs)
         table_rows = [_store_row(result, rows.nbytes, batch_count) for result in results]
+        shuffle_notes = _shuffle_ratios(results, "zstd_shuffle4")
+    ceilings, ceiling_note = _ceiling_rows(rows, 4, batch_count, read_runs)
     failures = [f"FAILED: {result.contender.name}: {result.failure}" for result in results if result.failure]
-    table = markdown_table(["store", "write MiB/s", "gather MiB/s", "ms / batch", "on disk", "ratio"], table_rows)
-    notes = "\n".join(skipped + failures + _sharded_ratios(results))
+    table = markdown_table(["store", "write MiB/s", "gather MiB/s", "ms / batch", "on disk", "ratio"], table_rows + ceilings)
+    notes = "\n".join(skipped + failures + _sharded_ratios(results) + shuffle_notes + [ceiling_note])
     return (
         f"### store: {count:,} records of {RECORD_BYTES // 1024} KiB (float32, zstd-compressible ~1.3x), "
         f"{batch_count} random batches of {BATCH_SIZE}, warm page cache\n\n{table}\n\n"
@@ -732,7 +755,137 @@ def bench_store(quick: bool) -> str:
         "fancy indexing (sorted, then reordered), one `get` per record in LMDB, `oindex` in zarr, index "
         "arrays in TensorStore and blosc2, `__getitems__` for ArrayRecord, `getitem` in numpack. "
         "Chunked stores keep one record per chunk; zarr and TensorStore shard them 1000 to a file."
-        f"\n\n{cold_note}"
+        f"\n\n{cold_note}\n\n{_label_table(quick)}"
+    )
+
+
+# -- the compression limit ------------------------------------------------------------
+#
+# What one core of the system libzstd (the library loaderx links) does on the
+# same records, called through ctypes one record at a time in a tight loop,
+# times the cores: no store can compress or decode zstd-3 faster than that.
+
+
+def _libzstd():
+    import ctypes
+    import ctypes.util
+
+    path = os.environ.get("LOADERX_ZSTD") or "/usr/lib/x86_64-linux-gnu/libzstd.so.1"
+    library = ctypes.CDLL(path if os.path.exists(path) else ctypes.util.find_library("zstd"))
+    library.ZSTD_createCCtx.restype = ctypes.c_void_p
+    library.ZSTD_createDCtx.restype = ctypes.c_void_p
+    library.ZSTD_compressBound.restype = ctypes.c_size_t
+    library.ZSTD_compressCCtx.restype = ctypes.c_size_t
+    library.ZSTD_compressCCtx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    library.ZSTD_decompressDCtx.restype = ctypes.c_size_t
+    library.ZSTD_decompressDCtx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
+    library.ZSTD_freeCCtx.argtypes = [ctypes.c_void_p]
+    library.ZSTD_freeDCtx.argtypes = [ctypes.c_void_p]
+    return library
+
+
+def _shuffle_rows(rows: np.ndarray, element_bytes: int) -> np.ndarray:
+    """Each row byte-shuffled by `element_bytes` (what zstd_shuffleN compresses)."""
+    raw = rows.reshape(len(rows), -1).view(np.uint8)
+    return np.ascontiguousarray(raw.reshape(len(rows), -1, element_bytes).transpose(0, 2, 1)).reshape(len(rows), -1)
+
+
+def zstd_single_core(rows: np.ndarray, runs: int) -> tuple[float, float, float]:
+    """Median single-core libzstd level-3 compress and decode seconds over all
+    `rows` (one frame per row), and the compression ratio."""
+    library = _libzstd()
+    raw = np.ascontiguousarray(rows).reshape(len(rows), -1).view(np.uint8)
+    row_bytes = raw.shape[1]
+    bound = library.ZSTD_compressBound(row_bytes)
+    frames = np.empty((len(raw), bound), dtype=np.uint8)
+    sizes = np.empty(len(raw), dtype=np.int64)
+    out = np.empty(row_bytes, dtype=np.uint8)
+    compressor, decompressor = library.ZSTD_createCCtx(), library.ZSTD_createDCtx()
+    source, target, back = raw.ctypes.data, frames.ctypes.data, out.ctypes.data
+    compress_seconds, decode_seconds = [], []
+    for _ in range(runs):
+        start = time.perf_counter()
+        for k in range(len(raw)):
+            sizes[k] = library.ZSTD_compressCCtx(compressor, target + k * bound, bound, source + k * row_bytes, row_bytes, 3)
+        compress_seconds.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        for k in range(len(raw)):
+            if library.ZSTD_decompressDCtx(decompressor, back, row_bytes, target + k * bound, int(sizes[k])) != row_bytes:
+                raise AssertionError("libzstd ceiling: a frame did not decode to its row")
+        decode_seconds.append(time.perf_counter() - start)
+    library.ZSTD_freeCCtx(compressor)
+    library.ZSTD_freeDCtx(decompressor)
+    return statistics.median(compress_seconds), statistics.median(decode_seconds), raw.nbytes / float(sizes.sum())
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _ceiling_rows(rows: np.ndarray, element_bytes: int, batch_count: int, runs: int) -> tuple[list[list[str]], str]:
+    """The compression limit as table rows: single-core libzstd-3 compress
+    (write column) and decode (gather column) times the cores, on the plain
+    and on the shuffled records."""
+    try:
+        measured = {
+            "plain": zstd_single_core(rows, runs),
+            f"shuffled by {element_bytes}": zstd_single_core(_shuffle_rows(rows, element_bytes), runs),
+        }
+    except (OSError, AttributeError) as exc:
+        return [], f"ceiling rows skipped: the system libzstd could not be loaded ({exc})"
+    cores, table_rows = _cores(), []
+    gathered = batch_count * BATCH_SIZE * rows[0].nbytes
+    for name, (compress, decode, ratio) in measured.items():
+        per_batch = decode / cores * gathered / rows.nbytes / batch_count
+        table_rows.append([
+            f"ceiling: libzstd-3 x {cores} cores, {name}", _mib_per_second(rows.nbytes * cores, compress),
+            _mib_per_second(rows.nbytes * cores, decode), f"{per_batch * 1e3:.2f}", "—", f"{ratio:.2f}x",
+        ])
+    note = (f"Ceilings: single-core libzstd level 3 on the same {len(rows):,} records (one frame each, through "
+            f"ctypes, median of {runs}) times {cores} cores; write = compress, gather = decode, ratio = frames only.")
+    return table_rows, note
+
+
+def _shuffle_ratios(results: list[StoreResult], codec: str) -> list[str]:
+    """The shuffled store against plain zstd: gather speed, size and write speed."""
+    by_name = {result.contender.name: result for result in results if not result.failure and result.read_seconds}
+    plain, shuffled = by_name.get("loaderx zstd"), by_name.get(f"loaderx {codec}")
+    if plain is None or shuffled is None:
+        return []
+    gather = statistics.median(plain.read_seconds) / statistics.median(shuffled.read_seconds)
+    size = allocated_bytes(shuffled.directory) / allocated_bytes(plain.directory)
+    write = statistics.median(plain.write_seconds) / statistics.median(shuffled.write_seconds)
+    return [f"loaderx {codec} against loaderx zstd: gather {gather:.2f}x, on-disk size {size:.2f}x, write {write:.2f}x (median runs)."]
+
+
+LABELS_PER_RECORD = RECORD_BYTES // 8
+
+
+def _label_table(quick: bool) -> str:
+    """Plain against shuffled zstd on an integer-label column: int64 class ids
+    (0..999) in records of 12 KiB, as a per-position label column is stored."""
+    count, batch_count = (2000, 8) if quick else (20000, 200)
+    write_runs, read_runs = (1, 1) if quick else (3, 5)
+    labels = np.random.default_rng(5).integers(0, 1000, (count, LABELS_PER_RECORD), dtype=np.int64)
+    batches = np.random.default_rng(1).integers(0, count, (batch_count, BATCH_SIZE))
+    contenders = [
+        StoreContender("loaderx zstd", ("loaderx",), "-e .", *_loaderx("zstd")),
+        StoreContender("loaderx zstd_shuffle8", ("loaderx",), "-e .", *_loaderx("zstd_shuffle8")),
+        StoreContender("loaderx from_numpy auto", ("loaderx",), "-e .", *_loaderx_from_numpy("auto")),
+    ]
+    with tempfile.TemporaryDirectory(prefix="loaderx-bench-labels-") as temporary:
+        results, skipped = _write_stores(Path(temporary), labels, write_runs, contenders)
+        _time_reads(results, labels, batches, read_runs)
+        table_rows = [_store_row(result, labels.nbytes, batch_count) for result in results]
+        ratios = _shuffle_ratios(results, "zstd_shuffle8")
+    ceilings, ceiling_note = _ceiling_rows(labels, 8, batch_count, read_runs)
+    failures = [f"FAILED: {result.contender.name}: {result.failure}" for result in results if result.failure]
+    table = markdown_table(["store", "write MiB/s", "gather MiB/s", "ms / batch", "on disk", "ratio"], table_rows + ceilings)
+    notes = "\n".join(skipped + failures + ratios + [ceiling_note])
+    return (
+        f"### store, integer labels: {count:,} records of {LABELS_PER_RECORD:,} int64 class ids (0..999), "
+        f"{batch_count} random batches of {BATCH_SIZE}, warm page cache\n\n{table}\n\n{notes}\n\n"
+        f"Write: median of {write_runs}; gather: median of {read_runs} interleaved runs, as above."
     )
 
 
@@ -818,6 +971,7 @@ def _write_loader_data(directory: Path, rows: np.ndarray, labels: np.ndarray, co
 
         from_numpy(directory / "x-zstd", rows, codec="zstd", progress=False)
         from_numpy(directory / "x-raw", rows, codec="raw", progress=False)
+        from_numpy(directory / "x-zstd_shuffle4", rows, codec="zstd_shuffle4", progress=False)
         # 8-byte labels gain nothing from a zstd frame each: both loaderx rows store them raw.
         from_numpy(directory / "y", labels, codec="raw", progress=False)
     if "npy" in kinds:
@@ -1003,6 +1157,7 @@ def loader_contenders() -> list[LoaderContender]:
     return [
         LoaderContender("loaderx zstd", ("loaderx.dataloader",), "-e .", "loaderx", _start_loaderx("zstd")),
         LoaderContender("loaderx raw", ("loaderx.dataloader",), "-e .", "loaderx", _start_loaderx("raw")),
+        LoaderContender("loaderx zstd_shuffle4", ("loaderx.dataloader",), "-e .", "loaderx", _start_loaderx("zstd_shuffle4")),
         LoaderContender("bare gather loop, zstd (no DataLoader)", ("loaderx.dataset",), "-e .", "loaderx", _start_bare("zstd")),
         LoaderContender("bare gather loop, raw (no DataLoader)", ("loaderx.dataset",), "-e .", "loaderx", _start_bare("raw")),
         LoaderContender("torch DataLoader, npy-mmap, per-record", ("torch",), "torch==2.13.0", "npy", _start_torch(False)),
@@ -1071,6 +1226,7 @@ def bench_loader(quick: bool) -> str:
                     )
                 except Exception as exc:
                     failures[contender.name] = f"{type(exc).__name__}: {exc}"
+        first_batch = _first_batch_table(directory, 1 if quick else max(5, runs)) if any(c.data == "loaderx" for c in runnable) else ""
     batch_bytes = BATCH_SIZE * (RECORD_BYTES + 8)
     table_rows = []
     for contender in runnable:
@@ -1095,7 +1251,45 @@ def bench_loader(quick: bool) -> str:
         "shuffled IndexSampler) read without replacement and pay their epoch restarts and the "
         "inter-process hand-over. The bare loop is the DataLoader's work without the DataLoader: "
         "what its threads and prefetching cost or win."
+        + (f"\n\n{first_batch}" if first_batch else "")
     )
+
+
+# What a fresh process does before training starts: import loaderx, open the
+# two streams, build the DataLoader and take its first batch (timed apart).
+_FIRST_BATCH_SCRIPT = """
+import sys, time
+started = time.perf_counter()
+from loaderx import DataLoader, DenseDataset
+imported = time.perf_counter()
+directory, codec, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+streams = {"x": DenseDataset(f"{directory}/x-{codec}"), "y": DenseDataset(f"{directory}/y")}
+opened = time.perf_counter()
+loader = DataLoader(streams, num_workers=workers, batch_size=%d, prefetch_size=4, mode=1, seed=42)
+batch = next(loader)
+first = time.perf_counter()
+assert batch["x"].shape == (%d, %d)
+loader.close()
+print(imported - started, opened - imported, first - opened)
+""" % (BATCH_SIZE, BATCH_SIZE, RECORD_FLOATS)
+
+
+def _first_batch_table(directory: Path, runs: int) -> str:
+    """Time to the first batch in a fresh process (median of `runs`), with the
+    import and the opening of the streams timed apart."""
+    rows = []
+    for codec in ("zstd", "zstd_shuffle4", "raw"):
+        samples = []
+        for _ in range(runs):
+            result = subprocess.run([sys.executable, "-c", _FIRST_BATCH_SCRIPT, str(directory), codec, str(LOADER_WORKERS)],
+                                    capture_output=True, text=True, check=True)
+            samples.append([float(value) for value in result.stdout.split()])
+        imported, opened, first = (statistics.median(sample[k] for sample in samples) for k in range(3))
+        rows.append([f"loaderx {codec}", f"{first * 1e3:.1f}", f"{imported * 1e3:.0f}", f"{opened * 1e3:.1f}"])
+    table = markdown_table(["loader", "DataLoader(...) to first batch, ms", "import loaderx, ms", "open streams, ms"], rows)
+    return (f"### loader, time to first batch: a fresh process, median of {runs}\n\n{table}\n\n"
+            "Each run is a new Python process that imports loaderx, opens the two streams and times "
+            "`DataLoader(...)` through `next(loader)` (warm page cache).")
 
 
 # -- registry ---------------------------------------------------------------------

@@ -94,6 +94,8 @@ def build_indexed(path: Path) -> Reference:
     for count in (30, 20, 10):
         ref.step(lambda s, c=count: s.append(*rand_records(rng, [0, 70000] + variable_lengths(lengths, c))))
     ref.step(lambda s: s.append(*rand_records(rng, variable_lengths(lengths, 8), False)))
+    # Byte-shuffled records (odd lengths included) beside the plain ones.
+    ref.step(lambda s: s.append(*rand_records(rng, [3, 70001] + variable_lengths(lengths, 10)), codec="zstd_shuffle4"))
     return ref.finish()
 
 
@@ -109,6 +111,8 @@ def build_dictionary(path: Path) -> Reference:
     for count in (40, 25):
         records = [text(rng.randint(0, 80)) for _ in range(count)]
         ref.step(lambda s, r=records: s.append(*worker.pack(r), codec="zstd_dict"))
+    records = [text(rng.randint(0, 80)) for _ in range(20)]
+    ref.step(lambda s: s.append(*worker.pack(records), codec="zstd_dict_shuffle2"))
     return ref.finish()
 
 
@@ -117,6 +121,7 @@ def build_garbage(path: Path) -> Reference:
     ref, rng, lengths = Reference(path), np.random.default_rng(4), random.Random(4)
     ref.step(lambda s: s.append(*rand_records(rng, variable_lengths(lengths, 40))))
     ref.step(lambda s: s.replace([3, 17, 0, 39, 20], *rand_records(rng, variable_lengths(lengths, 5))))
+    ref.step(lambda s: s.replace([8, 9], *rand_records(rng, variable_lengths(lengths, 2)), codec="zstd_shuffle8"))
     ref.step(lambda s: s.delete([5, 6, 7, 30], keep_order=True))
     ref.step(lambda s: s.delete([0, 2, 33, 35, 35], keep_order=False))
     ref.step(lambda s: s.append(*rand_records(rng, variable_lengths(lengths, 10))))

@@ -402,3 +402,27 @@ def test_dataloader_refuses_to_pickle(streams):
     with DataLoader(streams, batch_size=8) as loader:
         with pytest.raises(TypeError, match="state_dict"):
             pickle.dumps(loader)
+
+
+def test_the_first_batch_is_computed_alone(streams):
+    """Time to first batch: the other workers start prefetching only once the
+    first step is done, so it gets every core instead of sharing them with
+    num_workers - 1 other batches."""
+    lock, active, overlaps = threading.Lock(), [0], []
+
+    def transform(batch):
+        with lock:
+            active[0] += 1
+            first = not overlaps
+            if first:
+                overlaps.append(active[0])
+        time.sleep(0.05 if first else 0.001)  # long enough for idle workers to join in, were they free to
+        with lock:
+            overlaps.append(active[0])
+            active[0] -= 1
+        return batch
+
+    with DataLoader(streams, num_workers=4, batch_size=8, prefetch_size=4, transform=transform) as loader:
+        next(loader)
+        next(loader)
+    assert overlaps[:2] == [1, 1], overlaps

@@ -22,7 +22,9 @@
 //!            Checksums cover 16 KiB blocks of the data file (0.05% overhead);
 //!            the partial last block's checksum sits in the superblock.
 //!   indexed  records of any length and codec; entry i in the index file gives
-//!            offset, lengths, codec and checksum of record i.
+//!            offset, lengths, codec and checksum of record i. The codec byte
+//!            also carries the byte-shuffle filter and its element size (2, 4
+//!            or 8), so records of one store may differ in both.
 //! A store starts empty, becomes fixed if its first append is raw with equal
 //! lengths, and turns indexed (once, by writing an index) when a later write
 //! does not fit the fixed layout.
@@ -66,20 +68,41 @@ pub const zstd_level: c_int = 3;
 pub const zstd_block_bytes_max: u64 = 128 * 1024;
 pub const zstd_expansion_max: u64 = zstd_block_bytes_max / 4;
 
+/// The codec byte of an index entry. The low nibble is the coder (raw, zstd,
+/// zstd with the store's dictionary); the high nibble, when not 0, says the
+/// record was byte-shuffled by 2^nibble-byte elements before compression
+/// (shuffle.zig). The payload is a standard zstd frame either way: any zstd
+/// tool decodes it to the shuffled bytes.
 pub const Codec = enum(u8) {
-    raw = 0,
-    zstd = 1,
-    zstd_dict = 2,
+    raw = 0x00,
+    zstd = 0x01,
+    zstd_dict = 0x02,
+    zstd_shuffle2 = 0x11,
+    zstd_shuffle4 = 0x21,
+    zstd_shuffle8 = 0x31,
+    zstd_dict_shuffle2 = 0x12,
+    zstd_dict_shuffle4 = 0x22,
+    zstd_dict_shuffle8 = 0x32,
 
     pub fn from(value: u64) ?Codec {
-        return switch (value) {
-            0 => .raw,
-            1 => .zstd,
-            2 => .zstd_dict,
-            else => null,
-        };
+        return std.enums.fromInt(Codec, value);
+    }
+
+    /// The element size the record was shuffled by; 1 when it was not.
+    pub fn elementBytes(codec: Codec) u8 {
+        return @as(u8, 1) << @intCast(@intFromEnum(codec) >> 4);
+    }
+
+    pub fn usesDictionary(codec: Codec) bool {
+        return @intFromEnum(codec) & 0x0f == @intFromEnum(Codec.zstd_dict);
     }
 };
+
+comptime {
+    for (std.enums.values(Codec)) |codec| {
+        assert(codec.elementBytes() == 1 or (codec != .raw and codec.elementBytes() <= 8));
+    }
+}
 
 pub const Layout = enum(u32) {
     empty = 0,

@@ -191,7 +191,7 @@ pub fn tryLock(file: File) Error!bool {
 
 // ---- mappings ---------------------------------------------------------------
 
-pub const Advice = enum { random, will_need };
+pub const Advice = enum { random, will_need, huge_pages };
 
 /// Maps `file` read-only, shared, reserving at least `reserve_bytes` of
 /// address space so appends need no remap. The result is at least
@@ -325,6 +325,7 @@ const Os = struct {
         const value: u32 = switch (advice) {
             .random => posix.MADV.RANDOM,
             .will_need => posix.MADV.WILLNEED,
+            .huge_pages => posix.MADV.HUGEPAGE,
         };
         posix.madvise(@constCast(memory.ptr), memory.len, value) catch {};
     }

@@ -141,6 +141,8 @@ const GatherJob = struct {
         if (job.snapshot.layout() == .fixed) return job.runFixed(start, end);
         var decoder: ?*zstd.DCtx = null;
         defer if (decoder) |d| codec.giveDecoder(d);
+        var shuffled: codec.Scratch = .{};
+        defer shuffled.deinit();
         const snapshot = job.snapshot;
         for (start..end) |k| {
             const index = job.indices[k];
@@ -156,7 +158,8 @@ const GatherJob = struct {
             if (record_codec != .raw and decoder == null) {
                 decoder = codec.takeDecoder() catch return job.failure.set(error.OutOfMemory, index, "out of memory for a zstd context");
             }
-            codec.decode(decoder, record_codec, snapshot.dictionary, payload, job.target[at..][0..entry.raw_bytes]) catch |err| switch (err) {
+            codec.decode(decoder, record_codec, snapshot.dictionary, payload, job.target[at..][0..entry.raw_bytes], &shuffled) catch |err| switch (err) {
+                error.OutOfMemory => return job.failure.set(error.OutOfMemory, index, "out of memory for the shuffled copy of the record"),
                 error.Corrupt => return job.failure.set(error.Corrupt, index, "the stored frame does not decode to the record's length (the store is damaged)"),
                 error.NoDictionary => return job.failure.set(error.Corrupt, index, "record needs the store's dictionary, which is missing"),
             };

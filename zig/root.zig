@@ -6,10 +6,12 @@ const std = @import("std");
 const status = @import("status.zig");
 const format = @import("format.zig");
 const store_module = @import("store.zig");
+const encode = @import("encode.zig");
+const workers = @import("workers.zig");
 
 /// Bumped whenever the ABI or the on-disk format changes; `_native.py`
 /// refuses a library whose version differs from the one it was written for.
-pub const abi_version: u32 = 2;
+pub const abi_version: u32 = 3;
 
 export fn lx_version() u32 {
     return abi_version;
@@ -74,7 +76,7 @@ fn slice(comptime T: type, pointer: ?[*]const T, len: u64) []const T {
 
 fn codecFrom(value: u32) status.Error!format.Codec {
     return format.Codec.from(value) orelse
-        status.fail(error.InvalidArgument, "unknown codec {d}: use 0 (raw), 1 (zstd) or 2 (zstd_dict)", .{value});
+        status.fail(error.InvalidArgument, "unknown codec {d}: use 0 (raw), 1 (zstd), 2 (zstd_dict), or one of them byte-shuffled by 2, 4 or 8-byte elements (0x11, 0x21, 0x31 for zstd; 0x12, 0x22, 0x32 for zstd_dict)", .{value});
 }
 
 export fn lx_store_open(path: [*:0]const u8, threads: u32, verify: u32, out: *?*Store) c_int {
@@ -187,6 +189,24 @@ export fn lx_store_verify(store: *Store, start: u64, end: u64, damaged_out: ?[*]
     const capacity = if (end > start) end - start else 0;
     const out: []u64 = if (capacity == 0) &.{} else damaged_out.?[0..capacity];
     damaged_count_out.* = store.verify(start, end, out) catch |err| return result(err);
+    return 0;
+}
+
+/// The stored bytes the `count` records packed in `source` would take with
+/// `codec` (no dictionary codecs), on up to `threads` threads (0: all).
+export fn lx_encoded_bytes(
+    source: ?[*]const u8,
+    source_bytes: u64,
+    offsets: ?[*]const u64,
+    count: u64,
+    codec: u32,
+    threads: u32,
+    stored_bytes_out: *u64,
+) c_int {
+    status.clear();
+    const record_codec = codecFrom(codec) catch |err| return result(err);
+    const thread_count = if (threads == 0) workers.cpuCount() else threads;
+    stored_bytes_out.* = encode.encodedBytes(thread_count, slice(u8, source, source_bytes), slice(u64, offsets, count), record_codec) catch |err| return result(err);
     return 0;
 }
 

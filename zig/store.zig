@@ -438,8 +438,8 @@ pub const Store = struct {
 // ---- batch helpers -------------------------------------------------------------
 
 fn checkCodec(snapshot: *const Snapshot, record_codec: Codec) Error!void {
-    if (record_codec == .zstd_dict and snapshot.dictionary == null) {
-        return status.fail(error.NoDictionary, "codec 'zstd_dict' needs a trained dictionary: call train_dict(samples, sizes, target) first", .{});
+    if (record_codec.usesDictionary() and snapshot.dictionary == null) {
+        return status.fail(error.NoDictionary, "codec '{s}' needs a trained dictionary: call train_dict(samples, sizes, target) first", .{@tagName(record_codec)});
     }
 }
 

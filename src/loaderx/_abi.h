@@ -61,6 +61,10 @@ int lx_store_train_dict(lx_store *store, const uint8_t *samples,
                         uint64_t target_bytes, uint64_t *dict_bytes_out);
 int lx_store_verify(lx_store *store, uint64_t start, uint64_t end,
                     uint64_t *damaged_out, uint64_t *damaged_count_out);
+/* Stored bytes of a batch encoded with `codec` (no dictionary), nothing written. */
+int lx_encoded_bytes(const uint8_t *source, uint64_t source_bytes,
+                     const uint64_t *offsets, uint64_t count, uint32_t codec,
+                     uint32_t threads, uint64_t *stored_bytes_out);
 
 /* ---- zsampler --------------------------------------------------------- */
 

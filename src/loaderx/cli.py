@@ -107,7 +107,8 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("source", metavar="SRC",
                          help="a .npy file, or a .parquet file, a directory of them or a quoted glob ('dir/*.parquet')")
     convert.add_argument("target", metavar="DST")
-    convert.add_argument("--codec", choices=sorted(CODECS), default="zstd", help="record codec (default zstd)")
+    convert.add_argument("--codec", choices=["auto", *sorted(CODECS)], default="auto",
+                         help="record codec (default auto: .npy picks zstd or the byte-shuffled zstd_shuffleN, Parquet zstd)")
     convert.add_argument("--mode", choices=["w", "a", "x"], default="w",
                          help="an existing DST: w replaces it (default), a appends (.npy only), x refuses")
     convert.add_argument("--columns", default=None,
@@ -516,7 +517,8 @@ def _convert_parquet(args: argparse.Namespace) -> int:
     staging = _staging_sibling(target) if replace else target
     try:
         try:
-            rows = from_arrow(staging, args.source, columns=columns, codec=args.codec,
+            codec = "zstd" if args.codec == "auto" else args.codec  # the Arrow converter does not try the shuffle filter
+            rows = from_arrow(staging, args.source, columns=columns, codec=codec,
                               progress=sys.stderr if args.progress else True)
         except TypeError as exc:  # a column type loaderx cannot store
             raise CommandError(f"{exc} (pick the other columns with --columns)") from None

@@ -25,6 +25,7 @@ source create an empty store, and the item shape must match the records.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import itertools
 import math
@@ -33,7 +34,7 @@ import os
 import shutil
 import sys
 import time
-from typing import Any, Callable, Iterable, Literal, TextIO, cast
+from typing import Any, Callable, Iterable, Iterator, Literal, TextIO, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -41,7 +42,7 @@ import numpy.typing as npt
 from ._fs import OS_FS
 from ._native import LIMITS
 from .dataset import Schema, StrPath, read_schema, write_schema
-from .zrecord import CODECS, StoreLockedError, Zrecord, ZrecordError, codec_id
+from .zrecord import CODECS, SHUFFLE_ELEMENT_BYTES, StoreLockedError, Zrecord, ZrecordError, codec_id, encoded_bytes, shuffled_codec
 
 __all__ = ["from_iterator", "from_numpy"]
 
@@ -58,10 +59,16 @@ _RECORD_COST_BYTES = 64
 _SAMPLE_PIECE_BYTES = 128 * 1024
 _SAMPLE_BUDGET_MAX = 32 * MiB
 _SAMPLE_PIECES_MIN = 16
+# codec="auto" tries the shuffle filter on at most this many records, of at
+# most this many bytes in all, and keeps it when the sample shrinks by at
+# least _SHUFFLE_GAIN_MIN (the measurements behind it: README, "Byte shuffle").
+_TRIAL_RECORDS_MAX = 64
+_TRIAL_BYTES_MAX = 4 * MiB
+_SHUFFLE_GAIN_MIN = 0.03
 
 
 def from_numpy(
-    path: StrPath, array: npt.ArrayLike, codec: str | int = "zstd", chunk_bytes: int = CHUNK_BYTES, dict_size: int | None = None,
+    path: StrPath, array: npt.ArrayLike, codec: str | int = "auto", chunk_bytes: int = CHUNK_BYTES, dict_size: int | None = None,
     schema: Schema | dict[str, Any] | None = None, progress: bool | TextIO = True, mode: str = "w",
 ) -> int:
     """Writes one dense record per row of ``array`` (along axis 0) to the store
@@ -75,14 +82,20 @@ def from_numpy(
     A 1-D array becomes scalar records (``item_shape == ()``). ``array`` may
     be a memory-mapped array (or any array-like with ``shape``, ``dtype`` and
     slicing, such as an HDF5 dataset): it is read ``chunk_bytes`` at a time.
-    ``codec`` is ``"zstd"``, ``"raw"`` (dense raw stores cost no per-record
-    metadata) or ``"zstd_dict"``, whose dictionary is trained from a sample of
-    rows before the first write (``dict_size`` bytes, 112 KiB by default; a
-    store keeps its first dictionary for life). ``progress=True`` shows a
+    ``codec`` is ``"auto"`` (the default: ``"zstd"``, or ``"zstd_shuffleN"``
+    for numeric dtypes of N = 2, 4 or 8-byte elements when the byte-shuffle
+    filter shrinks a sample of rows by at least 3%; an existing store's codec
+    when appending), ``"zstd"``, ``"raw"`` (dense raw stores cost no
+    per-record metadata), ``"zstd_dict"``, whose dictionary is trained from a
+    sample of rows before the first write (``dict_size`` bytes, 112 KiB by
+    default; a store keeps its first dictionary for life), or any of
+    ``CODECS`` (``"zstd_shuffle4"``, ``"zstd_dict_shuffle8"``...). ``progress=True`` shows a
     progress bar on a terminal when writing takes more than a second; a text
     stream (``progress=sys.stderr``) gets the bar whether or not it is one.
     """
-    codec = _codec_name(codec)
+    codec = _codec_name(codec, allow_auto=True)
+    if codec == "auto" and isinstance(schema, dict) and "codec" in schema:
+        codec = _codec_name(schema["codec"])  # a schema that names its codec is followed
     mode = _mode(mode)
     chunk_bytes = _positive_int(chunk_bytes, "chunk_bytes")
     dict_size = _dict_size(dict_size, codec)
@@ -92,7 +105,7 @@ def from_numpy(
         raise ValueError("from_numpy writes one record per row along axis 0, so it needs an array of at least one dimension, got a 0-d array")
     dtype = np.dtype(source.dtype)
     _check_dtype(dtype, "array")
-    target = _forced_schema("dense", dtype, shape[1:], codec, schema)
+    target = _forced_schema("dense", dtype, shape[1:], "zstd" if codec == "auto" else codec, schema)
     if target.dtype != dtype and not np.can_cast(dtype, target.dtype, casting="same_kind"):
         raise ValueError(f"cannot convert {dtype} to the schema's {target.dtype} (only same-kind casts, e.g. float64 to float32)")
     if math.prod(target.item_shape) != math.prod(shape[1:]):
@@ -107,9 +120,12 @@ def from_numpy(
             block = block.astype(target.dtype, casting="same_kind")
         return np.ascontiguousarray(block).reshape(end - start, *target.item_shape)
 
+    if codec == "auto":
+        target = dataclasses.replace(target, codec=_auto_codec(path, mode, target, lambda: _dense_trial(rows, row_count, row_bytes)))
     with _Writer(path, target, mode) as writer:
-        if codec == "zstd_dict" and row_count and not writer.store.has_dict():
-            writer.train_dictionary(_dense_samples(rows, row_count, row_bytes, dict_size), dict_size)
+        if _uses_dictionary(target.codec) and row_count and not writer.store.has_dict():
+            samples = _dense_samples(rows, row_count, row_bytes, dict_size)
+            writer.train_dictionary(_shuffled_samples(samples, row_bytes, target.codec), dict_size)
         meter = _Progress(progress, "from_numpy", total_bytes=row_count * row_bytes)
         offsets = np.arange(min(rows_per_chunk, row_count), dtype=np.uint64) * np.uint64(row_bytes)
         for start in range(0, row_count, rows_per_chunk):
@@ -122,7 +138,7 @@ def from_numpy(
 
 
 def from_iterator(
-    path: StrPath, source: Iterable[npt.ArrayLike], codec: str | int = "zstd", chunk_bytes: int = CHUNK_BYTES, dict_size: int | None = None,
+    path: StrPath, source: Iterable[npt.ArrayLike], codec: str | int = "auto", chunk_bytes: int = CHUNK_BYTES, dict_size: int | None = None,
     schema: Schema | dict[str, Any] | None = None, progress: bool | TextIO = True, mode: str = "w",
 ) -> int:
     """Writes one ragged record per item of ``source`` to the store at
@@ -135,9 +151,12 @@ def from_iterator(
     the first record (or from ``schema=``); a record of another dtype or row
     shape raises ``ValueError`` naming it, and nothing of the call is kept.
     ``codec``, ``chunk_bytes``, ``dict_size`` and ``progress`` are as for
-    ``from_numpy`` (the dictionary is trained from the first chunk).
+    ``from_numpy`` (the dictionary is trained from the first chunk; ``"auto"``
+    tries the shuffle filter on the first records, up to 64 or 4 MiB).
     """
-    codec = _codec_name(codec)
+    codec = _codec_name(codec, allow_auto=True)
+    if codec == "auto" and isinstance(schema, dict) and "codec" in schema:
+        codec = _codec_name(schema["codec"])  # a schema that names its codec is followed
     mode = _mode(mode)
     chunk_bytes = _positive_int(chunk_bytes, "chunk_bytes")
     dict_size = _dict_size(dict_size, codec)
@@ -153,15 +172,19 @@ def from_iterator(
             if existing is not None and existing.kind == "ragged" and mode == "a":
                 return 0
             raise ValueError("from_iterator got an empty source, so there is no record to infer the dtype and item shape from: pass schema={'dtype': ..., 'item_shape': ...} to create an empty store")
-        target = _forced_schema("ragged", None, None, codec, schema)
+        target = _forced_schema("ragged", None, None, "zstd" if codec == "auto" else codec, schema)
         forced_dtype = True
     else:
         record = _record_array(first, 0, None)
-        target = _forced_schema("ragged", record.dtype, record.shape[1:], codec, schema)
+        target = _forced_schema("ragged", record.dtype, record.shape[1:], "zstd" if codec == "auto" else codec, schema)
         forced_dtype = isinstance(schema, Schema) or (isinstance(schema, dict) and "dtype" in schema)
     if target.item_bytes == 0:
         raise ValueError(f"rows of shape {target.item_shape} hold no bytes, so a ragged record could not tell its row count: give rows at least one element")
     records_per_chunk = max(1, chunk_bytes // _RECORD_COST_BYTES)
+    head: list[Any] = [] if first is _END else [first]
+    if codec == "auto":
+        head = [_copy_record(item) for item in head] + _peek_records(iterator, head)
+        target = dataclasses.replace(target, codec=_auto_codec(path, mode, target, lambda: _ragged_trial(head, target, forced_dtype)))
 
     with _Writer(path, target, mode) as writer:
         meter = _Progress(progress, "from_iterator", total_records=total)
@@ -170,15 +193,16 @@ def from_iterator(
 
         def write(buffer: npt.NDArray[np.uint8], sizes: list[int]) -> None:
             nonlocal written_bytes
-            if codec == "zstd_dict" and not writer.store.has_dict():
+            if _uses_dictionary(target.codec) and not writer.store.has_dict():
                 ends = np.cumsum(sizes)
-                writer.train_dictionary([buffer[end - size : end] for size, end in zip(sizes, ends.tolist())], dict_size)
+                samples = [buffer[end - size : end] for size, end in zip(sizes, ends.tolist())]
+                writer.train_dictionary(_shuffled_samples(samples, None, target.codec), dict_size)
             sizes_array = np.asarray(sizes, dtype=np.uint64)
             writer.append(buffer, np.cumsum(sizes_array) - sizes_array)
             written_bytes += buffer.size
             meter.update(count, written_bytes)
 
-        for position, item in enumerate(itertools.chain([] if first is _END else [first], iterator)):
+        for position, item in enumerate(itertools.chain(head, iterator)):
             record = _record_array(item, position, target, cast=forced_dtype)
             data = np.ascontiguousarray(record).reshape(-1).view(np.uint8)
             count += 1
@@ -395,8 +419,11 @@ def _mismatch(path: str, existing: Schema, new: Schema) -> str:
 _END = object()
 
 
-def _codec_name(codec: str | int) -> str:
-    """The codec's name (codecs may also be given by id); ValueError if unknown."""
+def _codec_name(codec: str | int, allow_auto: bool = False) -> str:
+    """The codec's name (codecs may also be given by id); ValueError if unknown.
+    ``"auto"`` passes when the converter picks the codec itself."""
+    if allow_auto and codec == "auto":
+        return "auto"
     value = codec_id(codec)
     return next(name for name, number in CODECS.items() if number == value)
 
@@ -420,8 +447,8 @@ def _positive_int(value: Any, name: str) -> int:  # Any: checked here
 def _dict_size(dict_size: int | None, codec: str) -> int:
     if dict_size is None:
         return DICT_BYTES
-    if codec != "zstd_dict":
-        raise ValueError(f"dict_size only applies to codec='zstd_dict', not {codec!r}")
+    if not _uses_dictionary(codec):
+        raise ValueError(f"dict_size only applies to codec='zstd_dict' (or a zstd_dict_shuffle codec), not {codec!r}")
     size = _positive_int(dict_size, "dict_size")
     if not DICT_BYTES_MIN <= size <= DICT_BYTES_MAX:
         raise ValueError(f"dict_size must be {DICT_BYTES_MIN} B to {DICT_BYTES_MAX} B, got {size}")
@@ -493,6 +520,121 @@ def _record_array(item: object, position: int, target: Schema | None, cast: bool
             raise ValueError(f"record {position} has dtype {record.dtype}, but the store's dtype is {target.dtype}")
         record = record.astype(target.dtype, casting="same_kind")
     return record
+
+
+# ---- the codec "auto" picks ----------------------------------------------------------
+
+
+def _uses_dictionary(codec: str) -> bool:
+    return codec.startswith("zstd_dict")
+
+
+def _shuffle_element_bytes(dtype: np.dtype) -> int | None:
+    """The element size the shuffle filter would use for ``dtype``: its item
+    size for numbers (half of it for complex, two floats) when that is 2, 4 or
+    8; None for bytes, strings, structured dtypes and 1-byte numbers."""
+    if dtype.fields is not None or dtype.subdtype is not None or dtype.kind not in "iufcmM":
+        return None
+    element_bytes = dtype.itemsize // 2 if dtype.kind == "c" else dtype.itemsize
+    return element_bytes if element_bytes in SHUFFLE_ELEMENT_BYTES else None
+
+
+def _auto_codec(path: StrPath, mode: str, target: Schema, trial: Callable[[], tuple[np.ndarray, np.ndarray]]) -> str:
+    """The codec ``codec="auto"`` picks: an existing store's own when
+    appending to it; else ``zstd_shuffleN`` when the dtype has N-byte
+    elements and shuffled records of the ``trial`` sample (packed bytes and
+    offsets) take at least ``_SHUFFLE_GAIN_MIN`` less space than plain zstd
+    frames; else ``zstd``."""
+    if mode == "a" and os.path.isdir(os.fspath(path)):
+        existing = read_schema(path)
+        if existing is not None and existing.kind == target.kind:
+            return existing.codec
+    element_bytes = _shuffle_element_bytes(target.dtype)
+    if element_bytes is None:
+        return "zstd"
+    packed, offsets = trial()
+    if packed.size == 0:
+        return "zstd"
+    candidate = shuffled_codec("zstd", element_bytes)
+    plain = encoded_bytes(packed, offsets, "zstd")
+    shuffled = encoded_bytes(packed, offsets, candidate)
+    return candidate if shuffled <= plain * (1 - _SHUFFLE_GAIN_MIN) else "zstd"
+
+
+def _trial_rows(row_count: int, row_bytes: int) -> tuple[int, int]:
+    """How many rows the trial takes, and how many bytes of each."""
+    per_row = min(row_bytes, _TRIAL_BYTES_MAX)
+    return min(row_count, _TRIAL_RECORDS_MAX, max(1, _TRIAL_BYTES_MAX // max(per_row, 1))), per_row
+
+
+def _dense_trial(rows: Callable[[int, int], np.ndarray], row_count: int, row_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows spread evenly over the array (a long row: its first 4 MiB), packed."""
+    count, per_row = _trial_rows(row_count, row_bytes)
+    if count == 0 or per_row == 0:
+        return np.empty(0, dtype=np.uint8), np.zeros(1, dtype=np.uint64)
+    picks = np.unique(np.linspace(0, row_count - 1, count).astype(np.int64))
+    packed = np.concatenate([rows(int(row), int(row) + 1).reshape(-1).view(np.uint8)[:per_row] for row in picks])
+    return packed, np.arange(picks.size, dtype=np.uint64) * np.uint64(per_row)
+
+
+def _peek_records(iterator: Iterator[Any], head: list[Any]) -> list[Any]:
+    """Copies of the next records of ``iterator`` until the trial has enough
+    (copies: a source may refill one buffer for every record)."""
+    taken: list[Any] = []
+    total = sum(_record_bytes(item) for item in head)
+    while len(head) + len(taken) < _TRIAL_RECORDS_MAX and total < _TRIAL_BYTES_MAX:
+        item = next(iterator, _END)
+        if item is _END:
+            break
+        taken.append(_copy_record(item))
+        total += _record_bytes(item)
+    return taken
+
+
+def _copy_record(item: Any) -> Any:
+    """A record that stays as it is when the source refills its buffer."""
+    if isinstance(item, (bytearray, memoryview)):
+        return bytes(item)
+    return np.array(item) if isinstance(item, np.ndarray) else item
+
+
+def _record_bytes(item: Any) -> int:
+    return len(item) if isinstance(item, (bytes, bytearray, memoryview)) else int(np.asarray(item).nbytes)
+
+
+def _ragged_trial(head: list[Any], target: Schema, cast: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The first records of a ragged source, packed (each cut to 4 MiB)."""
+    pieces = [
+        np.ascontiguousarray(_record_array(item, position, target, cast=cast)).reshape(-1).view(np.uint8)[:_TRIAL_BYTES_MAX]
+        for position, item in enumerate(head)
+    ]
+    pieces = [piece for piece in pieces if piece.size]
+    if not pieces:
+        return np.empty(0, dtype=np.uint8), np.zeros(1, dtype=np.uint64)
+    sizes = np.fromiter((piece.size for piece in pieces), dtype=np.uint64, count=len(pieces))
+    return np.concatenate(pieces), np.cumsum(sizes) - sizes
+
+
+def _shuffle_record(record: npt.NDArray[np.uint8], element_bytes: int) -> npt.NDArray[np.uint8]:
+    """``record`` byte-shuffled as zrecord stores it (bytes past the last whole
+    element stay at the end)."""
+    whole = record.size // element_bytes * element_bytes
+    planes = record[:whole].reshape(-1, element_bytes).T.reshape(-1)
+    return np.concatenate([planes, record[whole:]])
+
+
+def _shuffled_samples(samples: list[npt.NDArray[np.uint8]], record_bytes: int | None, codec: str) -> list[npt.NDArray[np.uint8]]:
+    """Dictionary samples as the shuffled codec compresses them: each record
+    shuffled (``record_bytes``: the samples hold whole records of that length;
+    None: each sample is one record)."""
+    if "_shuffle" not in codec:
+        return samples
+    element_bytes = int(codec.rsplit("_shuffle", 1)[1])
+    shuffled = []
+    for sample in samples:
+        records = [sample] if record_bytes is None else np.split(sample, max(1, sample.size // max(record_bytes, 1)))
+        shuffled.append(np.concatenate([_shuffle_record(record, element_bytes) for record in records]))
+    return shuffled
 
 
 # ---- dictionary training ---------------------------------------------------------

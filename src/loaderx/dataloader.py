@@ -213,6 +213,7 @@ class _Pipeline:
         self.outputs: list[Any] = [batches.allocate() for _ in range(capacity)]
         self.next_step = first_step
         self.claimed = first_step
+        self.first_step = first_step
         self.closed = False
         # With processes, each thread hands its batches to its own child.
         self.runners: list[ProcessTransform] = []
@@ -234,7 +235,7 @@ class _Pipeline:
         indices = np.empty(self.batches.schedule.sampler.batch_size, dtype=np.uint64)
         while True:
             with self.lock:
-                while not self.closed and self.claimed >= self.next_step + self.capacity:
+                while not self.closed and (self.claimed >= self.next_step + self.capacity or self._first_in_flight()):
                     self.space.wait()
                 if self.closed:
                     return
@@ -257,7 +258,15 @@ class _Pipeline:
                     return
                 self.slots[step % self.capacity] = entry
                 self.ready.notify()
+                if step == self.first_step:
+                    self.space.notify_all()  # the prefetching may start
             entry = outputs = None
+
+    def _first_in_flight(self) -> bool:
+        """True while the first step is being computed: it runs alone, with all
+        the native threads, so the first batch arrives after one batch's time
+        rather than after ``num_workers`` batches computed side by side."""
+        return self.claimed > self.first_step and self.next_step == self.first_step and self.slots[self.first_step % self.capacity] is None
 
     def take(self) -> tuple[Any, Any]:
         """The next step's batch and its plan, in step order; raises ``_StepFailure``."""

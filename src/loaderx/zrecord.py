@@ -34,6 +34,7 @@ from ._native import (
 __all__ = [
     "CODECS",
     "MAX_RECORD_LEN",
+    "SHUFFLE_ELEMENT_BYTES",
     "ChecksumError",
     "CorruptStoreError",
     "IndexOutOfRangeError",
@@ -49,7 +50,14 @@ __all__ = [
     "ZrecordError",
 ]
 
-CODECS = {"raw": 0, "zstd": 1, "zstd_dict": 2}
+# A codec id's low nibble is the coder, its high nibble n (when not 0) says
+# the record is byte-shuffled by 2^n-byte elements before compression.
+CODECS = {
+    "raw": 0x00, "zstd": 0x01, "zstd_dict": 0x02,
+    "zstd_shuffle2": 0x11, "zstd_shuffle4": 0x21, "zstd_shuffle8": 0x31,
+    "zstd_dict_shuffle2": 0x12, "zstd_dict_shuffle4": 0x22, "zstd_dict_shuffle8": 0x32,
+}
+SHUFFLE_ELEMENT_BYTES = (2, 4, 8)
 MAX_RECORD_LEN = LIMITS["record_bytes_max"]
 _VERIFY_CHUNK = 1 << 20
 
@@ -84,6 +92,28 @@ def codec_id(codec: str | int | np.integer[Any]) -> int:
     if isinstance(codec, (int, np.integer)) and not isinstance(codec, bool) and int(codec) in CODECS.values():
         return int(codec)
     raise InvalidArgumentError(f"unknown codec {codec!r}: use one of {sorted(CODECS)}")
+
+
+def shuffled_codec(codec: str, element_bytes: int) -> str:
+    """The name of ``codec`` ("zstd" or "zstd_dict") with the byte-shuffle
+    filter for ``element_bytes``-byte elements (2, 4 or 8)."""
+    if codec not in ("zstd", "zstd_dict") or element_bytes not in SHUFFLE_ELEMENT_BYTES:
+        raise InvalidArgumentError(
+            f"the shuffle filter applies to 'zstd' and 'zstd_dict' with 2, 4 or 8-byte elements, "
+            f"not {codec!r} with {element_bytes}-byte elements"
+        )
+    return f"{codec}_shuffle{element_bytes}"
+
+
+def encoded_bytes(src: Any, offsets: npt.ArrayLike, codec: str | int) -> int:
+    """The bytes the records packed in ``src`` (as for ``append``) would take
+    in a store with ``codec``, records that a frame does not shrink counted
+    raw; nothing is written. Dictionary codecs need a store and are refused."""
+    source, source_bytes = _read_buffer(src, "src")
+    starts = _offsets(offsets, source_bytes)
+    out = ffi.new("uint64_t *")
+    check(lib.lx_encoded_bytes(ffi.cast("uint8_t *", source), source_bytes, _u64(starts), starts.size, codec_id(codec), 0, out))
+    return int(out[0])
 
 
 def as_indices(idxs: npt.ArrayLike, name: str = "indices") -> npt.NDArray[np.uint64]:

@@ -142,8 +142,10 @@ const Generator = struct {
     }
 
     fn pickCodec(generator: *Generator) Codec {
-        const choice = generator.random.uintLessThan(u8, if (generator.dictionary) 3 else 2);
-        return @enumFromInt(choice);
+        // The dictionary codecs come last: they are picked only once a dictionary exists.
+        const choices = [_]Codec{ .raw, .zstd, .zstd_shuffle2, .zstd_shuffle4, .zstd_shuffle8, .zstd_dict, .zstd_dict_shuffle4 };
+        const choice = generator.random.uintLessThan(u8, if (generator.dictionary) choices.len else 5);
+        return choices[choice];
     }
 
     fn indices(generator: *Generator, count: usize, unique: bool) ![]const u64 {
