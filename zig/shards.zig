@@ -12,6 +12,7 @@ const assert = std.debug.assert;
 const status = @import("status.zig");
 const workers = @import("workers.zig");
 const format = @import("format.zig");
+const ragged = @import("ragged.zig");
 const Store = @import("store.zig").Store;
 const Error = status.Error;
 
@@ -155,17 +156,42 @@ pub const Shards = struct {
             offset.* = if (target_offsets) |offsets| offsets[position] else std.math.mul(u64, position, record_bytes) catch
                 return status.fail(error.BufferTooSmall, "record {d} lands past the end of any destination", .{indices[position]});
         }
+        try run(shards, &plan, target, if (target_offsets == null) record_bytes else null);
+    }
+
+    /// Copies the records of `plan` to `plan.offsets` in `target`. With
+    /// `record_bytes` set, every record must be that long.
+    fn run(shards: *const Shards, plan: *const Plan, target: []u8, record_bytes: ?u64) Error!void {
         var job = GatherJob{
             .shards = shards,
-            .plan = &plan,
+            .plan = plan,
             .target = target,
-            .record_bytes = if (target_offsets == null) record_bytes else null,
-            .piece_records = if (target_offsets == null and record_bytes > 0) @max(1, (store_inline_bytes - 1) / record_bytes) else std.math.maxInt(usize),
+            .record_bytes = record_bytes,
+            .piece_records = if (record_bytes != null and record_bytes.? > 0) @max(1, (store_inline_bytes - 1) / record_bytes.?) else std.math.maxInt(usize),
         };
         // Split by records, not by shards, so every thread gets an even share
         // however the batch falls into shards.
         workers.parallelFor(plan.positions.len, target.len, shards.threads, &job, GatherJob.run);
         try job.failure.check();
+    }
+
+    /// The ragged gather of ragged.zig over shards: records `indices` packed
+    /// from the start of `target`, `offsets` (`indices.len + 1`) their row
+    /// offsets. Returns the bytes the batch needs; if more than
+    /// `target.len`, nothing was read and `offsets` hold byte offsets.
+    pub fn gatherRows(shards: *const Shards, indices: []const u64, row_bytes: u64, target: []u8, offsets: []u64) Error!u64 {
+        status.clear();
+        assert(offsets.len == indices.len + 1);
+        var plan = try Plan.make(shards, indices);
+        defer plan.deinit();
+        try plan.readLengths(shards);
+        for (plan.positions, plan.offsets) |position, length| offsets[position + 1] = length;
+        const total = try ragged.packLengths(indices, offsets, row_bytes);
+        if (total > target.len) return total;
+        for (plan.positions, plan.offsets) |position, *offset| offset.* = offsets[position];
+        try run(shards, &plan, target[0..total], null);
+        ragged.toRows(offsets, row_bytes);
+        return total;
     }
 
     /// The decoded byte length of each global record in `indices`.
@@ -174,15 +200,7 @@ pub const Shards = struct {
         assert(indices.len == out.len);
         var plan = try Plan.make(shards, indices);
         defer plan.deinit();
-        for (plan.groups) |group| {
-            const part = plan.offsets[group.start..group.end];
-            shards.stores[group.shard].lengths(plan.locals[group.start..group.end], part) catch |err| {
-                // The message is copied out before it is rewritten with the shard's number.
-                var failure: Failure = .{};
-                failure.set(err, group.shard);
-                return failure.check();
-            };
-        }
+        try plan.readLengths(shards);
         for (plan.positions, plan.offsets) |position, length| out[position] = length;
     }
 };
@@ -232,6 +250,20 @@ const Plan = struct {
         }
         assert(indices.len == 0 or group + 1 == group_count);
         return plan;
+    }
+
+    /// Fills `offsets` with the decoded length of each sorted record, one
+    /// call of each shard's store.
+    fn readLengths(plan: *const Plan, shards: *const Shards) Error!void {
+        for (plan.groups) |group| {
+            const part = plan.offsets[group.start..group.end];
+            shards.stores[group.shard].lengths(plan.locals[group.start..group.end], part) catch |err| {
+                // The message is copied out before it is rewritten with the shard's number.
+                var failure: Failure = .{};
+                failure.set(err, group.shard);
+                return failure.check();
+            };
+        }
     }
 
     /// The group holding sorted record `record` (< positions.len).

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import cffi
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 _HERE = Path(__file__).resolve().parent
 _REBUILD = (
