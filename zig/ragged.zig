@@ -55,6 +55,10 @@ pub fn gatherStore(store: *Store, indices: []const u64, row_bytes: u64, target: 
     const snapshot = store.snapshots.acquire();
     defer store.snapshots.release();
     try read.checkIndices(snapshot, indices);
+    // A batch's entries are scattered over the table: ask for all of them
+    // before reading any, so their cache misses overlap instead of queueing.
+    const entries = snapshot.entries();
+    if (entries.len > 0) for (indices) |index| @prefetch(&entries[index], .{});
     for (indices, offsets[1..]) |index, *length| length.* = try snapshot.recordLength(index);
     const total = try packLengths(indices, offsets, row_bytes);
     if (total > target.len) return total;
