@@ -27,11 +27,10 @@ pub const shard_count_max: u64 = 1 << 20;
 const store_inline_bytes: u64 = 256 * 1024;
 
 /// Global rows to shards. A row's shard is found in a table of buckets of
-/// 2^k rows, at most one bucket per shard, then by a search among the few
-/// shards that overlap the bucket (one or two when shards are of similar
-/// size): a binary search over all the shards was a chain of dependent
-/// loads, about 25 ns a record with 64 shards, a third of a raw batch's
-/// native overhead.
+/// 2^k rows, at most `buckets_per_shard` buckets per shard, then by a
+/// search among the few shards that overlap the bucket (one or two when
+/// shards are of similar size): a binary search over all the shards was a
+/// chain of dependent loads, about 25 ns a record with 64 shards.
 pub const RowIndex = struct {
     /// `row_starts.len - 1` shards: shard s holds global rows
     /// `row_starts[s]..row_starts[s + 1]`.
@@ -53,8 +52,10 @@ pub const RowIndex = struct {
         assert(row_starts.len >= 2 and row_starts.len <= shard_count_max + 1 and row_starts[0] == 0);
         const shard_count = row_starts.len - 1;
         const total = row_starts[shard_count];
-        // The smallest power of two at or above total / shard_count rows, so
-        // there are at most shard_count buckets.
+        // The smallest power of two at or above total / (buckets_per_shard *
+        // shard_count) rows, so there are at most that many buckets. Four
+        // per shard leave most buckets inside one shard (no search step),
+        // for 16 bytes a shard.
         const bucket_rows_min = @max(1, std.math.divCeil(u64, total, buckets_per_shard * shard_count) catch unreachable);
         const bucket_shift: u6 = @intCast(std.math.log2_int_ceil(u64, bucket_rows_min));
         const bucket_count: usize = if (total == 0) 0 else @intCast(((total - 1) >> bucket_shift) + 1);
