@@ -112,9 +112,9 @@ def bench_ragged(quick: bool) -> str:
         "| codec | dense MiB/s | ragged MiB/s | ragged / dense | ragged / dense (CPU time) | dense ms / batch "
         "| ragged ms / batch |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
         f"Median of {runs} interleaved passes over all batches. Each batch goes into a fresh buffer as in the "
-        "DataLoader: dense, one native gather into a (256, mean) array; ragged, one lengths lookup, one "
-        "native gather with destination offsets into one flat array (the front of a buffer of the largest "
-        "batch so far), and its offsets (a RaggedBatch). "
+        "DataLoader: dense, one native gather into a (256, mean) array; ragged, one native call that looks "
+        "up the lengths, writes the row offsets and gathers into one flat array (the front of a buffer of "
+        "the largest batch so far), and a RaggedBatch of the two. "
         "MiB/s counts the token bytes each batch holds; the CPU-time ratio compares bytes per CPU second "
         "of the process (all threads), which a busy machine disturbs less than wall time."
     )

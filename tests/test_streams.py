@@ -126,3 +126,52 @@ def test_ragged_gather_error_reaches_the_consumer(sources):
     with pytest.raises(RuntimeError, match="reading the batch"):
         next(loader)
     assert loader.closed
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_gather_packed_fills_offsets_and_values_in_one_call(sources, tmp_path, sharded):
+    """gather_packed returns every record's rows back to back with row offsets,
+    into the front of a buffer that fits, or a new array when it does not;
+    a sharded dataset gives the same answer."""
+    from loaderx import shards
+
+    root, tokens, points = sources
+    if sharded:
+        for k, part in enumerate((points[:20], points[20:21], points[21:])):
+            shards.write_shard(tmp_path / "points", k, part, codec="raw")
+        shards.commit(tmp_path / "points")
+    dataset = RaggedDataset(tmp_path / "points" if sharded else root / "points")
+    indices = np.array([7, 5, 60, 7, 0, 33, 20], dtype=np.uint64)
+    expected = [points[i] for i in indices.tolist()]
+    rows = sum(len(record) for record in expected)
+    buffer = np.full(rows * 12 + 5, 0xAB, dtype=np.uint8)
+    for given in (buffer, None, buffer[: rows * 12 - 1]):
+        values, offsets = dataset.gather_packed(indices, given)
+        assert offsets.dtype == np.int64 and offsets.tolist() == np.cumsum([0] + [len(r) for r in expected]).tolist()
+        assert values.shape == (rows, 3) and values.dtype == np.float32
+        np.testing.assert_array_equal(values, np.concatenate(expected))
+        assert np.shares_memory(values, buffer) == (given is buffer)
+    assert (buffer[rows * 12:] == 0xAB).all()  # nothing written past the batch
+    values, offsets = dataset.gather_packed(np.array([], dtype=np.uint64))
+    assert values.shape == (0, 3) and offsets.tolist() == [0]
+    with pytest.raises(IndexError):
+        dataset.gather_packed(np.array([0, LENGTH], dtype=np.uint64))
+    dataset.close()
+
+
+def test_gather_rows_refuses_a_record_of_partial_rows_and_reads_nothing(sources):
+    """The native ragged gather checks every record is whole rows before it
+    copies, and reports the size a too-small target would need."""
+    from loaderx.zrecord import InvalidArgumentError, Zrecord
+
+    root, tokens, _ = sources
+    with Zrecord(root / "tokens") as store:
+        indices = np.array([1, 2], dtype=np.uint64)
+        target = np.zeros(1024, dtype=np.uint8)
+        odd = next(i for i, record in enumerate(tokens) if len(record) % 2)  # 4 * odd bytes: not 8-byte rows
+        with pytest.raises(InvalidArgumentError, match=f"record {odd} .* not a whole number of 8-byte rows"):
+            store.gather_rows(np.array([0, odd], dtype=np.uint64), 8, target)
+        assert not target.any()
+        needed, offsets = store.gather_rows(indices, 4, target[:3])
+        assert needed == 4 * (len(tokens[1]) + len(tokens[2])) and offsets.tolist() == [0, 4 * len(tokens[1]), needed]
+        assert not target.any()

@@ -8,6 +8,7 @@ const format = @import("format.zig");
 const store_module = @import("store.zig");
 const encode = @import("encode.zig");
 const workers = @import("workers.zig");
+const ragged = @import("ragged.zig");
 
 /// Bumped whenever the ABI or the on-disk format changes; `_native.py`
 /// refuses a library whose version differs from the one it was written for.
@@ -130,6 +131,24 @@ export fn lx_store_gather(
     const target_slice: []u8 = if (target_bytes == 0) &.{} else target.?[0..target_bytes];
     const offsets: ?[]const u64 = if (target_offsets) |pointer| pointer[0..count] else null;
     return result(store.gather(slice(u64, indices, count), target_slice, offsets));
+}
+
+/// The ragged gather (zig/ragged.zig): records packed from the start of
+/// `target`, their row offsets (`count + 1`) in `offsets_out`, the bytes the
+/// batch needs in `needed_bytes_out` (more than `target_bytes`: nothing read).
+export fn lx_store_gather_rows(
+    store: *Store,
+    indices: ?[*]const u64,
+    count: u64,
+    row_bytes: u64,
+    target: ?[*]u8,
+    target_bytes: u64,
+    offsets_out: [*]u64,
+    needed_bytes_out: *u64,
+) c_int {
+    const target_slice: []u8 = if (target_bytes == 0) &.{} else target.?[0..target_bytes];
+    needed_bytes_out.* = ragged.gatherStore(store, slice(u64, indices, count), row_bytes, target_slice, offsets_out[0 .. count + 1]) catch |err| return result(err);
+    return 0;
 }
 
 export fn lx_store_lengths(store: *Store, indices: ?[*]const u64, count: u64, out: ?[*]u64) c_int {
@@ -285,6 +304,22 @@ export fn lx_shards_gather(
     return result(shards.gather(slice(u64, indices, count), target_slice, offsets, record_bytes));
 }
 
+/// `lx_store_gather_rows` over the shards.
+export fn lx_shards_gather_rows(
+    shards: *Shards,
+    indices: ?[*]const u64,
+    count: u64,
+    row_bytes: u64,
+    target: ?[*]u8,
+    target_bytes: u64,
+    offsets_out: [*]u64,
+    needed_bytes_out: *u64,
+) c_int {
+    const target_slice: []u8 = if (target_bytes == 0) &.{} else target.?[0..target_bytes];
+    needed_bytes_out.* = shards.gatherRows(slice(u64, indices, count), row_bytes, target_slice, offsets_out[0 .. count + 1]) catch |err| return result(err);
+    return 0;
+}
+
 export fn lx_shards_lengths(shards: *Shards, indices: ?[*]const u64, count: u64, out: ?[*]u64) c_int {
     const out_slice: []u64 = if (count == 0) &.{} else out.?[0..count];
     return result(shards.lengths(slice(u64, indices, count), out_slice));
@@ -292,4 +327,5 @@ export fn lx_shards_lengths(shards: *Shards, indices: ?[*]const u64, count: u64,
 
 test {
     _ = shards_module;
+    _ = ragged;
 }

@@ -12,6 +12,7 @@ const assert = std.debug.assert;
 const status = @import("status.zig");
 const workers = @import("workers.zig");
 const format = @import("format.zig");
+const ragged = @import("ragged.zig");
 const Store = @import("store.zig").Store;
 const Error = status.Error;
 
@@ -25,11 +26,83 @@ pub const shard_count_max: u64 = 1 << 20;
 /// thread does not enter the pool again.
 const store_inline_bytes: u64 = 256 * 1024;
 
-pub const Shards = struct {
-    stores: []*Store,
-    /// `stores.len + 1` entries: shard s holds global rows
+/// Global rows to shards. A row's shard is found in a table of buckets of
+/// 2^k rows, at most `buckets_per_shard` buckets per shard, then by a
+/// search among the few shards that overlap the bucket (one or two when
+/// shards are of similar size): a binary search over all the shards was a
+/// chain of dependent loads, about 25 ns a record with 64 shards.
+pub const RowIndex = struct {
+    /// `row_starts.len - 1` shards: shard s holds global rows
     /// `row_starts[s]..row_starts[s + 1]`.
     row_starts: []u64,
+    /// Entry b is the shard holding row `b << bucket_shift`; the last entry
+    /// is the shard holding the last row.
+    bucket_shards: []u32,
+    bucket_shift: u6,
+
+    const buckets_per_shard = 4;
+
+    comptime {
+        assert(shard_count_max <= std.math.maxInt(u32));
+    }
+
+    /// Indexes `row_starts` (validated by the caller: increasing, from 0,
+    /// at most `shard_count_max + 1` entries); keeps a copy.
+    pub fn init(row_starts: []const u64) Error!RowIndex {
+        assert(row_starts.len >= 2 and row_starts.len <= shard_count_max + 1 and row_starts[0] == 0);
+        const shard_count = row_starts.len - 1;
+        const total = row_starts[shard_count];
+        // The smallest power of two at or above total / (buckets_per_shard *
+        // shard_count) rows, so there are at most that many buckets. Four
+        // per shard leave most buckets inside one shard (no search step),
+        // for 16 bytes a shard.
+        const bucket_rows_min = @max(1, std.math.divCeil(u64, total, buckets_per_shard * shard_count) catch unreachable);
+        const bucket_shift: u6 = @intCast(std.math.log2_int_ceil(u64, bucket_rows_min));
+        const bucket_count: usize = if (total == 0) 0 else @intCast(((total - 1) >> bucket_shift) + 1);
+        assert(bucket_count <= buckets_per_shard * shard_count);
+        const starts_copy = allocator.dupe(u64, row_starts) catch return error.OutOfMemory;
+        errdefer allocator.free(starts_copy);
+        const bucket_shards = allocator.alloc(u32, bucket_count + 1) catch return error.OutOfMemory;
+        var shard: usize = 0;
+        for (bucket_shards, 0..) |*entry, bucket| {
+            const row = if (bucket < bucket_count) @as(u64, bucket) << bucket_shift else total -| 1;
+            while (shard + 1 < shard_count and row_starts[shard + 1] <= row) shard += 1;
+            entry.* = @intCast(shard);
+        }
+        return .{ .row_starts = starts_copy, .bucket_shards = bucket_shards, .bucket_shift = bucket_shift };
+    }
+
+    pub fn deinit(rows: *RowIndex) void {
+        allocator.free(rows.row_starts);
+        allocator.free(rows.bucket_shards);
+    }
+
+    pub fn count(rows: *const RowIndex) u64 {
+        return rows.row_starts[rows.row_starts.len - 1];
+    }
+
+    /// The shard holding global row `index` (< count): the last shard whose
+    /// first row is at or before it, skipping empty shards. It lies between
+    /// the entries of the row's bucket and of the next; the halving step is
+    /// a conditional move, not a branch, since batch indices are random.
+    pub fn shardOf(rows: *const RowIndex, index: u64) usize {
+        assert(index < rows.count());
+        const bucket: usize = @intCast(index >> rows.bucket_shift);
+        var low: usize = rows.bucket_shards[bucket];
+        var length: usize = rows.bucket_shards[bucket + 1] - low + 1;
+        while (length > 1) {
+            const half = length / 2;
+            low += half * @intFromBool(rows.row_starts[low + half] <= index);
+            length -= half;
+        }
+        assert(rows.row_starts[low] <= index and index < rows.row_starts[low + 1]);
+        return low;
+    }
+};
+
+pub const Shards = struct {
+    stores: []*Store,
+    rows: RowIndex,
     threads: u32,
 
     pub fn create(stores: []const *Store, row_starts: []const u64, threads: u32) Error!*Shards {
@@ -49,10 +122,9 @@ pub const Shards = struct {
         errdefer allocator.destroy(shards);
         const stores_copy = allocator.dupe(*Store, stores) catch return error.OutOfMemory;
         errdefer allocator.free(stores_copy);
-        const starts_copy = allocator.dupe(u64, row_starts) catch return error.OutOfMemory;
         shards.* = .{
             .stores = stores_copy,
-            .row_starts = starts_copy,
+            .rows = try RowIndex.init(row_starts),
             .threads = if (threads == 0) workers.cpuCount() else threads,
         };
         return shards;
@@ -60,26 +132,12 @@ pub const Shards = struct {
 
     pub fn destroy(shards: *Shards) void {
         allocator.free(shards.stores);
-        allocator.free(shards.row_starts);
+        shards.rows.deinit();
         allocator.destroy(shards);
     }
 
     pub fn count(shards: *const Shards) u64 {
-        return shards.row_starts[shards.stores.len];
-    }
-
-    /// The shard holding global row `index` (< count): the last shard whose
-    /// first row is at or before it, skipping empty shards.
-    fn shardOf(shards: *const Shards, index: u64) usize {
-        assert(index < shards.count());
-        var low: usize = 0;
-        var high: usize = shards.stores.len;
-        while (high - low > 1) {
-            const middle = low + (high - low) / 2;
-            if (shards.row_starts[middle] <= index) low = middle else high = middle;
-        }
-        assert(shards.row_starts[low] <= index and index < shards.row_starts[low + 1]);
-        return low;
+        return shards.rows.count();
     }
 
     /// Decodes global records `indices` into `target`: record k at byte
@@ -99,17 +157,42 @@ pub const Shards = struct {
             offset.* = if (target_offsets) |offsets| offsets[position] else std.math.mul(u64, position, record_bytes) catch
                 return status.fail(error.BufferTooSmall, "record {d} lands past the end of any destination", .{indices[position]});
         }
+        try run(shards, &plan, target, if (target_offsets == null) record_bytes else null);
+    }
+
+    /// Copies the records of `plan` to `plan.offsets` in `target`. With
+    /// `record_bytes` set, every record must be that long.
+    fn run(shards: *const Shards, plan: *const Plan, target: []u8, record_bytes: ?u64) Error!void {
         var job = GatherJob{
             .shards = shards,
-            .plan = &plan,
+            .plan = plan,
             .target = target,
-            .record_bytes = if (target_offsets == null) record_bytes else null,
-            .piece_records = if (target_offsets == null and record_bytes > 0) @max(1, (store_inline_bytes - 1) / record_bytes) else std.math.maxInt(usize),
+            .record_bytes = record_bytes,
+            .piece_records = if (record_bytes != null and record_bytes.? > 0) @max(1, (store_inline_bytes - 1) / record_bytes.?) else std.math.maxInt(usize),
         };
         // Split by records, not by shards, so every thread gets an even share
         // however the batch falls into shards.
         workers.parallelFor(plan.positions.len, target.len, shards.threads, &job, GatherJob.run);
         try job.failure.check();
+    }
+
+    /// The ragged gather of ragged.zig over shards: records `indices` packed
+    /// from the start of `target`, `offsets` (`indices.len + 1`) their row
+    /// offsets. Returns the bytes the batch needs; if more than
+    /// `target.len`, nothing was read and `offsets` hold byte offsets.
+    pub fn gatherRows(shards: *const Shards, indices: []const u64, row_bytes: u64, target: []u8, offsets: []u64) Error!u64 {
+        status.clear();
+        assert(offsets.len == indices.len + 1);
+        var plan = try Plan.make(shards, indices);
+        defer plan.deinit();
+        try plan.readLengths(shards);
+        for (plan.positions, plan.offsets) |position, length| offsets[position + 1] = length;
+        const total = try ragged.packLengths(indices, offsets, row_bytes);
+        if (total > target.len) return total;
+        for (plan.positions, plan.offsets) |position, *offset| offset.* = offsets[position];
+        try run(shards, &plan, target[0..total], null);
+        ragged.toRows(offsets, row_bytes);
+        return total;
     }
 
     /// The decoded byte length of each global record in `indices`.
@@ -118,15 +201,7 @@ pub const Shards = struct {
         assert(indices.len == out.len);
         var plan = try Plan.make(shards, indices);
         defer plan.deinit();
-        for (plan.groups) |group| {
-            const part = plan.offsets[group.start..group.end];
-            shards.stores[group.shard].lengths(plan.locals[group.start..group.end], part) catch |err| {
-                // The message is copied out before it is rewritten with the shard's number.
-                var failure: Failure = .{};
-                failure.set(err, group.shard);
-                return failure.check();
-            };
-        }
+        try plan.readLengths(shards);
         for (plan.positions, plan.offsets) |position, length| out[position] = length;
     }
 };
@@ -142,49 +217,54 @@ const Plan = struct {
 
     const Group = struct { shard: usize, start: usize, end: usize };
 
-    const Key = struct {
-        shard: u64,
-        position: u64,
-        fn less(_: void, left: Key, right: Key) bool {
-            return left.shard < right.shard or (left.shard == right.shard and left.position < right.position);
-        }
-    };
-
     fn make(shards: *const Shards, indices: []const u64) Error!Plan {
         const total = shards.count();
-        const keys = allocator.alloc(Key, indices.len) catch return error.OutOfMemory;
-        defer allocator.free(keys);
-        for (indices, keys, 0..) |index, *key, position| {
-            if (index >= total) {
-                return status.fail(error.IndexOutOfRange, "index {d} is out of range for a dataset of {d} records", .{ index, total });
-            }
-            key.* = .{ .shard = shards.shardOf(index), .position = position };
-        }
-        // Keys arrive sorted when the batch is sequential; pdq sees that in one pass.
-        std.sort.pdq(Key, keys, {}, Key.less);
         const plan_buffer = allocator.alloc(u64, 3 * indices.len) catch return error.OutOfMemory;
         errdefer allocator.free(plan_buffer);
-        var group_count: usize = 0;
-        for (keys, 0..) |key, i| {
-            if (i == 0 or keys[i - 1].shard != key.shard) group_count += 1;
-        }
-        const groups = allocator.alloc(Group, group_count) catch return error.OutOfMemory;
         var plan = Plan{
             .positions = plan_buffer[0..indices.len],
             .locals = plan_buffer[indices.len .. 2 * indices.len],
             .offsets = plan_buffer[2 * indices.len ..],
-            .groups = groups,
+            .groups = &.{},
         };
+        // `locals` holds each position's shard until the positions are sorted.
+        const shard_of = plan.locals;
+        for (indices, shard_of) |index, *shard| {
+            if (index >= total) {
+                return status.fail(error.IndexOutOfRange, "index {d} is out of range for a dataset of {d} records", .{ index, total });
+            }
+            shard.* = shards.rows.shardOf(index);
+        }
+        sortByShard(shard_of, plan.positions, plan.offsets, shards.stores.len);
+        var group_count: usize = 0;
+        for (plan.positions, plan.offsets, 0..) |position, *shard, i| {
+            shard.* = shard_of[position];
+            if (i == 0 or plan.offsets[i - 1] != shard.*) group_count += 1;
+        }
+        plan.groups = allocator.alloc(Group, group_count) catch return error.OutOfMemory;
         var group: usize = 0;
-        for (keys, 0..) |key, i| {
-            plan.positions[i] = key.position;
-            plan.locals[i] = indices[key.position] - shards.row_starts[key.shard];
-            if (i > 0 and keys[i - 1].shard != key.shard) group += 1;
-            if (i == 0 or keys[i - 1].shard != key.shard) groups[group] = .{ .shard = key.shard, .start = i, .end = i };
-            groups[group].end = i + 1;
+        for (plan.positions, plan.offsets, plan.locals, 0..) |position, shard, *local, i| {
+            if (i > 0 and plan.offsets[i - 1] != shard) group += 1;
+            if (i == 0 or plan.offsets[i - 1] != shard) plan.groups[group] = .{ .shard = shard, .start = i, .end = i };
+            plan.groups[group].end = i + 1;
+            local.* = indices[position] - shards.rows.row_starts[shard];
         }
         assert(indices.len == 0 or group + 1 == group_count);
         return plan;
+    }
+
+    /// Fills `offsets` with the decoded length of each sorted record, one
+    /// call of each shard's store.
+    fn readLengths(plan: *const Plan, shards: *const Shards) Error!void {
+        for (plan.groups) |group| {
+            const part = plan.offsets[group.start..group.end];
+            shards.stores[group.shard].lengths(plan.locals[group.start..group.end], part) catch |err| {
+                // The message is copied out before it is rewritten with the shard's number.
+                var failure: Failure = .{};
+                failure.set(err, group.shard);
+                return failure.check();
+            };
+        }
     }
 
     /// The group holding sorted record `record` (< positions.len).
@@ -205,6 +285,33 @@ const Plan = struct {
         allocator.free(plan.groups);
     }
 };
+
+/// Fills `order` with the positions 0..n sorted by `shard_of[position]`,
+/// keeping positions in order within a shard: a least-significant-digit
+/// radix sort on 8-bit digits, one pass per digit of the largest shard
+/// number (one pass up to 256 shards, three at `shard_count_max`). A
+/// comparison sort of a 256-record batch cost more than the copies of a raw
+/// gather's 64 shard runs. `spare` is scratch of the same length.
+fn sortByShard(shard_of: []const u64, order: []u64, spare: []u64, shard_count: usize) void {
+    assert(order.len == shard_of.len and spare.len == shard_of.len);
+    assert(shard_count >= 1 and shard_count <= shard_count_max);
+    for (order, 0..) |*position, i| position.* = i;
+    var source = order;
+    var target = spare;
+    var shift: u6 = 0;
+    while ((shard_count - 1) >> shift != 0) : (shift += 8) {
+        var starts = [_]u64{0} ** 257;
+        for (source) |position| starts[((shard_of[position] >> shift) & 0xff) + 1] += 1;
+        for (1..starts.len) |digit| starts[digit] += starts[digit - 1];
+        for (source) |position| {
+            const digit = (shard_of[position] >> shift) & 0xff;
+            target[starts[digit]] = position;
+            starts[digit] += 1;
+        }
+        std.mem.swap([]u64, &source, &target);
+    }
+    if (source.ptr != order.ptr) @memcpy(order, source);
+}
 
 /// The first failing shard of a gather, with the message its thread recorded
 /// (messages are per thread, so it is copied before the task ends).
@@ -288,17 +395,43 @@ fn checkLengths(store: *Store, locals: []const u64, record_bytes: u64) Error!voi
 }
 
 test "shardOf finds the shard of every row, skipping empty shards" {
-    var stores: [4]*Store = undefined;
-    var row_starts = [_]u64{ 0, 3, 3, 7, 8 };
-    const shards = Shards{ .stores = &stores, .row_starts = &row_starts, .threads = 1 };
+    var rows = try RowIndex.init(&.{ 0, 3, 3, 7, 8 });
+    defer rows.deinit();
     const expected = [_]usize{ 0, 0, 0, 2, 2, 2, 2, 3 };
-    for (expected, 0..) |shard, index| try std.testing.expectEqual(shard, shards.shardOf(index));
+    for (expected, 0..) |shard, index| try std.testing.expectEqual(shard, rows.shardOf(index));
+}
+
+test "shardOf agrees with a linear scan on even, skewed and empty shards" {
+    var prng = std.Random.DefaultPrng.init(11);
+    const random = prng.random();
+    var row_starts: [201]u64 = undefined;
+    for (0..100) |_| {
+        const shard_count = 1 + random.uintLessThan(usize, 200);
+        row_starts[0] = 0;
+        for (1..shard_count + 1) |shard| {
+            // Mostly even shards, some empty, a few up to a hundred times larger.
+            const size: u64 = switch (random.uintLessThan(u8, 8)) {
+                0 => 0,
+                1 => 100 * (1 + random.uintLessThan(u64, 20)),
+                else => 1 + random.uintLessThan(u64, 50),
+            };
+            row_starts[shard] = row_starts[shard - 1] + size;
+        }
+        var rows = try RowIndex.init(row_starts[0 .. shard_count + 1]);
+        defer rows.deinit();
+        try std.testing.expect(rows.bucket_shards.len <= RowIndex.buckets_per_shard * shard_count + 1);
+        var expected: usize = 0;
+        for (0..rows.count()) |index| {
+            while (row_starts[expected + 1] <= index) expected += 1;
+            try std.testing.expectEqual(expected, rows.shardOf(index));
+        }
+    }
 }
 
 test "a plan groups a batch by shard and keeps the caller's positions" {
     var stores: [3]*Store = undefined;
-    var row_starts = [_]u64{ 0, 2, 5, 9 };
-    const shards = Shards{ .stores = &stores, .row_starts = &row_starts, .threads = 1 };
+    const shards = Shards{ .stores = &stores, .rows = try RowIndex.init(&.{ 0, 2, 5, 9 }), .threads = 1 };
+    defer @constCast(&shards.rows).deinit();
     var plan = try Plan.make(&shards, &.{ 8, 0, 4, 1, 5 });
     defer plan.deinit();
     try std.testing.expectEqualSlices(u64, &.{ 1, 3, 2, 0, 4 }, plan.positions);
@@ -307,4 +440,25 @@ test "a plan groups a batch by shard and keeps the caller's positions" {
     try std.testing.expectEqual(@as(usize, 3), plan.groups[2].start);
     for ([_]usize{ 0, 0, 1, 2, 2 }, 0..) |group, record| try std.testing.expectEqual(group, plan.groupAt(record));
     try std.testing.expectError(error.IndexOutOfRange, Plan.make(&shards, &.{9}));
+}
+
+test "sortByShard groups positions by shard and keeps their order within a shard, over one to three digit passes" {
+    var prng = std.Random.DefaultPrng.init(7);
+    const random = prng.random();
+    for ([_]usize{ 1, 2, 64, 300, 70_000, shard_count_max }) |shard_count| {
+        var shard_of: [500]u64 = undefined;
+        for (&shard_of) |*shard| shard.* = random.uintLessThan(u64, shard_count);
+        var order: [500]u64 = undefined;
+        var spare: [500]u64 = undefined;
+        sortByShard(&shard_of, &order, &spare, shard_count);
+        var seen = [_]bool{false} ** 500;
+        for (order, 0..) |position, i| {
+            try std.testing.expect(!seen[position]);
+            seen[position] = true;
+            if (i == 0) continue;
+            const previous = order[i - 1];
+            try std.testing.expect(shard_of[previous] < shard_of[position] or
+                (shard_of[previous] == shard_of[position] and previous < position));
+        }
+    }
 }

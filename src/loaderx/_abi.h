@@ -47,6 +47,13 @@ int lx_store_append(lx_store *store, const uint8_t *source, uint64_t source_byte
 int lx_store_gather(lx_store *store, const uint64_t *indices, uint64_t count,
                     uint8_t *target, uint64_t target_bytes,
                     const uint64_t *target_offsets /* NULL: k * length */);
+/* The ragged gather: records packed from the start of target, their row
+ * offsets (count + 1, rows of row_bytes) in offsets_out, the bytes the batch
+ * needs in needed_bytes_out; if that is more than target_bytes nothing was
+ * read (offsets_out then holds byte offsets): retry with a larger target. */
+int lx_store_gather_rows(lx_store *store, const uint64_t *indices, uint64_t count,
+                         uint64_t row_bytes, uint8_t *target, uint64_t target_bytes,
+                         uint64_t *offsets_out, uint64_t *needed_bytes_out);
 int lx_store_lengths(lx_store *store, const uint64_t *indices, uint64_t count,
                      uint64_t *out);
 int lx_store_delete(lx_store *store, const uint64_t *indices, uint64_t count,
@@ -96,5 +103,8 @@ int lx_shards_gather(lx_shards *shards, const uint64_t *indices, uint64_t count,
                      uint8_t *target, uint64_t target_bytes,
                      const uint64_t *target_offsets /* NULL: k * record_bytes */,
                      uint64_t record_bytes);
+int lx_shards_gather_rows(lx_shards *shards, const uint64_t *indices, uint64_t count,
+                          uint64_t row_bytes, uint8_t *target, uint64_t target_bytes,
+                          uint64_t *offsets_out, uint64_t *needed_bytes_out);
 int lx_shards_lengths(lx_shards *shards, const uint64_t *indices, uint64_t count,
                       uint64_t *out);

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._fs import write_file_atomic
-from .zrecord import CODECS, IndexOutOfRangeError, Zrecord
+from .zrecord import CODECS, IndexOutOfRangeError, Zrecord, ZrecordError
 
 if TYPE_CHECKING:
     from .shards import ShardedStore
@@ -45,6 +45,9 @@ FORMAT_NAME = "loaderx"
 FORMAT_VERSION = 1
 KINDS = ("dense", "ragged")
 _SCHEMA_BYTES_MAX = 1 << 20
+# Native ragged gathers of one batch before giving up on a store whose
+# records keep growing under it (see RaggedDataset.gather_packed).
+_GATHER_ATTEMPTS = 4
 
 
 # ---- schema ---------------------------------------------------------------
@@ -415,14 +418,35 @@ class RaggedDataset(_Dataset):
         return rows
 
     def _gather(self, indices: npt.NDArray[np.uint64]) -> list[npt.NDArray[Any]]:
-        rows = self._row_counts(indices)
-        item_size = math.prod(self.item_shape)
-        ends = np.cumsum(rows * item_size)
-        starts = ends - rows * item_size
-        flat = np.empty(int(ends[-1]) if ends.size else 0, dtype=self.dtype)
-        if indices.size and flat.nbytes:
-            self._store.gather(indices, flat, (starts * self.dtype.itemsize).astype(np.uint64))
-        return [flat[start:end].reshape(count, *self.item_shape) for start, end, count in zip(starts.tolist(), ends.tolist(), rows.tolist())]
+        values, offsets = self.gather_packed(indices)
+        bounds = offsets.tolist()
+        return [values[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
+
+    def gather_packed(
+        self, indices: npt.NDArray[np.uint64], buffer: npt.NDArray[np.uint8] | None = None,
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
+        """Records ``indices`` (a contiguous uint64 array, in range) back to
+        back: ``values`` ``(total_rows, *item_shape)`` and int64 row
+        ``offsets`` (``n + 1``, record i is ``values[offsets[i]:offsets[i + 1]]``),
+        from one native call (lengths, offsets and copy together). ``values``
+        is the front of ``buffer`` (uint8) when the batch fits, else of a new
+        array of exactly its size."""
+        indices = np.ascontiguousarray(indices, dtype=np.uint64)
+        capacity = 0 if buffer is None else buffer.nbytes
+        needed, offsets = self._store.gather_rows(indices, self._item_bytes, buffer)
+        # The lengths may grow between two calls only if another thread
+        # refreshes the store meanwhile: a few attempts, then give up.
+        for _ in range(_GATHER_ATTEMPTS):
+            if needed <= capacity:
+                break
+            buffer = np.empty(needed, dtype=np.uint8)
+            capacity = needed
+            needed, offsets = self._store.gather_rows(indices, self._item_bytes, buffer)
+        else:
+            raise ZrecordError(f"'{self.path}': the records kept growing while they were gathered; try again")
+        assert buffer is not None or needed == 0
+        front = buffer[:needed] if buffer is not None else np.empty(0, dtype=np.uint8)
+        return front.view(self.dtype).reshape(int(offsets[-1]), *self.item_shape), offsets
 
     @overload
     def __getitem__(self, key: int | np.integer[Any]) -> npt.NDArray[Any]: ...

@@ -471,6 +471,12 @@ class ShardedStore(NativeHandle):
         """The decoded byte length of each global record in ``idxs``."""
         return self._lengths_with(lib.lx_shards_lengths, idxs)
 
+    def gather_rows(
+        self, indices: npt.NDArray[np.uint64], row_bytes: int, target: npt.NDArray[np.uint8] | None,
+    ) -> tuple[int, npt.NDArray[np.int64]]:
+        """``Zrecord.gather_rows`` over global records, one native call."""
+        return self._gather_rows_with(lib.lx_shards_gather_rows, indices, row_bytes, target)
+
     def stats(self) -> dict[str, Any]:
         """The shards' stats added up; ``layout`` is ``fixed`` only when every
         non-empty shard is fixed with one record size."""

@@ -3,9 +3,9 @@
 A dense stream's batch is one array ``(n, *item_shape)`` filled by one native
 gather into a buffer the consumer allocated. A ragged stream's batch is a
 ``RaggedBatch``: the n records back to back in one flat array plus offsets,
-filled by one lengths lookup (the store's table, no data read) and one
-native gather with destination offsets, into the front of a buffer the
-consumer allocated when it fits (see ``RaggedReader.allocate``). Flat plus offsets, not padded: the
+filled by one native call that looks up the lengths, writes the offsets
+and gathers, into the front of a buffer the consumer allocated when it fits
+(see ``RaggedReader.allocate``). Flat plus offsets, not padded: the
 gather writes exactly the records' bytes, nothing is zero-filled, and
 ``RaggedBatch.padded()`` pads on request.
 """
@@ -101,12 +101,6 @@ class RaggedReader:
 
     def __init__(self, dataset: RaggedDataset):
         self.dataset = dataset
-        self.row_bytes = dataset.schema.item_bytes
-        # Rows of a power-of-two size (every plain token dtype) divide by a
-        # shift and check by a mask: the generic divmod costs more than the
-        # native lengths lookup itself.
-        power_of_two = self.row_bytes > 0 and self.row_bytes & (self.row_bytes - 1) == 0
-        self.row_shift = self.row_bytes.bit_length() - 1 if power_of_two else None
         self.capacity = 0
 
     def allocate(self) -> np.ndarray | None:
@@ -118,30 +112,11 @@ class RaggedReader:
         return np.empty(self.capacity, dtype=np.uint8) if self.capacity else None
 
     def read(self, indices: np.ndarray, out: np.ndarray | None = None) -> RaggedBatch:
-        dataset = self.dataset
-        # Record lengths are far below 2^63: the int64 view is exact, and the
-        # byte offsets are handed to the gather as a uint64 view, uncopied.
-        byte_lengths = dataset.store.lengths(indices).view(np.int64)
-        byte_offsets = np.empty(indices.size + 1, dtype=np.int64)
-        byte_offsets[0] = 0
-        np.cumsum(byte_lengths, out=byte_offsets[1:])
-        if self.row_shift is None or (byte_lengths & (self.row_bytes - 1)).any():
-            offsets = np.zeros(indices.size + 1, dtype=np.int64)
-            np.cumsum(dataset._row_counts(indices), out=offsets[1:])  # raises for a record of partial rows
-        else:
-            offsets = byte_offsets >> self.row_shift if self.row_shift else byte_offsets
-        values = self._values(int(offsets[-1]), out)
-        if values.nbytes:
-            dataset.store.gather(indices, values, byte_offsets[:-1].view(np.uint64))
-        return RaggedBatch._trusted(values, offsets)
-
-    def _values(self, rows: int, out: np.ndarray | None) -> np.ndarray:
-        dataset = self.dataset
-        size = rows * self.row_bytes
-        if out is None or out.nbytes < size:
+        values, offsets = self.dataset.gather_packed(indices, out)
+        if out is None or values.nbytes > out.nbytes:
+            size = values.nbytes
             self.capacity = max(self.capacity, size + size // 4)  # a benign race: any thread's bump will do
-            return np.empty((rows, *dataset.item_shape), dtype=dataset.dtype)
-        return out[:size].view(dataset.dtype).reshape(rows, *dataset.item_shape)
+        return RaggedBatch._trusted(values, offsets)
 
 
 def reader_for(dataset: DenseDataset | RaggedDataset, batch_size: int) -> DenseReader | RaggedReader:

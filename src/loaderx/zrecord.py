@@ -283,6 +283,29 @@ class NativeHandle:
         check(status)
         return out
 
+    def _gather_rows_with(
+        self, function: Callable[..., int], indices: npt.NDArray[np.uint64], row_bytes: int,
+        target: npt.NDArray[np.uint8] | None,
+    ) -> tuple[int, npt.NDArray[np.int64]]:
+        """One native ragged gather (zig/ragged.zig) of checked uint64
+        ``indices``: the bytes the batch needs and the records' row offsets
+        (``indices.size + 1``), packed from the start of ``target``. If the
+        bytes exceed ``target`` (or it is None), nothing was read and the
+        offsets are in bytes: call again with a larger target."""
+        offsets = np.empty(indices.size + 1, dtype=np.int64)
+        needed = ffi.new("uint64_t *")
+        pointer = ffi.NULL if target is None else ffi.cast("uint8_t *", ffi.from_buffer(target))
+        handle = self._enter()
+        try:
+            status = function(handle, _u64(indices), indices.size, row_bytes, pointer,
+                              0 if target is None else target.nbytes,
+                              ffi.cast("uint64_t *", ffi.from_buffer(offsets)), needed)
+        finally:
+            self._leave()
+        if status:
+            check(status)
+        return int(needed[0]), offsets
+
     def close(self) -> None:
         """Closes the handle (idempotent); waits for calls in flight on other threads."""
         with self._state:
@@ -408,6 +431,16 @@ class Zrecord(NativeHandle):
     def lengths(self, idxs: npt.ArrayLike) -> npt.NDArray[np.uint64]:
         """The raw (decoded) byte length of each record in ``idxs``."""
         return self._lengths_with(lib.lx_store_lengths, idxs)
+
+    def gather_rows(
+        self, indices: npt.NDArray[np.uint64], row_bytes: int, target: npt.NDArray[np.uint8] | None,
+    ) -> tuple[int, npt.NDArray[np.int64]]:
+        """Records ``indices`` (a contiguous uint64 array) packed from the start
+        of ``target`` in one native call; returns the bytes they need and their
+        offsets in ``row_bytes``-byte rows (``len + 1``). If the bytes exceed
+        ``target`` nothing was read and the offsets are in bytes; a record
+        that is not whole rows raises ``InvalidArgumentError``."""
+        return self._gather_rows_with(lib.lx_store_gather_rows, indices, row_bytes, target)
 
     def read(self, idx: int) -> bytes:
         """One record as bytes (a convenience over ``gather``)."""
