@@ -19,6 +19,7 @@ const status = @import("status.zig");
 const io = @import("io.zig");
 const superblock_file = @import("superblock.zig");
 const snapshot_module = @import("snapshot.zig");
+const journal = @import("journal.zig");
 const Store = @import("store.zig").Store;
 
 const assert = std.debug.assert;
@@ -39,6 +40,25 @@ pub const Writer = struct {
     /// Set when a replaced file could not be deleted: the next write
     /// recovers again, so orphans do not outlive the writer.
     stale: bool = false,
+    /// The journal of in-place replaces, once the superblock names one.
+    journal: ?journal.Handle = null,
+    /// Read-write handles of the data and sums files replaces write into,
+    /// and the files they are.
+    target: ?journal.Target = null,
+    target_ids: [2]u64 = .{ 0, 0 },
+
+    pub fn close(writer: *Writer) void {
+        if (writer.journal) |*handle| handle.close();
+        if (writer.target) |target| journal.closeTarget(target);
+        io.closeFile(writer.superblock);
+        io.closeFile(writer.lock); // Closing the descriptor releases the flock.
+    }
+
+    /// Records replayed or written since the superblock's checkpoint.
+    pub fn journalPending(writer: *const Writer, superblock: *const Superblock) bool {
+        const handle = writer.journal orelse return false;
+        return handle.last_sequence > superblock.journal_sequence;
+    }
 };
 
 /// Takes the writer lock on first use, then discards what a crashed writer
@@ -68,8 +88,50 @@ pub fn begin(store: *Store) Error!void {
     // leave `store.writer` half set.
     const slots = try readSlots(file);
     store.writer = .{ .lock = lock, .superblock = file, .slots = slots };
-    errdefer store.writer = null;
+    errdefer {
+        if (store.writer.?.journal) |*handle| handle.close();
+        store.writer = null;
+    }
     try recover(store);
+    try recoverJournal(store);
+}
+
+/// Replays the journal records a crashed writer left after the checkpoint
+/// and checkpoints them, so this writer starts from a superblock that
+/// covers every committed replace.
+fn recoverJournal(store: *Store) Error!void {
+    const superblock = store.head().superblock;
+    if (superblock.journal_file == 0) return;
+    var handle = try journal.open(store.dir, &superblock);
+    errdefer handle.close();
+    const replayed = try journal.settle(store.dir, &handle, &superblock);
+    store.writer.?.journal = handle;
+    if (replayed.records > 0) {
+        store.head().superblock.tail_checksum = replayed.tail_checksum;
+        var next = superblock;
+        next.tail_checksum = replayed.tail_checksum;
+        return commit(store, next);
+    }
+    if (try io.length(handle.file) > format.journal_page_bytes) try io.setLength(handle.file, format.journal_page_bytes);
+}
+
+/// The data and sums files of the current fixed generation, open for
+/// in-place writes; reopened when a commit names other files.
+pub fn replaceTarget(store: *Store) Error!journal.Target {
+    const writer = &store.writer.?;
+    const superblock = store.head().superblock;
+    if (writer.target) |*target| {
+        if (writer.target_ids[0] == superblock.data_file and writer.target_ids[1] == superblock.sums_file) {
+            target.data_bytes = superblock.data_bytes;
+            target.stride = superblock.record_bytes;
+            return target.*;
+        }
+        journal.closeTarget(target.*);
+        writer.target = null;
+    }
+    writer.target = try journal.openTarget(store.dir, &superblock);
+    writer.target_ids = .{ superblock.data_file, superblock.sums_file };
+    return writer.target.?;
 }
 
 fn readSlots(file: io.File) Error![2]Superblock {
@@ -94,6 +156,8 @@ fn recover(store: *Store) Error!void {
         .{ .kind = .index, .id = superblock.index_file, .bytes = superblock.record_count * @sizeOf(Entry) },
         .{ .kind = .sums, .id = superblock.sums_file, .bytes = (superblock.data_bytes / block_bytes) * 8 },
         .{ .kind = .dict, .id = superblock.dict_file, .bytes = superblock.dict_bytes },
+        // Journal records past the checkpoint are replayed, not cut.
+        .{ .kind = .journal, .id = superblock.journal_file, .bytes = std.math.maxInt(u64) },
     };
     var orphans: std.ArrayList([]u8) = .empty;
     defer {
@@ -116,7 +180,7 @@ fn recover(store: *Store) Error!void {
         };
     }
     for (keep) |file| {
-        if (file.id == 0) continue;
+        if (file.id == 0 or file.kind == .journal) continue;
         const handle = try openFile(store, file.kind, file.id);
         defer io.closeFile(handle);
         // Committed lengths of a file only grow, so cutting past the
@@ -136,6 +200,7 @@ pub fn commit(store: *Store, next_in: Superblock) Error!void {
     const previous = store.head();
     var next = next_in;
     next.generation = previous.superblock.generation + 1;
+    try checkpointJournal(store, previous, &next);
     next.seal();
     assert(next.invalidReason() == null);
     const snapshot = try Snapshot.build(store.dir, next, previous, try store.loadDictionary(next));
@@ -148,6 +213,30 @@ pub fn commit(store: *Store, next_in: Superblock) Error!void {
     writer.slots[slot] = next;
     store.fell_back = false;
     store.snapshots.publish(snapshot);
+    if (writer.journal) |*handle| {
+        // The new superblock covers every record: the journal starts over.
+        // Cutting it needs no sync: a record that survives a power loss is
+        // at or below the checkpoint, and replay stops at it.
+        if (handle.end > format.journal_page_bytes) {
+            handle.end = format.journal_page_bytes;
+            io.setLength(handle.file, format.journal_page_bytes) catch {
+                writer.stale = true;
+            };
+        }
+    }
+}
+
+/// Every commit is a journal checkpoint: the bytes replaces wrote in place
+/// into files the next superblock still names are synced before it, and it
+/// records the last sequence they cover.
+fn checkpointJournal(store: *Store, previous: *const Snapshot, next: *Superblock) Error!void {
+    const writer = &store.writer.?;
+    const handle = writer.journal orelse return;
+    if (writer.journalPending(&previous.superblock)) {
+        if (previous.data) |data| if (next.data_file == previous.superblock.data_file) try syncFile(store, data.file);
+        if (previous.sums) |sums| if (next.sums_file == previous.superblock.sums_file) try syncFile(store, sums.file);
+    }
+    next.journal_sequence = handle.last_sequence;
 }
 
 /// Deletes files the current superblock no longer names. Only called after

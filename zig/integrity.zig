@@ -16,7 +16,7 @@ fn blockSound(snapshot: *const Snapshot, block: u64) bool {
     const data = snapshot.dataBytes();
     const start = block * block_bytes;
     const end = @min(start + block_bytes, data.len);
-    const expected = if (block < data.len / block_bytes) snapshot.blockSums()[block] else snapshot.superblock.tail_checksum;
+    const expected = if (block < data.len / block_bytes) snapshot.blockSums()[block] else snapshot.tailChecksum();
     return format.blockChecksum(block, data[start..end]) == expected;
 }
 

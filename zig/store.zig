@@ -34,6 +34,7 @@ const indexed = @import("indexed.zig");
 const encode = @import("encode.zig");
 const plans = @import("plans.zig");
 const workers = @import("workers.zig");
+const journal = @import("journal.zig");
 
 const assert = std.debug.assert;
 const allocator = std.heap.c_allocator;
@@ -106,13 +107,17 @@ pub const Store = struct {
         return store;
     }
 
+    /// Checkpoints the journal first (a failure leaves its records for the
+    /// next open to replay: nothing committed is lost).
     pub fn close(store: *Store) void {
+        if (store.writer) |*writer| {
+            if (!writer.poisoned and writer.journalPending(&store.head().superblock)) {
+                commit.commit(store, store.head().superblock) catch {};
+            }
+        }
+        if (store.writer) |*writer| writer.close();
         store.snapshots.deinit();
         store.freeDictionary();
-        if (store.writer) |writer| {
-            io.closeFile(writer.superblock);
-            io.closeFile(writer.lock); // Closing the descriptor releases the flock.
-        }
         io.closeDir(store.dir);
         allocator.free(store.path);
         allocator.destroy(store);
@@ -178,6 +183,7 @@ pub const Store = struct {
             if (current) |snapshot| {
                 if (snapshot.superblock.generation == superblock.generation) return snapshot;
             }
+            try store.settleJournal(&superblock);
             const dictionary = store.loadDictionary(superblock) catch |err| switch (err) {
                 error.NotFound => if (attempt + 1 < attempts_max) continue else return store.missingFile(),
                 else => return err,
@@ -187,6 +193,71 @@ pub const Store = struct {
                 else => return err,
             };
         }
+    }
+
+    /// A reader that finds no live writer applies the journal records a
+    /// killed writer left (they are committed), so it reads what was
+    /// committed. A live writer applied them already (its begin replays).
+    fn settleJournal(store: *Store, superblock: *const Superblock) Error!void {
+        if (superblock.journal_file == 0 or store.writer != null) return;
+        const lock = io.openFile(store.dir, "lock", .read_only) catch |err| switch (err) {
+            error.NotFound => return,
+            else => return err,
+        };
+        defer io.closeFile(lock);
+        if (!try io.tryLock(lock)) return;
+        var handle = journal.open(store.dir, superblock) catch |err| {
+            if (err == error.Corrupt or err == error.UnsupportedVersion) return err;
+            if (try journal.pendingReadOnly(store.dir, superblock)) {
+                return status.fail(error.ReadOnly, "store '{s}' has replaces its last writer committed but did not finish applying, and this place cannot be written: open it once for writing where it can be written, which applies them", .{store.path});
+            }
+            return;
+        };
+        defer handle.close();
+        _ = try journal.settle(store.dir, &handle, superblock);
+    }
+
+    /// Waits while an in-place replace is writing (the sequence lock is
+    /// odd); returns the even value. A writer killed mid-replace leaves the
+    /// lock odd: once the lock file is free, this reader settles the journal.
+    fn waitEven(store: *Store, snapshot: *const Snapshot, page: *const format.JournalPage) Error!u64 {
+        const wait_ns_max = 30 * std.time.ns_per_s;
+        var waited_ns: u64 = 0;
+        var spins: u32 = 0;
+        while (true) {
+            const value = journal.readBegin(page);
+            if (value % 2 == 0) return value;
+            spins += 1;
+            if (spins < 1000) {
+                std.atomic.spinLoopHint();
+                continue;
+            }
+            if (waited_ns >= wait_ns_max) {
+                return status.fail(error.Locked, "store '{s}': a writer has been replacing records in place for {d} s; is it stuck?", .{ store.path, wait_ns_max / std.time.ns_per_s });
+            }
+            store.snapshots.mutex.lock();
+            defer store.snapshots.mutex.unlock();
+            _ = snapshot;
+            const on_disk = try superblock_file.read(store.dir);
+            try store.settleJournal(&on_disk.superblock);
+            if (journal.readBegin(page) % 2 == 0) continue;
+            std.Thread.sleep(std.time.ns_per_ms);
+            waited_ns += std.time.ns_per_ms;
+        }
+    }
+
+    /// Runs the read `function(args)` until no in-place replace overlapped
+    /// it, so it sees one committed state whole; its failure counts only
+    /// then (a checksum read mid-replace is no damage).
+    fn consistentRead(store: *Store, snapshot: *const Snapshot, comptime function: anytype, args: anytype) Error!void {
+        const page = snapshot.journalPage() orelse return @call(.auto, function, args);
+        const attempts_max = 100_000;
+        for (0..attempts_max) |_| {
+            const before = try store.waitEven(snapshot, page);
+            const outcome = @call(.auto, function, args);
+            if (journal.readBegin(page) == before) return outcome;
+        }
+        return status.fail(error.Io, "store '{s}': a read raced in-place replaces {d} times in a row", .{ store.path, attempts_max });
     }
 
     fn missingFile(store: *Store) Error {
@@ -252,7 +323,8 @@ pub const Store = struct {
         status.clear();
         const snapshot = store.snapshots.acquire();
         defer store.snapshots.release();
-        return read.lengths(snapshot, store.verify_reads, indices, out);
+        if (!store.verify_reads) return read.lengths(snapshot, false, indices, out);
+        return store.consistentRead(snapshot, read.lengths, .{ snapshot, true, indices, out });
     }
 
     /// Decodes records `indices` into `target`: record k at byte
@@ -262,7 +334,7 @@ pub const Store = struct {
         status.clear();
         const snapshot = store.snapshots.acquire();
         defer store.snapshots.release();
-        return read.gather(snapshot, store.threads, store.verify_reads, indices, target, target_offsets);
+        return store.consistentRead(snapshot, read.gather, .{ snapshot, store.threads, store.verify_reads, indices, target, target_offsets });
     }
 
     /// Appends to `out` the indices in [start, end) whose bytes fail their
@@ -276,12 +348,7 @@ pub const Store = struct {
         }
         assert(out.len >= end - start);
         var found: u64 = 0;
-        for (start..end) |index| {
-            if (!integrity.recordSound(snapshot, index)) {
-                out[found] = index;
-                found += 1;
-            }
-        }
+        try store.consistentRead(snapshot, findDamaged, .{ snapshot, start, end, out, &found });
         return found;
     }
 
@@ -434,6 +501,16 @@ pub const Store = struct {
     }
 
 };
+
+fn findDamaged(snapshot: *const Snapshot, start: u64, end: u64, out: []u64, found: *u64) Error!void {
+    found.* = 0;
+    for (start..end) |index| {
+        if (!integrity.recordSound(snapshot, index)) {
+            out[found.*] = index;
+            found.* += 1;
+        }
+    }
+}
 
 // ---- batch helpers -------------------------------------------------------------
 
