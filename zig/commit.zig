@@ -35,6 +35,9 @@ pub const Writer = struct {
     superblock: io.File,
     /// What each superblock slot holds, to undo a slot write that failed.
     slots: [2]Superblock,
+    /// The slot of the last synced generation: never written until the
+    /// next synced commit is durable in the other one.
+    synced_slot: u1,
     /// Set by a failed sync: no further commit from this handle.
     poisoned: bool = false,
     /// Set when a replaced file could not be deleted: the next write
@@ -70,7 +73,8 @@ pub fn begin(store: *Store) Error!void {
         }
         if (writer.stale) {
             try recover(store);
-            writer.stale = false;
+            // Recovery keeps what the last synced state names until a sync.
+            writer.stale = store.head().superblock.unsynced != 0;
         }
         return;
     }
@@ -87,7 +91,7 @@ pub fn begin(store: *Store) Error!void {
     // Read before the assignment: a failed `try` inside the literal would
     // leave `store.writer` half set.
     const slots = try readSlots(file);
-    store.writer = .{ .lock = lock, .superblock = file, .slots = slots };
+    store.writer = .{ .lock = lock, .superblock = file, .slots = slots, .synced_slot = syncedSlot(slots, store.head().superblock) };
     errdefer {
         if (store.writer.?.journal) |*handle| handle.close();
         store.writer = null;
@@ -132,6 +136,22 @@ pub fn replaceTarget(store: *Store) Error!journal.Target {
     writer.target = try journal.openTarget(store.dir, &superblock);
     writer.target_ids = .{ superblock.data_file, superblock.sums_file };
     return writer.target.?;
+}
+
+/// The slot that holds the last synced generation: the head's own, or the
+/// base an unsynced head names.
+fn syncedSlot(slots: [2]Superblock, head: Superblock) u1 {
+    const synced = if (head.unsynced == 0) head.generation else head.synced_base;
+    for (slots, 0..) |slot, index| {
+        if (slot.invalidReason() == null and slot.generation == synced) return @intCast(index);
+    }
+    // Not in either slot only for a store whose superblock file is newer
+    // than what open read; the slot the head is not in is the safe one to
+    // keep.
+    for (slots, 0..) |slot, index| {
+        if (slot.invalidReason() == null and slot.generation == head.generation) return @intCast(index);
+    }
+    return 0;
 }
 
 fn readSlots(file: io.File) Error![2]Superblock {
@@ -188,29 +208,46 @@ fn recover(store: *Store) Error!void {
         if (try io.length(handle) > file.bytes) try io.setLength(handle, file.bytes);
     }
     if (orphans.items.len == 0) return;
-    try syncFile(store, store.writer.?.superblock);
+    // While the head is not synced, the last synced state (the other slot)
+    // may name files the head does not: they wait for the next sync.
+    if (superblock.unsynced != 0) return;
+    try syncFileNow(store, store.writer.?.superblock);
     for (orphans.items) |name| try io.unlink(store.dir, name);
 }
 
 /// Makes `next_in` the store's next generation: seals it, maps its files,
 /// writes and syncs its slot, and publishes it to readers.
 pub fn commit(store: *Store, next_in: Superblock) Error!void {
+    return commitWith(store, next_in, store.durable);
+}
+
+/// `durable`: sync the superblock (and, for a store opened with
+/// durable=False, every file it names) before returning. A commit that
+/// checkpoints journal records is always durable: the journal is cut after
+/// it. Either way the slot written is the one that does not hold the last
+/// synced generation, so a torn or lost commit falls back to that one.
+pub fn commitWith(store: *Store, next_in: Superblock, durable_wanted: bool) Error!void {
     const writer = &store.writer.?;
     assert(!writer.poisoned);
     const previous = store.head();
+    const durable = durable_wanted or writer.journalPending(&previous.superblock);
     var next = next_in;
     next.generation = previous.superblock.generation + 1;
     try checkpointJournal(store, previous, &next);
+    const slot = 1 - writer.synced_slot;
+    next.unsynced = @intFromBool(!durable);
+    next.synced_base = if (durable) 0 else writer.slots[writer.synced_slot].generation;
     next.seal();
     assert(next.invalidReason() == null);
     const snapshot = try Snapshot.build(store.dir, next, previous, try store.loadDictionary(next));
     errdefer snapshot.discard(previous);
-    const slot = next.generation % 2;
-    superblock_file.write(writer.superblock, &next, &writer.slots[slot]) catch |err| {
+    if (durable and !store.durable) try syncNamed(store, snapshot);
+    superblock_file.write(writer.superblock, &next, &writer.slots[slot], slot, durable) catch |err| {
         writer.poisoned = true;
         return err;
     };
     writer.slots[slot] = next;
+    if (durable) writer.synced_slot = slot;
     store.fell_back = false;
     store.snapshots.publish(snapshot);
     if (writer.journal) |*handle| {
@@ -226,6 +263,40 @@ pub fn commit(store: *Store, next_in: Superblock) Error!void {
     }
 }
 
+/// Syncs every file `snapshot` names and the directory: the writes of the
+/// commits a durable=False store made without syncing.
+fn syncNamed(store: *Store, snapshot: *const Snapshot) Error!void {
+    for (snapshot.mappings()) |mapping| {
+        if (mapping) |m| try syncFileNow(store, m.file);
+    }
+    if (snapshot.superblock.dict_file != 0) {
+        const file = try openFile(store, .dict, snapshot.superblock.dict_file);
+        defer io.closeFile(file);
+        try syncFileNow(store, file);
+    }
+    try syncDirNow(store);
+}
+
+/// Makes every commit so far durable (durable=False stores), then deletes
+/// the files that commits since the last sync replaced.
+pub fn sync(store: *Store) Error!void {
+    const writer = &store.writer.?;
+    const head = store.head();
+    if (head.superblock.unsynced != 0 or writer.journalPending(&head.superblock)) {
+        try commitWith(store, head.superblock, true);
+    } else if (!writer.stale) return;
+    try recover(store);
+    writer.stale = false;
+}
+
+/// A store opened with durable=False syncs before its first in-place
+/// replace after unsynced commits: a journal record is always based on a
+/// synced generation, so a power loss can never leave replaced bytes in
+/// files whose superblock is gone.
+pub fn syncBeforeReplace(store: *Store) Error!void {
+    if (store.head().superblock.unsynced != 0) try sync(store);
+}
+
 /// Every commit is a journal checkpoint: the bytes replaces wrote in place
 /// into files the next superblock still names are synced before it, and it
 /// records the last sequence they cover.
@@ -233,16 +304,22 @@ fn checkpointJournal(store: *Store, previous: *const Snapshot, next: *Superblock
     const writer = &store.writer.?;
     const handle = writer.journal orelse return;
     if (writer.journalPending(&previous.superblock)) {
-        if (previous.data) |data| if (next.data_file == previous.superblock.data_file) try syncFile(store, data.file);
-        if (previous.sums) |sums| if (next.sums_file == previous.superblock.sums_file) try syncFile(store, sums.file);
+        if (previous.data) |data| if (next.data_file == previous.superblock.data_file) try syncFileNow(store, data.file);
+        if (previous.sums) |sums| if (next.sums_file == previous.superblock.sums_file) try syncFileNow(store, sums.file);
     }
     next.journal_sequence = handle.last_sequence;
 }
 
 /// Deletes files the current superblock no longer names. Only called after
 /// a durable commit, so a crash never falls back to a deleted file.
+/// A durable=False store keeps them until its next sync: the last synced
+/// state may still name them.
 pub fn unlinkReplaced(store: *Store, old: Superblock) void {
     const now = store.head().superblock;
+    if (now.unsynced != 0) {
+        store.writer.?.stale = true; // The next sync deletes them.
+        return;
+    }
     const pairs = [_]struct { kind: format.FileKind, old: u64, now: u64 }{
         .{ .kind = .data, .old = old.data_file, .now = now.data_file },
         .{ .kind = .index, .old = old.index_file, .now = now.index_file },
@@ -269,16 +346,28 @@ pub fn openFile(store: *Store, kind: format.FileKind, id: u64) Error!io.File {
     return io.openFile(store.dir, format.fileName(&name_buffer, kind, id), .read_write);
 }
 
-/// Syncs a file the next commit will point at; a failure poisons the writer.
+/// Syncs a file the next commit will point at; a failure poisons the
+/// writer. A durable=False store defers it to the next sync.
 pub fn syncFile(store: *Store, file: io.File) Error!void {
+    if (!store.durable) return;
+    return syncFileNow(store, file);
+}
+
+pub fn syncFileNow(store: *Store, file: io.File) Error!void {
     io.sync(file) catch |err| {
         store.writer.?.poisoned = true;
         return err;
     };
 }
 
-/// Syncs the store directory after new names; a failure poisons the writer.
+/// Syncs the store directory after new names; a failure poisons the
+/// writer. A durable=False store defers it to the next sync.
 pub fn syncDir(store: *Store) Error!void {
+    if (!store.durable) return;
+    return syncDirNow(store);
+}
+
+pub fn syncDirNow(store: *Store) Error!void {
     io.syncDir(store.dir) catch |err| {
         store.writer.?.poisoned = true;
         return err;

@@ -80,7 +80,8 @@ pub fn replace(store: *Store, indices: []const u64, source: []const u8, offsets:
         patch.* = .{ .row = index, .bytes = source[offset..][0..stride] };
     }
     std.mem.sort(plans.Patch, patches, {}, plans.Patch.lessThan);
-    if (current.superblock.journal_file == 0) try createJournal(store);
+    try commit.syncBeforeReplace(store);
+    if (store.head().superblock.journal_file == 0) try createJournal(store);
     const writer = &store.writer.?;
     const head = store.head();
     // Null only when opening it failed right after the commit that named it.
@@ -99,8 +100,8 @@ fn createJournal(store: *Store) Error!void {
     next.journal_file = next.generation + 1;
     next.journal_sequence = 0;
     try journal.createFile(store.dir, next.journal_file, &next);
-    try commit.syncDir(store);
-    try commit.commit(store, next);
+    try commit.syncDirNow(store);
+    try commit.commitWith(store, next, true);
 }
 
 /// Writes a new data file (and block sums) for a fixed store from `plan`,

@@ -109,15 +109,17 @@ pub const Superblock = extern struct {
     dict_file: u64,
     dict_bytes: u64,
     dict_checksum: u64,
-    reserved: [14]u64,
+    reserved: [13]u64,
     /// Fixed layout: the journal of in-place replaces (journal.zig), or 0.
     journal_file: u64,
     /// Journal records up to this sequence are in the data and sums files
     /// this superblock names (a checkpoint); later ones are replayed on open.
     journal_sequence: u64,
-    /// durable=False: the generation of the last synced state, which the
-    /// other slot holds, when this superblock was written without a sync;
-    /// 0 when it was made durable. Open checks what changed since then.
+    /// durable=False: 1 when this superblock was written without a sync,
+    /// 0 when it was made durable.
+    unsynced: u64,
+    /// When unsynced: the generation of the last synced state, which the
+    /// other slot holds. Open checks what changed since then.
     synced_base: u64,
     checksum: u64,
 
@@ -153,7 +155,9 @@ pub const Superblock = extern struct {
         if (superblock.live_bytes > superblock.data_bytes) return "live bytes exceed data bytes";
         if (superblock.dict_bytes > dict_bytes_max) return "dictionary too large";
         if ((superblock.dict_file == 0) != (superblock.dict_bytes == 0)) return "dictionary fields disagree";
-        if (superblock.synced_base >= superblock.generation and superblock.synced_base != 0) return "synced base is not older than the superblock";
+        if (superblock.unsynced > 1) return "unknown sync state";
+        if (superblock.unsynced == 1 and superblock.synced_base >= superblock.generation) return "synced base is not older than the superblock";
+        if (superblock.unsynced == 0 and superblock.synced_base != 0) return "synced superblock with a synced base";
         switch (superblock.getLayout()) {
             .empty => {
                 if (superblock.record_count != 0 or superblock.data_bytes != 0) return "empty layout holds data";

@@ -73,6 +73,9 @@ pub const Store = struct {
     path: []u8,
     threads: u32,
     verify_reads: bool,
+    /// false: commits skip fsync until sync() or close() (still atomic
+    /// through a process kill; see commit.zig).
+    durable: bool,
     snapshots: Snapshots,
     fell_back: bool,
     dictionary: ?*codec.Dictionary = null,
@@ -83,7 +86,7 @@ pub const Store = struct {
 
     /// Opens the store at `path`, creating it (and its parents) if missing.
     /// `threads` caps the threads one batch call runs on (0: one per core).
-    pub fn open(path: []const u8, threads: u32, verify_reads: bool) Error!*Store {
+    pub fn open(path: []const u8, threads: u32, verify_reads: bool, durable: bool) Error!*Store {
         status.clear();
         if (path.len == 0) return status.fail(error.InvalidArgument, "store path is empty", .{});
         const path_copy = allocator.dupe(u8, path) catch return error.OutOfMemory;
@@ -97,6 +100,7 @@ pub const Store = struct {
             .path = path_copy,
             .threads = if (threads == 0) workers.cpuCount() else threads,
             .verify_reads = verify_reads,
+            .durable = durable,
             .snapshots = undefined,
             .fell_back = false,
         };
@@ -107,12 +111,13 @@ pub const Store = struct {
         return store;
     }
 
-    /// Checkpoints the journal first (a failure leaves its records for the
-    /// next open to replay: nothing committed is lost).
+    /// Checkpoints the journal and, with durable=False, syncs first (a
+    /// failure leaves the journal's records for the next open to replay and
+    /// the last synced state in place: nothing durable is lost).
     pub fn close(store: *Store) void {
         if (store.writer) |*writer| {
-            if (!writer.poisoned and writer.journalPending(&store.head().superblock)) {
-                commit.commit(store, store.head().superblock) catch {};
+            if (!writer.poisoned) {
+                if (writer.journalPending(&store.head().superblock) or !store.durable) commit.sync(store) catch {};
             }
         }
         if (store.writer) |*writer| writer.close();
@@ -179,7 +184,11 @@ pub const Store = struct {
         while (true) : (attempt += 1) {
             const loaded = try superblock_file.read(store.dir);
             store.fell_back = loaded.fell_back;
-            const superblock = loaded.superblock;
+            var superblock = loaded.superblock;
+            if (superblock.unsynced != 0 and !try store.unsyncedSound(loaded, current)) {
+                superblock = try store.syncedBase(loaded);
+                store.fell_back = true;
+            }
             if (current) |snapshot| {
                 if (snapshot.superblock.generation == superblock.generation) return snapshot;
             }
@@ -193,6 +202,31 @@ pub const Store = struct {
                 else => return err,
             };
         }
+    }
+
+    /// Whether every byte an unsynced commit (durable=False) added since its
+    /// synced base holds its checksum: after a power loss, some may never
+    /// have reached the disk. Only what changed is read.
+    fn unsyncedSound(store: *Store, loaded: superblock_file.Loaded, current: ?*Snapshot) Error!bool {
+        const superblock = loaded.superblock;
+        const base = loaded.older orelse return false;
+        if (base.generation != superblock.synced_base) return false;
+        if (current) |snapshot| {
+            if (snapshot.superblock.generation == superblock.generation) return true;
+        }
+        const dictionary = store.loadDictionary(superblock) catch return false;
+        const snapshot = Snapshot.build(store.dir, superblock, null, dictionary) catch return false;
+        defer snapshot.discard(null);
+        return integrity.changedSound(snapshot, &base);
+    }
+
+    /// The synced base an unsynced head names, which open falls back to.
+    fn syncedBase(store: *Store, loaded: superblock_file.Loaded) Error!Superblock {
+        const base = loaded.older orelse return status.fail(error.Corrupt, "store '{s}' is damaged: its last commit was not synced and its synced base is gone", .{store.path});
+        if (base.generation != loaded.superblock.synced_base) {
+            return status.fail(error.Corrupt, "store '{s}' is damaged: its last commit was not synced and the other slot is not its synced base", .{store.path});
+        }
+        return base;
     }
 
     /// A reader that finds no live writer applies the journal records a
@@ -452,8 +486,9 @@ pub const Store = struct {
         try indexed.compact(store, current);
     }
 
-    /// Every commit is durable when it returns; kept for the API, and to
-    /// report a writer that can no longer promise it.
+    /// Makes every commit so far durable. With durable=True they are when
+    /// they return (a replace's journal record too), so this only reports a
+    /// writer that can no longer promise it; with durable=False it syncs.
     pub fn sync(store: *Store) Error!void {
         status.clear();
         store.snapshots.mutex.lock();
@@ -461,6 +496,12 @@ pub const Store = struct {
         if (store.writer) |writer| {
             if (writer.poisoned) return commit.begin(store);
         }
+        if (store.durable) return;
+        // Commits an earlier durable=False writer left unsynced are synced
+        // too: this handle becomes the writer for that.
+        if (store.writer == null and store.head().superblock.unsynced == 0) return;
+        try commit.begin(store);
+        try commit.sync(store);
     }
 
     pub fn trainDict(store: *Store, samples: []const u8, sizes: []const u64, target_bytes: u64) Error!u64 {
@@ -556,7 +597,7 @@ test "append, gather and reopen round trip in both layouts" {
     simulated.reset();
     const path = "roundtrip";
 
-    const store = try Store.open(path, 2, true);
+    const store = try Store.open(path, 2, true, true);
     const source = "aaaabbbbcccc";
     const offsets = [_]u64{ 0, 4, 8 };
     try testing.expectEqual(@as(u64, 0), try store.append(source, &offsets, .raw));
@@ -566,7 +607,7 @@ test "append, gather and reopen round trip in both layouts" {
     try testing.expectEqual(Layout.indexed, store.head().layout());
     store.close();
 
-    const reopened = try Store.open(path, 2, true);
+    const reopened = try Store.open(path, 2, true, true);
     defer reopened.close();
     var target: [14]u8 = undefined;
     const indices = [_]u64{ 3, 0, 2, 1 };
@@ -579,7 +620,7 @@ test "delete in both modes matches repeated swap-remove and order-keeping remova
     for ([_]bool{ false, true }) |keep_order| {
         simulated.reset();
         const path = "delete";
-        const store = try Store.open(path, 1, true);
+        const store = try Store.open(path, 1, true, true);
         defer store.close();
         const source = "0123456789";
         const offsets = [_]u64{ 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 };

@@ -42,6 +42,9 @@ fn freshArena() std.mem.Allocator {
 }
 
 const path = "sim/store";
+/// How the workload running now opens its store (durable=False for every
+/// third and fourth seed of four).
+var workload_durable = true;
 const fixed_record_bytes = 1000;
 const dictionary_bytes = 256;
 
@@ -262,7 +265,7 @@ fn trainSamples(arena: std.mem.Allocator) !struct { samples: []u8, sizes: []u64 
 
 /// Runs one operation against the store (which `reopen` replaces).
 fn perform(store: *?*Store, operation: Operation, arena: std.mem.Allocator) status.Error!void {
-    if (store.* == null) store.* = try Store.open(path, 1, true);
+    if (store.* == null) store.* = try Store.open(path, 1, true, workload_durable);
     const handle = store.*.?;
     switch (operation) {
         .append => |append| {
@@ -283,7 +286,7 @@ fn perform(store: *?*Store, operation: Operation, arena: std.mem.Allocator) stat
         .reopen => {
             handle.close();
             store.* = null;
-            store.* = try Store.open(path, 1, true);
+            store.* = try Store.open(path, 1, true, workload_durable);
         },
     }
 }
@@ -331,8 +334,10 @@ fn sameRecords(store: *Store, model: *const Model, arena: std.mem.Allocator) !bo
 fn expectNoOrphans(store: *Store, arena: std.mem.Allocator) !void {
     try store.sync(); // A reopened writer must not be poisoned.
     // Any write runs recovery first; a compaction of a compact store writes
-    // nothing else.
+    // nothing else. A durable=False store deletes replaced files at its
+    // next sync.
     try store.compact();
+    try store.sync();
     const superblock = store.head().superblock;
     var names: std.ArrayList([]const u8) = .empty;
     try storage.listNames(path, &names, arena);
@@ -378,7 +383,7 @@ const Counts = struct {
 /// Runs `operations` with power lost before call `crash_call`, then brings
 /// power back with `seed` and checks the store that survives. Returns false
 /// when the workload finished before that call (nothing was lost).
-fn powerLossTrial(operations: []const Operation, states: []const Model, crash_call: u64, seed: u64) !bool {
+fn powerLossTrial(operations: []const Operation, states: []const Model, crash_call: u64, seed: ?u64) !bool {
     const arena = freshArena();
     storage.reset();
     storage.powerOffAt(crash_call);
@@ -394,22 +399,36 @@ fn powerLossTrial(operations: []const Operation, states: []const Model, crash_ca
     const lost = storage.poweredOff();
     if (store) |handle| handle.close();
     if (!lost) return false;
-    storage.powerLoss(seed);
-    const reopened = try Store.open(path, 1, true);
+    // No seed: the process is killed and the machine stays up.
+    if (seed) |power_seed| storage.powerLoss(power_seed) else storage.processCrash();
+    const reopened = try Store.open(path, 1, true, workload_durable);
     defer reopened.close();
-    // Every commit is durable when it returns: the store holds the state
-    // after the acknowledged operations, or after the one in flight too.
-    var expected = &states[acknowledged];
-    if (!try sameRecords(reopened, expected, arena)) {
-        const in_flight = @min(acknowledged + 1, states.len - 1);
-        expected = &states[in_flight];
-        if (!try sameRecords(reopened, expected, arena)) {
-            std.debug.print("after power loss at call {d} (seed {d}), {d} operations acknowledged: the store matches neither the model before nor after the operation in flight ({s})\n", .{ crash_call, seed, acknowledged, @tagName(operations[@min(acknowledged, operations.len - 1)]) });
-            return error.TestUnexpectedResult;
-        }
-    }
+    // durable=True: every commit is durable when it returns, so the store
+    // holds the state after the acknowledged operations, or after the one
+    // in flight too. durable=False: the state at the last acknowledged
+    // sync (or reopen: close syncs) or any later one, whole.
+    const in_flight = @min(acknowledged + 1, states.len - 1);
+    // A killed process loses nothing the page cache holds, in either mode.
+    const oldest = if (workload_durable or seed == null) acknowledged else lastSync(operations[0..acknowledged]);
+    var candidate = in_flight + 1;
+    const expected = while (candidate > oldest) {
+        candidate -= 1;
+        if (try sameRecords(reopened, &states[candidate], arena)) break &states[candidate];
+    } else {
+        std.debug.print("after power loss at call {d} (seed {?d}, durable={}), {d} operations acknowledged: the store matches no model from state {d} (the last sync) to {d} (the operation in flight, {s})\n", .{ crash_call, seed, workload_durable, acknowledged, oldest, in_flight, @tagName(operations[@min(acknowledged, operations.len - 1)]) });
+        return error.TestUnexpectedResult;
+    };
     try expectState(reopened, expected, arena);
     return true;
+}
+
+/// The number of operations up to the last sync or reopen among `done`.
+fn lastSync(done: []const Operation) usize {
+    var last: usize = 0;
+    for (done, 1..) |operation, count| {
+        if (operation == .sync or operation == .reopen) last = count;
+    }
+    return last;
 }
 
 fn powerLossWorkload(workload_seed: u64, length: usize, seeds_per_call: u64, counts: *Counts) !void {
@@ -420,10 +439,11 @@ fn powerLossWorkload(workload_seed: u64, length: usize, seeds_per_call: u64, cou
     const states = try modelStates(operations, arena);
     var call: u64 = 0;
     while (true) : (call += 1) {
-        for (0..seeds_per_call) |k| {
-            const seed = workload_seed *% 1_000_003 +% call *% 31 +% k;
+        // One process kill, then power losses with different seeds.
+        for (0..seeds_per_call + 1) |k| {
+            const seed: ?u64 = if (k == 0) null else workload_seed *% 1_000_003 +% call *% 31 +% k;
             const lost = powerLossTrial(operations, states, call, seed) catch |err| {
-                std.debug.print("power-loss trial failed: workload seed {d}, length {d}, crash call {d}, power seed {d} (replay: LOADERX_SIM_SEED={d})\n", .{ workload_seed, length, call, seed, workload_seed });
+                std.debug.print("power-loss trial failed: workload seed {d}, length {d}, crash call {d}, power seed {?d} (none: a process kill) (replay: LOADERX_SIM_SEED={d})\n", .{ workload_seed, length, call, seed, workload_seed });
                 return err;
             };
             if (!lost) return;
@@ -486,7 +506,7 @@ fn faultTrial(operations: []const Operation, kind: storage.Kind, at: u64, fault:
             // may have happened, and then a new reader must see it whole.
             var after = try model.clone(arena);
             try after.apply(arena, operation);
-            const reader = try Store.open(path, 1, true);
+            const reader = try Store.open(path, 1, true, true);
             defer reader.close();
             const committed = poisoned and operation == .replace and try sameRecords(reader, &after, arena);
             try expectRecords(reader, if (committed) &after else &model, arena);
@@ -497,7 +517,7 @@ fn faultTrial(operations: []const Operation, kind: storage.Kind, at: u64, fault:
         try model.apply(arena, operation);
     }
     if (!fired) fired = storage.clearFault();
-    if (store == null) store = try Store.open(path, 1, true);
+    if (store == null) store = try Store.open(path, 1, true, workload_durable);
     try expectState(store.?, &model, arena);
     return fired;
 }
@@ -560,6 +580,7 @@ test "power loss at every call and every fault at every call leave the store who
     const workloads = if (replay != 0) 1 else 12 * scale;
     for (0..workloads) |k| {
         const seed = if (replay != 0) replay else 1 + k;
+        workload_durable = seed % 4 < 2;
         try powerLossWorkload(seed, 10, 2, &counts);
         try faultWorkload(seed, 10, &counts);
         counts.workloads += 1;
@@ -570,13 +591,13 @@ test "power loss at every call and every fault at every call leave the store who
 
 test "the simulated disk loses unsynced writes and names, and keeps synced ones" {
     storage.reset();
-    const store = try Store.open(path, 1, true);
+    const store = try Store.open(path, 1, true, true);
     _ = try store.append("0123456789", &.{ 0, 5 }, .raw);
     store.close();
     // Every commit is durable: the worst power loss keeps it.
     for (0..20) |seed| {
         storage.powerLoss(seed);
-        const reopened = try Store.open(path, 1, true);
+        const reopened = try Store.open(path, 1, true, true);
         defer reopened.close();
         try testing.expectEqual(@as(u64, 2), reopened.count());
     }
@@ -584,7 +605,7 @@ test "the simulated disk loses unsynced writes and names, and keeps synced ones"
 
 test "a failed sync is not retried into a false success" {
     storage.reset();
-    const store = try Store.open(path, 1, true);
+    const store = try Store.open(path, 1, true, true);
     _ = try store.append("abcd", &.{0}, .raw);
     storage.injectFault(.sync_file, storage.kindCount(.sync_file), .sync_fails);
     try testing.expectError(error.Io, store.append("efgh", &.{0}, .raw));
@@ -594,7 +615,7 @@ test "a failed sync is not retried into a false success" {
     try testing.expectError(error.Io, store.append("ijkl", &.{0}, .raw));
     try testing.expect(std.mem.indexOf(u8, status.message(), "reopen") != null or std.mem.indexOf(u8, status.message(), "open it again") != null);
     store.close();
-    const reopened = try Store.open(path, 1, true);
+    const reopened = try Store.open(path, 1, true, true);
     defer reopened.close();
     _ = try reopened.append("ijkl", &.{0}, .raw);
     try testing.expectEqual(@as(u64, 2), reopened.count());
@@ -605,11 +626,11 @@ test "regression: a new store's directory entry survives a power cut (its parent
     // store directory, so a synced store could vanish whole.
     for (0..50) |seed| {
         storage.reset();
-        const store = try Store.open("deep/er/store", 1, true);
+        const store = try Store.open("deep/er/store", 1, true, true);
         _ = try store.append("abcdef", &.{ 0, 3 }, .raw);
         store.close();
         storage.powerLoss(seed);
-        const reopened = try Store.open("deep/er/store", 1, true);
+        const reopened = try Store.open("deep/er/store", 1, true, true);
         defer reopened.close();
         try testing.expectEqual(@as(u64, 2), reopened.count());
     }
@@ -621,7 +642,7 @@ test "regression: the only durable superblock generation is never overwritten" {
     // other slot held an unsynced one; a tear fell back to an empty store.
     for (0..50) |seed| {
         storage.reset();
-        const store = try Store.open(path, 1, true);
+        const store = try Store.open(path, 1, true, true);
         for (0..5) |k| {
             var record: [8]u8 = undefined;
             @memset(&record, @intCast('a' + k));
@@ -629,7 +650,7 @@ test "regression: the only durable superblock generation is never overwritten" {
         }
         store.close();
         storage.powerLoss(seed);
-        const reopened = try Store.open(path, 1, true);
+        const reopened = try Store.open(path, 1, true, true);
         defer reopened.close();
         try testing.expectEqual(@as(u64, 5), reopened.count());
         try testing.expectEqual(@as(u32, 0), reopened.info().fell_back);
@@ -638,7 +659,7 @@ test "regression: the only durable superblock generation is never overwritten" {
 
 test "recovery truncates files past their committed length and deletes orphans" {
     storage.reset();
-    const store = try Store.open(path, 1, true);
+    const store = try Store.open(path, 1, true, true);
     _ = try store.append("abcdefgh", &.{ 0, 4 }, .raw);
     // A writer that died mid-operation: bytes past the committed end and a
     // file no superblock names.
@@ -651,7 +672,7 @@ test "recovery truncates files past their committed length and deletes orphans" 
     try io.write(data, "garbage", 8);
     io.closeFile(data);
     store.close();
-    const writer = try Store.open(path, 1, true);
+    const writer = try Store.open(path, 1, true, true);
     defer writer.close();
     _ = try writer.append("ijkl", &.{0}, .raw); // the first write recovers
     var names: std.ArrayList([]const u8) = .empty;
