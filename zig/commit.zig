@@ -116,7 +116,7 @@ fn recoverJournal(store: *Store) Error!void {
         next.tail_checksum = replayed.tail_checksum;
         return commit(store, next);
     }
-    if (try io.length(handle.file) > format.journal_page_bytes) try io.setLength(handle.file, format.journal_page_bytes);
+    try store.writer.?.journal.?.restart();
 }
 
 /// The data and sums files of the current fixed generation, open for
@@ -253,13 +253,9 @@ pub fn commitWith(store: *Store, next_in: Superblock, durable_wanted: bool) Erro
     if (writer.journal) |*handle| {
         // The new superblock covers every record: the journal starts over.
         // Cutting it needs no sync: a record that survives a power loss is
-        // at or below the checkpoint, and replay stops at it.
-        if (handle.end > format.journal_page_bytes) {
-            handle.end = format.journal_page_bytes;
-            io.setLength(handle.file, format.journal_page_bytes) catch {
-                writer.stale = true;
-            };
-        }
+        // at or below the checkpoint, and replay stops at it. A failed cut
+        // leaves dead records that the next ones overwrite.
+        handle.restart() catch {};
     }
 }
 

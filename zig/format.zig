@@ -5,7 +5,8 @@
 //! A store is a directory:
 //!
 //!   superblock         two 4096-byte slots; each holds one `Superblock`
-//!   lock               empty; a writer holds flock(LOCK_EX) on it
+//!   lock               a writer holds flock(LOCK_EX) on it; its first page is
+//!                      the shared page of in-place replaces (`JournalPage`)
 //!   data-<id>          record payloads, back to back (append-only)
 //!   index-<id>         `Entry` per record (indexed layout only)
 //!   sums-<id>          one u64 checksum per full 16 KiB block of data (fixed layout only)
@@ -243,9 +244,11 @@ comptime {
     assert(@sizeOf(Entry) == 32);
 }
 
-/// The journal file's first page: shared state of the writer and every
-/// reader of the store, mapped by all of them. Not a commit: nothing in it is
-/// trusted after a crash until a writer or a settling reader rewrote it.
+/// The shared page: the first page of the `lock` file, mapped by the writer
+/// and every reader of a store that has a journal. Not a commit and never
+/// synced: nothing in it is trusted after a crash until a writer or a
+/// settling reader rewrote it. The journal file starts with a page of the
+/// same layout, of which only the magic and version are used.
 pub const JournalPage = extern struct {
     magic: [8]u8,
     version: u32,

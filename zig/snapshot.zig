@@ -60,6 +60,27 @@ pub const Mapping = struct {
         return mapping;
     }
 
+    /// Maps the shared page of the lock file (journal.zig), or null while
+    /// the lock file holds none: then no writer has replaced in place since
+    /// the store was made or the machine restarted, and the next one writes
+    /// it before it does (under the writer lock, which readers check first).
+    pub fn openSharedPage(dir: io.Dir) Error!?*Mapping {
+        const file = io.openFile(dir, journal.lock_file_name, .read_only) catch |err| switch (err) {
+            error.NotFound => return null,
+            else => return err,
+        };
+        errdefer io.closeFile(file);
+        if (try io.length(file) < format.journal_page_bytes) {
+            io.closeFile(file);
+            return null;
+        }
+        const memory = try io.map(file, format.journal_page_bytes, format.journal_page_bytes);
+        errdefer io.unmap(memory);
+        const mapping = allocator.create(Mapping) catch return error.OutOfMemory;
+        mapping.* = .{ .file = file, .memory = memory, .id = 0 };
+        return mapping;
+    }
+
     pub fn destroy(mapping: *Mapping) void {
         io.unmap(mapping.memory);
         io.closeFile(mapping.file);
@@ -72,7 +93,7 @@ pub const Snapshot = struct {
     data: ?*Mapping = null,
     index: ?*Mapping = null,
     sums: ?*Mapping = null,
-    /// The journal's shared page (fixed stores that were replaced in place).
+    /// The shared page in the lock file (stores with a journal).
     journal: ?*Mapping = null,
     dictionary: ?*const codec.Dictionary = null,
 
@@ -135,9 +156,7 @@ pub const Snapshot = struct {
         snapshot.* = .{ .superblock = superblock, .dictionary = dictionary };
         errdefer snapshot.discard(previous);
         const old: [4]?*Mapping = if (previous) |p| p.mappings() else .{ null, null, null, null };
-        if (superblock.journal_file != 0) {
-            snapshot.journal = try Mapping.open(dir, .journal, superblock.journal_file, format.journal_page_bytes, old[3]);
-        }
+        if (superblock.journal_file != 0) snapshot.journal = old[3] orelse try Mapping.openSharedPage(dir);
         switch (superblock.getLayout()) {
             .empty => {},
             .fixed => {

@@ -443,7 +443,7 @@ fn powerLossWorkload(workload_seed: u64, length: usize, seeds_per_call: u64, cou
         for (0..seeds_per_call + 1) |k| {
             const seed: ?u64 = if (k == 0) null else workload_seed *% 1_000_003 +% call *% 31 +% k;
             const lost = powerLossTrial(operations, states, call, seed) catch |err| {
-                std.debug.print("power-loss trial failed: workload seed {d}, length {d}, crash call {d}, power seed {?d} (none: a process kill) (replay: LOADERX_SIM_SEED={d})\n", .{ workload_seed, length, call, seed, workload_seed });
+                std.debug.print("power-loss trial failed: workload seed {d}, length {d}, crash call {d}, power seed {?d} (null: a process kill) (replay: LOADERX_SIM_SEED={d})\n", .{ workload_seed, length, call, seed, workload_seed });
                 return err;
             };
             if (!lost) return;
