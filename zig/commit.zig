@@ -97,6 +97,8 @@ pub fn begin(store: *Store) Error!void {
         store.writer = null;
     }
     try recover(store);
+    // Files the last synced state names wait for the next sync.
+    store.writer.?.stale = store.head().superblock.unsynced != 0;
     try recoverJournal(store);
 }
 
@@ -170,6 +172,11 @@ fn readSlots(file: io.File) Error![2]Superblock {
 /// files are gone, a power loss must not fall back to a superblock that
 /// names them.
 fn recover(store: *Store) Error!void {
+    return recoverWith(store, false);
+}
+
+/// `head_synced`: the head's slot was synced just now, by a durable commit.
+fn recoverWith(store: *Store, head_synced: bool) Error!void {
     const superblock = store.head().superblock;
     const keep = [_]struct { kind: format.FileKind, id: u64, bytes: u64 }{
         .{ .kind = .data, .id = superblock.data_file, .bytes = superblock.data_bytes },
@@ -211,7 +218,7 @@ fn recover(store: *Store) Error!void {
     // While the head is not synced, the last synced state (the other slot)
     // may name files the head does not: they wait for the next sync.
     if (superblock.unsynced != 0) return;
-    try syncFileNow(store, store.writer.?.superblock);
+    if (!head_synced) try syncFileNow(store, store.writer.?.superblock);
     for (orphans.items) |name| try io.unlink(store.dir, name);
 }
 
@@ -250,6 +257,11 @@ pub fn commitWith(store: *Store, next_in: Superblock, durable_wanted: bool) Erro
     if (durable) writer.synced_slot = slot;
     store.fell_back = false;
     store.snapshots.publish(snapshot);
+    if (durable and writer.stale) {
+        // Files unsynced commits replaced can go now. A failure here
+        // leaves them for the next write; the commit stands.
+        if (recoverWith(store, true)) |_| writer.stale = false else |_| {}
+    }
     if (writer.journal) |*handle| {
         // The new superblock covers every record: the journal starts over.
         // Cutting it needs no sync: a record that survives a power loss is

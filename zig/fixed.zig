@@ -73,6 +73,8 @@ pub fn append(store: *Store, payload: []const u8, record_count: u64, record_byte
 
 pub fn replace(store: *Store, indices: []const u64, source: []const u8, offsets: []const u64) Error!void {
     const current = store.head();
+    // Records of zero bytes: every replace leaves them as they are.
+    if (current.superblock.record_bytes == 0) return;
     const patches = allocator.alloc(plans.Patch, indices.len) catch return error.OutOfMemory;
     defer allocator.free(patches);
     const stride = current.superblock.record_bytes;
