@@ -87,6 +87,9 @@ pub fn begin(store: *Store) Error!void {
     }
     const file = try io.openFile(store.dir, superblock_file.file_name, .read_write);
     errdefer io.closeFile(file);
+    // Before any commit of this writer, so every reader that maps data of
+    // a later generation maps the sequence lock too.
+    try journal.ensureSharedPage(lock);
     try store.refreshLocked();
     // Read before the assignment: a failed `try` inside the literal would
     // leave `store.writer` half set.

@@ -161,7 +161,7 @@ pub const lock_file_name = "lock";
 
 /// Writes a fresh page into the lock file when it holds none (a new store,
 /// or a power loss took it). Caller holds the writer lock.
-fn ensureSharedPage(file: io.File) Error!void {
+pub fn ensureSharedPage(file: io.File) Error!void {
     var page: JournalPage = undefined;
     const got = try io.read(file, std.mem.asBytes(&page), 0);
     if (got == @sizeOf(JournalPage) and try io.length(file) >= page_bytes and std.mem.eql(u8, &page.magic, &format.journal_magic)) return;

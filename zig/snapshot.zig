@@ -93,7 +93,8 @@ pub const Snapshot = struct {
     data: ?*Mapping = null,
     index: ?*Mapping = null,
     sums: ?*Mapping = null,
-    /// The shared page in the lock file (stores with a journal).
+    /// The shared page in the lock file (fixed stores; every writer writes
+    /// it before its first commit).
     journal: ?*Mapping = null,
     dictionary: ?*const codec.Dictionary = null,
 
@@ -156,7 +157,7 @@ pub const Snapshot = struct {
         snapshot.* = .{ .superblock = superblock, .dictionary = dictionary };
         errdefer snapshot.discard(previous);
         const old: [4]?*Mapping = if (previous) |p| p.mappings() else .{ null, null, null, null };
-        if (superblock.journal_file != 0) snapshot.journal = old[3] orelse try Mapping.openSharedPage(dir);
+        if (superblock.getLayout() == .fixed) snapshot.journal = old[3] orelse try Mapping.openSharedPage(dir);
         switch (superblock.getLayout()) {
             .empty => {},
             .fixed => {

@@ -233,13 +233,20 @@ pub const Store = struct {
     /// killed writer left (they are committed), so it reads what was
     /// committed. A live writer applied them already (its begin replays).
     fn settleJournal(store: *Store, superblock: *const Superblock) Error!void {
-        if (superblock.journal_file == 0 or store.writer != null) return;
+        if (superblock.getLayout() != .fixed or store.writer != null) return;
         const lock = io.openFile(store.dir, "lock", .read_only) catch |err| switch (err) {
             error.NotFound => return,
             else => return err,
         };
         defer io.closeFile(lock);
         if (!try io.tryLock(lock)) return;
+        if (superblock.journal_file == 0) {
+            // A power loss may have taken the shared page: put it back, if
+            // this place can be written (otherwise no writer can come).
+            const page_file = io.openFile(store.dir, journal.lock_file_name, .read_write) catch return;
+            defer io.closeFile(page_file);
+            return journal.ensureSharedPage(page_file);
+        }
         var handle = journal.open(store.dir, superblock) catch |err| {
             if (err == error.Corrupt or err == error.UnsupportedVersion) return err;
             if (try journal.pendingReadOnly(store.dir, superblock)) {
@@ -366,17 +373,56 @@ pub const Store = struct {
     /// records share one length.
     pub fn gather(store: *Store, indices: []const u64, target: []u8, target_offsets: ?[]const u64) Error!void {
         status.clear();
+        // Bounded: each retry follows a commit made meanwhile.
+        for (0..stale_retries_max) |_| {
+            var generation: u64 = undefined;
+            const outcome = store.gatherOnce(indices, target, target_offsets, &generation);
+            if (outcome != error.ChecksumMismatch or !try store.refreshIfStale(generation)) return outcome;
+        }
+        var generation: u64 = undefined;
+        return store.gatherOnce(indices, target, target_offsets, &generation);
+    }
+
+    const stale_retries_max = 4;
+
+    fn gatherOnce(store: *Store, indices: []const u64, target: []u8, target_offsets: ?[]const u64, generation: *u64) Error!void {
         const snapshot = store.snapshots.acquire();
         defer store.snapshots.release();
+        generation.* = snapshot.superblock.generation;
         return store.consistentRead(snapshot, read.gather, .{ snapshot, store.threads, store.verify_reads, indices, target, target_offsets });
+    }
+
+    /// A reader whose snapshot predates a commit checks the partial last
+    /// block against the checksum its superblock had, which an in-place
+    /// replace since may have changed: a mismatch there is no damage until
+    /// the newest superblock says so too. Refreshes such a reader; returns
+    /// whether it did.
+    fn refreshIfStale(store: *Store, generation: u64) Error!bool {
+        if (store.writer != null) return false;
+        if (store.head().superblock.generation != generation) return true; // Another thread refreshed.
+        const on_disk = superblock_file.read(store.dir) catch return false;
+        if (on_disk.superblock.generation == generation) return false;
+        try store.refresh();
+        return store.head().superblock.generation != generation;
     }
 
     /// Appends to `out` the indices in [start, end) whose bytes fail their
     /// checksum (or whose entry is unusable). Returns how many it found.
     pub fn verify(store: *Store, start: u64, end: u64, out: []u64) Error!u64 {
         status.clear();
+        for (0..stale_retries_max) |_| {
+            var generation: u64 = undefined;
+            const found = try store.verifyOnce(start, end, out, &generation);
+            if (found == 0 or !try store.refreshIfStale(generation)) return found;
+        }
+        var generation: u64 = undefined;
+        return store.verifyOnce(start, end, out, &generation);
+    }
+
+    fn verifyOnce(store: *Store, start: u64, end: u64, out: []u64, generation: *u64) Error!u64 {
         const snapshot = store.snapshots.acquire();
         defer store.snapshots.release();
+        generation.* = snapshot.superblock.generation;
         if (start > end or end > snapshot.count()) {
             return status.fail(error.IndexOutOfRange, "verify range [{d}, {d}) is outside a store of {d} records", .{ start, end, snapshot.count() });
         }
