@@ -49,6 +49,9 @@ pub const Writer = struct {
     /// and the files they are.
     target: ?journal.Target = null,
     target_ids: [2]u64 = .{ 0, 0 },
+    /// An append synced the data and sums files after the last in-place
+    /// replace: the checkpoint in its commit need not sync them again.
+    journal_synced: bool = false,
 
     pub fn close(writer: *Writer) void {
         if (writer.journal) |*handle| handle.close();
@@ -243,7 +246,9 @@ pub fn commitWith(store: *Store, next_in: Superblock, durable_wanted: bool) Erro
     const durable = durable_wanted or writer.journalPending(&previous.superblock);
     var next = next_in;
     next.generation = previous.superblock.generation + 1;
-    try checkpointJournal(store, previous, &next);
+    // A durable commit of a durable=False store syncs every file it names
+    // below; an append synced the data and sums files itself.
+    try checkpointJournal(store, previous, &next, (durable and !store.durable) or writer.journal_synced);
     const slot = 1 - writer.synced_slot;
     next.unsynced = @intFromBool(!durable);
     next.synced_base = if (durable) 0 else writer.slots[writer.synced_slot].generation;
@@ -277,7 +282,8 @@ pub fn commitWith(store: *Store, next_in: Superblock, durable_wanted: bool) Erro
 /// Syncs every file `snapshot` names and the directory: the writes of the
 /// commits a durable=False store made without syncing.
 fn syncNamed(store: *Store, snapshot: *const Snapshot) Error!void {
-    for (snapshot.mappings()) |mapping| {
+    // Not the shared page (the lock file): it is never synced.
+    for ([_]?*snapshot_module.Mapping{ snapshot.data, snapshot.index, snapshot.sums }) |mapping| {
         if (mapping) |m| try syncFileNow(store, m.file);
     }
     if (snapshot.superblock.dict_file != 0) {
@@ -311,10 +317,11 @@ pub fn syncBeforeReplace(store: *Store) Error!void {
 /// Every commit is a journal checkpoint: the bytes replaces wrote in place
 /// into files the next superblock still names are synced before it, and it
 /// records the last sequence they cover.
-fn checkpointJournal(store: *Store, previous: *const Snapshot, next: *Superblock) Error!void {
+fn checkpointJournal(store: *Store, previous: *const Snapshot, next: *Superblock, synced: bool) Error!void {
     const writer = &store.writer.?;
     const handle = writer.journal orelse return;
-    if (writer.journalPending(&previous.superblock)) {
+    writer.journal_synced = false;
+    if (writer.journalPending(&previous.superblock) and !synced) {
         if (previous.data) |data| if (next.data_file == previous.superblock.data_file) try syncFileNow(store, data.file);
         if (previous.sums) |sums| if (next.sums_file == previous.superblock.sums_file) try syncFileNow(store, sums.file);
     }

@@ -65,6 +65,7 @@ pub fn append(store: *Store, payload: []const u8, record_count: u64, record_byte
     try commit.syncFile(store, data);
     try commit.syncFile(store, sums_file);
     if (creating) try commit.syncDir(store);
+    if (store.durable) store.writer.?.journal_synced = true;
     next.record_count += record_count;
     next.data_bytes = new_bytes;
     next.live_bytes = new_bytes;
