@@ -319,3 +319,45 @@ TestInPlaceMachine = InPlaceMachine.TestCase
 TestInPlaceMachine.settings = _settings
 TestLazyInPlaceMachine = LazyInPlaceMachine.TestCase
 TestLazyInPlaceMachine.settings = _settings
+
+
+def test_a_killed_writers_replaces_in_a_read_only_place_raise_a_clear_error():
+    """A store whose writer was killed with journal records not checkpointed,
+    moved where it cannot be written: a reader cannot apply them, so it
+    refuses with StoreReadOnlyError saying what to do, rather than read a
+    state it cannot check. Root ignores permissions, so the reader drops to
+    an unprivileged user when the tests run as root."""
+    base = tempfile.mkdtemp(prefix="zrecord-journal-ro-")
+    try:
+        os.chmod(base, 0o755)
+        path = os.path.join(base, "s")
+        make_store(path, 3000).close()
+        child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, path], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline().strip() == "replaced", child.stderr.read()
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+        finally:
+            for stream in (child.stdin, child.stdout, child.stderr):
+                stream.close()
+        for name in os.listdir(path):
+            os.chmod(os.path.join(path, name), 0o444)
+        os.chmod(path, 0o555)
+        code = (
+            "import os\nfrom loaderx.zrecord import Zrecord, StoreReadOnlyError\n"
+            "if os.geteuid() == 0:\n    os.setuid(65534)\n"
+            f"try:\n    Zrecord({path!r})\nexcept StoreReadOnlyError as e:\n    print('refused:', e)\n"
+        )
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert "refused:" in result.stdout and "open it once for writing" in result.stdout, result.stdout + result.stderr
+        os.chmod(path, 0o755)
+        for name in os.listdir(path):
+            os.chmod(os.path.join(path, name), 0o644)
+        with Zrecord(path, verify=True) as store:  # writable again: the replace is there
+            assert read_rows(store, [5])[0, 0] == 99 and store.verify() == []
+    finally:
+        for root, dirs, _files in os.walk(base):
+            for name in dirs:
+                os.chmod(os.path.join(root, name), 0o755)
+        shutil.rmtree(base, ignore_errors=True)
