@@ -14,6 +14,7 @@
 //! store is reopened, and the reopening writer's recovery starts from what is
 //! on disk.
 const std = @import("std");
+const builtin = @import("builtin");
 const format = @import("format.zig");
 const status = @import("status.zig");
 const io = @import("io.zig");
@@ -81,11 +82,11 @@ pub fn begin(store: *Store) Error!void {
         }
         return;
     }
-    const lock = io.createFile(store.dir, "lock", false) catch |err| {
+    const lock = io.createFile(store.dir, journal.lock_file_name, false) catch |err| {
         return status.wrap(err, "cannot write store '{s}' (its lock file cannot be created; a store in a read-only place can be read, not written)", .{store.path});
     };
     errdefer io.closeFile(lock);
-    if (!try io.tryLock(lock)) {
+    if (!try tryLockBriefly(lock)) {
         return status.fail(error.Locked, "store '{s}' is open for writing by another process or handle; zrecord allows one writer per store: close the other writer first", .{store.path});
     }
     const file = try io.openFile(store.dir, superblock_file.file_name, .read_write);
@@ -106,6 +107,20 @@ pub fn begin(store: *Store) Error!void {
     // Files the last synced state names wait for the next sync.
     store.writer.?.stale = store.head().superblock.unsynced != 0;
     try recoverJournal(store);
+}
+
+/// A reader that opens a fixed store holds the lock for a moment (to see
+/// whether a killed writer left journal records to apply): a writer that
+/// starts then waits it out, up to `lock_wait_ms`, rather than fail.
+const lock_wait_ms = 200;
+
+fn tryLockBriefly(lock: io.File) Error!bool {
+    for (0..lock_wait_ms) |_| {
+        if (try io.tryLock(lock)) return true;
+        if (builtin.is_test) return false; // The simulated disk has one thread.
+        std.Thread.sleep(std.time.ns_per_ms);
+    }
+    return io.tryLock(lock);
 }
 
 /// Replays the journal records a crashed writer left after the checkpoint

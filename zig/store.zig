@@ -234,7 +234,7 @@ pub const Store = struct {
     /// committed. A live writer applied them already (its begin replays).
     fn settleJournal(store: *Store, superblock: *const Superblock) Error!void {
         if (superblock.getLayout() != .fixed or store.writer != null) return;
-        const lock = io.openFile(store.dir, "lock", .read_only) catch |err| switch (err) {
+        const lock = io.openFile(store.dir, journal.lock_file_name, .read_only) catch |err| switch (err) {
             error.NotFound => return,
             else => return err,
         };
@@ -261,7 +261,7 @@ pub const Store = struct {
     /// Waits while an in-place replace is writing (the sequence lock is
     /// odd); returns the even value. A writer killed mid-replace leaves the
     /// lock odd: once the lock file is free, this reader settles the journal.
-    fn waitEven(store: *Store, snapshot: *const Snapshot, page: *const format.JournalPage) Error!u64 {
+    fn waitEven(store: *Store, page: *const format.JournalPage) Error!u64 {
         const wait_ns_max = 30 * std.time.ns_per_s;
         var waited_ns: u64 = 0;
         var spins: u32 = 0;
@@ -278,7 +278,6 @@ pub const Store = struct {
             }
             store.snapshots.mutex.lock();
             defer store.snapshots.mutex.unlock();
-            _ = snapshot;
             const on_disk = try superblock_file.read(store.dir);
             try store.settleJournal(&on_disk.superblock);
             if (journal.readBegin(page) % 2 == 0) continue;
@@ -294,7 +293,7 @@ pub const Store = struct {
         const page = snapshot.journalPage() orelse return @call(.auto, function, args);
         const attempts_max = 100_000;
         for (0..attempts_max) |_| {
-            const before = try store.waitEven(snapshot, page);
+            const before = try store.waitEven(page);
             const outcome = @call(.auto, function, args);
             if (journal.readBegin(page) == before) return outcome;
         }
