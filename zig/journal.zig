@@ -43,7 +43,8 @@ pub const checkpoint_bytes: u64 = if (builtin.is_test) 16 << 10 else 1 << 20;
 /// The journal grows by written zeros, this much at a time, so that a
 /// record usually overwrites allocated blocks and its fdatasync flushes
 /// data only, not a new file length (about 10x cheaper on ext4).
-const grow_bytes: u64 = 64 << 10;
+/// Tests use a small step so that records both fit and overflow it.
+const grow_bytes: u64 = if (builtin.is_test) 4 << 10 else 64 << 10;
 const zeros = [_]u8{0} ** grow_bytes;
 /// Blocks read, patched and written at a time: 1 MiB of scratch.
 const run_blocks_max = 64;
@@ -344,6 +345,9 @@ fn writeRecord(handle: *Handle, superblock: *const Superblock, stride: u64, patc
     const outcome = blk: {
         handle.grow(total) catch |err| break :blk err;
         io.write(handle.file, buffer, handle.end) catch |err| break :blk err;
+        // A record larger than a step extended the file past `allocated`:
+        // the next step must start after it, not write zeros over it.
+        handle.allocated = @max(handle.allocated, handle.end + total);
         io.sync(handle.file) catch |err| {
             poisoned.* = true;
             break :blk err;
@@ -521,4 +525,38 @@ pub fn tailChecksum(page: ?*const JournalPage, superblock: *const Superblock) u6
     if (!std.mem.eql(u8, &shared.magic, &format.journal_magic)) return superblock.tail_checksum;
     if (@atomicLoad(u64, &shared.tail_generation, .seq_cst) != superblock.generation) return superblock.tail_checksum;
     return @atomicLoad(u64, &shared.tail_checksum, .seq_cst);
+}
+
+test "regression: a small record after one larger than a growth step does not zero it" {
+    // Found by the SIGKILL suite: a record larger than `grow_bytes` extended
+    // the journal past `allocated`, and the next small record's growth
+    // wrote zeros over it, so replay after a kill stopped there and lost it
+    // and every later replace.
+    const storage = @import("testing/storage.zig");
+    const Store = @import("store.zig").Store;
+    storage.reset();
+    const stride = 100;
+    const count = 60;
+    var rows: [count * stride]u8 = undefined;
+    var offsets: [count]u64 = undefined;
+    var all: [count]u64 = undefined;
+    for (&offsets, &all, 0..) |*offset, *index, k| {
+        offset.* = k * stride;
+        index.* = k;
+    }
+    @memset(&rows, 1);
+    const store = try Store.open("replay", 1, true, true);
+    _ = try store.append(&rows, &offsets, .raw);
+    for ([_]usize{ 1, count, 1, 1 }, 2..) |replaced, value| {
+        @memset(rows[0 .. replaced * stride], @intCast(value));
+        try store.replace(all[0..replaced], rows[0 .. replaced * stride], offsets[0..replaced], .raw);
+    }
+    // Killed: the handle is dropped without close (no checkpoint).
+    storage.processCrash();
+    const reader = try Store.open("replay", 1, true, true);
+    defer reader.close();
+    var target: [count * stride]u8 = undefined;
+    try reader.gather(&all, &target, null);
+    for (target[0..stride]) |byte| try std.testing.expectEqual(@as(u8, 5), byte);
+    for (target[stride..]) |byte| try std.testing.expectEqual(@as(u8, 3), byte);
 }
