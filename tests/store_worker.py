@@ -63,10 +63,19 @@ def model_delete(records: list, indices, keep_order: bool) -> list:
     return out
 
 
-def make_ops(seed: int, op_count: int = 14) -> tuple[list[dict], list[list[bytes]]]:
-    """A deterministic op sequence and states[j], the records after j ops."""
+VARIANTS = ("mixed", "fixed", "mixed-lazy", "fixed-lazy")
+
+
+def make_ops(seed: int, op_count: int = 14, variant: str = "mixed") -> tuple[list[dict], list[list[bytes]]]:
+    """A deterministic op sequence and states[j], the records after j ops.
+    A "fixed" variant keeps the store fixed (equal-length raw records), so
+    its replaces go through the journal in place; "-lazy" ones open the
+    store with durable=False."""
     rng = random.Random(seed)
     fixed = rng.choice(FIXED_LENGTHS)
+    if variant.startswith("fixed"):
+        fixed = rng.choice(FIXED_LENGTHS[1:])
+        op_count = 20
     ops: list[dict] = []
     states: list[list[bytes]] = [[]]
     records: list[bytes] = []
@@ -76,6 +85,8 @@ def make_ops(seed: int, op_count: int = 14) -> tuple[list[dict], list[list[bytes
             kind = "append_fixed" if rng.random() < 0.6 else "append_var"
         elif n == 0:
             kind = rng.choice(["append_fixed", "append_var"])
+        elif variant.startswith("fixed"):
+            kind = rng.choices(["append_fixed", "replace_fixed", "delete", "sync"], [20, 60, 10, 10])[0]
         else:
             kind = rng.choices(
                 ["append_fixed", "append_var", "replace", "delete", "compact", "sync"],
@@ -87,6 +98,9 @@ def make_ops(seed: int, op_count: int = 14) -> tuple[list[dict], list[list[bytes
         elif kind == "append_var":
             op.update(kind="append", codec=rng.choice(["zstd", "zstd", "raw"]), compressible=rng.random() < 0.8,
                       lengths=[variable_length(rng) for _ in range(rng.randint(1, 8))])
+        elif kind == "replace_fixed":
+            idxs = rng.sample(range(n), rng.randint(1, min(n, 40)))
+            op.update(kind="replace", codec="raw", compressible=False, lengths=[fixed] * len(idxs), idxs=idxs)
         elif kind == "replace":
             idxs = rng.sample(range(n), rng.randint(1, min(n, 6)))
             if rng.random() < 0.5:
@@ -101,7 +115,7 @@ def make_ops(seed: int, op_count: int = 14) -> tuple[list[dict], list[list[bytes
         ops.append(op)
         if "lengths" in op:
             fresh = payloads(seed, j, op)
-            if kind == "replace":
+            if op["kind"] == "replace":
                 records = list(records)
                 for index, contents in zip(op["idxs"], fresh):
                     records[index] = contents
@@ -168,11 +182,20 @@ FIELD_OFFSETS.update({name: 16 + 8 * i for i, name in enumerate(FIELDS[2:])})
 MAGIC = b"ZRECORD\x00"
 
 
+# The fields at the end of the superblock, before its checksum.
+TAIL_FIELDS = ("journal_file", "journal_sequence", "unsynced", "synced_base")
+TAIL = struct.Struct("<4Q")
+TAIL_OFFSET = SUPERBLOCK_BYTES - 8 - TAIL.size
+FIELD_OFFSETS.update({name: TAIL_OFFSET + 8 * i for i, name in enumerate(TAIL_FIELDS)})
+JOURNAL_PAGE_BYTES = 4096
+
+
 def parse_slot(raw: bytes) -> dict:
     """One slot's fields, and whether its checksum holds."""
     values = HEAD.unpack_from(raw, 0)
     slot = {"magic": values[0]}
     slot.update(zip(FIELDS, values[1:]))
+    slot.update(zip(TAIL_FIELDS, TAIL.unpack_from(raw, TAIL_OFFSET)))
     slot["checksum"] = struct.unpack_from("<Q", raw, SUPERBLOCK_BYTES - 8)[0]
     slot["sealed"] = slot["checksum"] == xxh3_64_long(raw[: SUPERBLOCK_BYTES - 8], SUPERBLOCK_SEED)
     return slot
@@ -209,6 +232,9 @@ def named_files(superblock: dict) -> dict[str, int]:
         files[f"sums-{superblock['sums_file']:016x}"] = superblock["data_bytes"] // (16 * 1024) * 8
     if superblock["dict_file"]:
         files[f"dict-{superblock['dict_file']:016x}"] = superblock["dict_bytes"]
+    if superblock["journal_file"]:
+        # A checkpointed journal is its page alone (records follow it).
+        files[f"journal-{superblock['journal_file']:016x}"] = JOURNAL_PAGE_BYTES
     return files
 
 
@@ -270,11 +296,11 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def run_crash(path: str, seed: int) -> None:
+def run_crash(path: str, seed: int, variant: str = "mixed") -> None:
     from loaderx.zrecord import Zrecord
 
-    ops, _ = make_ops(seed)
-    store = Zrecord(path, codec="zstd")
+    ops, _ = make_ops(seed, variant=variant)
+    store = Zrecord(path, codec="zstd", durable=not variant.endswith("lazy"))
     for j, op in enumerate(ops):
         fresh = payloads(seed, j, op) if "lengths" in op else None
         say(f"B {j}")
@@ -322,7 +348,7 @@ def describe(records: list[bytes]) -> str:
     return f"{len(records)} records, lengths {[len(r) for r in records][:16]}"
 
 
-def run_recover(path: str, seed: int, acked: int) -> None:
+def run_recover(path: str, seed: int, acked: int, variant: str = "mixed") -> None:
     """The checks after a crash, in a fresh process so a crash here is caught.
 
     A reader must see state `acked` (the last acknowledged op) or `acked + 1`
@@ -334,7 +360,7 @@ def run_recover(path: str, seed: int, acked: int) -> None:
 
     from loaderx.zrecord import Zrecord
 
-    ops, states = make_ops(seed)
+    ops, states = make_ops(seed, variant=variant)
     report: dict = {}
     with Zrecord(path, verify=True) as store:
         found = read_all(store)
@@ -445,13 +471,13 @@ def run_check(path: str, spec_path: str) -> None:
 def main(argv: list[str]) -> None:
     mode, path = argv[1], argv[2]
     if mode == "crash":
-        run_crash(path, int(argv[3]))
+        run_crash(path, int(argv[3]), *argv[4:5])
     elif mode == "hold":
         run_hold(path)
     elif mode == "appender":
         run_appender(path, int(argv[3]), int(argv[4]))
     elif mode == "recover":
-        run_recover(path, int(argv[3]), int(argv[4]))
+        run_recover(path, int(argv[3]), int(argv[4]), *argv[5:6])
     elif mode == "check":
         run_check(path, argv[3])
     else:

@@ -172,7 +172,7 @@ def damage(path: Path, rng: random.Random) -> tuple[str, str, str]:
     """Damages one file of the store at `path`; returns what it did, to which
     kind of file, with which kind of damage."""
     files = sorted(os.listdir(path))
-    weights = [{"superblock": 4, "lock": 1, "data": 4, "index": 4, "sums": 3, "dict": 3}[f.split("-")[0]] for f in files]
+    weights = [{"superblock": 4, "lock": 1, "data": 4, "index": 4, "sums": 3, "dict": 3, "journal": 2}[f.split("-")[0]] for f in files]
     name = rng.choices(files, weights)[0]
     target = path / name
     data = bytearray(target.read_bytes())
@@ -345,7 +345,7 @@ def test_random_damage_to_every_file_gives_right_bytes_or_a_zrecord_error(tmp_pa
     deletions and extensions across every file of five stores (fixed,
     indexed, with a dictionary, with garbage, converted and compacted)."""
     failures, covered = run_cases(tmp_path, references, CASES, hostile=False)
-    assert {f for f, _ in covered} == {"superblock", "lock", "data", "index", "sums", "dict"}
+    assert {f for f, _ in covered} == {"superblock", "lock", "data", "index", "sums", "dict", "journal"}
     assert {d for _, d in covered} == {"flip", "bytes", "zero_page", "truncate", "delete", "extend"}
     assert not failures, f"{len(failures)} of {CASES} damaged stores misbehaved:\n" + "\n".join(failures[:40])
 

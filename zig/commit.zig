@@ -14,11 +14,13 @@
 //! store is reopened, and the reopening writer's recovery starts from what is
 //! on disk.
 const std = @import("std");
+const builtin = @import("builtin");
 const format = @import("format.zig");
 const status = @import("status.zig");
 const io = @import("io.zig");
 const superblock_file = @import("superblock.zig");
 const snapshot_module = @import("snapshot.zig");
+const journal = @import("journal.zig");
 const Store = @import("store.zig").Store;
 
 const assert = std.debug.assert;
@@ -34,11 +36,36 @@ pub const Writer = struct {
     superblock: io.File,
     /// What each superblock slot holds, to undo a slot write that failed.
     slots: [2]Superblock,
+    /// The slot of the last synced generation: never written until the
+    /// next synced commit is durable in the other one.
+    synced_slot: u1,
     /// Set by a failed sync: no further commit from this handle.
     poisoned: bool = false,
     /// Set when a replaced file could not be deleted: the next write
     /// recovers again, so orphans do not outlive the writer.
     stale: bool = false,
+    /// The journal of in-place replaces, once the superblock names one.
+    journal: ?journal.Handle = null,
+    /// Read-write handles of the data and sums files replaces write into,
+    /// and the files they are.
+    target: ?journal.Target = null,
+    target_ids: [2]u64 = .{ 0, 0 },
+    /// An append synced the data and sums files after the last in-place
+    /// replace: the checkpoint in its commit need not sync them again.
+    journal_synced: bool = false,
+
+    pub fn close(writer: *Writer) void {
+        if (writer.journal) |*handle| handle.close();
+        if (writer.target) |target| journal.closeTarget(target);
+        io.closeFile(writer.superblock);
+        io.closeFile(writer.lock); // Closing the descriptor releases the flock.
+    }
+
+    /// Records replayed or written since the superblock's checkpoint.
+    pub fn journalPending(writer: *const Writer, superblock: *const Superblock) bool {
+        const handle = writer.journal orelse return false;
+        return handle.last_sequence > superblock.journal_sequence;
+    }
 };
 
 /// Takes the writer lock on first use, then discards what a crashed writer
@@ -50,26 +77,104 @@ pub fn begin(store: *Store) Error!void {
         }
         if (writer.stale) {
             try recover(store);
-            writer.stale = false;
+            // Recovery keeps what the last synced state names until a sync.
+            writer.stale = store.head().superblock.unsynced != 0;
         }
         return;
     }
-    const lock = io.createFile(store.dir, "lock", false) catch |err| {
+    const lock = io.createFile(store.dir, journal.lock_file_name, false) catch |err| {
         return status.wrap(err, "cannot write store '{s}' (its lock file cannot be created; a store in a read-only place can be read, not written)", .{store.path});
     };
     errdefer io.closeFile(lock);
-    if (!try io.tryLock(lock)) {
+    if (!try tryLockBriefly(lock)) {
         return status.fail(error.Locked, "store '{s}' is open for writing by another process or handle; zrecord allows one writer per store: close the other writer first", .{store.path});
     }
     const file = try io.openFile(store.dir, superblock_file.file_name, .read_write);
     errdefer io.closeFile(file);
+    // Before any commit of this writer, so every reader that maps data of
+    // a later generation maps the sequence lock too.
+    try journal.ensureSharedPage(lock);
     try store.refreshLocked();
     // Read before the assignment: a failed `try` inside the literal would
     // leave `store.writer` half set.
     const slots = try readSlots(file);
-    store.writer = .{ .lock = lock, .superblock = file, .slots = slots };
-    errdefer store.writer = null;
+    store.writer = .{ .lock = lock, .superblock = file, .slots = slots, .synced_slot = syncedSlot(slots, store.head().superblock) };
+    errdefer {
+        if (store.writer.?.journal) |*handle| handle.close();
+        store.writer = null;
+    }
     try recover(store);
+    // Files the last synced state names wait for the next sync.
+    store.writer.?.stale = store.head().superblock.unsynced != 0;
+    try recoverJournal(store);
+}
+
+/// A reader that opens a fixed store holds the lock for a moment (to see
+/// whether a killed writer left journal records to apply): a writer that
+/// starts then waits it out, up to `lock_wait_ms`, rather than fail.
+const lock_wait_ms = 200;
+
+fn tryLockBriefly(lock: io.File) Error!bool {
+    for (0..lock_wait_ms) |_| {
+        if (try io.tryLock(lock)) return true;
+        if (builtin.is_test) return false; // The simulated disk has one thread.
+        std.Thread.sleep(std.time.ns_per_ms);
+    }
+    return io.tryLock(lock);
+}
+
+/// Replays the journal records a crashed writer left after the checkpoint
+/// and checkpoints them, so this writer starts from a superblock that
+/// covers every committed replace.
+fn recoverJournal(store: *Store) Error!void {
+    const superblock = store.head().superblock;
+    if (superblock.journal_file == 0) return;
+    var handle = try journal.open(store.dir, &superblock);
+    errdefer handle.close();
+    const replayed = try journal.settle(store.dir, &handle, &superblock);
+    store.writer.?.journal = handle;
+    if (replayed.records > 0) {
+        store.head().superblock.tail_checksum = replayed.tail_checksum;
+        var next = superblock;
+        next.tail_checksum = replayed.tail_checksum;
+        return commit(store, next);
+    }
+    try store.writer.?.journal.?.restart();
+}
+
+/// The data and sums files of the current fixed generation, open for
+/// in-place writes; reopened when a commit names other files.
+pub fn replaceTarget(store: *Store) Error!journal.Target {
+    const writer = &store.writer.?;
+    const superblock = store.head().superblock;
+    if (writer.target) |*target| {
+        if (writer.target_ids[0] == superblock.data_file and writer.target_ids[1] == superblock.sums_file) {
+            target.data_bytes = superblock.data_bytes;
+            target.stride = superblock.record_bytes;
+            return target.*;
+        }
+        journal.closeTarget(target.*);
+        writer.target = null;
+    }
+    writer.target = try journal.openTarget(store.dir, &superblock);
+    writer.target_ids = .{ superblock.data_file, superblock.sums_file };
+    return writer.target.?;
+}
+
+/// The slot that holds the last synced generation: the head's own, or the
+/// base an unsynced head names.
+fn syncedSlot(slots: [2]Superblock, head: Superblock) u1 {
+    const synced = if (head.unsynced == 0) head.generation else head.synced_base;
+    for (slots, 0..) |slot, index| {
+        if (slot.invalidReason() == null and slot.generation == synced) return @intCast(index);
+    }
+    // Not in either slot only for a store whose superblock file is newer
+    // than what open read; the slot the head is not in is the safe one to
+    // keep.
+    for (slots, 0..) |slot, index| {
+        if (slot.invalidReason() == null and slot.generation == head.generation) return @intCast(index);
+    }
+    return 0;
 }
 
 fn readSlots(file: io.File) Error![2]Superblock {
@@ -88,12 +193,19 @@ fn readSlots(file: io.File) Error![2]Superblock {
 /// files are gone, a power loss must not fall back to a superblock that
 /// names them.
 fn recover(store: *Store) Error!void {
+    return recoverWith(store, false);
+}
+
+/// `head_synced`: the head's slot was synced just now, by a durable commit.
+fn recoverWith(store: *Store, head_synced: bool) Error!void {
     const superblock = store.head().superblock;
     const keep = [_]struct { kind: format.FileKind, id: u64, bytes: u64 }{
         .{ .kind = .data, .id = superblock.data_file, .bytes = superblock.data_bytes },
         .{ .kind = .index, .id = superblock.index_file, .bytes = superblock.record_count * @sizeOf(Entry) },
         .{ .kind = .sums, .id = superblock.sums_file, .bytes = (superblock.data_bytes / block_bytes) * 8 },
         .{ .kind = .dict, .id = superblock.dict_file, .bytes = superblock.dict_bytes },
+        // Journal records past the checkpoint are replayed, not cut.
+        .{ .kind = .journal, .id = superblock.journal_file, .bytes = std.math.maxInt(u64) },
     };
     var orphans: std.ArrayList([]u8) = .empty;
     defer {
@@ -116,7 +228,7 @@ fn recover(store: *Store) Error!void {
         };
     }
     for (keep) |file| {
-        if (file.id == 0) continue;
+        if (file.id == 0 or file.kind == .journal) continue;
         const handle = try openFile(store, file.kind, file.id);
         defer io.closeFile(handle);
         // Committed lengths of a file only grow, so cutting past the
@@ -124,36 +236,123 @@ fn recover(store: *Store) Error!void {
         if (try io.length(handle) > file.bytes) try io.setLength(handle, file.bytes);
     }
     if (orphans.items.len == 0) return;
-    try syncFile(store, store.writer.?.superblock);
+    // While the head is not synced, the last synced state (the other slot)
+    // may name files the head does not: they wait for the next sync.
+    if (superblock.unsynced != 0) return;
+    if (!head_synced) try syncFileNow(store, store.writer.?.superblock);
     for (orphans.items) |name| try io.unlink(store.dir, name);
 }
 
 /// Makes `next_in` the store's next generation: seals it, maps its files,
 /// writes and syncs its slot, and publishes it to readers.
 pub fn commit(store: *Store, next_in: Superblock) Error!void {
+    return commitWith(store, next_in, store.durable);
+}
+
+/// `durable`: sync the superblock (and, for a store opened with
+/// durable=False, every file it names) before returning. A commit that
+/// checkpoints journal records is always durable: the journal is cut after
+/// it. Either way the slot written is the one that does not hold the last
+/// synced generation, so a torn or lost commit falls back to that one.
+pub fn commitWith(store: *Store, next_in: Superblock, durable_wanted: bool) Error!void {
     const writer = &store.writer.?;
     assert(!writer.poisoned);
     const previous = store.head();
+    const durable = durable_wanted or writer.journalPending(&previous.superblock);
     var next = next_in;
     next.generation = previous.superblock.generation + 1;
+    // A durable commit of a durable=False store syncs every file it names
+    // below; an append synced the data and sums files itself.
+    try checkpointJournal(store, previous, &next, (durable and !store.durable) or writer.journal_synced);
+    const slot = 1 - writer.synced_slot;
+    next.unsynced = @intFromBool(!durable);
+    next.synced_base = if (durable) 0 else writer.slots[writer.synced_slot].generation;
     next.seal();
     assert(next.invalidReason() == null);
     const snapshot = try Snapshot.build(store.dir, next, previous, try store.loadDictionary(next));
     errdefer snapshot.discard(previous);
-    const slot = next.generation % 2;
-    superblock_file.write(writer.superblock, &next, &writer.slots[slot]) catch |err| {
+    if (durable and !store.durable) try syncNamed(store, snapshot);
+    superblock_file.write(writer.superblock, &next, &writer.slots[slot], slot, durable) catch |err| {
         writer.poisoned = true;
         return err;
     };
     writer.slots[slot] = next;
+    if (durable) writer.synced_slot = slot;
     store.fell_back = false;
     store.snapshots.publish(snapshot);
+    if (durable and writer.stale) {
+        // Files unsynced commits replaced can go now. A failure here
+        // leaves them for the next write; the commit stands.
+        if (recoverWith(store, true)) |_| writer.stale = false else |_| {}
+    }
+    if (writer.journal) |*handle| {
+        // The new superblock covers every record: the journal starts over.
+        // Cutting it needs no sync: a record that survives a power loss is
+        // at or below the checkpoint, and replay stops at it. A failed cut
+        // leaves dead records that the next ones overwrite.
+        handle.restart() catch {};
+    }
+}
+
+/// Syncs every file `snapshot` names and the directory: the writes of the
+/// commits a durable=False store made without syncing.
+fn syncNamed(store: *Store, snapshot: *const Snapshot) Error!void {
+    // Not the shared page (the lock file): it is never synced.
+    for ([_]?*snapshot_module.Mapping{ snapshot.data, snapshot.index, snapshot.sums }) |mapping| {
+        if (mapping) |m| try syncFileNow(store, m.file);
+    }
+    if (snapshot.superblock.dict_file != 0) {
+        const file = try openFile(store, .dict, snapshot.superblock.dict_file);
+        defer io.closeFile(file);
+        try syncFileNow(store, file);
+    }
+    try syncDirNow(store);
+}
+
+/// Makes every commit so far durable (durable=False stores), then deletes
+/// the files that commits since the last sync replaced.
+pub fn sync(store: *Store) Error!void {
+    const writer = &store.writer.?;
+    const head = store.head();
+    if (head.superblock.unsynced != 0 or writer.journalPending(&head.superblock)) {
+        try commitWith(store, head.superblock, true);
+    } else if (!writer.stale) return;
+    try recover(store);
+    writer.stale = false;
+}
+
+/// A store opened with durable=False syncs before its first in-place
+/// replace after unsynced commits: a journal record is always based on a
+/// synced generation, so a power loss can never leave replaced bytes in
+/// files whose superblock is gone.
+pub fn syncBeforeReplace(store: *Store) Error!void {
+    if (store.head().superblock.unsynced != 0) try sync(store);
+}
+
+/// Every commit is a journal checkpoint: the bytes replaces wrote in place
+/// into files the next superblock still names are synced before it, and it
+/// records the last sequence they cover.
+fn checkpointJournal(store: *Store, previous: *const Snapshot, next: *Superblock, synced: bool) Error!void {
+    const writer = &store.writer.?;
+    const handle = writer.journal orelse return;
+    writer.journal_synced = false;
+    if (writer.journalPending(&previous.superblock) and !synced) {
+        if (previous.data) |data| if (next.data_file == previous.superblock.data_file) try syncFileNow(store, data.file);
+        if (previous.sums) |sums| if (next.sums_file == previous.superblock.sums_file) try syncFileNow(store, sums.file);
+    }
+    next.journal_sequence = handle.last_sequence;
 }
 
 /// Deletes files the current superblock no longer names. Only called after
 /// a durable commit, so a crash never falls back to a deleted file.
+/// A durable=False store keeps them until its next sync: the last synced
+/// state may still name them.
 pub fn unlinkReplaced(store: *Store, old: Superblock) void {
     const now = store.head().superblock;
+    if (now.unsynced != 0) {
+        store.writer.?.stale = true; // The next sync deletes them.
+        return;
+    }
     const pairs = [_]struct { kind: format.FileKind, old: u64, now: u64 }{
         .{ .kind = .data, .old = old.data_file, .now = now.data_file },
         .{ .kind = .index, .old = old.index_file, .now = now.index_file },
@@ -180,16 +379,28 @@ pub fn openFile(store: *Store, kind: format.FileKind, id: u64) Error!io.File {
     return io.openFile(store.dir, format.fileName(&name_buffer, kind, id), .read_write);
 }
 
-/// Syncs a file the next commit will point at; a failure poisons the writer.
+/// Syncs a file the next commit will point at; a failure poisons the
+/// writer. A durable=False store defers it to the next sync.
 pub fn syncFile(store: *Store, file: io.File) Error!void {
+    if (!store.durable) return;
+    return syncFileNow(store, file);
+}
+
+pub fn syncFileNow(store: *Store, file: io.File) Error!void {
     io.sync(file) catch |err| {
         store.writer.?.poisoned = true;
         return err;
     };
 }
 
-/// Syncs the store directory after new names; a failure poisons the writer.
+/// Syncs the store directory after new names; a failure poisons the
+/// writer. A durable=False store defers it to the next sync.
 pub fn syncDir(store: *Store) Error!void {
+    if (!store.durable) return;
+    return syncDirNow(store);
+}
+
+pub fn syncDirNow(store: *Store) Error!void {
     io.syncDir(store.dir) catch |err| {
         store.writer.?.poisoned = true;
         return err;

@@ -2,8 +2,9 @@
 //! no per-record table, a checksum per 16 KiB block of the data file.
 //!
 //! Invariant: the sums file holds the checksum of every full block of the
-//! committed data, and the superblock that of the partial last block, so
-//! every committed byte is covered exactly once.
+//! committed data, and the superblock that of the partial last block (the
+//! journal's shared page, after in-place replaces), so every committed byte
+//! is covered exactly once.
 const std = @import("std");
 const format = @import("format.zig");
 const status = @import("status.zig");
@@ -20,6 +21,7 @@ const Entry = format.Entry;
 const Layout = format.Layout;
 const block_bytes = format.block_bytes;
 const assemble = @import("encode.zig").assemble;
+const journal = @import("journal.zig");
 
 pub fn append(store: *Store, payload: []const u8, record_count: u64, record_bytes: u64) Error!void {
     const current = store.head();
@@ -63,6 +65,7 @@ pub fn append(store: *Store, payload: []const u8, record_count: u64, record_byte
     try commit.syncFile(store, data);
     try commit.syncFile(store, sums_file);
     if (creating) try commit.syncDir(store);
+    if (store.durable) store.writer.?.journal_synced = true;
     next.record_count += record_count;
     next.data_bytes = new_bytes;
     next.live_bytes = new_bytes;
@@ -71,6 +74,8 @@ pub fn append(store: *Store, payload: []const u8, record_count: u64, record_byte
 
 pub fn replace(store: *Store, indices: []const u64, source: []const u8, offsets: []const u64) Error!void {
     const current = store.head();
+    // Records of zero bytes: every replace leaves them as they are.
+    if (current.superblock.record_bytes == 0) return;
     const patches = allocator.alloc(plans.Patch, indices.len) catch return error.OutOfMemory;
     defer allocator.free(patches);
     const stride = current.superblock.record_bytes;
@@ -78,8 +83,28 @@ pub fn replace(store: *Store, indices: []const u64, source: []const u8, offsets:
         patch.* = .{ .row = index, .bytes = source[offset..][0..stride] };
     }
     std.mem.sort(plans.Patch, patches, {}, plans.Patch.lessThan);
-    const plan = plans.PatchPlan{ .old = current.dataBytes(), .stride = stride, .patches = patches };
-    try rewrite(store, current.count(), &plan);
+    try commit.syncBeforeReplace(store);
+    if (store.head().superblock.journal_file == 0) try createJournal(store);
+    const writer = &store.writer.?;
+    const head = store.head();
+    // Null only when opening it failed right after the commit that named it.
+    if (writer.journal == null) writer.journal = try journal.open(store.dir, &head.superblock);
+    const target = try commit.replaceTarget(store);
+    const handle = &writer.journal.?;
+    const tail_checksum = try journal.replace(handle, target, &head.superblock, patches, head.tailChecksum(), &writer.poisoned);
+    head.superblock.tail_checksum = tail_checksum;
+    if (handle.end > journal.checkpoint_bytes) try commit.commit(store, head.superblock);
+}
+
+/// Creates the store's journal and commits a superblock that names it: once
+/// per store, before its first in-place replace.
+fn createJournal(store: *Store) Error!void {
+    var next = store.head().superblock;
+    next.journal_file = next.generation + 1;
+    next.journal_sequence = 0;
+    try journal.createFile(store.dir, next.journal_file, &next);
+    try commit.syncDirNow(store);
+    try commit.commitWith(store, next, true);
 }
 
 /// Writes a new data file (and block sums) for a fixed store from `plan`,

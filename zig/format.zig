@@ -5,11 +5,13 @@
 //! A store is a directory:
 //!
 //!   superblock         two 4096-byte slots; each holds one `Superblock`
-//!   lock               empty; a writer holds flock(LOCK_EX) on it
+//!   lock               a writer holds flock(LOCK_EX) on it; its first page is
+//!                      the shared page of in-place replaces (`JournalPage`)
 //!   data-<id>          record payloads, back to back (append-only)
 //!   index-<id>         `Entry` per record (indexed layout only)
 //!   sums-<id>          one u64 checksum per full 16 KiB block of data (fixed layout only)
 //!   dict-<id>          the trained zstd dictionary, if any
+//!   journal-<id>       fixed layout: the redo journal of in-place replaces
 //!
 //! `<id>` is the generation that created the file, as 16 hex digits. Files are
 //! never rewritten in place except by appending past their committed length;
@@ -131,7 +133,18 @@ pub const Superblock = extern struct {
     dict_file: u64,
     dict_bytes: u64,
     dict_checksum: u64,
-    reserved: [17]u64,
+    reserved: [13]u64,
+    /// Fixed layout: the journal of in-place replaces (journal.zig), or 0.
+    journal_file: u64,
+    /// Journal records up to this sequence are in the data and sums files
+    /// this superblock names (a checkpoint); later ones are replayed on open.
+    journal_sequence: u64,
+    /// durable=False: 1 when this superblock was written without a sync,
+    /// 0 when it was made durable.
+    unsynced: u64,
+    /// When unsynced: the generation of the last synced state, which the
+    /// other slot holds. Open checks what changed since then.
+    synced_base: u64,
     checksum: u64,
 
     pub fn empty() Superblock {
@@ -166,6 +179,9 @@ pub const Superblock = extern struct {
         if (superblock.live_bytes > superblock.data_bytes) return "live bytes exceed data bytes";
         if (superblock.dict_bytes > dict_bytes_max) return "dictionary too large";
         if ((superblock.dict_file == 0) != (superblock.dict_bytes == 0)) return "dictionary fields disagree";
+        if (superblock.unsynced > 1) return "unknown sync state";
+        if (superblock.unsynced == 1 and superblock.synced_base >= superblock.generation) return "synced base is not older than the superblock";
+        if (superblock.unsynced == 0 and superblock.synced_base != 0) return "synced superblock with a synced base";
         switch (superblock.getLayout()) {
             .empty => {
                 if (superblock.record_count != 0 or superblock.data_bytes != 0) return "empty layout holds data";
@@ -251,6 +267,67 @@ comptime {
     assert(@sizeOf(Entry) == 32);
 }
 
+/// The shared page: the first page of the `lock` file, mapped by the writer
+/// and every reader of a store that has a journal. Not a commit and never
+/// synced: nothing in it is trusted after a crash until a writer or a
+/// settling reader rewrote it. The journal file starts with a page of the
+/// same layout, of which only the magic and version are used.
+pub const JournalPage = extern struct {
+    magic: [8]u8,
+    version: u32,
+    reserved0: u32,
+    /// Sequence lock: odd while a writer changes committed bytes in place.
+    sequence_lock: u64,
+    /// The checksum of the data file's partial last block while generation
+    /// `tail_generation` is current (in-place replaces change it without a
+    /// new superblock).
+    tail_generation: u64,
+    tail_checksum: u64,
+    reserved: [3]u64,
+};
+
+pub const journal_magic = "ZJOURNAL".*;
+pub const journal_version: u32 = 1;
+/// Records start after the shared page.
+pub const journal_page_bytes: u64 = 4096;
+
+/// One journaled replace. Followed by `row_count` row indices (ascending),
+/// `block_count` block numbers (ascending) and their new checksums, the
+/// `row_count * row_bytes` new rows, and zero padding to 8 bytes. The
+/// checksum covers the header up to it and the body.
+pub const JournalRecord = extern struct {
+    magic: [8]u8,
+    sequence: u64,
+    base_generation: u64,
+    /// Header, body and padding: where the next record starts.
+    total_bytes: u64,
+    row_bytes: u64,
+    row_count: u64,
+    block_count: u64,
+    /// The partial last block's checksum after this replace (0 if none).
+    tail_checksum: u64,
+    checksum: u64,
+
+    pub fn bodyBytes(record: *const JournalRecord) ?u64 {
+        const rows = std.math.mul(u64, record.row_count, record.row_bytes) catch return null;
+        const lists = std.math.mul(u64, record.row_count +| 2 *| record.block_count, 8) catch return null;
+        return std.math.add(u64, rows, lists) catch null;
+    }
+
+    pub fn computeChecksum(record: *const JournalRecord, body: []const u8) u64 {
+        var hasher = std.hash.XxHash3.init(0x4a4f_5552_4e41_4c21);
+        hasher.update(std.mem.asBytes(record)[0 .. @sizeOf(JournalRecord) - 8]);
+        hasher.update(body);
+        return hasher.final();
+    }
+};
+
+comptime {
+    assert(@sizeOf(JournalPage) == 64);
+    assert(@sizeOf(JournalRecord) == 72);
+    assert(journal_page_bytes >= @sizeOf(JournalPage));
+}
+
 pub fn hash(seed: u64, bytes: []const u8) u64 {
     return std.hash.XxHash3.hash(seed, bytes);
 }
@@ -262,7 +339,7 @@ pub fn blockChecksum(block: u64, bytes: []const u8) u64 {
     return hash(block *% 0xC2B2_AE3D_27D4_EB4F +% bytes.len, bytes);
 }
 
-pub const FileKind = enum { data, index, sums, dict };
+pub const FileKind = enum { data, index, sums, dict, journal };
 
 pub const file_name_bytes = 32;
 

@@ -16,7 +16,7 @@ fn blockSound(snapshot: *const Snapshot, block: u64) bool {
     const data = snapshot.dataBytes();
     const start = block * block_bytes;
     const end = @min(start + block_bytes, data.len);
-    const expected = if (block < data.len / block_bytes) snapshot.blockSums()[block] else snapshot.superblock.tail_checksum;
+    const expected = if (block < data.len / block_bytes) snapshot.blockSums()[block] else snapshot.tailChecksum();
     return format.blockChecksum(block, data[start..end]) == expected;
 }
 
@@ -42,3 +42,27 @@ pub fn recordSound(snapshot: *const Snapshot, index: u64) bool {
     return entry.payloadChecksum(payload) == entry.checksum;
 }
 
+
+/// Whether the bytes `snapshot` (an unsynced commit) holds beyond its synced
+/// `base` are sound: the blocks or entries past the base's end when they
+/// share files, everything in files the base does not name.
+pub fn changedSound(snapshot: *const Snapshot, base: *const format.Superblock) bool {
+    const superblock = &snapshot.superblock;
+    const same_data = base.data_file == superblock.data_file and base.getLayout() == superblock.getLayout();
+    switch (snapshot.layout()) {
+        .empty => return true,
+        .fixed => {
+            const same = same_data and base.sums_file == superblock.sums_file;
+            const start = if (same) base.data_bytes / block_bytes * block_bytes else 0;
+            return fixedRangeSound(snapshot, start, superblock.data_bytes - start);
+        },
+        .indexed => {
+            const same = same_data and base.index_file == superblock.index_file;
+            const first = if (same) base.record_count else 0;
+            for (first..snapshot.count()) |index| {
+                if (!recordSound(snapshot, index)) return false;
+            }
+            return true;
+        },
+    }
+}

@@ -210,6 +210,19 @@ pub fn unmap(memory: Memory) void {
     backend.unmap(memory);
 }
 
+pub const WritableMemory = []align(page_size) u8;
+
+/// Maps the first `bytes` of `file` read-write and shared: a page that the
+/// writer and readers in other processes see at once (the journal's
+/// sequence lock). Writes through it are not durable until a sync.
+pub fn mapWritable(file: File, bytes: u64) Error!WritableMemory {
+    return backend.mapWritable(file.handle, bytes) catch |err| failFile(err, "map", file.dir_path, file.name());
+}
+
+pub fn unmapWritable(memory: WritableMemory) void {
+    backend.unmap(memory);
+}
+
 /// A hint only: a failure changes no result, so it is ignored.
 pub fn advise(memory: []const u8, advice: Advice) void {
     if (memory.len == 0) return;
@@ -315,6 +328,11 @@ const Os = struct {
     fn map(handle: i32, reserve_bytes: u64) !Memory {
         const length_aligned = std.mem.alignForward(u64, reserve_bytes, page_size);
         return posix.mmap(null, length_aligned, posix.PROT.READ, .{ .TYPE = .SHARED }, handle, 0);
+    }
+
+    fn mapWritable(handle: i32, bytes: u64) !WritableMemory {
+        const length_aligned = std.mem.alignForward(u64, bytes, page_size);
+        return posix.mmap(null, length_aligned, posix.PROT.READ | posix.PROT.WRITE, .{ .TYPE = .SHARED }, handle, 0);
     }
 
     fn unmap(memory: Memory) void {

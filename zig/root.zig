@@ -80,10 +80,12 @@ fn codecFrom(value: u32) status.Error!format.Codec {
         status.fail(error.InvalidArgument, "unknown codec {d}: use 0 (raw), 1 (zstd), 2 (zstd_dict), or one of them byte-shuffled by 2, 4 or 8-byte elements (0x11, 0x21, 0x31 for zstd; 0x12, 0x22, 0x32 for zstd_dict)", .{value});
 }
 
-export fn lx_store_open(path: [*:0]const u8, threads: u32, verify: u32, out: *?*Store) c_int {
+/// `flags`: bit 0 verifies every read against its checksum; bit 1 opens
+/// with durable=False (fsync deferred to sync() and close()).
+export fn lx_store_open(path: [*:0]const u8, threads: u32, flags: u32, out: *?*Store) c_int {
     status.clear();
     out.* = null;
-    const store = Store.open(std.mem.span(path), threads, verify != 0) catch |err| return result(err);
+    const store = Store.open(std.mem.span(path), threads, flags & 1 != 0, flags & 2 == 0) catch |err| return result(err);
     out.* = store;
     return 0;
 }

@@ -2,16 +2,21 @@
 //! read-only mappings of the files it names; a gather loads the current one
 //! and reads only bytes its superblock committed.
 //!
-//! Invariant: committed bytes never change under a live mapping. Writers
-//! append past committed lengths or write new files; a snapshot a writer
-//! replaced, and the mappings only it used, are kept until no gather is in
-//! flight (`Snapshots.retire` / `reclaim`), so a gather racing an append, a
-//! delete or a compaction reads a consistent, still-mapped state.
+//! Invariant: committed bytes never change under a live mapping, except
+//! inside the journal's sequence lock (journal.zig): an in-place replace
+//! makes the lock odd, writes, and makes it even, and a gather that saw the
+//! lock change retries (Store.gather), so each gather reads one committed
+//! state whole. Otherwise writers append past committed lengths or write new
+//! files; a snapshot a writer replaced, and the mappings only it used, are
+//! kept until no gather is in flight (`Snapshots.retire` / `reclaim`), so a
+//! gather racing an append, a delete or a compaction reads a consistent,
+//! still-mapped state.
 const std = @import("std");
 const format = @import("format.zig");
 const codec = @import("codec.zig");
 const status = @import("status.zig");
 const io = @import("io.zig");
+const journal = @import("journal.zig");
 
 const assert = std.debug.assert;
 const allocator = std.heap.c_allocator;
@@ -55,6 +60,27 @@ pub const Mapping = struct {
         return mapping;
     }
 
+    /// Maps the shared page of the lock file (journal.zig), or null while
+    /// the lock file holds none: then no writer has replaced in place since
+    /// the store was made or the machine restarted, and the next one writes
+    /// it before it does (under the writer lock, which readers check first).
+    pub fn openSharedPage(dir: io.Dir) Error!?*Mapping {
+        const file = io.openFile(dir, journal.lock_file_name, .read_only) catch |err| switch (err) {
+            error.NotFound => return null,
+            else => return err,
+        };
+        errdefer io.closeFile(file);
+        if (try io.length(file) < format.journal_page_bytes) {
+            io.closeFile(file);
+            return null;
+        }
+        const memory = try io.map(file, format.journal_page_bytes, format.journal_page_bytes);
+        errdefer io.unmap(memory);
+        const mapping = allocator.create(Mapping) catch return error.OutOfMemory;
+        mapping.* = .{ .file = file, .memory = memory, .id = 0 };
+        return mapping;
+    }
+
     pub fn destroy(mapping: *Mapping) void {
         io.unmap(mapping.memory);
         io.closeFile(mapping.file);
@@ -67,6 +93,9 @@ pub const Snapshot = struct {
     data: ?*Mapping = null,
     index: ?*Mapping = null,
     sums: ?*Mapping = null,
+    /// The shared page in the lock file (fixed stores; every writer writes
+    /// it before its first commit).
+    journal: ?*Mapping = null,
     dictionary: ?*const codec.Dictionary = null,
 
     pub fn count(snapshot: *const Snapshot) u64 {
@@ -94,8 +123,19 @@ pub const Snapshot = struct {
         return @alignCast(std.mem.bytesAsSlice(u64, bytes));
     }
 
-    pub fn mappings(snapshot: *const Snapshot) [3]?*Mapping {
-        return .{ snapshot.data, snapshot.index, snapshot.sums };
+    pub fn mappings(snapshot: *const Snapshot) [4]?*Mapping {
+        return .{ snapshot.data, snapshot.index, snapshot.sums, snapshot.journal };
+    }
+
+    pub fn journalPage(snapshot: *const Snapshot) ?*const format.JournalPage {
+        const mapping = snapshot.journal orelse return null;
+        return @ptrCast(mapping.memory.ptr);
+    }
+
+    /// The partial last block's checksum: in-place replaces keep it in the
+    /// journal's shared page, under the sequence lock.
+    pub fn tailChecksum(snapshot: *const Snapshot) u64 {
+        return journal.tailChecksum(snapshot.journalPage(), &snapshot.superblock);
     }
 
     /// Raw length of record `index`; Corrupt if its entry is not sound.
@@ -116,7 +156,8 @@ pub const Snapshot = struct {
         const snapshot = allocator.create(Snapshot) catch return error.OutOfMemory;
         snapshot.* = .{ .superblock = superblock, .dictionary = dictionary };
         errdefer snapshot.discard(previous);
-        const old: [3]?*Mapping = if (previous) |p| p.mappings() else .{ null, null, null };
+        const old: [4]?*Mapping = if (previous) |p| p.mappings() else .{ null, null, null, null };
+        if (superblock.getLayout() == .fixed) snapshot.journal = old[3] orelse try Mapping.openSharedPage(dir);
         switch (superblock.getLayout()) {
             .empty => {},
             .fixed => {
@@ -136,7 +177,7 @@ pub const Snapshot = struct {
     /// Frees a snapshot that was never published, and the mappings it does
     /// not share with `previous`.
     pub fn discard(snapshot: *Snapshot, previous: ?*const Snapshot) void {
-        const old: [3]?*Mapping = if (previous) |p| p.mappings() else .{ null, null, null };
+        const old: [4]?*Mapping = if (previous) |p| p.mappings() else .{ null, null, null, null };
         for (snapshot.mappings(), old) |mapping, shared| {
             if (mapping) |m| if (m != shared) m.destroy();
         }
@@ -180,10 +221,10 @@ pub const Snapshots = struct {
     }
 
     fn retire(snapshots: *Snapshots, old: *Snapshot, next: ?*const Snapshot) void {
-        const kept: [3]?*Mapping = if (next) |n| n.mappings() else .{ null, null, null };
+        const kept: [4]?*Mapping = if (next) |n| n.mappings() else .{ null, null, null, null };
         for (old.mappings()) |mapping| {
             const m = mapping orelse continue;
-            if (m == kept[0] or m == kept[1] or m == kept[2]) continue;
+            if (std.mem.indexOfScalar(?*Mapping, &kept, m) != null) continue;
             snapshots.retired_mappings.append(allocator, m) catch {
                 // Without room to defer the unmap we must keep it mapped: leak
                 // it rather than unmap under a reader.

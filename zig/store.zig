@@ -34,6 +34,7 @@ const indexed = @import("indexed.zig");
 const encode = @import("encode.zig");
 const plans = @import("plans.zig");
 const workers = @import("workers.zig");
+const journal = @import("journal.zig");
 
 const assert = std.debug.assert;
 const allocator = std.heap.c_allocator;
@@ -72,6 +73,9 @@ pub const Store = struct {
     path: []u8,
     threads: u32,
     verify_reads: bool,
+    /// false: commits skip fsync until sync() or close() (still atomic
+    /// through a process kill; see commit.zig).
+    durable: bool,
     snapshots: Snapshots,
     fell_back: bool,
     dictionary: ?*codec.Dictionary = null,
@@ -82,7 +86,7 @@ pub const Store = struct {
 
     /// Opens the store at `path`, creating it (and its parents) if missing.
     /// `threads` caps the threads one batch call runs on (0: one per core).
-    pub fn open(path: []const u8, threads: u32, verify_reads: bool) Error!*Store {
+    pub fn open(path: []const u8, threads: u32, verify_reads: bool, durable: bool) Error!*Store {
         status.clear();
         if (path.len == 0) return status.fail(error.InvalidArgument, "store path is empty", .{});
         const path_copy = allocator.dupe(u8, path) catch return error.OutOfMemory;
@@ -96,6 +100,7 @@ pub const Store = struct {
             .path = path_copy,
             .threads = if (threads == 0) workers.cpuCount() else threads,
             .verify_reads = verify_reads,
+            .durable = durable,
             .snapshots = undefined,
             .fell_back = false,
         };
@@ -106,13 +111,18 @@ pub const Store = struct {
         return store;
     }
 
+    /// Checkpoints the journal and, with durable=False, syncs first (a
+    /// failure leaves the journal's records for the next open to replay and
+    /// the last synced state in place: nothing durable is lost).
     pub fn close(store: *Store) void {
+        if (store.writer) |*writer| {
+            if (!writer.poisoned) {
+                if (writer.journalPending(&store.head().superblock) or !store.durable) commit.sync(store) catch {};
+            }
+        }
+        if (store.writer) |*writer| writer.close();
         store.snapshots.deinit();
         store.freeDictionary();
-        if (store.writer) |writer| {
-            io.closeFile(writer.superblock);
-            io.closeFile(writer.lock); // Closing the descriptor releases the flock.
-        }
         io.closeDir(store.dir);
         allocator.free(store.path);
         allocator.destroy(store);
@@ -174,10 +184,15 @@ pub const Store = struct {
         while (true) : (attempt += 1) {
             const loaded = try superblock_file.read(store.dir);
             store.fell_back = loaded.fell_back;
-            const superblock = loaded.superblock;
+            var superblock = loaded.superblock;
+            if (superblock.unsynced != 0 and !try store.unsyncedSound(loaded, current)) {
+                superblock = try store.syncedBase(loaded);
+                store.fell_back = true;
+            }
             if (current) |snapshot| {
                 if (snapshot.superblock.generation == superblock.generation) return snapshot;
             }
+            try store.settleJournal(&superblock);
             const dictionary = store.loadDictionary(superblock) catch |err| switch (err) {
                 error.NotFound => if (attempt + 1 < attempts_max) continue else return store.missingFile(),
                 else => return err,
@@ -187,6 +202,102 @@ pub const Store = struct {
                 else => return err,
             };
         }
+    }
+
+    /// Whether every byte an unsynced commit (durable=False) added since its
+    /// synced base holds its checksum: after a power loss, some may never
+    /// have reached the disk. Only what changed is read.
+    fn unsyncedSound(store: *Store, loaded: superblock_file.Loaded, current: ?*Snapshot) Error!bool {
+        const superblock = loaded.superblock;
+        const base = loaded.older orelse return false;
+        if (base.generation != superblock.synced_base) return false;
+        if (current) |snapshot| {
+            if (snapshot.superblock.generation == superblock.generation) return true;
+        }
+        const dictionary = store.loadDictionary(superblock) catch return false;
+        const snapshot = Snapshot.build(store.dir, superblock, null, dictionary) catch return false;
+        defer snapshot.discard(null);
+        return integrity.changedSound(snapshot, &base);
+    }
+
+    /// The synced base an unsynced head names, which open falls back to.
+    fn syncedBase(store: *Store, loaded: superblock_file.Loaded) Error!Superblock {
+        const base = loaded.older orelse return status.fail(error.Corrupt, "store '{s}' is damaged: its last commit was not synced and its synced base is gone", .{store.path});
+        if (base.generation != loaded.superblock.synced_base) {
+            return status.fail(error.Corrupt, "store '{s}' is damaged: its last commit was not synced and the other slot is not its synced base", .{store.path});
+        }
+        return base;
+    }
+
+    /// A reader that finds no live writer applies the journal records a
+    /// killed writer left (they are committed), so it reads what was
+    /// committed. A live writer applied them already (its begin replays).
+    fn settleJournal(store: *Store, superblock: *const Superblock) Error!void {
+        if (superblock.getLayout() != .fixed or store.writer != null) return;
+        const lock = io.openFile(store.dir, journal.lock_file_name, .read_only) catch |err| switch (err) {
+            error.NotFound => return,
+            else => return err,
+        };
+        defer io.closeFile(lock);
+        if (!try io.tryLock(lock)) return;
+        if (superblock.journal_file == 0) {
+            // A power loss may have taken the shared page: put it back, if
+            // this place can be written (otherwise no writer can come).
+            const page_file = io.openFile(store.dir, journal.lock_file_name, .read_write) catch return;
+            defer io.closeFile(page_file);
+            return journal.ensureSharedPage(page_file);
+        }
+        var handle = journal.open(store.dir, superblock) catch |err| {
+            if (err == error.Corrupt or err == error.UnsupportedVersion) return err;
+            if (try journal.pendingReadOnly(store.dir, superblock)) {
+                return status.fail(error.ReadOnly, "store '{s}' has replaces its last writer committed but did not finish applying, and this place cannot be written: open it once for writing where it can be written, which applies them", .{store.path});
+            }
+            return;
+        };
+        defer handle.close();
+        _ = try journal.settle(store.dir, &handle, superblock);
+    }
+
+    /// Waits while an in-place replace is writing (the sequence lock is
+    /// odd); returns the even value. A writer killed mid-replace leaves the
+    /// lock odd: once the lock file is free, this reader settles the journal.
+    fn waitEven(store: *Store, page: *const format.JournalPage) Error!u64 {
+        const wait_ns_max = 30 * std.time.ns_per_s;
+        var waited_ns: u64 = 0;
+        var spins: u32 = 0;
+        while (true) {
+            const value = journal.readBegin(page);
+            if (value % 2 == 0) return value;
+            spins += 1;
+            if (spins < 1000) {
+                std.atomic.spinLoopHint();
+                continue;
+            }
+            if (waited_ns >= wait_ns_max) {
+                return status.fail(error.Locked, "store '{s}': a writer has been replacing records in place for {d} s; is it stuck?", .{ store.path, wait_ns_max / std.time.ns_per_s });
+            }
+            store.snapshots.mutex.lock();
+            defer store.snapshots.mutex.unlock();
+            const on_disk = try superblock_file.read(store.dir);
+            try store.settleJournal(&on_disk.superblock);
+            if (journal.readBegin(page) % 2 == 0) continue;
+            std.Thread.sleep(std.time.ns_per_ms);
+            waited_ns += std.time.ns_per_ms;
+        }
+    }
+
+    /// Runs the read `function(args)` until no in-place replace overlapped
+    /// it, so it sees one committed state whole; its failure counts only
+    /// then (a checksum read mid-replace is no damage).
+    fn consistentRead(store: *Store, snapshot: *const Snapshot, comptime function: anytype, args: anytype) Error!void {
+        const page = snapshot.journalPage() orelse return @call(.auto, function, args);
+        const attempts_max = 100_000;
+        for (0..attempts_max) |_| {
+            const before = try store.waitEven(page);
+            const outcome = @call(.auto, function, args);
+            if (journal.readBegin(page) == before) return outcome;
+        }
+        return status.fail(error.Io, "store '{s}': a read raced in-place replaces {d} times in a row", .{ store.path, attempts_max });
     }
 
     fn missingFile(store: *Store) Error {
@@ -252,7 +363,8 @@ pub const Store = struct {
         status.clear();
         const snapshot = store.snapshots.acquire();
         defer store.snapshots.release();
-        return read.lengths(snapshot, store.verify_reads, indices, out);
+        if (!store.verify_reads) return read.lengths(snapshot, false, indices, out);
+        return store.consistentRead(snapshot, read.lengths, .{ snapshot, true, indices, out });
     }
 
     /// Decodes records `indices` into `target`: record k at byte
@@ -260,28 +372,62 @@ pub const Store = struct {
     /// records share one length.
     pub fn gather(store: *Store, indices: []const u64, target: []u8, target_offsets: ?[]const u64) Error!void {
         status.clear();
+        // Bounded: each retry follows a commit made meanwhile.
+        for (0..stale_retries_max) |_| {
+            var generation: u64 = undefined;
+            const outcome = store.gatherOnce(indices, target, target_offsets, &generation);
+            if (outcome != error.ChecksumMismatch or !try store.refreshIfStale(generation)) return outcome;
+        }
+        var generation: u64 = undefined;
+        return store.gatherOnce(indices, target, target_offsets, &generation);
+    }
+
+    const stale_retries_max = 4;
+
+    fn gatherOnce(store: *Store, indices: []const u64, target: []u8, target_offsets: ?[]const u64, generation: *u64) Error!void {
         const snapshot = store.snapshots.acquire();
         defer store.snapshots.release();
-        return read.gather(snapshot, store.threads, store.verify_reads, indices, target, target_offsets);
+        generation.* = snapshot.superblock.generation;
+        return store.consistentRead(snapshot, read.gather, .{ snapshot, store.threads, store.verify_reads, indices, target, target_offsets });
+    }
+
+    /// A reader whose snapshot predates a commit checks the partial last
+    /// block against the checksum its superblock had, which an in-place
+    /// replace since may have changed: a mismatch there is no damage until
+    /// the newest superblock says so too. Refreshes such a reader; returns
+    /// whether it did.
+    fn refreshIfStale(store: *Store, generation: u64) Error!bool {
+        if (store.writer != null) return false;
+        if (store.head().superblock.generation != generation) return true; // Another thread refreshed.
+        const on_disk = superblock_file.read(store.dir) catch return false;
+        if (on_disk.superblock.generation == generation) return false;
+        try store.refresh();
+        return store.head().superblock.generation != generation;
     }
 
     /// Appends to `out` the indices in [start, end) whose bytes fail their
     /// checksum (or whose entry is unusable). Returns how many it found.
     pub fn verify(store: *Store, start: u64, end: u64, out: []u64) Error!u64 {
         status.clear();
+        for (0..stale_retries_max) |_| {
+            var generation: u64 = undefined;
+            const found = try store.verifyOnce(start, end, out, &generation);
+            if (found == 0 or !try store.refreshIfStale(generation)) return found;
+        }
+        var generation: u64 = undefined;
+        return store.verifyOnce(start, end, out, &generation);
+    }
+
+    fn verifyOnce(store: *Store, start: u64, end: u64, out: []u64, generation: *u64) Error!u64 {
         const snapshot = store.snapshots.acquire();
         defer store.snapshots.release();
+        generation.* = snapshot.superblock.generation;
         if (start > end or end > snapshot.count()) {
             return status.fail(error.IndexOutOfRange, "verify range [{d}, {d}) is outside a store of {d} records", .{ start, end, snapshot.count() });
         }
         assert(out.len >= end - start);
         var found: u64 = 0;
-        for (start..end) |index| {
-            if (!integrity.recordSound(snapshot, index)) {
-                out[found] = index;
-                found += 1;
-            }
-        }
+        try store.consistentRead(snapshot, findDamaged, .{ snapshot, start, end, out, &found });
         return found;
     }
 
@@ -385,8 +531,9 @@ pub const Store = struct {
         try indexed.compact(store, current);
     }
 
-    /// Every commit is durable when it returns; kept for the API, and to
-    /// report a writer that can no longer promise it.
+    /// Makes every commit so far durable. With durable=True they are when
+    /// they return (a replace's journal record too), so this only reports a
+    /// writer that can no longer promise it; with durable=False it syncs.
     pub fn sync(store: *Store) Error!void {
         status.clear();
         store.snapshots.mutex.lock();
@@ -394,6 +541,12 @@ pub const Store = struct {
         if (store.writer) |writer| {
             if (writer.poisoned) return commit.begin(store);
         }
+        if (store.durable) return;
+        // Commits an earlier durable=False writer left unsynced are synced
+        // too: this handle becomes the writer for that.
+        if (store.writer == null and store.head().superblock.unsynced == 0) return;
+        try commit.begin(store);
+        try commit.sync(store);
     }
 
     pub fn trainDict(store: *Store, samples: []const u8, sizes: []const u64, target_bytes: u64) Error!u64 {
@@ -434,6 +587,16 @@ pub const Store = struct {
     }
 
 };
+
+fn findDamaged(snapshot: *const Snapshot, start: u64, end: u64, out: []u64, found: *u64) Error!void {
+    found.* = 0;
+    for (start..end) |index| {
+        if (!integrity.recordSound(snapshot, index)) {
+            out[found.*] = index;
+            found.* += 1;
+        }
+    }
+}
 
 // ---- batch helpers -------------------------------------------------------------
 
@@ -479,7 +642,7 @@ test "append, gather and reopen round trip in both layouts" {
     simulated.reset();
     const path = "roundtrip";
 
-    const store = try Store.open(path, 2, true);
+    const store = try Store.open(path, 2, true, true);
     const source = "aaaabbbbcccc";
     const offsets = [_]u64{ 0, 4, 8 };
     try testing.expectEqual(@as(u64, 0), try store.append(source, &offsets, .raw));
@@ -489,7 +652,7 @@ test "append, gather and reopen round trip in both layouts" {
     try testing.expectEqual(Layout.indexed, store.head().layout());
     store.close();
 
-    const reopened = try Store.open(path, 2, true);
+    const reopened = try Store.open(path, 2, true, true);
     defer reopened.close();
     var target: [14]u8 = undefined;
     const indices = [_]u64{ 3, 0, 2, 1 };
@@ -502,7 +665,7 @@ test "delete in both modes matches repeated swap-remove and order-keeping remova
     for ([_]bool{ false, true }) |keep_order| {
         simulated.reset();
         const path = "delete";
-        const store = try Store.open(path, 1, true);
+        const store = try Store.open(path, 1, true, true);
         defer store.close();
         const source = "0123456789";
         const offsets = [_]u64{ 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 };

@@ -1,10 +1,13 @@
-//! The superblock file: two slots, each holding one sealed `Superblock`.
-//! Generation g lives in slot g % 2; open takes the newest sound slot.
+//! The superblock file: two slots, each holding one sealed `Superblock`;
+//! open takes the newest sound slot.
 //!
-//! Invariant: the only durable generation is never overwritten. Every commit
-//! syncs its slot before it returns, so when generation g + 1 is written
-//! over slot (g + 1) % 2, generation g in the other slot is durable already
-//! and a torn write of g + 1 falls back to it. The file is created whole
+//! Invariant: the last synced generation is never overwritten. A commit
+//! writes the slot that does not hold it; a durable commit syncs its slot
+//! before it returns (and its slot then holds the last synced generation),
+//! so a torn write falls back to the synced one. With durable=True every
+//! commit is synced and the slots alternate. A durable=False store writes
+//! its unsynced commits over each other in one slot, each naming its synced
+//! base (`synced_base`), which open checks them against (store.zig). The file is created whole
 //! (written and synced under a temporary name, then linked into place), so a
 //! superblock file of any other length is damage zrecord did not make.
 const std = @import("std");
@@ -25,6 +28,8 @@ pub const temp_prefix = file_name ++ ".tmp-";
 pub const Loaded = struct {
     superblock: Superblock,
     fell_back: bool,
+    /// The other slot when it is sound too (an unsynced head's base).
+    older: ?Superblock = null,
 };
 
 /// Reads the newest sound slot of the superblock of the store in `dir`.
@@ -53,8 +58,8 @@ pub fn read(dir: io.Dir) Error!Loaded {
         }
     }
     if (reasons[0] == null and reasons[1] == null) {
-        const newest = if (slots[1].generation > slots[0].generation) slots[1] else slots[0];
-        return .{ .superblock = newest, .fell_back = false };
+        const newer: usize = if (slots[1].generation > slots[0].generation) 1 else 0;
+        return .{ .superblock = slots[newer], .fell_back = false, .older = slots[1 - newer] };
     }
     for (0..2) |index| {
         if (reasons[index] != null) continue;
@@ -93,15 +98,15 @@ pub fn create(dir: io.Dir) Error!void {
     try io.syncParent(dir.path);
 }
 
-/// Writes `superblock` into its slot and makes it durable. On failure the
-/// slot is put back as it was, as far as the disk allows, and the caller
-/// must treat the commit as not made.
-pub fn write(file: io.File, superblock: *const Superblock, overwritten: *const Superblock) Error!void {
+/// Writes `superblock` into `slot` and, when `durable`, makes it durable.
+/// On failure the slot is put back as it was, as far as the disk allows,
+/// and the caller must treat the commit as not made.
+pub fn write(file: io.File, superblock: *const Superblock, overwritten: *const Superblock, slot: u1, durable: bool) Error!void {
     assert(superblock.invalidReason() == null);
-    const offset = (superblock.generation % 2) * format.slot_bytes;
+    const offset = @as(u64, slot) * format.slot_bytes;
     const outcome = blk: {
         io.write(file, std.mem.asBytes(superblock), offset) catch |err| break :blk err;
-        io.sync(file) catch |err| break :blk err;
+        if (durable) io.sync(file) catch |err| break :blk err;
         return;
     };
     // The slot may hold the new generation in the page cache: undo that so

@@ -36,7 +36,7 @@ typedef struct {
 } lx_limits_t;
 
 void lx_limits(lx_limits_t *out);
-int lx_store_open(const char *path, uint32_t threads, uint32_t verify, lx_store **out);
+int lx_store_open(const char *path, uint32_t threads, uint32_t flags, lx_store **out);
 void lx_store_close(lx_store *store);
 int lx_store_refresh(lx_store *store);
 uint64_t lx_store_count(lx_store *store);

@@ -334,13 +334,17 @@ class Zrecord(NativeHandle):
     ``codec`` is the default for ``append`` and ``replace``; ``verify=True``
     checks every record's checksum on read; ``threads`` caps the native
     threads a batch call uses (0: one per core). A non-empty directory that
-    is not a store is refused unless ``create=True``. A pickled store is its
-    path and options: unpickling opens it again.
+    is not a store is refused unless ``create=True``. ``durable=False``
+    defers every fsync to ``sync()`` and ``close()``: commits stay atomic
+    through a process kill, and after a power loss the store opens at its
+    last sync or a later commit whose bytes check out (README, "In-place
+    replace, the journal and durability"). A pickled store is its path and
+    options: unpickling opens it again.
     """
 
     def __init__(
         self, path: str | os.PathLike[str], codec: str = "zstd", verify: bool = False, threads: int = 0,
-        create: bool = False,
+        create: bool = False, durable: bool = True,
     ) -> None:
         self.path = os.fspath(path)
         self.codec = codec
@@ -350,9 +354,11 @@ class Zrecord(NativeHandle):
         if not create:
             _refuse_foreign_directory(self.path)
         handle = ffi.new("lx_store **")
-        check(lib.lx_store_open(self.path.encode(), threads, int(bool(verify)), handle), f"cannot open store '{self.path}'")
+        flags = int(bool(verify)) | (0 if durable else 2)
+        check(lib.lx_store_open(self.path.encode(), threads, flags, handle), f"cannot open store '{self.path}'")
         self._handle = handle[0]
         self.verify_reads = bool(verify)
+        self.durable = bool(durable)
         self._threads = threads
         # Which directory this handle opened, to tell "replaced since" apart
         # from damage when a refresh finds no superblock.
@@ -360,12 +366,12 @@ class Zrecord(NativeHandle):
         self._reopen_hint = "Zrecord(path)"
         self._init_lifetime()
 
-    def __reduce__(self) -> tuple[type[Zrecord], tuple[str, str, bool, int]]:
+    def __reduce__(self) -> tuple[type[Zrecord], tuple[str, str, bool, int, bool, bool]]:
         # A native handle cannot cross processes: a pickled store is its path
         # and options, opened again on unpickling (spawn/forkserver workers).
         if self._closed:
             raise TypeError(f"cannot pickle the closed store '{self.path}': pickle it while open")
-        return (type(self), (self.path, self.codec, self.verify_reads, self._threads))
+        return (type(self), (self.path, self.codec, self.verify_reads, self._threads, False, self.durable))
 
     def _closed_message(self) -> str:
         return f"store '{self.path}' is closed; open it again with {self._reopen_hint}"
@@ -538,7 +544,9 @@ class Zrecord(NativeHandle):
         self._call(lib.lx_store_compact)
 
     def sync(self) -> None:
-        """Makes every commit so far durable (survives power loss)."""
+        """Makes every commit so far durable (survives power loss). With
+        ``durable=True`` they are already; with ``durable=False`` this is
+        where the fsyncs happen (``close()`` does it too)."""
         self._call(lib.lx_store_sync)
 
     def train_dict(self, samples: Any, sizes: Iterable[int], target: int) -> int:

@@ -42,6 +42,9 @@ fn freshArena() std.mem.Allocator {
 }
 
 const path = "sim/store";
+/// How the workload running now opens its store (durable=False for every
+/// third and fourth seed of four).
+var workload_durable = true;
 const fixed_record_bytes = 1000;
 const dictionary_bytes = 256;
 
@@ -113,6 +116,9 @@ const Generator = struct {
     arena: std.mem.Allocator,
     count: u64 = 0,
     dictionary: bool = false,
+    /// Only fixed-length raw records: the store stays fixed, so replaces
+    /// go through the journal in place.
+    fixed_only: bool = false,
 
     fn record(generator: *Generator, length: usize, compressible: bool) ![]const u8 {
         const bytes = try generator.arena.alloc(u8, length);
@@ -162,6 +168,7 @@ const Generator = struct {
     /// The next operation; appends in the fixed layout dominate at first, so
     /// most workloads exercise both layouts and the change between them.
     fn next(generator: *Generator) !Operation {
+        if (generator.fixed_only) return fixed_operations.next(generator);
         const roll = generator.random.uintLessThan(u8, 100);
         if (generator.count == 0 or roll < 35) {
             const fixed = roll < 25 or generator.count == 0;
@@ -194,9 +201,34 @@ const Generator = struct {
     }
 };
 
+const fixed_operations = struct {
+    fn next(generator: *Generator) !Operation {
+        const roll = generator.random.uintLessThan(u8, 100);
+        if (generator.count == 0 or roll < 20) {
+            const count = 1 + generator.random.uintLessThan(usize, 20);
+            generator.count += count;
+            return .{ .append = .{ .records = try generator.records(count, .raw, true), .codec = .raw } };
+        }
+        if (roll < 70) {
+            const count = 1 + generator.random.uintLessThan(usize, @min(generator.count, 6));
+            return .{ .replace = .{ .indices = try generator.indices(count, true), .records = try generator.records(count, .raw, true), .codec = .raw } };
+        }
+        if (roll < 78 and generator.count > 1) {
+            const count = 1 + generator.random.uintLessThan(usize, @min(generator.count - 1, 4));
+            const list = try generator.indices(count, true);
+            generator.count -= count;
+            return .{ .delete = .{ .indices = list, .keep_order = generator.random.boolean() } };
+        }
+        if (roll < 88) return .sync;
+        return .reopen;
+    }
+};
+
 fn makeWorkload(seed: u64, length: usize, arena: std.mem.Allocator) ![]const Operation {
     var prng = std.Random.DefaultPrng.init(seed);
-    var generator = Generator{ .random = prng.random(), .arena = arena };
+    // Every other workload keeps the store fixed: mostly in-place replaces,
+    // with the appends, deletes, syncs and reopens that checkpoint them.
+    var generator = Generator{ .random = prng.random(), .arena = arena, .fixed_only = seed % 2 == 0 };
     const operations = try arena.alloc(Operation, length);
     for (operations) |*operation| operation.* = try generator.next();
     return operations;
@@ -235,7 +267,7 @@ fn trainSamples(arena: std.mem.Allocator) !struct { samples: []u8, sizes: []u64 
 
 /// Runs one operation against the store (which `reopen` replaces).
 fn perform(store: *?*Store, operation: Operation, arena: std.mem.Allocator) status.Error!void {
-    if (store.* == null) store.* = try Store.open(path, 1, true);
+    if (store.* == null) store.* = try Store.open(path, 1, true, workload_durable);
     const handle = store.*.?;
     switch (operation) {
         .append => |append| {
@@ -256,7 +288,7 @@ fn perform(store: *?*Store, operation: Operation, arena: std.mem.Allocator) stat
         .reopen => {
             handle.close();
             store.* = null;
-            store.* = try Store.open(path, 1, true);
+            store.* = try Store.open(path, 1, true, workload_durable);
         },
     }
 }
@@ -304,8 +336,10 @@ fn sameRecords(store: *Store, model: *const Model, arena: std.mem.Allocator) !bo
 fn expectNoOrphans(store: *Store, arena: std.mem.Allocator) !void {
     try store.sync(); // A reopened writer must not be poisoned.
     // Any write runs recovery first; a compaction of a compact store writes
-    // nothing else.
+    // nothing else. A durable=False store deletes replaced files at its
+    // next sync.
     try store.compact();
+    try store.sync();
     const superblock = store.head().superblock;
     var names: std.ArrayList([]const u8) = .empty;
     try storage.listNames(path, &names, arena);
@@ -320,6 +354,7 @@ fn expectNoOrphans(store: *Store, arena: std.mem.Allocator) !void {
             .index => superblock.index_file,
             .sums => superblock.sums_file,
             .dict => superblock.dict_file,
+            .journal => superblock.journal_file,
         };
         if (named != parsed.id) {
             std.debug.print("orphan file '{s}' survived recovery\n", .{name});
@@ -350,7 +385,7 @@ const Counts = struct {
 /// Runs `operations` with power lost before call `crash_call`, then brings
 /// power back with `seed` and checks the store that survives. Returns false
 /// when the workload finished before that call (nothing was lost).
-fn powerLossTrial(operations: []const Operation, states: []const Model, crash_call: u64, seed: u64) !bool {
+fn powerLossTrial(operations: []const Operation, states: []const Model, crash_call: u64, seed: ?u64) !bool {
     const arena = freshArena();
     storage.reset();
     storage.powerOffAt(crash_call);
@@ -366,22 +401,36 @@ fn powerLossTrial(operations: []const Operation, states: []const Model, crash_ca
     const lost = storage.poweredOff();
     if (store) |handle| handle.close();
     if (!lost) return false;
-    storage.powerLoss(seed);
-    const reopened = try Store.open(path, 1, true);
+    // No seed: the process is killed and the machine stays up.
+    if (seed) |power_seed| storage.powerLoss(power_seed) else storage.processCrash();
+    const reopened = try Store.open(path, 1, true, workload_durable);
     defer reopened.close();
-    // Every commit is durable when it returns: the store holds the state
-    // after the acknowledged operations, or after the one in flight too.
-    var expected = &states[acknowledged];
-    if (!try sameRecords(reopened, expected, arena)) {
-        const in_flight = @min(acknowledged + 1, states.len - 1);
-        expected = &states[in_flight];
-        if (!try sameRecords(reopened, expected, arena)) {
-            std.debug.print("after power loss at call {d} (seed {d}), {d} operations acknowledged: the store matches neither the model before nor after the operation in flight ({s})\n", .{ crash_call, seed, acknowledged, @tagName(operations[@min(acknowledged, operations.len - 1)]) });
-            return error.TestUnexpectedResult;
-        }
-    }
+    // durable=True: every commit is durable when it returns, so the store
+    // holds the state after the acknowledged operations, or after the one
+    // in flight too. durable=False: the state at the last acknowledged
+    // sync (or reopen: close syncs) or any later one, whole.
+    const in_flight = @min(acknowledged + 1, states.len - 1);
+    // A killed process loses nothing the page cache holds, in either mode.
+    const oldest = if (workload_durable or seed == null) acknowledged else lastSync(operations[0..acknowledged]);
+    var candidate = in_flight + 1;
+    const expected = while (candidate > oldest) {
+        candidate -= 1;
+        if (try sameRecords(reopened, &states[candidate], arena)) break &states[candidate];
+    } else {
+        std.debug.print("after power loss at call {d} (seed {?d}, durable={}), {d} operations acknowledged: the store matches no model from state {d} (the last sync) to {d} (the operation in flight, {s})\n", .{ crash_call, seed, workload_durable, acknowledged, oldest, in_flight, @tagName(operations[@min(acknowledged, operations.len - 1)]) });
+        return error.TestUnexpectedResult;
+    };
     try expectState(reopened, expected, arena);
     return true;
+}
+
+/// The number of operations up to the last sync or reopen among `done`.
+fn lastSync(done: []const Operation) usize {
+    var last: usize = 0;
+    for (done, 1..) |operation, count| {
+        if (operation == .sync or operation == .reopen) last = count;
+    }
+    return last;
 }
 
 fn powerLossWorkload(workload_seed: u64, length: usize, seeds_per_call: u64, counts: *Counts) !void {
@@ -392,10 +441,11 @@ fn powerLossWorkload(workload_seed: u64, length: usize, seeds_per_call: u64, cou
     const states = try modelStates(operations, arena);
     var call: u64 = 0;
     while (true) : (call += 1) {
-        for (0..seeds_per_call) |k| {
-            const seed = workload_seed *% 1_000_003 +% call *% 31 +% k;
+        // One process kill, then power losses with different seeds.
+        for (0..seeds_per_call + 1) |k| {
+            const seed: ?u64 = if (k == 0) null else workload_seed *% 1_000_003 +% call *% 31 +% k;
             const lost = powerLossTrial(operations, states, call, seed) catch |err| {
-                std.debug.print("power-loss trial failed: workload seed {d}, length {d}, crash call {d}, power seed {d} (replay: LOADERX_SIM_SEED={d})\n", .{ workload_seed, length, call, seed, workload_seed });
+                std.debug.print("power-loss trial failed: workload seed {d}, length {d}, crash call {d}, power seed {?d} (null: a process kill) (replay: LOADERX_SIM_SEED={d})\n", .{ workload_seed, length, call, seed, workload_seed });
                 return err;
             };
             if (!lost) return;
@@ -442,25 +492,34 @@ fn faultTrial(operations: []const Operation, kind: storage.Kind, at: u64, fault:
             fired = storage.clearFault();
             try testing.expect(fired);
             try testing.expect(status.message().len > 0);
-            // The committed state is what it was, for this handle and a new one.
-            if (store) |handle| try expectRecords(handle, &model, arena);
-            const reader = try Store.open(path, 1, true);
-            defer reader.close();
-            try expectRecords(reader, &model, arena);
-            // The store works again: at once, or after a reopen when a sync
-            // failed and the writer refuses until then.
+            // A writer that refuses until reopened (a failed sync, or an
+            // in-place replace that failed after its journal record was
+            // written) may hold a half-written view: it is closed first.
+            var poisoned = false;
             if (store) |handle| {
                 if (handle.writer != null and handle.writer.?.poisoned) {
                     handle.close();
                     store = null;
+                    poisoned = true;
                 }
             }
-            try perform(&store, operation, arena);
+            // The committed state is what it was, for this handle and a new
+            // one; only an in-place replace whose record the journal holds
+            // may have happened, and then a new reader must see it whole.
+            var after = try model.clone(arena);
+            try after.apply(arena, operation);
+            const reader = try Store.open(path, 1, true, true);
+            defer reader.close();
+            const committed = poisoned and operation == .replace and try sameRecords(reader, &after, arena);
+            try expectRecords(reader, if (committed) &after else &model, arena);
+            if (store) |handle| try expectRecords(handle, &model, arena);
+            // The store works again: at once, or after a reopen.
+            if (!committed) try perform(&store, operation, arena);
         };
         try model.apply(arena, operation);
     }
     if (!fired) fired = storage.clearFault();
-    if (store == null) store = try Store.open(path, 1, true);
+    if (store == null) store = try Store.open(path, 1, true, workload_durable);
     try expectState(store.?, &model, arena);
     return fired;
 }
@@ -523,6 +582,7 @@ test "power loss at every call and every fault at every call leave the store who
     const workloads = if (replay != 0) 1 else 12 * scale;
     for (0..workloads) |k| {
         const seed = if (replay != 0) replay else 1 + k;
+        workload_durable = seed % 4 < 2;
         try powerLossWorkload(seed, 10, 2, &counts);
         try faultWorkload(seed, 10, &counts);
         counts.workloads += 1;
@@ -533,13 +593,13 @@ test "power loss at every call and every fault at every call leave the store who
 
 test "the simulated disk loses unsynced writes and names, and keeps synced ones" {
     storage.reset();
-    const store = try Store.open(path, 1, true);
+    const store = try Store.open(path, 1, true, true);
     _ = try store.append("0123456789", &.{ 0, 5 }, .raw);
     store.close();
     // Every commit is durable: the worst power loss keeps it.
     for (0..20) |seed| {
         storage.powerLoss(seed);
-        const reopened = try Store.open(path, 1, true);
+        const reopened = try Store.open(path, 1, true, true);
         defer reopened.close();
         try testing.expectEqual(@as(u64, 2), reopened.count());
     }
@@ -547,7 +607,7 @@ test "the simulated disk loses unsynced writes and names, and keeps synced ones"
 
 test "a failed sync is not retried into a false success" {
     storage.reset();
-    const store = try Store.open(path, 1, true);
+    const store = try Store.open(path, 1, true, true);
     _ = try store.append("abcd", &.{0}, .raw);
     storage.injectFault(.sync_file, storage.kindCount(.sync_file), .sync_fails);
     try testing.expectError(error.Io, store.append("efgh", &.{0}, .raw));
@@ -557,7 +617,7 @@ test "a failed sync is not retried into a false success" {
     try testing.expectError(error.Io, store.append("ijkl", &.{0}, .raw));
     try testing.expect(std.mem.indexOf(u8, status.message(), "reopen") != null or std.mem.indexOf(u8, status.message(), "open it again") != null);
     store.close();
-    const reopened = try Store.open(path, 1, true);
+    const reopened = try Store.open(path, 1, true, true);
     defer reopened.close();
     _ = try reopened.append("ijkl", &.{0}, .raw);
     try testing.expectEqual(@as(u64, 2), reopened.count());
@@ -568,11 +628,11 @@ test "regression: a new store's directory entry survives a power cut (its parent
     // store directory, so a synced store could vanish whole.
     for (0..50) |seed| {
         storage.reset();
-        const store = try Store.open("deep/er/store", 1, true);
+        const store = try Store.open("deep/er/store", 1, true, true);
         _ = try store.append("abcdef", &.{ 0, 3 }, .raw);
         store.close();
         storage.powerLoss(seed);
-        const reopened = try Store.open("deep/er/store", 1, true);
+        const reopened = try Store.open("deep/er/store", 1, true, true);
         defer reopened.close();
         try testing.expectEqual(@as(u64, 2), reopened.count());
     }
@@ -584,7 +644,7 @@ test "regression: the only durable superblock generation is never overwritten" {
     // other slot held an unsynced one; a tear fell back to an empty store.
     for (0..50) |seed| {
         storage.reset();
-        const store = try Store.open(path, 1, true);
+        const store = try Store.open(path, 1, true, true);
         for (0..5) |k| {
             var record: [8]u8 = undefined;
             @memset(&record, @intCast('a' + k));
@@ -592,7 +652,7 @@ test "regression: the only durable superblock generation is never overwritten" {
         }
         store.close();
         storage.powerLoss(seed);
-        const reopened = try Store.open(path, 1, true);
+        const reopened = try Store.open(path, 1, true, true);
         defer reopened.close();
         try testing.expectEqual(@as(u64, 5), reopened.count());
         try testing.expectEqual(@as(u32, 0), reopened.info().fell_back);
@@ -601,7 +661,7 @@ test "regression: the only durable superblock generation is never overwritten" {
 
 test "recovery truncates files past their committed length and deletes orphans" {
     storage.reset();
-    const store = try Store.open(path, 1, true);
+    const store = try Store.open(path, 1, true, true);
     _ = try store.append("abcdefgh", &.{ 0, 4 }, .raw);
     // A writer that died mid-operation: bytes past the committed end and a
     // file no superblock names.
@@ -614,7 +674,7 @@ test "recovery truncates files past their committed length and deletes orphans" 
     try io.write(data, "garbage", 8);
     io.closeFile(data);
     store.close();
-    const writer = try Store.open(path, 1, true);
+    const writer = try Store.open(path, 1, true, true);
     defer writer.close();
     _ = try writer.append("ijkl", &.{0}, .raw); // the first write recovers
     var names: std.ArrayList([]const u8) = .empty;

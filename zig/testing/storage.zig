@@ -154,6 +154,24 @@ pub fn kindCount(kind: Kind) u64 {
     return disk.kind_calls[@intFromEnum(kind)];
 }
 
+/// The process dies (SIGKILL) but the machine stays up: everything written
+/// stays, as the page cache keeps it, including writes through shared
+/// mappings; every handle (and every lock) is gone.
+pub fn processCrash() void {
+    disk.mutex.lock();
+    defer disk.mutex.unlock();
+    for (disk.nodes.items) |*node| {
+        if (node.is_dir) continue;
+        node.lock_holder = null;
+    }
+    disk.handles.clearRetainingCapacity();
+    disk.calls = 0;
+    disk.kind_calls = @splat(0);
+    disk.power_off_at = null;
+    disk.powered_off = false;
+    disk.fault = null;
+}
+
 /// Power is lost and comes back: every pending operation is kept, dropped or
 /// torn by `seed`, every handle is gone, and what is left is durable.
 /// The caller must have abandoned every handle and mapping of the old run.
@@ -517,6 +535,18 @@ pub fn map(handle: i32, reserve_bytes: u64) !Memory {
     _ = reserve_bytes;
     _ = try enter(.map);
     return handleNode(handle).visible;
+}
+
+/// A writable shared mapping is the visible buffer itself; what is written
+/// through it is never durable here (only the journal's volatile page uses it).
+pub fn mapWritable(handle: i32, bytes: u64) ![]align(page_size) u8 {
+    disk.mutex.lock();
+    defer disk.mutex.unlock();
+    _ = try enter(.map);
+    const node = handleNode(handle);
+    assert(disk.handles.items[@intCast(handle)].?.writable);
+    if (node.visible_bytes < bytes) return error.InputOutput;
+    return node.visible;
 }
 
 pub fn unmap(memory: Memory) void {

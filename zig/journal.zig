@@ -1,0 +1,562 @@
+//! The redo journal of a fixed store: in-place replaces that cost what they
+//! change (k rows and the 16 KiB blocks they touch), not a rewrite.
+//!
+//! A replace (1) appends one checksummed record {sequence, base generation,
+//! rows, new block checksums, new tail checksum} to `journal-<id>` and syncs
+//! it: that is the commit point, one fdatasync; (2) writes the rows and the
+//! sums into the data and sums files, unsynced, with the sequence lock of
+//! the journal's shared page odd, so no gather sees half of it. A checkpoint
+//! (any other commit, sync(), close(), or a journal past
+//! `checkpoint_bytes`) syncs the data and sums files and commits a superblock
+//! whose `journal_sequence` says "applied through S"; the journal then
+//! starts over. Recovery (a writer's begin, a reader that finds no live
+//! writer) replays, in order, every valid record after the checkpoint whose
+//! base generation is current, stopping at the first torn or foreign one.
+//! Replay writes whole block images (old bytes with the rows laid over), so
+//! it is idempotent.
+//!
+//! Invariant: committed bytes change in place only inside the sequence
+//! lock's odd window, only after the record that describes them is durable,
+//! and the record is dropped only after a superblock that covers it is.
+const std = @import("std");
+const builtin = @import("builtin");
+const format = @import("format.zig");
+const status = @import("status.zig");
+const io = @import("io.zig");
+const plans = @import("plans.zig");
+const Snapshot = @import("snapshot.zig").Snapshot;
+
+const assert = std.debug.assert;
+const allocator = std.heap.c_allocator;
+const Error = status.Error;
+const Superblock = format.Superblock;
+const JournalPage = format.JournalPage;
+const JournalRecord = format.JournalRecord;
+const Patch = plans.Patch;
+const block_bytes = format.block_bytes;
+const page_bytes = format.journal_page_bytes;
+
+/// A journal past this many bytes is checkpointed after the replace that
+/// grew it, so replay after a crash reads at most this much (plus one record).
+/// Tests use a small bound so that the simulation checkpoints mid-workload.
+pub const checkpoint_bytes: u64 = if (builtin.is_test) 16 << 10 else 1 << 20;
+/// The journal grows by written zeros, this much at a time, so that a
+/// record usually overwrites allocated blocks and its fdatasync flushes
+/// data only, not a new file length (about 10x cheaper on ext4).
+/// Tests use a small step so that records both fit and overflow it.
+const grow_bytes: u64 = if (builtin.is_test) 4 << 10 else 64 << 10;
+const zeros = [_]u8{0} ** grow_bytes;
+/// Blocks read, patched and written at a time: 1 MiB of scratch.
+const run_blocks_max = 64;
+
+/// The journal as the writer (or a settling reader) holds it.
+pub const Handle = struct {
+    file: io.File,
+    /// The lock file, holding the shared page, and the page mapped.
+    page_file: io.File,
+    memory: io.WritableMemory,
+    /// Where the next record goes.
+    end: u64 = page_bytes,
+    /// The file's length: records below it overwrite written zeros.
+    allocated: u64 = page_bytes,
+    /// The last sequence written; the superblock's journal_sequence when
+    /// nothing was replaced since the last checkpoint.
+    last_sequence: u64,
+
+    /// Writes zeros past the end for small records to land in; a record
+    /// larger than a step just extends the file.
+    fn grow(handle: *Handle, record_bytes: u64) Error!void {
+        const needed = handle.end + record_bytes;
+        if (needed <= handle.allocated or record_bytes > grow_bytes) return;
+        const target = std.mem.alignForward(u64, needed, grow_bytes);
+        while (handle.allocated < target) {
+            const step = @min(grow_bytes, target - handle.allocated);
+            try io.write(handle.file, zeros[0..step], handle.allocated);
+            handle.allocated += step;
+        }
+    }
+
+    /// Starts over after a checkpoint: back to the page, as short as it.
+    pub fn restart(handle: *Handle) Error!void {
+        handle.end = page_bytes;
+        if (handle.allocated > page_bytes) {
+            try io.setLength(handle.file, page_bytes);
+            handle.allocated = page_bytes;
+        }
+    }
+
+    pub fn page(handle: *const Handle) *JournalPage {
+        return @ptrCast(handle.memory.ptr);
+    }
+
+    pub fn close(handle: *Handle) void {
+        io.unmapWritable(handle.memory);
+        io.closeFile(handle.page_file);
+        io.closeFile(handle.file);
+    }
+
+    /// Makes the lock odd: gathers that overlap the change retry.
+    pub fn lock(handle: *Handle) void {
+        const word = &handle.page().sequence_lock;
+        const value = @atomicLoad(u64, word, .seq_cst);
+        @atomicStore(u64, word, value | 1, .seq_cst);
+    }
+
+    pub fn unlock(handle: *Handle, generation: u64, tail_checksum: u64) void {
+        const shared = handle.page();
+        @atomicStore(u64, &shared.tail_checksum, tail_checksum, .seq_cst);
+        @atomicStore(u64, &shared.tail_generation, generation, .seq_cst);
+        const value = @atomicLoad(u64, &shared.sequence_lock, .seq_cst);
+        @atomicStore(u64, &shared.sequence_lock, (value | 1) +% 1, .seq_cst);
+    }
+};
+
+fn fileName(buffer: *[format.file_name_bytes]u8, id: u64) [:0]const u8 {
+    return format.fileName(buffer, .journal, id);
+}
+
+/// Creates journal file `id` whole (its page written and synced) before any
+/// superblock names it.
+pub fn createFile(dir: io.Dir, id: u64, superblock: *const Superblock) Error!void {
+    var name_buffer: [format.file_name_bytes]u8 = undefined;
+    const file = try io.createFile(dir, fileName(&name_buffer, id), true);
+    defer io.closeFile(file);
+    var bytes = [_]u8{0} ** page_bytes;
+    const page = JournalPage{
+        .magic = format.journal_magic,
+        .version = format.journal_version,
+        .reserved0 = 0,
+        .sequence_lock = 0,
+        .tail_generation = superblock.generation,
+        .tail_checksum = superblock.tail_checksum,
+        .reserved = @splat(0),
+    };
+    @memcpy(bytes[0..@sizeOf(JournalPage)], std.mem.asBytes(&page));
+    try io.write(file, &bytes, 0);
+    try io.sync(file);
+}
+
+/// Opens the journal `superblock` names read-write, and maps the shared
+/// page. Caller holds the writer lock.
+pub fn open(dir: io.Dir, superblock: *const Superblock) Error!Handle {
+    assert(superblock.journal_file != 0);
+    var name_buffer: [format.file_name_bytes]u8 = undefined;
+    const file = try io.openFile(dir, fileName(&name_buffer, superblock.journal_file), .read_write);
+    errdefer io.closeFile(file);
+    try checkPage(dir, file);
+    const allocated = try io.length(file);
+    const page_file = try io.createFile(dir, lock_file_name, false);
+    errdefer io.closeFile(page_file);
+    try ensureSharedPage(page_file);
+    const memory = try io.mapWritable(page_file, page_bytes);
+    return .{ .file = file, .page_file = page_file, .memory = memory, .last_sequence = superblock.journal_sequence, .allocated = allocated };
+}
+
+/// The shared page lives in the lock file, which is never synced: the
+/// journal file is synced on every replace, and a page in it would be
+/// written back and write-protected each time, so that every sequence-lock
+/// store through the mapping took a page fault (4 ms on ext4 here). The
+/// page is volatile: nothing in it is trusted after a crash until a writer
+/// or a settling reader rewrote it.
+pub const lock_file_name = "lock";
+
+/// Writes a fresh page into the lock file when it holds none (a new store,
+/// or a power loss took it). Caller holds the writer lock.
+pub fn ensureSharedPage(file: io.File) Error!void {
+    var page: JournalPage = undefined;
+    const got = try io.read(file, std.mem.asBytes(&page), 0);
+    if (got == @sizeOf(JournalPage) and try io.length(file) >= page_bytes and std.mem.eql(u8, &page.magic, &format.journal_magic)) return;
+    var bytes = [_]u8{0} ** page_bytes;
+    page = std.mem.zeroes(JournalPage);
+    page.magic = format.journal_magic;
+    page.version = format.journal_version;
+    @memcpy(bytes[0..@sizeOf(JournalPage)], std.mem.asBytes(&page));
+    try io.write(file, &bytes, 0);
+}
+
+/// A journal shorter than its page or with another magic is damage: its
+/// page is written and synced before any superblock names the file.
+pub fn checkPage(dir: io.Dir, file: io.File) Error!void {
+    var page: JournalPage = undefined;
+    const got = try io.read(file, std.mem.asBytes(&page), 0);
+    const length = try io.length(file);
+    if (got != @sizeOf(JournalPage) or length < page_bytes or !std.mem.eql(u8, &page.magic, &format.journal_magic)) {
+        return status.fail(error.Corrupt, "store '{s}' is damaged: journal '{s}' has no valid page; restore the store from a copy", .{ dir.path, file.name() });
+    }
+    if (page.version != format.journal_version) {
+        return status.fail(error.UnsupportedVersion, "store '{s}' has a journal of a version this loaderx cannot read; upgrade loaderx", .{dir.path});
+    }
+}
+
+// ---- blocks touched by a replace -------------------------------------------------
+
+/// The data files a replace changes, and where it changes them.
+pub const Target = struct {
+    data: io.File,
+    sums: io.File,
+    data_bytes: u64,
+    stride: u64,
+};
+
+fn patchStart(patch: Patch, stride: u64) u64 {
+    return patch.row * stride;
+}
+
+/// Calls `visit(context, first_block, image)` for every run of at most
+/// `run_blocks_max` blocks that `patches` (ascending rows) touch, with
+/// `image` the run's bytes as they are after the patches.
+fn forEachRun(target: Target, patches: []const Patch, scratch: []u8, context: anytype, comptime visit: anytype) Error!void {
+    assert(scratch.len == run_blocks_max * block_bytes);
+    const stride = target.stride;
+    var passed: usize = 0; // Patches before it end at or before the current run.
+    var next: usize = 0;
+    while (next < patches.len) {
+        const first = patchStart(patches[next], stride) / block_bytes;
+        var last = (patchStart(patches[next], stride) + stride - 1) / block_bytes;
+        next += 1;
+        while (next < patches.len and patchStart(patches[next], stride) / block_bytes <= last + 1) : (next += 1) {
+            last = @max(last, (patchStart(patches[next], stride) + stride - 1) / block_bytes);
+        }
+        var block = first;
+        while (block <= last) {
+            const block_end = @min(last + 1, block + run_blocks_max);
+            const start = block * block_bytes;
+            const end = @min(block_end * block_bytes, target.data_bytes);
+            const image = scratch[0 .. end - start];
+            if (try io.read(target.data, image, start) != image.len) {
+                return status.fail(error.Corrupt, "data file '{s}' is shorter than committed", .{target.data.name()});
+            }
+            while (passed < patches.len and patchStart(patches[passed], stride) + stride <= start) passed += 1;
+            var k = passed;
+            while (k < patches.len and patchStart(patches[k], stride) < end) : (k += 1) {
+                const row_start = patchStart(patches[k], stride);
+                const from = @max(row_start, start);
+                const to = @min(row_start + stride, end);
+                @memcpy(image[from - start .. to - start], patches[k].bytes[from - row_start .. to - row_start]);
+            }
+            try visit(context, block, image);
+            block = block_end;
+        }
+    }
+}
+
+/// The new checksums of the blocks a replace touches.
+const Sums = struct {
+    blocks: std.ArrayList(u64) = .empty,
+    sums: std.ArrayList(u64) = .empty,
+    tail_checksum: ?u64 = null,
+
+    fn deinit(sums: *Sums) void {
+        sums.blocks.deinit(allocator);
+        sums.sums.deinit(allocator);
+    }
+
+    fn visit(sums: *Sums, first: u64, image: []const u8) Error!void {
+        var at: u64 = 0;
+        var block = first;
+        while (at < image.len) : (block += 1) {
+            const bytes = image[at..@min(at + block_bytes, image.len)];
+            const checksum = format.blockChecksum(block, bytes);
+            if (bytes.len == block_bytes) {
+                sums.blocks.append(allocator, block) catch return error.OutOfMemory;
+                sums.sums.append(allocator, checksum) catch return error.OutOfMemory;
+            } else {
+                sums.tail_checksum = checksum;
+            }
+            at += bytes.len;
+        }
+    }
+};
+
+fn writeImage(target: *const Target, first: u64, image: []const u8) Error!void {
+    try io.write(target.data, image, first * block_bytes);
+}
+
+/// Writes the patched blocks and their sums. Called inside the sequence
+/// lock; idempotent, so replay may run it again after any crash.
+fn apply(target: Target, patches: []const Patch, blocks: []const u64, sums: []const u64, scratch: []u8) Error!void {
+    try forEachRun(target, patches, scratch, &target, writeImage);
+    var k: usize = 0;
+    while (k < blocks.len) {
+        var run: usize = 1;
+        while (k + run < blocks.len and blocks[k + run] == blocks[k] + run) run += 1;
+        try io.write(target.sums, std.mem.sliceAsBytes(sums[k..][0..run]), blocks[k] * 8);
+        k += run;
+    }
+}
+
+// ---- the live replace -------------------------------------------------------------
+
+/// Journals and applies a replace of `patches` (ascending, unique rows of
+/// `target.stride` bytes) on top of generation `superblock`. Returns the new
+/// tail checksum. The record is durable before any committed byte changes.
+/// A failed sync, or a failure after the commit point, sets `poisoned`: this
+/// handle's view may be half written, and only a reopen (which replays the
+/// journal) is sure.
+pub fn replace(handle: *Handle, target: Target, superblock: *const Superblock, patches: []const Patch, tail_now: u64, poisoned: *bool) Error!u64 {
+    const scratch = allocator.alloc(u8, run_blocks_max * block_bytes) catch return error.OutOfMemory;
+    defer allocator.free(scratch);
+    var sums = Sums{};
+    defer sums.deinit();
+    try forEachRun(target, patches, scratch, &sums, Sums.visit);
+    const tail_checksum = sums.tail_checksum orelse tail_now;
+    const record_bytes = try writeRecord(handle, superblock, target.stride, patches, sums.blocks.items, sums.sums.items, tail_checksum, poisoned);
+    handle.end += record_bytes;
+    handle.last_sequence += 1;
+    handle.lock();
+    defer handle.unlock(superblock.generation, tail_checksum);
+    apply(target, patches, sums.blocks.items, sums.sums.items, scratch) catch |err| {
+        poisoned.* = true;
+        return status.wrap(err, "the replace is committed in the journal but applying it failed; close the store and open it again, which applies it", .{});
+    };
+    return tail_checksum;
+}
+
+/// Appends one record and syncs it. On failure the record's header is
+/// zeroed in the page cache, as far as the disk allows, so that no replay
+/// takes a replace that reported failure.
+fn writeRecord(handle: *Handle, superblock: *const Superblock, stride: u64, patches: []const Patch, blocks: []const u64, sums: []const u64, tail_checksum: u64, poisoned: *bool) Error!u64 {
+    const k = patches.len;
+    const lists_bytes = (k + 2 * blocks.len) * 8;
+    const body_bytes = lists_bytes + k * stride;
+    const total = std.mem.alignForward(u64, @sizeOf(JournalRecord) + body_bytes, 8);
+    const buffer = allocator.alignedAlloc(u8, .@"8", total) catch return error.OutOfMemory;
+    defer allocator.free(buffer);
+    @memset(buffer, 0);
+    const body = buffer[@sizeOf(JournalRecord)..][0..body_bytes];
+    const rows: []u64 = @alignCast(std.mem.bytesAsSlice(u64, body[0 .. k * 8]));
+    for (rows, patches) |*row, patch| row.* = patch.row;
+    @memcpy(body[k * 8 ..][0 .. blocks.len * 8], std.mem.sliceAsBytes(blocks));
+    @memcpy(body[(k + blocks.len) * 8 ..][0 .. sums.len * 8], std.mem.sliceAsBytes(sums));
+    for (patches, 0..) |patch, i| @memcpy(body[lists_bytes + i * stride ..][0..stride], patch.bytes);
+    var record = JournalRecord{
+        .magic = format.journal_magic,
+        .sequence = handle.last_sequence + 1,
+        .base_generation = superblock.generation,
+        .total_bytes = total,
+        .row_bytes = stride,
+        .row_count = k,
+        .block_count = blocks.len,
+        .tail_checksum = tail_checksum,
+        .checksum = 0,
+    };
+    record.checksum = record.computeChecksum(body);
+    @memcpy(buffer[0..@sizeOf(JournalRecord)], std.mem.asBytes(&record));
+    const outcome = blk: {
+        handle.grow(total) catch |err| break :blk err;
+        io.write(handle.file, buffer, handle.end) catch |err| break :blk err;
+        // A record larger than a step extended the file past `allocated`:
+        // the next step must start after it, not write zeros over it.
+        handle.allocated = @max(handle.allocated, handle.end + total);
+        io.sync(handle.file) catch |err| {
+            poisoned.* = true;
+            break :blk err;
+        };
+        return total;
+    };
+    const blank = [_]u8{0} ** @sizeOf(JournalRecord);
+    io.write(handle.file, &blank, handle.end) catch {};
+    return outcome;
+}
+
+// ---- replay -------------------------------------------------------------------------
+
+/// One record read back from the journal, checked before any field is used.
+const Loaded = struct {
+    record: JournalRecord,
+    bytes: []align(8) u8,
+
+    fn deinit(loaded: *Loaded) void {
+        allocator.free(loaded.bytes);
+    }
+
+    fn body(loaded: *const Loaded) []const u8 {
+        return loaded.bytes[@sizeOf(JournalRecord)..];
+    }
+
+    fn list(loaded: *const Loaded, first: u64, count: u64) []const u64 {
+        return @alignCast(std.mem.bytesAsSlice(u64, loaded.body()[first * 8 ..][0 .. count * 8]));
+    }
+
+    fn rows(loaded: *const Loaded) []const u64 {
+        return loaded.list(0, loaded.record.row_count);
+    }
+
+    fn blocks(loaded: *const Loaded) []const u64 {
+        return loaded.list(loaded.record.row_count, loaded.record.block_count);
+    }
+
+    fn sums(loaded: *const Loaded) []const u64 {
+        return loaded.list(loaded.record.row_count + loaded.record.block_count, loaded.record.block_count);
+    }
+
+    fn rowBytes(loaded: *const Loaded, k: usize) []const u8 {
+        const lists = (loaded.record.row_count + 2 * loaded.record.block_count) * 8;
+        const stride = loaded.record.row_bytes;
+        return loaded.body()[lists + k * stride ..][0..stride];
+    }
+};
+
+/// The record at `offset` if it is the next one (`sequence`) of generation
+/// `superblock` and whole; null at the end of the journal or a torn record.
+fn load(file: io.File, file_bytes: u64, offset: u64, sequence: u64, superblock: *const Superblock) Error!?Loaded {
+    if (offset + @sizeOf(JournalRecord) > file_bytes) return null;
+    var record: JournalRecord = undefined;
+    if (try io.read(file, std.mem.asBytes(&record), offset) != @sizeOf(JournalRecord)) return null;
+    if (!std.mem.eql(u8, &record.magic, &format.journal_magic)) return null;
+    if (record.sequence != sequence or record.base_generation != superblock.generation) return null;
+    if (record.row_bytes != superblock.record_bytes or superblock.getLayout() != .fixed) return null;
+    const body_bytes = record.bodyBytes() orelse return null;
+    const total = std.mem.alignForward(u64, @sizeOf(JournalRecord) +| body_bytes, 8);
+    if (record.total_bytes != total or total > file_bytes - offset) return null;
+    const bytes = allocator.alignedAlloc(u8, .@"8", total) catch return error.OutOfMemory;
+    var loaded = Loaded{ .record = record, .bytes = bytes };
+    errdefer loaded.deinit();
+    if (try io.read(file, bytes, offset) != total) return null;
+    const body = bytes[@sizeOf(JournalRecord)..][0..body_bytes];
+    if (record.computeChecksum(body) != record.checksum) {
+        loaded.deinit();
+        return null;
+    }
+    if (!sound(&loaded, superblock)) {
+        loaded.deinit();
+        return status.fail(error.Corrupt, "journal '{s}': record {d} passes its checksum but names rows or blocks outside the store", .{ file.name(), sequence });
+    }
+    return loaded;
+}
+
+/// Rows and blocks strictly ascending and inside the store.
+fn sound(loaded: *const Loaded, superblock: *const Superblock) bool {
+    const full_blocks = superblock.data_bytes / block_bytes;
+    for (loaded.rows(), 0..) |row, k| {
+        if (row >= superblock.record_count) return false;
+        if (k > 0 and row <= loaded.rows()[k - 1]) return false;
+    }
+    for (loaded.blocks(), 0..) |block, k| {
+        if (block >= full_blocks) return false;
+        if (k > 0 and block <= loaded.blocks()[k - 1]) return false;
+    }
+    return true;
+}
+
+/// Replays every record after `superblock`'s checkpoint into `target`, in
+/// order. Returns how many it applied and the tail checksum after them.
+pub const Replayed = struct { records: u64, tail_checksum: u64 };
+
+pub fn replay(handle: *Handle, target: Target, superblock: *const Superblock) Error!Replayed {
+    const file_bytes = try io.length(handle.file);
+    const scratch = allocator.alloc(u8, run_blocks_max * block_bytes) catch return error.OutOfMemory;
+    defer allocator.free(scratch);
+    var offset: u64 = page_bytes;
+    var sequence = superblock.journal_sequence + 1;
+    var tail_checksum = superblock.tail_checksum;
+    var records: u64 = 0;
+    // Bounded: each record moves `offset` forward by at least its header.
+    while (try load(handle.file, file_bytes, offset, sequence, superblock)) |loaded_value| {
+        var loaded = loaded_value;
+        defer loaded.deinit();
+        const patches = allocator.alloc(Patch, loaded.record.row_count) catch return error.OutOfMemory;
+        defer allocator.free(patches);
+        for (patches, loaded.rows(), 0..) |*patch, row, k| patch.* = .{ .row = row, .bytes = loaded.rowBytes(k) };
+        try apply(target, patches, loaded.blocks(), loaded.sums(), scratch);
+        tail_checksum = loaded.record.tail_checksum;
+        offset += loaded.record.total_bytes;
+        sequence += 1;
+        records += 1;
+    }
+    handle.end = offset;
+    handle.last_sequence = sequence - 1;
+    return .{ .records = records, .tail_checksum = tail_checksum };
+}
+
+/// Whether the journal holds a record after the checkpoint, read through a
+/// read-only handle (a store in a place that cannot be written).
+pub fn pendingReadOnly(dir: io.Dir, superblock: *const Superblock) Error!bool {
+    var name_buffer: [format.file_name_bytes]u8 = undefined;
+    const file = try io.openFile(dir, fileName(&name_buffer, superblock.journal_file), .read_only);
+    defer io.closeFile(file);
+    try checkPage(dir, file);
+    var loaded = try load(file, try io.length(file), page_bytes, superblock.journal_sequence + 1, superblock) orelse return false;
+    loaded.deinit();
+    return true;
+}
+
+/// Opens `superblock`'s data and sums files read-write for a replay.
+pub fn openTarget(dir: io.Dir, superblock: *const Superblock) Error!Target {
+    var name_buffer: [format.file_name_bytes]u8 = undefined;
+    const data = try io.openFile(dir, format.fileName(&name_buffer, .data, superblock.data_file), .read_write);
+    errdefer io.closeFile(data);
+    const sums = try io.openFile(dir, format.fileName(&name_buffer, .sums, superblock.sums_file), .read_write);
+    return .{ .data = data, .sums = sums, .data_bytes = superblock.data_bytes, .stride = superblock.record_bytes };
+}
+
+pub fn closeTarget(target: Target) void {
+    io.closeFile(target.data);
+    io.closeFile(target.sums);
+}
+
+/// Replays `superblock`'s pending records under the sequence lock and
+/// rewrites the shared page. Returns how many records it applied.
+pub fn settle(dir: io.Dir, handle: *Handle, superblock: *const Superblock) Error!Replayed {
+    if (superblock.getLayout() != .fixed) {
+        handle.lock();
+        handle.unlock(superblock.generation, superblock.tail_checksum);
+        return .{ .records = 0, .tail_checksum = superblock.tail_checksum };
+    }
+    const target = try openTarget(dir, superblock);
+    defer closeTarget(target);
+    handle.lock();
+    var tail_checksum = superblock.tail_checksum;
+    defer handle.unlock(superblock.generation, tail_checksum);
+    const replayed = try replay(handle, target, superblock);
+    tail_checksum = replayed.tail_checksum;
+    return replayed;
+}
+
+/// Whether a reader's gather may use the snapshot's bytes: the lock word
+/// was even before and unchanged after.
+pub fn readBegin(page: *const JournalPage) u64 {
+    return @atomicLoad(u64, &page.sequence_lock, .seq_cst);
+}
+
+/// The tail checksum a reader of generation `superblock` must check against.
+pub fn tailChecksum(page: ?*const JournalPage, superblock: *const Superblock) u64 {
+    const shared = page orelse return superblock.tail_checksum;
+    if (!std.mem.eql(u8, &shared.magic, &format.journal_magic)) return superblock.tail_checksum;
+    if (@atomicLoad(u64, &shared.tail_generation, .seq_cst) != superblock.generation) return superblock.tail_checksum;
+    return @atomicLoad(u64, &shared.tail_checksum, .seq_cst);
+}
+
+test "regression: a small record after one larger than a growth step does not zero it" {
+    // Found by the SIGKILL suite: a record larger than `grow_bytes` extended
+    // the journal past `allocated`, and the next small record's growth
+    // wrote zeros over it, so replay after a kill stopped there and lost it
+    // and every later replace.
+    const storage = @import("testing/storage.zig");
+    const Store = @import("store.zig").Store;
+    storage.reset();
+    const stride = 100;
+    const count = 60;
+    var rows: [count * stride]u8 = undefined;
+    var offsets: [count]u64 = undefined;
+    var all: [count]u64 = undefined;
+    for (&offsets, &all, 0..) |*offset, *index, k| {
+        offset.* = k * stride;
+        index.* = k;
+    }
+    @memset(&rows, 1);
+    const store = try Store.open("replay", 1, true, true);
+    _ = try store.append(&rows, &offsets, .raw);
+    for ([_]usize{ 1, count, 1, 1 }, 2..) |replaced, value| {
+        @memset(rows[0 .. replaced * stride], @intCast(value));
+        try store.replace(all[0..replaced], rows[0 .. replaced * stride], offsets[0..replaced], .raw);
+    }
+    // Killed: the handle is dropped without close (no checkpoint).
+    storage.processCrash();
+    const reader = try Store.open("replay", 1, true, true);
+    defer reader.close();
+    var target: [count * stride]u8 = undefined;
+    try reader.gather(&all, &target, null);
+    for (target[0..stride]) |byte| try std.testing.expectEqual(@as(u8, 5), byte);
+    for (target[stride..]) |byte| try std.testing.expectEqual(@as(u8, 3), byte);
+}
