@@ -596,7 +596,6 @@ class _Array:
         self.scalar = scalar
         self.row_bytes = dataset.dtype.itemsize * math.prod(dataset.item_shape)
         self.appended = False
-        self._offsets = np.empty(0, dtype=np.uint64)
 
     @classmethod
     def open(cls, name: str, path: str, inode: int, fs: OsFs) -> "_Array":
@@ -633,11 +632,12 @@ class _Array:
         return out
 
     def offsets(self, count: int) -> np.ndarray:
-        """Byte offsets of ``count`` packed rows (cached: replace and append
-        of the same batch size reuse them)."""
-        if self._offsets.size != count:
-            self._offsets = np.arange(count, dtype=np.uint64) * np.uint64(self.row_bytes)
-        return self._offsets
+        """Byte offsets of ``count`` packed rows (shared by every array with
+        this row size: a fresh handle's first edit of a batch size seen
+        before builds nothing)."""
+        if count > _OFFSETS_CACHED_MAX:
+            return np.arange(count, dtype=np.uint64) * np.uint64(self.row_bytes)
+        return _row_offsets(count, self.row_bytes)
 
     def rows(self, rows: npt.ArrayLike, count: int | None, what: str) -> np.ndarray:
         """``rows`` as a C-contiguous ``(n, *item_shape)`` array of this
@@ -654,6 +654,17 @@ class _Array:
 
 
 # ---- helpers ------------------------------------------------------------------
+
+
+_OFFSETS_CACHED_MAX = 1 << 20  # rows: a cached offsets array holds at most 8 MiB, four of them 32 MiB
+
+
+@functools.lru_cache(maxsize=4)
+def _row_offsets(count: int, row_bytes: int) -> npt.NDArray[np.uint64]:
+    """Read-only byte offsets of ``count`` rows of ``row_bytes`` packed back to back."""
+    offsets = np.arange(count, dtype=np.uint64) * np.uint64(row_bytes)
+    offsets.flags.writeable = False
+    return offsets
 
 
 def _shape_text(first: str, item_shape: tuple[int, ...]) -> str:
