@@ -151,7 +151,9 @@ class OsFs:
 
     def build_store(self, path: str, build: Callable[[str], None]) -> None:
         """Runs ``build(path)``, which writes a complete store directory at
-        the new ``path`` and makes its contents durable before returning."""
+        the new ``path`` and makes its contents and its entry in the parent
+        durable before returning (zrecord fsyncs the parent of a store it
+        creates, which makes every queued entry of the parent durable)."""
         build(path)
 
     # ---- durability
@@ -200,6 +202,14 @@ def _fsync(path: str, flags: int, thing: str) -> None:
 
 
 OS_FS = OsFs()
+
+
+def write_file_durable(path: str, payload: bytes, fs: OsFs = OS_FS) -> None:
+    """Writes a new file and fsyncs it, not atomically: for a directory
+    nobody reads until it is renamed into place. Its name is durable after
+    an fsync of its directory."""
+    fs.write_new(path, payload)
+    fs.fsync_file(path)
 
 
 def write_file_atomic(path: str, payload: bytes, fs: OsFs = OS_FS) -> None:

@@ -8,6 +8,7 @@ atomically; see the README's "Store format" section for the guarantees.
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from typing import Any, Callable, Iterable, cast
@@ -524,3 +525,15 @@ def _refuse_foreign_directory(path: str) -> None:
             10,
         )
 
+
+
+def open_zrecord(path: str | os.PathLike[str], *, durable: bool = True, **options: Any) -> Zrecord:
+    """``Zrecord(path, **options, durable=durable)``. A core without the
+    ``durable`` option makes every commit durable: stronger than asked."""
+    if durable or not HAS_DURABLE_OPTION:
+        return Zrecord(path, **options)
+    return Zrecord(path, durable=False, **options)
+
+
+# Whether this core defers fsyncs to sync() when asked (Zrecord(durable=False)).
+HAS_DURABLE_OPTION = "durable" in inspect.signature(Zrecord.__init__).parameters
