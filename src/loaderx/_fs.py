@@ -79,8 +79,8 @@ class OsFs:
     def read_file(self, path: str, bytes_max: int) -> bytes:
         """At most ``bytes_max`` bytes of ``path``; FileNotFoundError when absent."""
         try:
-            with open(path, "rb") as handle:
-                return handle.read(bytes_max)
+            with open(path, "rb", buffering=0) as handle:
+                return handle.read(min(os.fstat(handle.fileno()).st_size + 1, bytes_max))
         except (FileNotFoundError, NotADirectoryError):
             raise
         except OSError as exc:

@@ -860,6 +860,8 @@ def _last_wins(indices: npt.NDArray[np.uint64], data: npt.NDArray[Any], key: Any
 
 
 def _read_scalar_marker(path: str, dataset: DenseDataset, fs: OsFs) -> bool:
+    if dataset.item_shape != () or len(dataset) != 1:
+        return False  # only a one-row array of scalars can be a 0-d array: no open to find out
     file = os.path.join(path, ARRAY_FILE)
     try:
         payload = fs.read_file(file, _MARKER_BYTES_MAX + 1)
