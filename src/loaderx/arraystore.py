@@ -48,7 +48,7 @@ import math
 import os
 import threading
 import zlib
-from typing import Any, Iterator, Mapping, Sequence, cast, overload
+from typing import Any, Callable, Iterator, Mapping, Sequence, cast, overload
 
 import msgpack
 import numpy as np
@@ -497,6 +497,7 @@ class ArrayStore:
         target = os.path.join(root, name)
         leftover = (".new-" if saving else ".drop-") + name
         other = os.path.join(root, leftover)
+        undo: Callable[[], object]
         try:
             if self._record_unlinked:
                 fs.fsync_dir(root)
@@ -521,7 +522,7 @@ class ArrayStore:
         self._remove_leftovers([leftover])
         return True
 
-    def _sync_rename(self, undo: Any, what: str) -> None:
+    def _sync_rename(self, undo: Callable[[], object], what: str) -> None:
         """Makes the commit's rename durable; when that fails, takes it back
         durably (a retried fsync proves nothing about the failed one) or says
         that the outcome is unknown."""

@@ -532,7 +532,8 @@ def open_zrecord(path: str | os.PathLike[str], *, durable: bool = True, **option
     ``durable`` option makes every commit durable: stronger than asked."""
     if durable or not HAS_DURABLE_OPTION:
         return Zrecord(path, **options)
-    return Zrecord(path, durable=False, **options)
+    constructor: Any = Zrecord  # typed loosely: the option comes with the core half of issue 10
+    return cast(Zrecord, constructor(path, durable=False, **options))
 
 
 # Whether this core defers fsyncs to sync() when asked (Zrecord(durable=False)).
