@@ -782,3 +782,30 @@ def test_row_edits_cost_no_protocol_call_and_one_array_commits_one_fsync(root, d
         store.sync()
         assert fs.calls == ([] if durable else ["fsync_dir"]), fs.calls
         assert store.load("x").shape == (103, 4) and "y" not in store
+
+
+def test_not_durable_arrays_edit_through_a_non_durable_store_handle(root, monkeypatch):
+    """With durable=False each array's row edits go through a store handle
+    opened with durable=False (the core option of issue 10, faked here where
+    the core lacks it), and reads see those edits."""
+    import loaderx.arraystore as arraystore_module
+
+    opened = []
+
+    def fake_open(path, *, durable=True, **options):
+        opened.append(durable)
+        return Zrecord(path, **options)
+
+    monkeypatch.setattr(arraystore_module, "HAS_DURABLE_OPTION", True)
+    monkeypatch.setattr(arraystore_module, "open_zrecord", fake_open)
+    with ArrayStore(root, durable=False) as store:
+        store.save({"x": np.zeros((10, 3), np.int32)})
+        store.replace({"x": np.ones((1, 3), np.int32)}, [4])
+        store.append({"x": np.full((2, 3), 7, np.int32)})
+        expected = np.zeros((12, 3), np.int32)
+        expected[4], expected[10:] = 1, 7
+        assert same(store.load("x"), expected) and same(store.getitem("x", [4, 11]), expected[[4, 11]])
+        assert opened == [False]
+    with ArrayStore(root) as store:
+        assert same(store.load("x"), expected)
+    assert opened == [False]
