@@ -63,6 +63,8 @@ class PowerLoss(BaseException):
 class SimFs:
     """Implements loaderx._fs.OsFs over the model in the module docstring."""
 
+    removes_in_background = False  # every call in order, so crash points are reproducible
+
     def __init__(self, workdir: str, memo: dict):
         self.workdir = workdir
         self.memo = memo  # build arguments -> real store directory, shared across simulations

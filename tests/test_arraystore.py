@@ -771,7 +771,8 @@ def test_row_edits_cost_no_protocol_call_and_one_array_commits_one_fsync(root, d
         store.replace({"x": np.ones((2, 4), np.float32)}, [3, 9])
         store.append({"x": np.ones((5, 4), np.float32)})
         store.drop("x", [0, 1])
-        assert fs.calls == []
+        protocol = lambda: [call for call in fs.calls if call not in ("rmtree", "unlink")]  # noqa: E731  # leftovers go on a thread
+        assert protocol() == []
         store.save({"y": np.arange(10)})
         store.save({"y": np.arange(5)})  # an overwrite: one exchange
         store.drop("y")
@@ -780,7 +781,7 @@ def test_row_edits_cost_no_protocol_call_and_one_array_commits_one_fsync(root, d
         assert fs.calls.count("build_store") == 2 and "write_new" not in fs.calls, fs.calls
         fs.calls.clear()
         store.sync()
-        assert fs.calls == ([] if durable else ["fsync_dir"]), fs.calls
+        assert protocol() == ([] if durable else ["fsync_dir"]), fs.calls
         assert store.load("x").shape == (103, 4) and "y" not in store
 
 

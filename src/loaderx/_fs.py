@@ -36,6 +36,10 @@ def _error(exc: OSError, what: str) -> OSError:
 class OsFs:
     """The real file system (the production seam)."""
 
+    # Garbage (the old directories of a finished commit) may be deleted on a
+    # thread; the simulated disk says False, to stay deterministic.
+    removes_in_background = True
+
     def __init__(self) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         self._renameat2: Any = getattr(libc, "renameat2", None)  # a ctypes function, or None

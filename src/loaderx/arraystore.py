@@ -115,6 +115,7 @@ class ArrayStore:
         self._lock_fd: int | None = None
         self._closed = False
         self._unfinished = False  # a commit or cleanup of this writer still to finish
+        self._cleanup: threading.Thread | None = None  # deleting the last commit's leftovers
         _open_root(self.path, _fs)
         _replay_if_unlocked(self.path, _fs)
 
@@ -127,6 +128,7 @@ class ArrayStore:
                 return
             self._closed = True
             try:
+                self._finish_cleanup()
                 self._sync_arrays()
             finally:
                 for entry in self._arrays.values():
@@ -140,6 +142,7 @@ class ArrayStore:
         """Makes every change so far durable (survives power loss); with
         ``durable=True`` they are already."""
         with self._lock:
+            self._finish_cleanup()
             self._check_open()
             self._sync_arrays()
 
@@ -368,6 +371,7 @@ class ArrayStore:
             raise StoreClosedError(f"ArrayStore '{self.path}' is closed; open it again with ArrayStore(path)")
         if self._unfinished:
             with self._lock:
+                self._finish_cleanup()
                 if self._unfinished and self._lock_fd is not None:
                     _recover(self.path, self._fs)
                     self._unfinished = False
@@ -420,6 +424,7 @@ class ArrayStore:
     def _begin_write(self) -> None:
         """Takes the directory's write lock on first use, then finishes what a
         crashed writer left and revalidates handles opened as a reader."""
+        self._finish_cleanup()
         self._check_open()
         if self._lock_fd is not None:
             return
@@ -547,13 +552,35 @@ class ArrayStore:
             raise ArrayStoreIOError(cause.errno, f"{what} failed, nothing changed: {cause}", "unchanged") from cause
 
     def _remove_leftovers(self, leftovers: list[str]) -> None:
-        """Deletes the old directories of a finished commit; on a failure the
-        next call (or the next writer) deletes them."""
-        for leftover in leftovers:
+        """Deletes the old directories of a finished commit, on a thread where
+        the seam allows it (freeing a big array's blocks is most of a drop's
+        time); every later write, ``sync()`` and ``close()`` waits for it
+        first, so nothing races it for those names. On a failure the next
+        call (or the next writer) deletes them."""
+        paths = [os.path.join(self.path, leftover) for leftover in leftovers]
+        if not self._fs.removes_in_background:
+            self._remove(paths)
+            return
+        for path in paths:
+            # At once, so that a stale handle's refresh() says the store was
+            # replaced (StoreReplacedError) now, not when the thread gets there.
+            with contextlib.suppress(OSError):
+                self._fs.unlink(os.path.join(path, "superblock"))
+        self._cleanup = threading.Thread(target=self._remove, args=(paths,), name="loaderx-arraystore-cleanup", daemon=True)
+        self._cleanup.start()
+
+    def _remove(self, paths: list[str]) -> None:
+        for path in paths:
             try:
-                self._fs.rmtree(os.path.join(self.path, leftover))
+                self._fs.rmtree(path)
             except OSError:
-                self._unfinished = True
+                self._unfinished = True  # read under the lock after the join
+
+    def _finish_cleanup(self) -> None:
+        """Waits for the deletion of the last commit's leftovers."""
+        if self._cleanup is not None:
+            self._cleanup.join()
+            self._cleanup = None
 
 
 class LazyArray:
