@@ -29,8 +29,9 @@ leaves its queue as it was (kept or dropped at a crash).
 Zrecord store directories are opaque blobs. ``build_store`` runs zrecord for
 real, into a directory under ``workdir`` (zrecord syncs its own files, which
 this model takes as durable once the build returned, the store's own
-promise), and puts a blob node at the requested name, whose entry follows
-the directory rules above. Calls on paths inside a blob go to that real
+promise), and puts a blob node at the requested name; a build ends by
+making its parent's queued entries durable, as zrecord's fsync of the
+parent of a store it creates does. Calls on paths inside a blob go to that real
 directory (reads; zrecord's own commits are outside this model), so
 ``real_path`` is where DenseDataset opens it. A build that fails leaves an
 incomplete blob (a directory without a schema), as a half-written store
@@ -61,6 +62,8 @@ class PowerLoss(BaseException):
 
 class SimFs:
     """Implements loaderx._fs.OsFs over the model in the module docstring."""
+
+    removes_in_background = False  # every call in order, so crash points are reproducible
 
     def __init__(self, workdir: str, memo: dict):
         self.workdir = workdir
@@ -340,6 +343,7 @@ class SimFs:
         inode = self._new_inode("blob")
         self._change(parent, {name: inode})
         self.blobs[inode] = self._built(build)
+        self._sync_entries(parent)  # zrecord fsyncs the parent of a store it creates
 
     def _built(self, build) -> str:
         """The real directory ``build`` writes, built once per distinct argument set."""
@@ -370,6 +374,9 @@ class SimFs:
         inode, real = self._lookup(path)
         if inode is None or real is not None or self.kinds[inode] != "dir":
             raise FileNotFoundError(errno.ENOENT, f"cannot fsync directory '{path}': no such directory")
+        self._sync_entries(inode)
+
+    def _sync_entries(self, inode: int) -> None:
         for directory, changes in self.pending_entries:
             if directory == inode:
                 self._apply(self.durable_entries[directory], changes)

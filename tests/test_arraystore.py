@@ -203,16 +203,18 @@ def row_selectors(draw, length: int):
 
 # One rule picks the operation: with a rule per operation Hypothesis mostly
 # draws the argument-free ones (compact, reopen). Edits are listed twice.
-OPERATIONS = ("replace", "append", "drop_rows", "save") * 2 + ("drop_array", "compact", "reopen")
+OPERATIONS = ("replace", "append", "drop_rows", "save") * 2 + ("drop_array", "compact", "reopen", "sync")
 
 
 class ArrayStoreMachine(RuleBasedStateMachine):
     """Random sequences of edits against plain NumPy arrays."""
 
+    durable = True
+
     def __init__(self):
         super().__init__()
         self.root = tempfile.mkdtemp(prefix="arraystore-model-")
-        self.store = ArrayStore(self.root)
+        self.store = ArrayStore(self.root, durable=self.durable)
         self.model: dict[str, np.ndarray] = {}
 
     def teardown(self):
@@ -234,9 +236,11 @@ class ArrayStoreMachine(RuleBasedStateMachine):
             del self.model[name]
         elif operation == "compact":
             self.store.compact()
+        elif operation == "sync":
+            self.store.sync()
         else:
             self.store.close()
-            self.store = ArrayStore(self.root)
+            self.store = ArrayStore(self.root, durable=self.durable)
 
     def save(self, name, array, codec):
         self.store.save({name: array}, codec=codec)
@@ -275,6 +279,19 @@ ArrayStoreMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestArrayStoreModel = ArrayStoreMachine.TestCase
+
+
+class NotDurableArrayStoreMachine(ArrayStoreMachine):
+    """The same model with ``durable=False``: what the process sees is the same."""
+
+    durable = False
+
+
+NotDurableArrayStoreMachine.TestCase.settings = settings(
+    max_examples=int(os.environ.get("LOADERX_EXAMPLES", "15")), stateful_step_count=20, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestNotDurableArrayStoreModel = NotDurableArrayStoreMachine.TestCase
 
 
 # ---- lazy reads -----------------------------------------------------------------
@@ -603,30 +620,42 @@ import numpy as np
 from loaderx import ArrayStore
 from loaderx._fs import OS_FS
 
-root, mode = sys.argv[1], sys.argv[2]
+root, mode, durable = sys.argv[1], sys.argv[2], sys.argv[3] == "durable"
 if mode == "fallback":
     OS_FS.exchange_works = False
 old = np.full((20000, 16), 1, np.float32)
 new = np.full((9000, 8), 2, np.int16)
-with ArrayStore(root) as store:
+with ArrayStore(root, durable=durable) as store:
     print("ready", flush=True)
     k = 0
     while True:
         if mode == "drop":
             store.drop([name for name in ("a", "b") if name in store])
         version = new if k % 2 == 0 else old
-        store.save({"a": version, "b": version})
+        if mode == "one":  # one-array calls: the rename commit without a record
+            store.save({"a": version})
+            store.save({"b": version})
+            store.drop("b")
+        elif mode == "rows":  # row edits: every row of a gets k, atomically
+            store.replace({"a": np.full((20000, 16), k, np.float32)}, slice(None))
+            store.drop("a", [0])
+            store.append({"a": np.full((1, 16), k, np.float32)})
+        else:
+            store.save({"a": version, "b": version})
         k += 1
 """
 STAGING = (".new-", ".prev-", ".old-", ".drop-", ".commit.msgpack")
 
 
-@pytest.mark.parametrize("mode", ["exchange", "fallback", "drop"])
-def test_save_and_drop_survive_sigkill(tmp_path, mode):
+@pytest.mark.parametrize("mode, durable", [("exchange", "durable"), ("fallback", "durable"), ("drop", "durable"), ("one", "durable"),
+                                          ("exchange", "not"), ("drop", "not"), ("one", "not"), ("rows", "durable"), ("rows", "not")])
+def test_save_and_drop_survive_sigkill(tmp_path, mode, durable):
     """A writer killed with SIGKILL mid-save (or mid-drop) of two arrays
     leaves both old or both new (or both absent after a drop), each whole,
     never a mix; the next open clears the leftovers and the other array is
-    untouched."""
+    untouched. The same with ``durable=False``, for one-array calls, and
+    for row edits (a whole-array replace leaves every row old or every row
+    new; a drop plus append of a row keeps 20,000 rows of one value)."""
     old = np.full((20000, 16), 1, np.float32)
     new = np.full((9000, 8), 2, np.int16)
     other = np.arange(1000, dtype=np.int64)
@@ -637,7 +666,7 @@ def test_save_and_drop_survive_sigkill(tmp_path, mode):
         root = str(tmp_path / f"{mode}-{trial}")
         with ArrayStore(root) as store:
             store.save({"a": old, "other": other})
-        child = subprocess.Popen([sys.executable, "-c", WORKER, root, mode], stdout=subprocess.PIPE)
+        child = subprocess.Popen([sys.executable, "-c", WORKER, root, mode, durable], stdout=subprocess.PIPE)
         try:
             assert child.stdout.readline() == b"ready\n"
             time.sleep(rng.uniform(0.0, 0.15))
@@ -650,7 +679,15 @@ def test_save_and_drop_survive_sigkill(tmp_path, mode):
             store.compact()  # takes the lock: recovery
             context = f"mode {mode}, trial {trial}, seed {seed}"
             present = [name for name in ("a", "b") if name in store]
-            if present == ["a"]:
+            if mode == "rows":
+                loaded = store.load("a")
+                assert present == ["a"] and loaded.shape[1:] == (16,) and len(loaded) in (19999, 20000), context
+                assert np.unique(loaded).size == 1, f"a row edit was torn ({context})"
+            elif mode == "one":
+                loaded = store.load("a")
+                assert same(loaded, old) or same(loaded, new), context
+                assert "b" not in present or same(store.load("b"), loaded), context
+            elif present == ["a"]:
                 assert same(store.load("a"), old), context  # the first save did not commit
             elif present == ["a", "b"]:
                 loaded = [store.load(name) for name in present]
@@ -661,7 +698,7 @@ def test_save_and_drop_survive_sigkill(tmp_path, mode):
         assert [name for name in os.listdir(root) if name.startswith(STAGING)] == []
     # Most kills land inside an operation (about 5 in 6 here); none would mean
     # the test exercised nothing.
-    assert interrupted > 0, f"no kill landed mid-operation in {CRASH_TRIALS} trials (seed {seed})"
+    assert interrupted > 0 or mode == "rows", f"no kill landed mid-operation in {CRASH_TRIALS} trials (seed {seed})"
 
 
 # ---- regressions of issue 11 ---------------------------------------------------------
@@ -697,3 +734,70 @@ def test_refresh_after_save_says_the_array_was_replaced(tmp_path):
         before.close()
         with store.dataset("x") as after:
             assert after.refresh() == 6
+
+
+# ---- issue 10: what each call costs in the ArrayStore protocol ------------------------
+
+
+class CountingFs(type(OS_FS)):
+    """The real file system, counting the seam's mutating and syncing calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __getattribute__(self, name):
+        attribute = super().__getattribute__(name)
+        if name in ("mkdir", "write_new", "rename", "exchange", "unlink", "rmtree", "build_store", "fsync_file", "fsync_dir"):
+            calls = super().__getattribute__("calls")
+
+            def counted(*args, **kwargs):
+                calls.append(name)
+                return attribute(*args, **kwargs)
+
+            return counted
+        return attribute
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_row_edits_cost_no_protocol_call_and_one_array_commits_one_fsync(root, durable):
+    """Row edits are the array's own zrecord commits: no rename, record or
+    fsync of ArrayStore's. A save or drop of one array is one rename plus one
+    root fsync (none with durable=False until sync(), which makes one)."""
+    fs = CountingFs()
+    with ArrayStore(root, durable=durable, _fs=fs) as store:
+        store.save({"x": np.zeros((100, 4), np.float32)})
+        fs.calls.clear()
+        store.replace({"x": np.ones((2, 4), np.float32)}, [3, 9])
+        store.append({"x": np.ones((5, 4), np.float32)})
+        store.drop("x", [0, 1])
+        protocol = lambda: [call for call in fs.calls if call not in ("rmtree", "unlink")]  # noqa: E731  # leftovers go on a thread
+        assert protocol() == []
+        store.save({"y": np.arange(10)})
+        store.save({"y": np.arange(5)})  # an overwrite: one exchange
+        store.drop("y")
+        fsyncs = 3 if durable else 0
+        assert fs.calls.count("fsync_dir") == fsyncs and fs.calls.count("fsync_file") == 0, fs.calls
+        assert fs.calls.count("build_store") == 2 and "write_new" not in fs.calls, fs.calls
+        fs.calls.clear()
+        store.sync()
+        assert protocol() == ([] if durable else ["fsync_dir"]), fs.calls
+        assert store.load("x").shape == (103, 4) and "y" not in store
+
+
+def test_not_durable_arrays_edit_through_a_non_durable_store_handle(root):
+    """With durable=False each array's row edits go through a store handle
+    opened with Zrecord(durable=False), and reads see those edits; a durable
+    ArrayStore edits through durable handles."""
+    with ArrayStore(root, durable=False) as store:
+        store.save({"x": np.zeros((10, 3), np.int32)})
+        store.replace({"x": np.ones((1, 3), np.int32)}, [4])
+        store.append({"x": np.full((2, 3), 7, np.int32)})
+        expected = np.zeros((12, 3), np.int32)
+        expected[4], expected[10:] = 1, 7
+        assert same(store.load("x"), expected) and same(store.getitem("x", [4, 11]), expected[[4, 11]])
+        assert store._entry("x").store.durable is False
+    with ArrayStore(root) as store:
+        assert same(store.load("x"), expected)
+        store.replace({"x": np.ones((1, 3), np.int32)}, [0])
+        assert store._entry("x").store.durable is True

@@ -36,6 +36,10 @@ def _error(exc: OSError, what: str) -> OSError:
 class OsFs:
     """The real file system (the production seam)."""
 
+    # Garbage (the old directories of a finished commit) may be deleted on a
+    # thread; the simulated disk says False, to stay deterministic.
+    removes_in_background = True
+
     def __init__(self) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         self._renameat2: Any = getattr(libc, "renameat2", None)  # a ctypes function, or None
@@ -79,8 +83,8 @@ class OsFs:
     def read_file(self, path: str, bytes_max: int) -> bytes:
         """At most ``bytes_max`` bytes of ``path``; FileNotFoundError when absent."""
         try:
-            with open(path, "rb") as handle:
-                return handle.read(bytes_max)
+            with open(path, "rb", buffering=0) as handle:
+                return handle.read(min(os.fstat(handle.fileno()).st_size + 1, bytes_max))
         except (FileNotFoundError, NotADirectoryError):
             raise
         except OSError as exc:
@@ -151,7 +155,9 @@ class OsFs:
 
     def build_store(self, path: str, build: Callable[[str], None]) -> None:
         """Runs ``build(path)``, which writes a complete store directory at
-        the new ``path`` and makes its contents durable before returning."""
+        the new ``path`` and makes its contents and its entry in the parent
+        durable before returning (zrecord fsyncs the parent of a store it
+        creates, which makes every queued entry of the parent durable)."""
         build(path)
 
     # ---- durability
@@ -200,6 +206,14 @@ def _fsync(path: str, flags: int, thing: str) -> None:
 
 
 OS_FS = OsFs()
+
+
+def write_file_durable(path: str, payload: bytes, fs: OsFs = OS_FS) -> None:
+    """Writes a new file and fsyncs it, not atomically: for a directory
+    nobody reads until it is renamed into place. Its name is durable after
+    an fsync of its directory."""
+    fs.write_new(path, payload)
+    fs.fsync_file(path)
 
 
 def write_file_atomic(path: str, payload: bytes, fs: OsFs = OS_FS) -> None:

@@ -48,14 +48,14 @@ import math
 import os
 import threading
 import zlib
-from typing import Any, Iterator, Mapping, Sequence, cast, overload
+from typing import Any, Callable, Iterator, Mapping, Sequence, cast, overload
 
 import msgpack
 import numpy as np
 import numpy.typing as npt
 
 from ._fs import OS_FS, OsFs, make_dirs_durable, write_file_atomic
-from .converter import from_numpy
+from .converter import build_dense_store
 from .dataset import SCHEMA_FILE, DenseDataset, StrPath, _int_index, _is_int, _record_indices
 from .zrecord import CODECS, Zrecord, CorruptStoreError, StoreClosedError, StoreLockedError, StoreReadOnlyError
 
@@ -101,26 +101,34 @@ class ArrayStore:
     float into int is refused); integers must fit the array's integer dtype.
     """
 
-    def __init__(self, path: StrPath, *, _fs: OsFs = OS_FS) -> None:
+    def __init__(self, path: StrPath, durable: bool = True, *, _fs: OsFs = OS_FS) -> None:
         self.path = os.fspath(path)
+        self.durable = bool(durable)
         self._fs = _fs  # the file-system seam; tests pass a simulated disk
+        self._root_synced = True  # False after a rename of a non-durable one-array commit, until sync()
+        # The deletion of the last commit record is not fsynced (a replay
+        # finds every step done); a one-array commit must fsync it first, or a
+        # power cut could keep its rename but the record too.
+        self._record_unlinked = False
         self._lock = threading.RLock()
         self._arrays: dict[str, _Array] = {}
         self._lock_fd: int | None = None
         self._closed = False
         self._unfinished = False  # a commit or cleanup of this writer still to finish
+        self._cleanup: threading.Thread | None = None  # deleting the last commit's leftovers
         _open_root(self.path, _fs)
         _replay_if_unlocked(self.path, _fs)
 
     # ---- lifetime
 
     def close(self) -> None:
-        """Makes appends durable, closes every array and releases the write lock."""
+        """Makes every change durable, closes every array and releases the write lock."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             try:
+                self._finish_cleanup()
                 self._sync_arrays()
             finally:
                 for entry in self._arrays.values():
@@ -131,16 +139,21 @@ class ArrayStore:
                     self._lock_fd = None
 
     def sync(self) -> None:
-        """Makes every append so far durable (survives power loss)."""
+        """Makes every change so far durable (survives power loss); with
+        ``durable=True`` they are already."""
         with self._lock:
+            self._finish_cleanup()
             self._check_open()
             self._sync_arrays()
 
     def _sync_arrays(self) -> None:
         for entry in self._arrays.values():
-            if entry.appended and not entry.closed:
+            if entry.edited and not entry.closed:
                 entry.store.sync()
-                entry.appended = False
+                entry.edited = False
+        if not self._root_synced:
+            self._fs.fsync_dir(self.path)  # the renames of one-array saves and drops
+            self._root_synced = True
 
     @property
     def closed(self) -> bool:
@@ -298,6 +311,7 @@ class ArrayStore:
             for entry, indices, data in plans:
                 if indices.size:
                     entry.store.replace(indices, data, entry.offsets(indices.size))
+                    entry.edited = True
 
     def append(self, arrays: Mapping[str, npt.ArrayLike]) -> None:
         """Appends rows to each named (existing) array."""
@@ -311,7 +325,7 @@ class ArrayStore:
             for entry, data in plans:
                 if len(data):
                     entry.store.append(data, entry.offsets(len(data)))
-                    entry.appended = True
+                    entry.edited = True
 
     def drop(self, name: str | list[str] | tuple[str, ...], rows: Any = None) -> None:  # rows: as for DenseDataset[rows]
         """Drops arrays (a name or a list of names; one commit, durable when
@@ -333,6 +347,7 @@ class ArrayStore:
             for entry, indices in plans:
                 if indices.size:
                     entry.store.delete(indices, keep_order=True)
+                    entry.edited = True
 
     def compact(self) -> None:
         """Reclaims the space of replaced and dropped rows in every array."""
@@ -356,6 +371,7 @@ class ArrayStore:
             raise StoreClosedError(f"ArrayStore '{self.path}' is closed; open it again with ArrayStore(path)")
         if self._unfinished:
             with self._lock:
+                self._finish_cleanup()
                 if self._unfinished and self._lock_fd is not None:
                     _recover(self.path, self._fs)
                     self._unfinished = False
@@ -384,7 +400,7 @@ class ArrayStore:
             if inode is None or not self._fs.isfile(os.path.join(path, SCHEMA_FILE)):
                 self._require(name)
             assert inode is not None  # _require raised otherwise
-            entry = _Array.open(name, path, inode, self._fs)
+            entry = _Array.open(name, path, inode, self._fs, self.durable)
             self._arrays[name] = entry
             return entry
 
@@ -408,6 +424,7 @@ class ArrayStore:
     def _begin_write(self) -> None:
         """Takes the directory's write lock on first use, then finishes what a
         crashed writer left and revalidates handles opened as a reader."""
+        self._finish_cleanup()
         self._check_open()
         if self._lock_fd is not None:
             return
@@ -435,12 +452,15 @@ class ArrayStore:
         identities = self._stage(saves, codec, what)
         for name in [*saves, *drops]:
             self._forget(name)
+        if len(saves) + len(drops) == 1 and self._commit_one(next(iter([*saves, *drops])), bool(saves), what):
+            return
         record = {"format": COMMIT_FORMAT, "version": 1, "save": identities, "drop": list(drops)}
         try:
             _write_commit_record(self.path, fs, record, what, staged=list(saves))
         except ArrayStoreIOError as exc:
             self._unfinished = exc.outcome == "unknown"  # the next call replays or discards the record
             raise
+        self._record_unlinked = True
         try:
             _roll_forward(self.path, fs, record)
         except OSError as exc:
@@ -452,8 +472,8 @@ class ArrayStore:
         self._remove_leftovers([".new-" + name for name in saves] + [".prev-" + name for name in saves] + [".drop-" + name for name in drops])
 
     def _stage(self, saves: dict[str, npt.NDArray[Any]], codec: str | None, what: str) -> dict[str, Any]:
-        """Writes each array whole into ``.new-<name>`` and makes those entries
-        durable; returns each name's new directory identity. On failure the
+        """Writes each array whole into ``.new-<name>``, which makes those
+        entries durable too (see ``_write_array``); returns each name's new directory identity. On failure the
         staging directories are removed and nothing has changed."""
         fs = self._fs
         identities = {}
@@ -464,8 +484,6 @@ class ArrayStore:
                 fs.rmtree(staging)
                 fs.build_store(staging, functools.partial(_write_array, array=array, codec=codec))
                 identities[name] = fs.identity(staging)
-            if saves:
-                fs.fsync_dir(self.path)  # the new directories' entries, before the record names them
         except BaseException as exc:
             for name in saves:
                 with contextlib.suppress(OSError):
@@ -475,14 +493,94 @@ class ArrayStore:
             raise
         return identities
 
-    def _remove_leftovers(self, leftovers: list[str]) -> None:
-        """Deletes the old directories of a finished commit; on a failure the
-        next call (or the next writer) deletes them."""
-        for leftover in leftovers:
+    def _commit_one(self, name: str, saving: bool, what: str) -> bool:
+        """Commits a call that saves or drops one array with one rename (or
+        exchange) of the root and one fsync of it (none with ``durable=False``
+        until ``sync()``): a single rename needs no commit record. False when
+        it cannot (an overwrite without RENAME_EXCHANGE): nothing changed."""
+        fs, root = self._fs, self.path
+        target = os.path.join(root, name)
+        leftover = (".new-" if saving else ".drop-") + name
+        other = os.path.join(root, leftover)
+        undo: Callable[[], object]
+        try:
+            if self._record_unlinked:
+                fs.fsync_dir(root)
+                self._record_unlinked = False
+            if not saving:
+                fs.rmtree(other)
+                fs.rename(target, other)
+                undo = functools.partial(fs.rename, other, target)
+            elif not fs.exists(target):
+                fs.rename(other, target)
+                undo = functools.partial(fs.rename, target, other)
+            elif fs.exchange(other, target):
+                undo = functools.partial(fs.exchange, other, target)
+            else:
+                return False
+        except OSError as exc:
+            if saving:
+                with contextlib.suppress(OSError):
+                    fs.rmtree(other)
+            raise ArrayStoreIOError(exc.errno, f"{what} failed, nothing changed: {exc}", "unchanged") from exc
+        self._sync_rename(undo, what)
+        self._remove_leftovers([leftover])
+        return True
+
+    def _sync_rename(self, undo: Callable[[], object], what: str) -> None:
+        """Makes the commit's rename durable; when that fails, takes it back
+        durably (a retried fsync proves nothing about the failed one) or says
+        that the outcome is unknown."""
+        if not self.durable:
+            self._root_synced = False
+            return
+        try:
+            self._fs.fsync_dir(self.path)
+        except OSError as cause:
             try:
-                self._fs.rmtree(os.path.join(self.path, leftover))
-            except OSError:
+                undo()
+                self._fs.fsync_dir(self.path)
+            except OSError as exc:
                 self._unfinished = True
+                raise ArrayStoreIOError(
+                    cause.errno,
+                    f"{what} may or may not have taken effect: making it durable failed ({cause}) and taking it back failed ({exc}); "
+                    "reopen the ArrayStore once the disk works: the call is then applied entirely or not at all",
+                    "unknown",
+                ) from cause
+            self._unfinished = True  # the staged directory is garbage now
+            raise ArrayStoreIOError(cause.errno, f"{what} failed, nothing changed: {cause}", "unchanged") from cause
+
+    def _remove_leftovers(self, leftovers: list[str]) -> None:
+        """Deletes the old directories of a finished commit, on a thread where
+        the seam allows it (freeing a big array's blocks is most of a drop's
+        time); every later write, ``sync()`` and ``close()`` waits for it
+        first, so nothing races it for those names. On a failure the next
+        call (or the next writer) deletes them."""
+        paths = [os.path.join(self.path, leftover) for leftover in leftovers]
+        if not self._fs.removes_in_background:
+            self._remove(paths)
+            return
+        for path in paths:
+            # At once, so that a stale handle's refresh() says the store was
+            # replaced (StoreReplacedError) now, not when the thread gets there.
+            with contextlib.suppress(OSError):
+                self._fs.unlink(os.path.join(path, "superblock"))
+        self._cleanup = threading.Thread(target=self._remove, args=(paths,), name="loaderx-arraystore-cleanup", daemon=True)
+        self._cleanup.start()
+
+    def _remove(self, paths: list[str]) -> None:
+        for path in paths:
+            try:
+                self._fs.rmtree(path)
+            except OSError:
+                self._unfinished = True  # read under the lock after the join
+
+    def _finish_cleanup(self) -> None:
+        """Waits for the deletion of the last commit's leftovers."""
+        if self._cleanup is not None:
+            self._cleanup.join()
+            self._cleanup = None
 
 
 class LazyArray:
@@ -595,13 +693,19 @@ class _Array:
         self.store = cast(Zrecord, dataset.store)  # an ArrayStore array is one store, never sharded
         self.scalar = scalar
         self.row_bytes = dataset.dtype.itemsize * math.prod(dataset.item_shape)
-        self.appended = False
-        self._offsets = np.empty(0, dtype=np.uint64)
+        self.edited = False  # a row edit since the last sync()
 
     @classmethod
-    def open(cls, name: str, path: str, inode: int, fs: OsFs) -> "_Array":
+    def open(cls, name: str, path: str, inode: int, fs: OsFs, durable: bool) -> "_Array":
         dataset = DenseDataset(fs.real_path(path))
         try:
+            if not durable:
+                # Row edits go through the dataset's store handle, so that one
+                # defers its fsyncs (the dataset reads through it as before).
+                store = dataset._store
+                dataset._store = Zrecord(store.path, codec=dataset.codec, durable=False)
+                dataset._store._reopen_hint = store._reopen_hint
+                store.close()
             scalar = _read_scalar_marker(path, dataset, fs)
         except BaseException:
             dataset.close()
@@ -633,11 +737,12 @@ class _Array:
         return out
 
     def offsets(self, count: int) -> np.ndarray:
-        """Byte offsets of ``count`` packed rows (cached: replace and append
-        of the same batch size reuse them)."""
-        if self._offsets.size != count:
-            self._offsets = np.arange(count, dtype=np.uint64) * np.uint64(self.row_bytes)
-        return self._offsets
+        """Byte offsets of ``count`` packed rows (shared by every array with
+        this row size: a fresh handle's first edit of a batch size seen
+        before builds nothing)."""
+        if count > _OFFSETS_CACHED_MAX:
+            return np.arange(count, dtype=np.uint64) * np.uint64(self.row_bytes)
+        return _row_offsets(count, self.row_bytes)
 
     def rows(self, rows: npt.ArrayLike, count: int | None, what: str) -> np.ndarray:
         """``rows`` as a C-contiguous ``(n, *item_shape)`` array of this
@@ -654,6 +759,17 @@ class _Array:
 
 
 # ---- helpers ------------------------------------------------------------------
+
+
+_OFFSETS_CACHED_MAX = 1 << 20  # rows: a cached offsets array holds at most 8 MiB, four of them 32 MiB
+
+
+@functools.lru_cache(maxsize=4)
+def _row_offsets(count: int, row_bytes: int) -> npt.NDArray[np.uint64]:
+    """Read-only byte offsets of ``count`` rows of ``row_bytes`` packed back to back."""
+    offsets = np.arange(count, dtype=np.uint64) * np.uint64(row_bytes)
+    offsets.flags.writeable = False
+    return offsets
 
 
 def _shape_text(first: str, item_shape: tuple[int, ...]) -> str:
@@ -772,6 +888,8 @@ def _last_wins(indices: npt.NDArray[np.uint64], data: npt.NDArray[Any], key: Any
 
 
 def _read_scalar_marker(path: str, dataset: DenseDataset, fs: OsFs) -> bool:
+    if dataset.item_shape != () or len(dataset) != 1:
+        return False  # only a one-row array of scalars can be a 0-d array: no open to find out
     file = os.path.join(path, ARRAY_FILE)
     try:
         payload = fs.read_file(file, _MARKER_BYTES_MAX + 1)
@@ -787,11 +905,13 @@ def _read_scalar_marker(path: str, dataset: DenseDataset, fs: OsFs) -> bool:
 
 
 def _write_array(path: str, array: np.ndarray, codec: str) -> None:
-    """Writes ``array`` as a complete dense store at the new ``path`` (data
-    and schema durable when it returns; a 0-d array as one row and a marker)."""
-    from_numpy(path, array.reshape(1) if array.ndim == 0 else array, codec=codec, progress=False)
+    """Writes ``array`` as a complete dense store at the new ``path``: data,
+    schema and its entry in the root durable when it returns (zrecord fsyncs
+    the parent of a store it creates); a 0-d array as one row and a marker."""
     if array.ndim == 0:
-        write_file_atomic(os.path.join(path, ARRAY_FILE), msgpack.packb({"shape": []}))
+        build_dense_store(path, array.reshape(1), codec, {ARRAY_FILE: msgpack.packb({"shape": []})})
+    else:
+        build_dense_store(path, array, codec)
 
 
 def _call_text(saves: dict[str, npt.NDArray[Any]], drops: list[str]) -> str:

@@ -144,8 +144,9 @@ def read_schema(path: StrPath) -> Schema | None:
     """The schema of the store at ``path``, or None when it has no schema file."""
     file = schema_path(path)
     try:
-        with open(file, "rb") as handle:
-            payload = handle.read(_SCHEMA_BYTES_MAX + 1)
+        with open(file, "rb", buffering=0) as handle:
+            # Asking for the bound itself would allocate (and map) 1 MiB per open.
+            payload = handle.read(min(os.fstat(handle.fileno()).st_size, _SCHEMA_BYTES_MAX) + 1)
     except FileNotFoundError:
         return None
     except NotADirectoryError:

@@ -182,8 +182,8 @@ def _offsets(offsets: npt.ArrayLike, source_bytes: int) -> npt.NDArray[np.uint64
             f"offsets[0] is {int(array[0])}, but records are packed from the start of the source: "
             "offsets must start at 0 (slice the source instead)"
         )
-    if array.size > 1 and np.any(array[1:] < array[:-1]):
-        raise InvalidArgumentError("offsets must be non-decreasing: record i spans offsets[i] to offsets[i+1]")
+    # Non-decreasing offsets are checked by the core in the same pass that
+    # measures the records (a NumPy pass here cost 0.5 ms per 500K records).
     if int(array[-1]) > source_bytes:
         raise InvalidArgumentError(f"offsets[-1] = {int(array[-1])} is past the end of the source ({source_bytes} bytes)")
     return array
@@ -594,4 +594,3 @@ def _refuse_foreign_directory(path: str) -> None:
             "give a new or empty directory, or pass create=True to make a store among its files",
             10,
         )
-
