@@ -537,18 +537,8 @@ class ArrayStore:
         try:
             self._fs.fsync_dir(self.path)
         except OSError as cause:
-            try:
-                undo()
-                self._fs.fsync_dir(self.path)
-            except OSError as exc:
-                self._unfinished = True
-                raise ArrayStoreIOError(
-                    cause.errno,
-                    f"{what} may or may not have taken effect: making it durable failed ({cause}) and taking it back failed ({exc}); "
-                    "reopen the ArrayStore once the disk works: the call is then applied entirely or not at all",
-                    "unknown",
-                ) from cause
-            self._unfinished = True  # the staged directory is garbage now
+            self._unfinished = True  # the staged directory is garbage now, whatever happens next
+            _take_back(self.path, self._fs, undo, what, cause)
             raise ArrayStoreIOError(cause.errno, f"{what} failed, nothing changed: {cause}", "unchanged") from cause
 
     def _remove_leftovers(self, leftovers: list[str]) -> None:
@@ -982,19 +972,19 @@ def _write_commit_record(root: str, fs: OsFs, record: dict[str, Any], what: str,
         write_file_atomic(path, payload + zlib.crc32(payload).to_bytes(4, "little"), fs)
     except OSError as exc:
         if fs.exists(path):
-            _take_back(root, fs, path, what, exc)  # renamed in place, the directory fsync failed
+            _take_back(root, fs, lambda: fs.unlink(path), what, exc)  # renamed in place, the directory fsync failed
         for name in staged:
             with contextlib.suppress(OSError):
                 fs.rmtree(os.path.join(root, ".new-" + name))
         raise ArrayStoreIOError(exc.errno, f"{what} failed, nothing changed: {exc}", "unchanged") from exc
 
 
-def _take_back(root: str, fs: OsFs, path: str, what: str, cause: OSError) -> None:
-    """After the fsync of the commit failed: deletes the record durably (a
-    retried fsync proves nothing about the failed one), or says that the
+def _take_back(root: str, fs: OsFs, undo: Callable[[], object], what: str, cause: OSError) -> None:
+    """After the fsync that commits a call failed: undoes the commit durably
+    (a retried fsync proves nothing about the failed one), or says that the
     outcome is unknown until the next writer replays or discards it."""
     try:
-        fs.unlink(path)
+        undo()
         fs.fsync_dir(root)
     except OSError as exc:
         raise ArrayStoreIOError(
