@@ -14,9 +14,11 @@
 //!   journal-<id>       fixed layout: the redo journal of in-place replaces
 //!
 //! `<id>` is the generation that created the file, as 16 hex digits. Files are
-//! never rewritten in place except by appending past their committed length;
-//! an operation that must change existing bytes (delete, replace, compact)
-//! writes new files and commits a superblock that names them.
+//! never rewritten in place except by appending past their committed length,
+//! and by a fixed layout's same-length replace, which patches data and sums
+//! only after its journal record is durable (journal.zig); every other
+//! operation that changes existing bytes (delete, replace, compact) writes new
+//! files and commits a superblock that names them.
 //!
 //! Two layouts:
 //!   fixed    every record is raw and `record_bytes` long: record i lives at
