@@ -158,7 +158,14 @@ pub fn convertToIndexed(store: *Store) Error!void {
     next.record_bytes = 0;
     next.sums_file = 0;
     next.tail_checksum = 0;
+    // An indexed store replaces by copy: its journal goes with the sums.
+    next.journal_file = 0;
+    next.journal_sequence = 0;
     try commit.commit(store, next);
+    if (store.writer.?.journal) |*handle| {
+        handle.close();
+        store.writer.?.journal = null;
+    }
     commit.unlinkReplaced(store, current.superblock);
 }
 
