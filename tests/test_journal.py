@@ -76,6 +76,27 @@ def test_replace_in_a_fixed_store_writes_in_place(tmp_path, durable):
     assert os.path.getsize(path / journal_files(path)[0]) == 4096
 
 
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_durable_stores_first_append_creates_its_journal(tmp_path, durable):
+    """The append that creates a durable fixed store creates its journal
+    under the syncs it makes anyway, so the first replace after reopen
+    writes into it (one fdatasync) instead of creating it (four syncs). A
+    durable=False store, which syncs nothing then, creates it at its first
+    replace; the same journal file is kept across replaces and reopens."""
+    path = tmp_path / "s"
+    make_store(path, 100, durable).close()
+    assert len(journal_files(path)) == (1 if durable else 0)
+    for _ in range(2):
+        with Zrecord(path, codec="raw", durable=durable) as store:
+            store.replace(np.array([3], dtype=np.uint64), *packed(rows_of([250])))
+            assert store.stats()["layout"] == "fixed"
+        assert len(journal_files(path)) == 1
+    first = journal_files(path)
+    with Zrecord(path, verify=True) as store:
+        assert (read_rows(store, [3]) == rows_of([250])).all() and store.verify() == []
+    assert journal_files(path) == first
+
+
 def test_durable_false_commits_are_atomic_and_sync_makes_them_durable(tmp_path):
     """durable=False: every operation still commits whole, a reader in
     another handle sees it at once, sync() and close() leave a store whose
@@ -230,7 +251,7 @@ def test_a_killed_writer_leaves_its_replaces_for_the_next_reader(tmp_path):
     assert os.path.getsize(journal) > 4096  # the record is still there
     with Zrecord(path, verify=True) as reader:
         assert read_rows(reader, [5])[0, 0] == 99 and reader.verify() == []
-    with Zrecord(path) as writer:
+    with Zrecord(path, codec="raw") as writer:  # raw: the store stays fixed and keeps its journal
         writer.append(*packed(rows_of([1])))
     assert os.path.getsize(journal) == 4096
     with Zrecord(path, verify=True) as reader:

@@ -357,6 +357,7 @@ pub fn unlinkReplaced(store: *Store, old: Superblock) void {
         .{ .kind = .data, .old = old.data_file, .now = now.data_file },
         .{ .kind = .index, .old = old.index_file, .now = now.index_file },
         .{ .kind = .sums, .old = old.sums_file, .now = now.sums_file },
+        .{ .kind = .journal, .old = old.journal_file, .now = now.journal_file },
     };
     for (pairs) |pair| {
         if (pair.old == 0 or pair.old == pair.now) continue;

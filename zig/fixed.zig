@@ -62,6 +62,13 @@ pub fn append(store: *Store, payload: []const u8, record_count: u64, record_byte
         const bytes = assemble(old_bytes, payload, full_blocks * block_bytes, new_bytes, &scratch);
         next.tail_checksum = format.blockChecksum(full_blocks, bytes);
     }
+    // A durable store gets its journal with its data file, under the same
+    // directory sync, so its first replace costs one sync, not four.
+    if (creating and store.durable and next.journal_file == 0) {
+        next.journal_file = next.data_file;
+        next.journal_sequence = 0;
+        try journal.createFile(store.dir, next.journal_file, &next);
+    }
     try commit.syncFile(store, data);
     try commit.syncFile(store, sums_file);
     if (creating) try commit.syncDir(store);
@@ -97,7 +104,8 @@ pub fn replace(store: *Store, indices: []const u64, source: []const u8, offsets:
 }
 
 /// Creates the store's journal and commits a superblock that names it: once
-/// per store, before its first in-place replace.
+/// per store, before its first in-place replace, for a store whose first
+/// append did not create it (opened with durable=False, or older).
 fn createJournal(store: *Store) Error!void {
     var next = store.head().superblock;
     next.journal_file = next.generation + 1;
@@ -150,7 +158,14 @@ pub fn convertToIndexed(store: *Store) Error!void {
     next.record_bytes = 0;
     next.sums_file = 0;
     next.tail_checksum = 0;
+    // An indexed store replaces by copy: its journal goes with the sums.
+    next.journal_file = 0;
+    next.journal_sequence = 0;
     try commit.commit(store, next);
+    if (store.writer.?.journal) |*handle| {
+        handle.close();
+        store.writer.?.journal = null;
+    }
     commit.unlinkReplaced(store, current.superblock);
 }
 

@@ -12,6 +12,8 @@
 //!   sums-<id>          one u64 checksum per full 16 KiB block of data (fixed layout only)
 //!   dict-<id>          the trained zstd dictionary, if any
 //!   journal-<id>       fixed layout: the redo journal of in-place replaces
+//!                      (created by a durable store's first append, else
+//!                      by its first in-place replace)
 //!
 //! `<id>` is the generation that created the file, as 16 hex digits. Files are
 //! never rewritten in place except by appending past their committed length,

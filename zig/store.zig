@@ -192,7 +192,11 @@ pub const Store = struct {
             if (current) |snapshot| {
                 if (snapshot.superblock.generation == superblock.generation) return snapshot;
             }
-            try store.settleJournal(&superblock);
+            // A data or sums file gone while settling: as for Snapshot.build.
+            store.settleJournal(&superblock) catch |err| switch (err) {
+                error.NotFound => if (attempt + 1 < attempts_max) continue else return store.missingFile(),
+                else => return err,
+            };
             const dictionary = store.loadDictionary(superblock) catch |err| switch (err) {
                 error.NotFound => if (attempt + 1 < attempts_max) continue else return store.missingFile(),
                 else => return err,

@@ -241,7 +241,16 @@ class ArrayStore:
     def get_modify_time(self, name: str) -> float:
         """When ``name`` last changed, in seconds since the epoch (its last commit)."""
         self._require(name)
-        return self._fs.stat(os.path.join(self.path, name, "superblock")).st_mtime
+        root = os.path.join(self.path, name)
+        times = [self._fs.stat(os.path.join(root, "superblock")).st_mtime]
+        # An in-place replace commits in the journal, not the superblock.
+        for item in self._fs.listdir(root):
+            if item.startswith("journal-"):
+                try:
+                    times.append(self._fs.stat(os.path.join(root, item)).st_mtime)
+                except FileNotFoundError:  # a layout change deleted it just now
+                    pass
+        return max(times)
 
     def get_metadata(self) -> dict[str, Any]:
         """The format, and for each array its shape, dtype, codec, logical and
