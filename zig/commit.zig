@@ -263,7 +263,11 @@ pub fn commitWith(store: *Store, next_in: Superblock, durable_wanted: bool) Erro
     next.generation = previous.superblock.generation + 1;
     // A durable commit of a durable=False store syncs every file it names
     // below; an append synced the data and sums files itself.
-    try checkpointJournal(store, previous, &next, (durable and !store.durable) or writer.journal_synced);
+    // The flag covers this commit only: a stale one would let a later
+    // checkpoint skip syncing bytes that replaces wrote since.
+    const synced_by_caller = writer.journal_synced;
+    writer.journal_synced = false;
+    try checkpointJournal(store, previous, &next, (durable and !store.durable) or synced_by_caller);
     const slot = 1 - writer.synced_slot;
     next.unsynced = @intFromBool(!durable);
     next.synced_base = if (durable) 0 else writer.slots[writer.synced_slot].generation;
@@ -335,7 +339,6 @@ pub fn syncBeforeReplace(store: *Store) Error!void {
 fn checkpointJournal(store: *Store, previous: *const Snapshot, next: *Superblock, synced: bool) Error!void {
     const writer = &store.writer.?;
     const handle = writer.journal orelse return;
-    writer.journal_synced = false;
     if (writer.journalPending(&previous.superblock) and !synced) {
         if (previous.data) |data| if (next.data_file == previous.superblock.data_file) try syncFileNow(store, data.file);
         if (previous.sums) |sums| if (next.sums_file == previous.superblock.sums_file) try syncFileNow(store, sums.file);

@@ -83,6 +83,9 @@ const Disk = struct {
 
 var disk: Disk = .{};
 
+/// Prints every counted call (for replaying one failing trial by hand).
+pub var trace = false;
+
 // ---- the test's controls -----------------------------------------------------
 
 /// Forgets every file and directory: a fresh, empty disk. Called between
@@ -278,6 +281,7 @@ fn enter(kind: Kind) CallError!?Fault {
             return error.InputOutput;
         }
     }
+    if (trace) std.debug.print("call {d}: {s}\n", .{ disk.calls, @tagName(kind) });
     disk.calls += 1;
     const index = @intFromEnum(kind);
     defer disk.kind_calls[index] += 1;
@@ -395,6 +399,7 @@ pub fn link(handle: i32, old: []const u8, new: []const u8) !void {
     disk.mutex.lock();
     defer disk.mutex.unlock();
     _ = try enter(.link);
+    if (trace) std.debug.print("  {s} -> {s}\n", .{ old, new });
     const dir = handleNode(handle);
     const target = dir.names.get(old) orelse return error.FileNotFound;
     if (dir.names.contains(new)) return error.PathAlreadyExists;
@@ -405,6 +410,7 @@ pub fn unlink(handle: i32, name: []const u8) !void {
     disk.mutex.lock();
     defer disk.mutex.unlock();
     _ = try enter(.unlink);
+    if (trace) std.debug.print("  {s}\n", .{name});
     const dir = handleNode(handle);
     if (!dir.names.contains(name)) return error.FileNotFound;
     try addName(dir, name, null);
@@ -435,6 +441,7 @@ pub fn openFile(handle: i32, name: []const u8, writable: bool) !i32 {
     disk.mutex.lock();
     defer disk.mutex.unlock();
     _ = try enter(.open);
+    if (trace) std.debug.print("  {s}\n", .{name});
     const id = handleNode(handle).names.get(name) orelse return error.FileNotFound;
     if (disk.nodes.items[id].is_dir) return error.IsDir;
     return newHandle(id, writable);
@@ -444,6 +451,7 @@ pub fn createFile(handle: i32, name: []const u8, truncate: bool) !i32 {
     disk.mutex.lock();
     defer disk.mutex.unlock();
     _ = try enter(.create);
+    if (trace) std.debug.print("  {s} (node {d} if new)\n", .{ name, disk.nodes.items.len });
     const dir = handleNode(handle);
     if (dir.names.get(name)) |id| {
         if (disk.nodes.items[id].is_dir) return error.IsDir;
@@ -471,6 +479,7 @@ pub fn pwrite(handle: i32, bytes: []const u8, offset: u64) !void {
     disk.mutex.lock();
     defer disk.mutex.unlock();
     const fault = try enter(.write);
+    if (trace) std.debug.print("  node {d} at {d}, {d} bytes\n", .{ disk.handles.items[@intCast(handle)].?.node, offset, bytes.len });
     assert(disk.handles.items[@intCast(handle)].?.writable);
     const node = handleNode(handle);
     const written = if (fault == .short_write) bytes[0 .. bytes.len / 2] else bytes;
@@ -494,6 +503,7 @@ pub fn setLength(handle: i32, bytes: u64) !void {
     disk.mutex.lock();
     defer disk.mutex.unlock();
     _ = try enter(.set_length);
+    if (trace) std.debug.print("  node {d} to {d}\n", .{ disk.handles.items[@intCast(handle)].?.node, bytes });
     try setLengthLocked(handleNode(handle), bytes);
 }
 
@@ -508,6 +518,7 @@ pub fn syncFile(handle: i32) !void {
     disk.mutex.lock();
     defer disk.mutex.unlock();
     const fault = try enter(.sync_file);
+    if (trace) std.debug.print("  node {d}\n", .{disk.handles.items[@intCast(handle)].?.node});
     const node = handleNode(handle);
     // A failed sync leaves the writes visible but never durable.
     if (fault != .sync_fails) {
