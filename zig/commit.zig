@@ -137,9 +137,11 @@ fn recoverJournal(store: *Store) Error!void {
         store.head().superblock.tail_checksum = replayed.tail_checksum;
         var next = superblock;
         next.tail_checksum = replayed.tail_checksum;
-        return commit(store, next);
+        try commit(store, next);
     }
-    try store.writer.?.journal.?.restart();
+    // A new writer starts from a journal cut back to its page.
+    store.writer.?.journal.?.restart();
+    try store.writer.?.journal.?.trim();
 }
 
 /// The data and sums files of the current fixed generation, open for
@@ -290,11 +292,9 @@ pub fn commitWith(store: *Store, next_in: Superblock, durable_wanted: bool) Erro
         if (recoverWith(store, true)) |_| writer.stale = false else |_| {}
     }
     if (writer.journal) |*handle| {
-        // The new superblock covers every record: the journal starts over.
-        // Cutting it needs no sync: a record that survives a power loss is
-        // at or below the checkpoint, and replay stops at it. A failed cut
-        // leaves dead records that the next ones overwrite.
-        handle.restart() catch {};
+        // The new superblock covers every record: the journal starts over,
+        // over the dead records (see `journal.Handle.restart`).
+        handle.restart();
     }
 }
 
@@ -366,7 +366,7 @@ pub fn unlinkReplaced(store: *Store, old: Superblock) void {
         if (pair.old == 0 or pair.old == pair.now) continue;
         var name_buffer: [format.file_name_bytes]u8 = undefined;
         // A failure here leaves an orphan that the next write deletes.
-        io.unlink(store.dir, format.fileName(&name_buffer, pair.kind, pair.old)) catch {
+        io.unlinkDeferred(store.dir, format.fileName(&name_buffer, pair.kind, pair.old)) catch {
             store.writer.?.stale = true;
         };
     }

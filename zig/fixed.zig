@@ -96,11 +96,16 @@ pub fn replace(store: *Store, indices: []const u64, source: []const u8, offsets:
     const head = store.head();
     // Null only when opening it failed right after the commit that named it.
     if (writer.journal == null) writer.journal = try journal.open(store.dir, &head.superblock);
+    // A journal past its bound is checkpointed before it takes another
+    // record, not right after the record that grew it: the replace that
+    // wrote a large record returns without waiting for the data file's
+    // write-back, and the checkpoint finds most of it written.
+    if (writer.journal.?.end > journal.checkpoint_bytes) try commit.commit(store, head.superblock);
+    const base = store.head();
     const target = try commit.replaceTarget(store);
     const handle = &writer.journal.?;
-    const tail_checksum = try journal.replace(handle, target, &head.superblock, patches, head.tailChecksum(), &writer.poisoned);
-    head.superblock.tail_checksum = tail_checksum;
-    if (handle.end > journal.checkpoint_bytes) try commit.commit(store, head.superblock);
+    const tail_checksum = try journal.replace(handle, target, &base.superblock, patches, base.tailChecksum(), &writer.poisoned);
+    base.superblock.tail_checksum = tail_checksum;
 }
 
 /// Creates the store's journal and commits a superblock that names it: once

@@ -319,10 +319,16 @@ pub const JournalRecord = extern struct {
     }
 
     pub fn computeChecksum(record: *const JournalRecord, body: []const u8) u64 {
-        var hasher = std.hash.XxHash3.init(0x4a4f_5552_4e41_4c21);
-        hasher.update(std.mem.asBytes(record)[0 .. @sizeOf(JournalRecord) - 8]);
+        var hasher = record.checksumStart();
         hasher.update(body);
         return hasher.final();
+    }
+
+    /// The checksum's state after the header: the body follows in pieces.
+    pub fn checksumStart(record: *const JournalRecord) std.hash.XxHash3 {
+        var hasher = std.hash.XxHash3.init(0x4a4f_5552_4e41_4c21);
+        hasher.update(std.mem.asBytes(record)[0 .. @sizeOf(JournalRecord) - 8]);
+        return hasher;
     }
 };
 

@@ -6,8 +6,8 @@
 //! it: that is the commit point, one fdatasync; (2) writes the rows and the
 //! sums into the data and sums files, unsynced, with the sequence lock of
 //! the journal's shared page odd, so no gather sees half of it. A checkpoint
-//! (any other commit, sync(), close(), or a journal past
-//! `checkpoint_bytes`) syncs the data and sums files and commits a superblock
+//! (any other commit, sync(), close(), or the next replace once the
+//! journal is past `checkpoint_bytes`) syncs the data and sums files and commits a superblock
 //! whose `journal_sequence` says "applied through S"; the journal then
 //! starts over. Recovery (a writer's begin, a reader that finds no live
 //! writer) replays, in order, every valid record after the checkpoint whose
@@ -36,8 +36,9 @@ const Patch = plans.Patch;
 const block_bytes = format.block_bytes;
 const page_bytes = format.journal_page_bytes;
 
-/// A journal past this many bytes is checkpointed after the replace that
-/// grew it, so replay after a crash reads at most this much (plus one record).
+/// A journal past this many bytes is checkpointed before the next replace
+/// (or at any other commit, sync or close), so replay after a crash reads
+/// at most this much plus one record.
 /// Tests use a small bound so that the simulation checkpoints mid-workload.
 pub const checkpoint_bytes: u64 = if (builtin.is_test) 16 << 10 else 1 << 20;
 /// The journal grows by written zeros, this much at a time, so that a
@@ -76,9 +77,20 @@ pub const Handle = struct {
         }
     }
 
-    /// Starts over after a checkpoint: back to the page, as short as it.
-    pub fn restart(handle: *Handle) Error!void {
+    /// Starts over after a checkpoint. The file keeps its length while the
+    /// writer lives: the next records overwrite blocks already allocated
+    /// (so their fdatasync writes no new file length), and the checkpoint
+    /// after a large record does not wait for the file system to free it
+    /// (7 ms for 24 MB here). Records left past `end` are dead: each names
+    /// a base generation older than the superblock that covers it.
+    pub fn restart(handle: *Handle) void {
         handle.end = page_bytes;
+    }
+
+    /// Cuts a restarted journal back to its page: when the writer starts
+    /// and when it closes, so an idle store holds no dead records.
+    pub fn trim(handle: *Handle) Error!void {
+        assert(handle.end == page_bytes);
         if (handle.allocated > page_bytes) {
             try io.setLength(handle.file, page_bytes);
             handle.allocated = page_bytes;
@@ -270,6 +282,10 @@ const Sums = struct {
 
 fn writeImage(target: *const Target, first: u64, image: []const u8) Error!void {
     try io.write(target.data, image, first * block_bytes);
+    // A whole run of a large replace: start its write-back now, so the
+    // checkpoint's fdatasync finds it done. Small ones stay in the page
+    // cache, where the next replaces of the same blocks overwrite them.
+    if (image.len == run_blocks_max * block_bytes) io.startWriteback(target.data, first * block_bytes, image.len);
 }
 
 /// Writes the patched blocks and their sums. Called inside the sequence
@@ -312,6 +328,11 @@ pub fn replace(handle: *Handle, target: Target, superblock: *const Superblock, p
     return tail_checksum;
 }
 
+/// A record's rows are staged through a buffer this large on their way to
+/// the journal (and its checksum): a large replace needs no buffer of its
+/// own size, whose allocation and page faults cost more than the copy.
+const stage_bytes = 1 << 20;
+
 /// Appends one record and syncs it. On failure the record's header is
 /// zeroed in the page cache, as far as the disk allows, so that no replay
 /// takes a replace that reported failure.
@@ -320,15 +341,14 @@ fn writeRecord(handle: *Handle, superblock: *const Superblock, stride: u64, patc
     const lists_bytes = (k + 2 * blocks.len) * 8;
     const body_bytes = lists_bytes + k * stride;
     const total = std.mem.alignForward(u64, @sizeOf(JournalRecord) + body_bytes, 8);
-    const buffer = allocator.alignedAlloc(u8, .@"8", total) catch return error.OutOfMemory;
-    defer allocator.free(buffer);
-    @memset(buffer, 0);
-    const body = buffer[@sizeOf(JournalRecord)..][0..body_bytes];
-    const rows: []u64 = @alignCast(std.mem.bytesAsSlice(u64, body[0 .. k * 8]));
+    // The header and the row, block and sum lists.
+    const head = allocator.alignedAlloc(u8, .@"8", @sizeOf(JournalRecord) + lists_bytes) catch return error.OutOfMemory;
+    defer allocator.free(head);
+    const lists = head[@sizeOf(JournalRecord)..];
+    const rows: []u64 = @alignCast(std.mem.bytesAsSlice(u64, lists[0 .. k * 8]));
     for (rows, patches) |*row, patch| row.* = patch.row;
-    @memcpy(body[k * 8 ..][0 .. blocks.len * 8], std.mem.sliceAsBytes(blocks));
-    @memcpy(body[(k + blocks.len) * 8 ..][0 .. sums.len * 8], std.mem.sliceAsBytes(sums));
-    for (patches, 0..) |patch, i| @memcpy(body[lists_bytes + i * stride ..][0..stride], patch.bytes);
+    @memcpy(lists[k * 8 ..][0 .. blocks.len * 8], std.mem.sliceAsBytes(blocks));
+    @memcpy(lists[(k + blocks.len) * 8 ..][0 .. sums.len * 8], std.mem.sliceAsBytes(sums));
     var record = JournalRecord{
         .magic = format.journal_magic,
         .sequence = handle.last_sequence + 1,
@@ -340,11 +360,16 @@ fn writeRecord(handle: *Handle, superblock: *const Superblock, stride: u64, patc
         .tail_checksum = tail_checksum,
         .checksum = 0,
     };
-    record.checksum = record.computeChecksum(body);
-    @memcpy(buffer[0..@sizeOf(JournalRecord)], std.mem.asBytes(&record));
     const outcome = blk: {
         handle.grow(total) catch |err| break :blk err;
-        io.write(handle.file, buffer, handle.end) catch |err| break :blk err;
+        // The rows first, hashed as they go; then the header that makes
+        // the record valid, whose checksum covers them.
+        var hasher = record.checksumStart();
+        hasher.update(lists);
+        writeRows(handle, handle.end + head.len, patches, stride, total - head.len, &hasher) catch |err| break :blk err;
+        record.checksum = hasher.final();
+        @memcpy(head[0..@sizeOf(JournalRecord)], std.mem.asBytes(&record));
+        io.write(handle.file, head, handle.end) catch |err| break :blk err;
         // A record larger than a step extended the file past `allocated`:
         // the next step must start after it, not write zeros over it.
         handle.allocated = @max(handle.allocated, handle.end + total);
@@ -357,6 +382,36 @@ fn writeRecord(handle: *Handle, superblock: *const Superblock, stride: u64, patc
     const blank = [_]u8{0} ** @sizeOf(JournalRecord);
     io.write(handle.file, &blank, handle.end) catch {};
     return outcome;
+}
+
+/// Writes the patches' rows back to back at `offset`, then zeros up to
+/// `bytes` (the record's padding), feeding the rows to `hasher`.
+fn writeRows(handle: *Handle, offset: u64, patches: []const Patch, stride: u64, bytes: u64, hasher: *std.hash.XxHash3) Error!void {
+    const stage = allocator.alloc(u8, @min(bytes, stage_bytes)) catch return error.OutOfMemory;
+    defer allocator.free(stage);
+    var fill: u64 = 0;
+    var at = offset;
+    for (patches) |patch| {
+        var rest = patch.bytes[0..stride];
+        while (rest.len > 0) {
+            const take = @min(rest.len, stage.len - fill);
+            @memcpy(stage[fill..][0..take], rest[0..take]);
+            fill += take;
+            rest = rest[take..];
+            if (fill == stage.len) {
+                hasher.update(stage);
+                try io.write(handle.file, stage, at);
+                at += fill;
+                fill = 0;
+            }
+        }
+    }
+    hasher.update(stage[0..fill]);
+    const padding = offset + bytes - (at + fill);
+    assert(padding < 8 and fill + padding <= stage.len);
+    @memset(stage[fill..][0..padding], 0);
+    fill += padding;
+    if (fill > 0) try io.write(handle.file, stage[0..fill], at);
 }
 
 // ---- replay -------------------------------------------------------------------------

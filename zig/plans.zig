@@ -235,6 +235,7 @@ pub const RowWriter = struct {
             try io.write(sums_file, std.mem.sliceAsBytes(writer.sums[0..full]), first_block * 8);
         }
         try io.write(writer.file, writer.buffer[0..writer.fill], writer.flushed);
+        io.startWriteback(writer.file, writer.flushed, writer.fill);
         writer.flushed += writer.fill;
         writer.fill = 0;
     }

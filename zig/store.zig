@@ -118,6 +118,11 @@ pub const Store = struct {
         if (store.writer) |*writer| {
             if (!writer.poisoned) {
                 if (writer.journalPending(&store.head().superblock) or !store.durable) commit.sync(store) catch {};
+                // Checkpointed: the journal goes back to its page. A failure
+                // leaves dead records, which the next writer cuts.
+                if (writer.journal) |*handle| {
+                    if (!writer.poisoned and !writer.journalPending(&store.head().superblock)) handle.trim() catch {};
+                }
             }
         }
         if (store.writer) |*writer| writer.close();

@@ -416,6 +416,18 @@ pub fn unlink(handle: i32, name: []const u8) !void {
     try addName(dir, name, null);
 }
 
+/// The simulated disk frees nothing: deferring is the same as unlinking.
+pub fn unlinkDeferred(handle: i32, name: []const u8) !void {
+    return unlink(handle, name);
+}
+
+/// A hint with no effect on what is durable: not a counted call.
+pub fn startWriteback(handle: i32, offset: u64, bytes: u64) void {
+    _ = handle;
+    _ = offset;
+    _ = bytes;
+}
+
 pub const Iterator = struct {
     node: u32,
     index: usize = 0,
