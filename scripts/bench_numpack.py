@@ -275,12 +275,15 @@ class Operation:
     a fresh copy of the saved arrays (``fresh``) or the saved arrays (``open``);
     every operation that does not read an open store writes."""
 
-    def __init__(self, label, run, check, setup="open"):
+    def __init__(self, label, run, check, setup="open", floor_bytes=0):
         self.label = label
         self.run = run
         self.check = check
         self.setup = setup
         self.writes = setup != "open"
+        # The new bytes a durable write must put on disk at least once: the
+        # floor column times one write of them to a new file plus fdatasync.
+        self.floor_bytes = floor_bytes
 
 
 def build_operations(a: np.ndarray, b: np.ndarray, seed: int = 0):
@@ -314,25 +317,25 @@ def build_operations(a: np.ndarray, b: np.ndarray, seed: int = 0):
             ops.close(reopened)
 
     operations = [
-        Operation("save", lambda ops, handle, path: ops.save(path, arrays), saved_equal, setup="empty"),
+        Operation("save", lambda ops, handle, path: ops.save(path, arrays), saved_equal, setup="empty", floor_bytes=a.nbytes + b.nbytes),
         Operation("full load (a and b)", lambda ops, handle, path: (ops.load(handle, "a"), ops.load(handle, "b")),
                   lambda ops, handle, path, result: np.array_equal(result[0], a) and np.array_equal(result[1], b)),
         Operation("selective load (a)", lambda ops, handle, path: ops.load(handle, "a"), lambda ops, handle, path, result: np.array_equal(result, a)),
         Operation("lazy / mmap load (a and b)", lambda ops, handle, path: (ops.lazy(handle, "a"), ops.lazy(handle, "b")),
                   lambda ops, handle, path, result: result[0].shape == a.shape and np.array_equal(result[0][5:9], a[5:9])),
-        Operation("replace 1 row", lambda ops, handle, path: ops.replace(handle, "a", one_row, [row]), loaded_equal("a", replaced([row], one_row)), setup="fresh"),
+        Operation("replace 1 row", lambda ops, handle, path: ops.replace(handle, "a", one_row, [row]), loaded_equal("a", replaced([row], one_row)), setup="fresh", floor_bytes=one_row.nbytes),
         Operation(f"replace {block:,} contiguous rows", lambda ops, handle, path: ops.replace(handle, "a", block_rows, slice(start, start + block)),
-                  loaded_equal("a", replaced(slice(start, start + block), block_rows)), setup="fresh"),
+                  loaded_equal("a", replaced(slice(start, start + block), block_rows)), setup="fresh", floor_bytes=block_rows.nbytes),
         Operation(f"replace {block:,} random rows", lambda ops, handle, path: ops.replace(handle, "a", block_rows, random_rows),
-                  loaded_equal("a", replaced(random_rows, block_rows)), setup="fresh"),
+                  loaded_equal("a", replaced(random_rows, block_rows)), setup="fresh", floor_bytes=block_rows.nbytes),
         Operation(f"replace {large:,} rows", lambda ops, handle, path: ops.replace(handle, "a", large_rows, slice(0, large)),
-                  loaded_equal("a", replaced(slice(0, large), large_rows)), setup="fresh"),
+                  loaded_equal("a", replaced(slice(0, large), large_rows)), setup="fresh", floor_bytes=large_rows.nbytes),
         Operation("drop array (b)", lambda ops, handle, path: ops.drop_array(handle, "b"),
                   lambda ops, handle, path, _: np.array_equal(ops.load(handle, "a"), a), setup="fresh"),
         Operation(f"drop {large:,} rows", lambda ops, handle, path: ops.drop_rows(handle, "a", doomed),
                   loaded_equal("a", np.delete(a, doomed, axis=0)), setup="fresh"),
         Operation(f"append {len(b):,} rows (to b)", lambda ops, handle, path: ops.append(handle, "b", b),
-                  loaded_equal("b", np.concatenate([b, b])), setup="fresh"),
+                  loaded_equal("b", np.concatenate([b, b])), setup="fresh", floor_bytes=b.nbytes),
         Operation(f"{block:,} random-index access", lambda ops, handle, path: ops.getitem(handle, "a", access),
                   lambda ops, handle, path, result: np.array_equal(result, a[access])),
     ]
@@ -359,10 +362,34 @@ def _prepare(ops, operation, work: Path, saved: Path):
     return handle, path
 
 
+def _floor_seconds(root: Path, byte_count: int) -> float:
+    """One overwrite of ``byte_count`` bytes in a file that holds them
+    already (allocated and synced, untimed) and its fdatasync: no durable
+    write of that much new data can cost less."""
+    path = root / "floor"
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(descriptor, np.zeros(byte_count, dtype=np.uint8))
+        os.fsync(descriptor)
+        payload = np.ones(byte_count, dtype=np.uint8)
+        os.sync()
+        started = time.perf_counter()
+        os.pwrite(descriptor, payload, 0)
+        os.fdatasync(descriptor)
+        elapsed = time.perf_counter() - started
+    finally:
+        os.close(descriptor)
+        os.remove(path)
+    return elapsed
+
+
 def _time_operation(contenders, operation, root: Path, runs: int) -> dict:
     samples = {ops.name: [] for ops in contenders}
     failures = {}
+    floors = []
     for run in range(runs):
+        if operation.floor_bytes:
+            floors.append(_floor_seconds(root, operation.floor_bytes))
         for ops in contenders:
             if ops.name in failures:
                 continue
@@ -381,7 +408,12 @@ def _time_operation(contenders, operation, root: Path, runs: int) -> dict:
             finally:
                 if handle is not None:
                     ops.close(handle)
-    return {name: (failures.get(name) or statistics.median(values)) for name, values in samples.items()}
+    results = {name: (failures.get(name) or statistics.median(values)) for name, values in samples.items()}
+    results[FLOOR] = statistics.median(floors) if floors else None
+    return results
+
+
+FLOOR = "floor: new bytes overwritten + fdatasync"
 
 
 PAIRINGS = (("loaderx durable", "numpack + fsync"), ("loaderx durable=False", "numpack"))
@@ -430,11 +462,13 @@ def bench_numpack(quick: bool) -> str:
             sizes[ops.name] = tree_bytes(saved)
         for operation in operations:
             results = _time_operation(contenders, operation, root, runs)
-            table_rows.append([operation.label] + [_cell(results[ops.name], _pairing_best(results, ops.name)) for ops in contenders])
+            floor = results.pop(FLOOR)
+            table_rows.append([operation.label] + [_cell(results[ops.name], _pairing_best(results, ops.name)) for ops in contenders]
+                              + ["—" if floor is None else _cell(floor, None)])
             errors += [f"FAILED: {name}, {operation.label}: {value}" for name, value in results.items() if isinstance(value, str)]
         npy = sizes["NPY"]
-        table_rows.append(["file size"] + [f"{sizes[ops.name] / 2**20:.2f} MiB ({sizes[ops.name] / npy:.4f}x NPY)" for ops in contenders])
-    header = ["operation"] + [ops.name for ops in contenders]
+        table_rows.append(["file size"] + [f"{sizes[ops.name] / 2**20:.2f} MiB ({sizes[ops.name] / npy:.4f}x NPY)" for ops in contenders] + ["—"])
+    header = ["operation"] + [ops.name for ops in contenders] + [FLOOR]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows]
     table = "\n".join(lines)
@@ -450,7 +484,10 @@ def bench_numpack(quick: bool) -> str:
         "Edits run on a fresh copy of the saved arrays (copied untimed); reads on an open store. "
         "NPY and NPZ edits are load, modify, save (numpack's README method). "
         "`drop ... rows` in numpack marks rows deleted (its `update()` compacts later); loaderx rewrites the array. "
-        "Random access: `getitem` for loaderx and numpack, a memory map for NPY, a full member read for NPZ."
+        "Random access: `getitem` for loaderx and numpack, a memory map for NPY, a full member read for NPZ. "
+        f"`{FLOOR}`: one overwrite of the operation's new bytes in an allocated, synced file and its fdatasync, timed in the same runs: "
+        "a durable write cannot cost less, and an atomic in-place replace must make its new rows durable somewhere "
+        "(a journal) before it may overwrite the old ones, so it cannot cost less than this either, durable or not."
     )
 
 
