@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from loaderx import _native
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +31,31 @@ def test_zig_unit_tests_pass():
 def test_library_reports_the_abi_version_python_expects():
     """A stale library would be refused at import; this one matches."""
     assert _native.lib.lx_version() == _native.ABI_VERSION
+
+
+def test_import_uses_the_declarations_the_build_parsed():
+    """The build writes `_ffi.py` from `_abi.h` (cffi's out-of-line mode), so
+    import parses no C; the module records which header it came from."""
+    import importlib
+
+    built = importlib.import_module("loaderx._ffi")
+    assert _native.ffi is built.ffi
+
+
+@pytest.mark.parametrize("broken", ["missing", "stale"])
+def test_a_missing_or_stale_prebuilt_ffi_falls_back_to_parsing_the_header(monkeypatch, broken):
+    import types
+
+    def import_module(name):
+        if broken == "missing":
+            raise ImportError(name)
+        return types.SimpleNamespace(ABI_SHA256="0" * 64, ffi=None)
+
+    monkeypatch.setattr(_native.importlib, "import_module", import_module)
+    parsed = _native._load_ffi()
+    assert parsed is not _native.ffi
+    library = parsed.dlopen(str(_native._LIBRARY))
+    assert library.lx_version() == _native.ABI_VERSION
 
 
 def test_struct_sizes_agree_between_zig_and_cdef():

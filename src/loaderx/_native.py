@@ -13,11 +13,12 @@ the highest level whose instructions the CPU and kernel report in
 
 from __future__ import annotations
 
+import hashlib
+import importlib
 import os
 import platform
 from pathlib import Path
-
-import cffi
+from typing import Any
 
 ABI_VERSION = 3
 
@@ -84,8 +85,26 @@ VARIANT = pick_variant(cpu_flags(), os.environ.get("LOADERX_CPU"))
 # crash and corruption suites against a ReleaseSafe build this way).
 _LIBRARY = Path(os.environ.get("LOADERX_LIBRARY") or library_path(VARIANT))
 
-ffi = cffi.FFI()
-ffi.cdef((_HERE / "_abi.h").read_text())
+def _load_ffi() -> Any:
+    """The C declarations of ``_abi.h``: pre-parsed by the build into
+    ``_ffi.py`` (cffi's out-of-line ABI mode; parsing them here costs 80 ms
+    of import), or parsed now when that module is missing, stale (built
+    from another header) or of a cffi this one cannot load."""
+    header = (_HERE / "_abi.h").read_bytes()
+    try:
+        built = importlib.import_module(f"{__package__}._ffi")
+        if built.ABI_SHA256 == hashlib.sha256(header).hexdigest():
+            return built.ffi
+    except Exception:  # noqa: BLE001 - any failure means: parse the header instead
+        pass
+    import cffi
+
+    parsed = cffi.FFI()
+    parsed.cdef(header.decode())
+    return parsed
+
+
+ffi = _load_ffi()
 
 if not _LIBRARY.exists():
     raise ImportError(f"loaderx's native library is missing: {_LIBRARY} does not exist. {_REBUILD}")
