@@ -258,6 +258,53 @@ def test_a_killed_writer_leaves_its_replaces_for_the_next_reader(tmp_path):
         assert read_rows(reader, [4, 5, 3000])[:, 0].tolist() == [4, 99, 1]
 
 
+KILLED_AFTER_A_CHECKPOINT = r"""
+import os, sys, numpy as np
+from loaderx.zrecord import Zrecord
+path = sys.argv[1]
+store = Zrecord(path, codec="raw")
+one = np.zeros(1, dtype=np.uint64)
+def replace(row, value):
+    store.replace(np.array([row], dtype=np.uint64), np.full((1, 40), value, dtype=np.uint8), one)
+replace(8, 1)
+replace(5, 20)
+store.append(np.full((1, 40), 7, dtype=np.uint8), one)  # a checkpoint: both records are dead now
+journal = [name for name in os.listdir(path) if name.startswith("journal-")][0]
+print(os.path.getsize(os.path.join(path, journal)), flush=True)
+replace(5, 30)  # lands where the first record was; the second follows it, dead
+print("replaced", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_dead_records_a_checkpoint_left_in_the_journal_are_never_replayed(tmp_path):
+    """After a checkpoint the journal keeps its length while the writer
+    lives, and new records overwrite the dead ones from the start. A writer
+    killed then leaves a live record followed by a dead one of the same
+    size that changed the same row: replay applies the live one only."""
+    path = tmp_path / "s"
+    make_store(path, 3000).close()
+    child = subprocess.Popen([sys.executable, "-c", KILLED_AFTER_A_CHECKPOINT, str(path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        kept = int(child.stdout.readline())
+        assert child.stdout.readline().strip() == "replaced", child.stderr.read()
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    finally:
+        for stream in (child.stdin, child.stdout, child.stderr):
+            stream.close()
+    assert kept > 4096  # the checkpoint did not cut the journal
+    with Zrecord(path, verify=True) as reader:
+        assert read_rows(reader, [5, 8, 3000])[:, 0].tolist() == [30, 1, 7] and reader.verify() == []
+    with Zrecord(path, codec="raw") as writer:
+        writer.append(*packed(rows_of([2])))
+    # The next writer cut it back to its page.
+    assert os.path.getsize(path / journal_files(path)[0]) == 4096
+    with Zrecord(path, verify=True) as reader:
+        assert read_rows(reader, [5, 8, 3000, 3001])[:, 0].tolist() == [30, 1, 7, 2]
+
+
 class InPlaceMachine(RuleBasedStateMachine):
     """A fixed store under random in-place replaces (single rows, runs,
     scattered rows), appends, deletes, syncs and reopens, with a second
