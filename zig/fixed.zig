@@ -22,6 +22,7 @@ const Layout = format.Layout;
 const block_bytes = format.block_bytes;
 const assemble = @import("encode.zig").assemble;
 const journal = @import("journal.zig");
+const workers = @import("workers.zig");
 
 pub fn append(store: *Store, payload: []const u8, record_count: u64, record_bytes: u64) Error!void {
     const current = store.head();
@@ -41,21 +42,20 @@ pub fn append(store: *Store, payload: []const u8, record_count: u64, record_byte
     const old_bytes = current.dataBytes();
     const new_bytes = old_bytes.len + payload.len;
     try io.write(data, payload, old_bytes.len);
+    // The disk writes the rows while the checksums are computed, so the
+    // fsync that follows (now, or at sync() for durable=False) waits less.
+    if (payload.len >= writeback_bytes_min) io.startWriteback(data, old_bytes.len, payload.len);
     // Blocks completed by this append get their checksums in the sums
     // file; the new partial tail block's checksum goes in the superblock.
     const first_block = old_bytes.len / block_bytes;
     const full_blocks = new_bytes / block_bytes;
     var scratch: [block_bytes]u8 = undefined;
-    var sums_buffer: [256]u64 = undefined;
-    var block = first_block;
-    while (block < full_blocks) {
-        const batch_end = @min(full_blocks, block + sums_buffer.len);
-        for (block..batch_end) |b| {
-            const bytes = assemble(old_bytes, payload, b * block_bytes, (b + 1) * block_bytes, &scratch);
-            sums_buffer[b - block] = format.blockChecksum(b, bytes);
-        }
-        try io.write(sums_file, std.mem.sliceAsBytes(sums_buffer[0 .. batch_end - block]), block * 8);
-        block = batch_end;
+    if (full_blocks > first_block) {
+        const sums = allocator.alloc(u64, full_blocks - first_block) catch return error.OutOfMemory;
+        defer allocator.free(sums);
+        var job = SumsJob{ .old = old_bytes, .payload = payload, .first = first_block, .sums = sums };
+        workers.parallelFor(sums.len, sums.len * block_bytes, store.threads, &job, SumsJob.run);
+        try io.write(sums_file, std.mem.sliceAsBytes(sums), first_block * 8);
     }
     next.tail_checksum = 0;
     if (new_bytes % block_bytes != 0) {
@@ -78,6 +78,27 @@ pub fn append(store: *Store, payload: []const u8, record_count: u64, record_byte
     next.live_bytes = new_bytes;
     try commit.commit(store, next);
 }
+
+/// Below this an append's write-back is left to the kernel and the fsync.
+const writeback_bytes_min = 1 << 20;
+
+/// The checksums of the full blocks an append completes, on the worker
+/// threads (one core hashes 40 MB in about 5 ms).
+const SumsJob = struct {
+    old: []const u8,
+    payload: []const u8,
+    first: u64,
+    sums: []u64,
+
+    fn run(job: *SumsJob, start: u64, end: u64) void {
+        var scratch: [block_bytes]u8 = undefined;
+        for (start..end) |k| {
+            const block = job.first + k;
+            const bytes = assemble(job.old, job.payload, block * block_bytes, (block + 1) * block_bytes, &scratch);
+            job.sums[k] = format.blockChecksum(block, bytes);
+        }
+    }
+};
 
 pub fn replace(store: *Store, indices: []const u64, source: []const u8, offsets: []const u64) Error!void {
     const current = store.head();
