@@ -246,7 +246,9 @@ class _Dataset:
 
     _kind = ""
 
-    def __init__(self, path: StrPath, verify: bool = False, threads: int = 0) -> None:
+    def __init__(self, path: StrPath, verify: bool = False, threads: int = 0, *, _durable: bool = True) -> None:
+        # ``_durable=False`` is for ArrayStore, which writes through the
+        # dataset's store: one native open instead of a second handle.
         from .shards import ShardedStore, is_sharded  # shards builds on this module
 
         self.path = os.fspath(path)
@@ -258,7 +260,7 @@ class _Dataset:
             self._schema = self._store.schema
         else:
             self._schema = open_schema(self.path, self._kind)
-            self._store = Zrecord(self.path, codec=self._schema.codec, verify=verify, threads=threads)
+            self._store = Zrecord(self.path, codec=self._schema.codec, verify=verify, threads=threads, durable=_durable)
         self.dtype = self._schema.dtype
         self.item_shape = self._schema.item_shape
         self.codec = self._schema.codec
@@ -317,8 +319,8 @@ class DenseDataset(_Dataset):
 
     _kind = "dense"
 
-    def __init__(self, path: StrPath, verify: bool = False, threads: int = 0) -> None:
-        super().__init__(path, verify=verify, threads=threads)
+    def __init__(self, path: StrPath, verify: bool = False, threads: int = 0, *, _durable: bool = True) -> None:
+        super().__init__(path, verify=verify, threads=threads, _durable=_durable)
         try:
             self._check_record_bytes()
         except BaseException:
