@@ -131,7 +131,7 @@ fn recoverJournal(store: *Store) Error!void {
     if (superblock.journal_file == 0) return;
     var handle = try journal.open(store.dir, &superblock);
     errdefer handle.close();
-    const replayed = try journal.settle(store.dir, &handle, &superblock);
+    const replayed = try settleJournal(store.dir, &handle, &superblock);
     store.writer.?.journal = handle;
     if (replayed.records > 0) {
         store.head().superblock.tail_checksum = replayed.tail_checksum;
@@ -140,6 +140,21 @@ fn recoverJournal(store: *Store) Error!void {
         return commit(store, next);
     }
     try store.writer.?.journal.?.restart();
+}
+
+/// `journal.settle`, without opening the data and sums files or the replay
+/// scratch when the journal is its page alone: a record lands past the
+/// page, so a file of one page holds none to replay (the usual case: every
+/// checkpoint cuts the journal back to its page). The shared page is
+/// rewritten as `settle` would, so readers see the lock even and the
+/// current generation's tail checksum.
+pub fn settleJournal(dir: io.Dir, handle: *journal.Handle, superblock: *const Superblock) Error!journal.Replayed {
+    if (handle.allocated > format.journal_page_bytes) return journal.settle(dir, handle, superblock);
+    assert(handle.end == format.journal_page_bytes);
+    assert(handle.last_sequence == superblock.journal_sequence);
+    handle.lock();
+    handle.unlock(superblock.generation, superblock.tail_checksum);
+    return .{ .records = 0, .tail_checksum = superblock.tail_checksum };
 }
 
 /// The data and sums files of the current fixed generation, open for
