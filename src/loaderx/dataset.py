@@ -22,7 +22,7 @@ import math
 import operator
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Sequence, TypeVar, Union, overload
+from typing import TYPE_CHECKING, Any, Iterable, NoReturn, Sequence, TypeVar, Union, overload
 
 import msgpack
 import numpy as np
@@ -168,6 +168,18 @@ def write_schema(path: StrPath, schema: Schema) -> None:
 def open_schema(path: StrPath, kind: str) -> Schema:
     """The schema of an existing store of ``kind``; a clear error otherwise."""
     path = os.fspath(path)
+    # The schema first: the usual open needs no other look-up.
+    schema = read_schema(path)
+    if schema is None:
+        _refuse_schemaless(path)
+    if schema.kind != kind:
+        other = "RaggedDataset" if schema.kind == "ragged" else "DenseDataset"
+        raise ValueError(f"'{path}' is a {schema.kind} store: open it with {other}")
+    return schema
+
+
+def _refuse_schemaless(path: str) -> NoReturn:
+    """Says why ``path`` has no schema: a file, nothing, or a foreign directory."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise NotADirectoryError(
             f"'{path}' is a file, not a loaderx store (a store is a directory written by "
@@ -175,16 +187,10 @@ def open_schema(path: StrPath, kind: str) -> Schema:
         )
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no loaderx store at '{path}': write one with loaderx.from_numpy or loaderx.from_iterator")
-    schema = read_schema(path)
-    if schema is None:
-        raise FileNotFoundError(
-            f"'{path}' is not a loaderx store (it has no {SCHEMA_FILE}): write one with "
-            "loaderx.from_numpy or loaderx.from_iterator, or open a bare record store with loaderx.Zrecord"
-        )
-    if schema.kind != kind:
-        other = "RaggedDataset" if schema.kind == "ragged" else "DenseDataset"
-        raise ValueError(f"'{path}' is a {schema.kind} store: open it with {other}")
-    return schema
+    raise FileNotFoundError(
+        f"'{path}' is not a loaderx store (it has no {SCHEMA_FILE}): write one with "
+        "loaderx.from_numpy or loaderx.from_iterator, or open a bare record store with loaderx.Zrecord"
+    )
 
 
 # ---- indexing ---------------------------------------------------------------
