@@ -131,7 +131,7 @@ fn recoverJournal(store: *Store) Error!void {
     if (superblock.journal_file == 0) return;
     var handle = try journal.open(store.dir, &superblock);
     errdefer handle.close();
-    const replayed = try journal.settle(store.dir, &handle, &superblock);
+    const replayed = try settleJournal(store.dir, &handle, &superblock);
     store.writer.?.journal = handle;
     if (replayed.records > 0) {
         store.head().superblock.tail_checksum = replayed.tail_checksum;
@@ -142,6 +142,21 @@ fn recoverJournal(store: *Store) Error!void {
     // A new writer starts from a journal cut back to its page.
     store.writer.?.journal.?.restart();
     try store.writer.?.journal.?.trim();
+}
+
+/// `journal.settle`, without opening the data and sums files or the replay
+/// scratch when the journal is its page alone: a record lands past the
+/// page, so a file of one page holds none to replay (the usual case: every
+/// checkpoint cuts the journal back to its page). The shared page is
+/// rewritten as `settle` would, so readers see the lock even and the
+/// current generation's tail checksum.
+pub fn settleJournal(dir: io.Dir, handle: *journal.Handle, superblock: *const Superblock) Error!journal.Replayed {
+    if (handle.allocated > format.journal_page_bytes) return journal.settle(dir, handle, superblock);
+    assert(handle.end == format.journal_page_bytes);
+    assert(handle.last_sequence == superblock.journal_sequence);
+    handle.lock();
+    handle.unlock(superblock.generation, superblock.tail_checksum);
+    return .{ .records = 0, .tail_checksum = superblock.tail_checksum };
 }
 
 /// The data and sums files of the current fixed generation, open for
@@ -409,4 +424,45 @@ pub fn syncDirNow(store: *Store) Error!void {
         store.writer.?.poisoned = true;
         return err;
     };
+}
+
+test "an open that finds the journal at its page alone resets a stale shared page, as a replay would" {
+    // The lock file is never synced: a power loss can leave its page odd
+    // (written back mid-replace) or with an old tail checksum after a later
+    // checkpoint cut the journal back to its page. The fast path of
+    // settleJournal must still rewrite it, or every read would wait on it.
+    const simulated = @import("testing/storage.zig");
+    simulated.reset();
+    const path = "settle-page";
+    const rows = [_]u8{7} ** 40;
+    const offsets = [_]u64{ 0, 10, 20, 30 };
+    const writer = try Store.open(path, 1, false, true);
+    _ = try writer.append(&rows, &offsets, .raw);
+    const superblock = writer.head().superblock;
+    writer.close();
+    try std.testing.expect(superblock.journal_file != 0 and superblock.tail_checksum != 0);
+
+    const dir = try io.openDir(path);
+    defer io.closeDir(dir);
+    var name_buffer: [format.file_name_bytes]u8 = undefined;
+    const journal_file = try io.openFile(dir, format.fileName(&name_buffer, .journal, superblock.journal_file), .read_only);
+    try std.testing.expectEqual(format.journal_page_bytes, try io.length(journal_file));
+    io.closeFile(journal_file);
+    const lock = try io.openFile(dir, journal.lock_file_name, .read_write);
+    var page: format.JournalPage = undefined;
+    _ = try io.read(lock, std.mem.asBytes(&page), 0);
+    page.sequence_lock = 5;
+    page.tail_generation = superblock.generation;
+    page.tail_checksum = superblock.tail_checksum ^ 1;
+    try io.write(lock, std.mem.asBytes(&page), 0);
+    io.closeFile(lock);
+
+    const reader = try Store.open(path, 1, true, true);
+    defer reader.close();
+    const shared = reader.head().journalPage().?;
+    try std.testing.expectEqual(@as(u64, 0), journal.readBegin(shared) % 2);
+    try std.testing.expectEqual(superblock.tail_checksum, journal.tailChecksum(shared, &reader.head().superblock));
+    var target: [40]u8 = undefined;
+    try reader.gather(&.{ 0, 1, 2, 3 }, &target, null);
+    try std.testing.expectEqualSlices(u8, &rows, &target);
 }

@@ -696,15 +696,10 @@ class _Array:
 
     @classmethod
     def open(cls, name: str, path: str, inode: int, fs: OsFs, durable: bool) -> "_Array":
-        dataset = DenseDataset(fs.real_path(path))
+        # Row edits go through the dataset's store handle, so with
+        # durable=False that one handle defers its fsyncs.
+        dataset = DenseDataset(fs.real_path(path), _durable=durable)
         try:
-            if not durable:
-                # Row edits go through the dataset's store handle, so that one
-                # defers its fsyncs (the dataset reads through it as before).
-                store = dataset._store
-                dataset._store = Zrecord(store.path, codec=dataset.codec, durable=False)
-                dataset._store._reopen_hint = store._reopen_hint
-                store.close()
             scalar = _read_scalar_marker(path, dataset, fs)
         except BaseException:
             dataset.close()

@@ -22,7 +22,7 @@ import math
 import operator
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Sequence, TypeVar, Union, overload
+from typing import TYPE_CHECKING, Any, Iterable, NoReturn, Sequence, TypeVar, Union, overload
 
 import msgpack
 import numpy as np
@@ -168,6 +168,18 @@ def write_schema(path: StrPath, schema: Schema) -> None:
 def open_schema(path: StrPath, kind: str) -> Schema:
     """The schema of an existing store of ``kind``; a clear error otherwise."""
     path = os.fspath(path)
+    # The schema first: the usual open needs no other look-up.
+    schema = read_schema(path)
+    if schema is None:
+        _refuse_schemaless(path)
+    if schema.kind != kind:
+        other = "RaggedDataset" if schema.kind == "ragged" else "DenseDataset"
+        raise ValueError(f"'{path}' is a {schema.kind} store: open it with {other}")
+    return schema
+
+
+def _refuse_schemaless(path: str) -> NoReturn:
+    """Says why ``path`` has no schema: a file, nothing, or a foreign directory."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise NotADirectoryError(
             f"'{path}' is a file, not a loaderx store (a store is a directory written by "
@@ -175,16 +187,10 @@ def open_schema(path: StrPath, kind: str) -> Schema:
         )
     if not os.path.isdir(path):
         raise FileNotFoundError(f"no loaderx store at '{path}': write one with loaderx.from_numpy or loaderx.from_iterator")
-    schema = read_schema(path)
-    if schema is None:
-        raise FileNotFoundError(
-            f"'{path}' is not a loaderx store (it has no {SCHEMA_FILE}): write one with "
-            "loaderx.from_numpy or loaderx.from_iterator, or open a bare record store with loaderx.Zrecord"
-        )
-    if schema.kind != kind:
-        other = "RaggedDataset" if schema.kind == "ragged" else "DenseDataset"
-        raise ValueError(f"'{path}' is a {schema.kind} store: open it with {other}")
-    return schema
+    raise FileNotFoundError(
+        f"'{path}' is not a loaderx store (it has no {SCHEMA_FILE}): write one with "
+        "loaderx.from_numpy or loaderx.from_iterator, or open a bare record store with loaderx.Zrecord"
+    )
 
 
 # ---- indexing ---------------------------------------------------------------
@@ -246,7 +252,9 @@ class _Dataset:
 
     _kind = ""
 
-    def __init__(self, path: StrPath, verify: bool = False, threads: int = 0) -> None:
+    def __init__(self, path: StrPath, verify: bool = False, threads: int = 0, *, _durable: bool = True) -> None:
+        # ``_durable=False`` is for ArrayStore, which writes through the
+        # dataset's store: one native open instead of a second handle.
         from .shards import ShardedStore, is_sharded  # shards builds on this module
 
         self.path = os.fspath(path)
@@ -258,7 +266,7 @@ class _Dataset:
             self._schema = self._store.schema
         else:
             self._schema = open_schema(self.path, self._kind)
-            self._store = Zrecord(self.path, codec=self._schema.codec, verify=verify, threads=threads)
+            self._store = Zrecord(self.path, codec=self._schema.codec, verify=verify, threads=threads, durable=_durable)
         self.dtype = self._schema.dtype
         self.item_shape = self._schema.item_shape
         self.codec = self._schema.codec
@@ -317,8 +325,8 @@ class DenseDataset(_Dataset):
 
     _kind = "dense"
 
-    def __init__(self, path: StrPath, verify: bool = False, threads: int = 0) -> None:
-        super().__init__(path, verify=verify, threads=threads)
+    def __init__(self, path: StrPath, verify: bool = False, threads: int = 0, *, _durable: bool = True) -> None:
+        super().__init__(path, verify=verify, threads=threads, _durable=_durable)
         try:
             self._check_record_bytes()
         except BaseException:
