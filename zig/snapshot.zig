@@ -70,11 +70,11 @@ pub const Mapping = struct {
             else => return err,
         };
         errdefer io.closeFile(file);
-        if (try io.length(file) < format.journal_page_bytes) {
+        if (try io.length(file) < journal.shared_page_bytes) {
             io.closeFile(file);
             return null;
         }
-        const memory = try io.map(file, format.journal_page_bytes, format.journal_page_bytes);
+        const memory = try io.map(file, journal.shared_page_bytes, journal.shared_page_bytes);
         errdefer io.unmap(memory);
         const mapping = allocator.create(Mapping) catch return error.OutOfMemory;
         mapping.* = .{ .file = file, .memory = memory, .id = 0 };
