@@ -145,14 +145,13 @@ fn recoverJournal(store: *Store) Error!void {
 }
 
 /// `journal.settle`, without opening the data and sums files or the replay
-/// scratch when the journal is its page alone: a record lands past the
-/// page, so a file of one page holds none to replay (the usual case: every
-/// checkpoint cuts the journal back to its page). The shared page is
-/// rewritten as `settle` would, so readers see the lock even and the
-/// current generation's tail checksum.
+/// scratch when the journal holds no record to replay (the usual case:
+/// every checkpoint covers every record). The shared page is rewritten as
+/// `settle` would, so readers see the lock even and the current
+/// generation's tail checksum.
 pub fn settleJournal(dir: io.Dir, handle: *journal.Handle, superblock: *const Superblock) Error!journal.Replayed {
-    if (handle.allocated > format.journal_page_bytes) return journal.settle(dir, handle, superblock);
-    assert(handle.end == format.journal_page_bytes);
+    if (try journal.mayHoldRecords(handle, superblock)) return journal.settle(dir, handle, superblock);
+    assert(handle.end == handle.start);
     assert(handle.last_sequence == superblock.journal_sequence);
     handle.lock();
     handle.unlock(superblock.generation, superblock.tail_checksum);

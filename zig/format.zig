@@ -291,9 +291,19 @@ pub const JournalPage = extern struct {
 };
 
 pub const journal_magic = "ZJOURNAL".*;
-pub const journal_version: u32 = 1;
-/// Records start after the shared page.
+/// Version 2: records start right after the 64-byte header, inside the
+/// file's first 4 KiB page, so a small replace overwrites bytes the journal
+/// already holds and its fdatasync writes no new file length (0.35 ms
+/// against 0.86 ms for one that grows the file, here). Version 1 (records
+/// after the whole page) is still read and written.
+pub const journal_version: u32 = 2;
+/// A journal file is at least this long: its first page, created whole.
 pub const journal_page_bytes: u64 = 4096;
+
+/// Where the records of a journal of version `journal_file_version` start.
+pub fn journalRecordsStart(journal_file_version: u32) u64 {
+    return if (journal_file_version == 1) journal_page_bytes else @sizeOf(JournalPage);
+}
 
 /// One journaled replace. Followed by `row_count` row indices (ascending),
 /// `block_count` block numbers (ascending) and their new checksums, the

@@ -56,8 +56,10 @@ pub const Handle = struct {
     /// The lock file, holding the shared page, and the page mapped.
     page_file: io.File,
     memory: io.WritableMemory,
+    /// Where records start (the journal's version says).
+    start: u64,
     /// Where the next record goes.
-    end: u64 = page_bytes,
+    end: u64,
     /// The file's length: records below it overwrite written zeros.
     allocated: u64 = page_bytes,
     /// The last sequence written; the superblock's journal_sequence when
@@ -84,13 +86,14 @@ pub const Handle = struct {
     /// (7 ms for 24 MB here). Records left past `end` are dead: each names
     /// a base generation older than the superblock that covers it.
     pub fn restart(handle: *Handle) void {
-        handle.end = page_bytes;
+        handle.end = handle.start;
     }
 
-    /// Cuts a restarted journal back to its page: when the writer starts
-    /// and when it closes, so an idle store holds no dead records.
+    /// Cuts a restarted journal back to its first page: when the writer
+    /// starts and when it closes, so an idle store holds at most a page of
+    /// dead records.
     pub fn trim(handle: *Handle) Error!void {
-        assert(handle.end == page_bytes);
+        assert(handle.end == handle.start);
         if (handle.allocated > page_bytes) {
             try io.setLength(handle.file, page_bytes);
             handle.allocated = page_bytes;
@@ -155,13 +158,13 @@ pub fn open(dir: io.Dir, superblock: *const Superblock) Error!Handle {
     var name_buffer: [format.file_name_bytes]u8 = undefined;
     const file = try io.openFile(dir, fileName(&name_buffer, superblock.journal_file), .read_write);
     errdefer io.closeFile(file);
-    try checkPage(dir, file);
+    const start = try checkPage(dir, file);
     const allocated = try io.length(file);
     const page_file = try io.createFile(dir, lock_file_name, false);
     errdefer io.closeFile(page_file);
     try ensureSharedPage(page_file);
     const memory = try io.mapWritable(page_file, shared_page_bytes);
-    return .{ .file = file, .page_file = page_file, .memory = memory, .last_sequence = superblock.journal_sequence, .allocated = allocated };
+    return .{ .file = file, .page_file = page_file, .memory = memory, .last_sequence = superblock.journal_sequence, .start = start, .end = start, .allocated = allocated };
 }
 
 /// The shared page lives in the lock file, which is never synced: the
@@ -191,16 +194,29 @@ pub fn ensureSharedPage(file: io.File) Error!void {
 
 /// A journal shorter than its page or with another magic is damage: its
 /// page is written and synced before any superblock names the file.
-pub fn checkPage(dir: io.Dir, file: io.File) Error!void {
+/// Returns where its records start.
+pub fn checkPage(dir: io.Dir, file: io.File) Error!u64 {
     var page: JournalPage = undefined;
     const got = try io.read(file, std.mem.asBytes(&page), 0);
     const length = try io.length(file);
     if (got != @sizeOf(JournalPage) or length < page_bytes or !std.mem.eql(u8, &page.magic, &format.journal_magic)) {
         return status.fail(error.Corrupt, "store '{s}' is damaged: journal '{s}' has no valid page; restore the store from a copy", .{ dir.path, file.name() });
     }
-    if (page.version != format.journal_version) {
-        return status.fail(error.UnsupportedVersion, "store '{s}' has a journal of a version this loaderx cannot read; upgrade loaderx", .{dir.path});
+    if (page.version != 1 and page.version != format.journal_version) {
+        return status.fail(error.UnsupportedVersion, "store '{s}' has a journal of version {d}, which this loaderx cannot read (it reads 1 and {d}); upgrade loaderx", .{ dir.path, page.version, format.journal_version });
     }
+    return format.journalRecordsStart(page.version);
+}
+
+/// Whether the journal may hold a record to replay: the record after the
+/// checkpoint would start with a header naming the next sequence and the
+/// current generation. Cheap (one read of a header), for opens that skip
+/// the replay machinery when there is nothing to replay.
+pub fn mayHoldRecords(handle: *const Handle, superblock: *const Superblock) Error!bool {
+    var record: JournalRecord = undefined;
+    if (try io.read(handle.file, std.mem.asBytes(&record), handle.start) != @sizeOf(JournalRecord)) return false;
+    return std.mem.eql(u8, &record.magic, &format.journal_magic) and
+        record.sequence == superblock.journal_sequence + 1 and record.base_generation == superblock.generation;
 }
 
 // ---- blocks touched by a replace -------------------------------------------------
@@ -505,7 +521,7 @@ pub fn replay(handle: *Handle, target: Target, superblock: *const Superblock) Er
     const file_bytes = try io.length(handle.file);
     const scratch = allocator.alloc(u8, run_blocks_max * block_bytes) catch return error.OutOfMemory;
     defer allocator.free(scratch);
-    var offset: u64 = page_bytes;
+    var offset: u64 = handle.start;
     var sequence = superblock.journal_sequence + 1;
     var tail_checksum = superblock.tail_checksum;
     var records: u64 = 0;
@@ -533,8 +549,8 @@ pub fn pendingReadOnly(dir: io.Dir, superblock: *const Superblock) Error!bool {
     var name_buffer: [format.file_name_bytes]u8 = undefined;
     const file = try io.openFile(dir, fileName(&name_buffer, superblock.journal_file), .read_only);
     defer io.closeFile(file);
-    try checkPage(dir, file);
-    var loaded = try load(file, try io.length(file), page_bytes, superblock.journal_sequence + 1, superblock) orelse return false;
+    const start = try checkPage(dir, file);
+    var loaded = try load(file, try io.length(file), start, superblock.journal_sequence + 1, superblock) orelse return false;
     loaded.deinit();
     return true;
 }
