@@ -170,8 +170,10 @@ pub fn encodeBatch(threads: u32, dictionary: ?*const codec.Dictionary, source: [
 /// Source bytes per piece of a written batch: each piece is compressed into
 /// its own buffer, packed as it goes, and written as soon as the pieces
 /// before it are, so writing one piece overlaps compressing the next and no
-/// core waits for a whole batch's pack and pwrite.
-const piece_bytes = 1 << 20;
+/// core waits for a whole batch's pack and pwrite. Small, because a thread
+/// takes several pieces at a time (workers.ranges_per_thread) and the other
+/// may sit idle for that long at the end of a batch.
+const piece_bytes = 256 << 10;
 
 const Piece = struct {
     first: u64,
