@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaderx import DataLoader, DenseDataset, RaggedDataset, converter
+from loaderx import DataLoader, DenseDataset, RaggedDataset, converter, from_iterator, from_numpy
 
 
 def _require(name: str):
@@ -155,6 +155,37 @@ def test_columns_select_rename_and_codecs(tmp_path):
         dataset.close()
     from_arrow(tmp_path / "dict", table, columns=["tokens", "label"], codec="zstd_dict")
     assert_columns_equal(tmp_path / "dict", table, ["tokens", "label"])
+
+
+def test_auto_codec_is_from_numpys_and_from_iterators_choice(tmp_path):
+    """The default codec="auto" picks each store's codec from its first
+    records by the converters' rule: shuffled for smooth float32 rows, plain
+    zstd for text, as from_numpy and from_iterator pick on the same data."""
+    grid = np.linspace(0, 1, 256, dtype=np.float32)
+    smooth = np.round(np.sin(np.outer(np.arange(1, 201), grid)) * 65536).astype(np.float32) / 65536
+    table = pa.table({
+        "smooth": pa.FixedSizeListArray.from_arrays(pa.array(smooth.reshape(-1)), 256),
+        "tokens": pa.array([np.arange(n, dtype=np.int32) * 3 for n in range(1, 201)], type=pa.list_(pa.int32())),
+        "text": pa.array([f"row {n} " * (n % 7) for n in range(200)]),
+    })
+    from_arrow(tmp_path / "out", table)
+    columns = open_columns(tmp_path / "out")
+    try:
+        from_numpy(tmp_path / "numpy", smooth)
+        from_iterator(tmp_path / "iterator", [np.arange(n, dtype=np.int32) * 3 for n in range(1, 201)])
+        with DenseDataset(tmp_path / "numpy") as dense, RaggedDataset(tmp_path / "iterator") as ragged:
+            assert columns["smooth"].codec == dense.codec == "zstd_shuffle4"
+            assert columns["tokens"].codec == ragged.codec
+        assert columns["text"].codec == "zstd"
+        np.testing.assert_array_equal(columns["smooth"][:], smooth)
+    finally:
+        for dataset in columns.values():
+            dataset.close()
+    from_arrow(tmp_path / "forced", table, codec={"smooth": "zstd"})
+    forced = open_columns(tmp_path / "forced")
+    assert [forced[name].codec for name in ("smooth", "tokens")] == ["zstd", columns["tokens"].codec]
+    for dataset in forced.values():
+        dataset.close()
 
 
 def test_dense_columns_feed_the_dataloader_row_aligned(tmp_path):

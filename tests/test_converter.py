@@ -12,7 +12,7 @@ import pytest
 
 from loaderx import DenseDataset, RaggedDataset, Zrecord, from_iterator, from_numpy
 from loaderx import converter
-from loaderx.dataset import read_schema
+from loaderx.dataset import read_schema, write_schema
 
 
 def store_files(path):
@@ -247,6 +247,41 @@ def test_failed_append_is_rolled_back(tmp_path, monkeypatch):
     with DenseDataset(tmp_path / "store") as dataset:
         np.testing.assert_array_equal(dataset[:], np.arange(10))
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("mode", ["w", "a"])
+def test_conversion_syncs_once_before_its_schema(tmp_path, monkeypatch, mode):
+    """Chunks are appended without fsyncs (durable=False) and made durable by
+    one sync before the schema is written or the call returns."""
+    from_numpy(tmp_path / "store", np.arange(10, dtype=np.float32), codec="zstd")
+    events, opened = [], []
+
+    class Spy(Zrecord):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            opened.append(kwargs.get("durable", True))
+
+        def append(self, *args, **kwargs):
+            events.append("append")
+            return super().append(*args, **kwargs)
+
+        def sync(self):
+            events.append("sync")
+            return super().sync()
+
+    def schema(*args, **kwargs):
+        events.append("schema")
+        return write_schema(*args, **kwargs)
+
+    monkeypatch.setattr(converter, "Zrecord", Spy)
+    monkeypatch.setattr(converter, "write_schema", schema)
+    from_numpy(tmp_path / "store", np.arange(100, dtype=np.float32), codec="zstd", chunk_bytes=1280, mode=mode)  # 20 rows a chunk
+    assert opened == [False]
+    assert events == ["append"] * 5 + (["sync", "schema"] if mode == "w" else ["sync"])
+    monkeypatch.undo()
+    with DenseDataset(tmp_path / "store") as dataset:
+        expected = np.arange(100) if mode == "w" else np.concatenate([np.arange(10), np.arange(100)])
+        np.testing.assert_array_equal(dataset[:], expected)
 
 
 def test_interrupted_conversion_is_not_a_store(tmp_path):

@@ -167,6 +167,214 @@ pub fn encodeBatch(threads: u32, dictionary: ?*const codec.Dictionary, source: [
     return .{ .payload = scratch[0..cursor], .entries = entries, .scratch = scratch };
 }
 
+/// Source bytes per piece of a written batch: each piece is compressed into
+/// its own buffer, packed as it goes, and written as soon as the pieces
+/// before it are, so writing one piece overlaps compressing the next and no
+/// core waits for a whole batch's pack and pwrite. Small, because a thread
+/// takes several pieces at a time (workers.ranges_per_thread) and the other
+/// may sit idle for that long at the end of a batch.
+const piece_bytes = 256 << 10;
+
+const Piece = struct {
+    first: u64,
+    end: u64,
+    buffer: []u8 = &.{},
+    stored: u64 = 0,
+    done: std.atomic.Value(bool) = .init(false),
+};
+
+/// The pieces of a batch: consecutive records of about `piece_bytes` each.
+fn splitPieces(source: []const u8, offsets: []const u64) Error![]Piece {
+    var count: u64 = 0;
+    var bytes: u64 = 0;
+    for (0..offsets.len) |k| {
+        bytes += recordLengthIn(source, offsets, k);
+        if (bytes >= piece_bytes or k + 1 == offsets.len) {
+            count += 1;
+            bytes = 0;
+        }
+    }
+    const pieces = allocator.alloc(Piece, count) catch return error.OutOfMemory;
+    var first: u64 = 0;
+    var index: u64 = 0;
+    for (0..offsets.len) |k| {
+        bytes += recordLengthIn(source, offsets, k);
+        if (bytes >= piece_bytes or k + 1 == offsets.len) {
+            pieces[index] = .{ .first = first, .end = k + 1 };
+            index += 1;
+            first = k + 1;
+            bytes = 0;
+        }
+    }
+    assert(index == count);
+    return pieces;
+}
+
+const WriteJob = struct {
+    source: []const u8,
+    offsets: []const u64,
+    entries: []Entry,
+    record_codec: Codec,
+    dictionary: ?*const codec.Dictionary,
+    pieces: []Piece,
+    file: io.File,
+    base: u64,
+    /// Only the calling thread writes: an I/O error's message is per thread,
+    /// and it is the caller that reports it.
+    caller: std.Thread.Id,
+    next_write: u64 = 0,
+    written: u64 = 0,
+    write_error: ?Error = null,
+    stopped: std.atomic.Value(bool) = .init(false),
+    failure: workers.Failure = .{},
+
+    fn run(job: *WriteJob, start: u64, end: u64) void {
+        const encoder = codec.takeEncoder() catch return job.fail(error.OutOfMemory, job.pieces[start].first, "out of memory for a zstd context");
+        defer codec.giveEncoder(encoder);
+        var shuffled: codec.Scratch = .{};
+        defer shuffled.deinit();
+        for (job.pieces[start..end]) |*piece| {
+            if (job.stopped.load(.monotonic)) return;
+            job.compressPiece(encoder, &shuffled, piece) catch return;
+            piece.done.store(true, .release);
+            if (std.Thread.getCurrentId() == job.caller) job.writeReady();
+        }
+    }
+
+    fn fail(job: *WriteJob, err: Error, record: u64, reason: []const u8) void {
+        job.failure.set(err, record, reason);
+        job.stopped.store(true, .monotonic);
+    }
+
+    /// Compresses the piece's records back to back into its own buffer
+    /// (a record no frame shrinks is copied raw); entry offsets are relative
+    /// to the piece until it is written.
+    fn compressPiece(job: *WriteJob, encoder: *zstd.CCtx, shuffled: *codec.Scratch, piece: *Piece) error{Failed}!void {
+        var bound: u64 = 0;
+        for (piece.first..piece.end) |k| bound += zstd.ZSTD_compressBound(recordLengthIn(job.source, job.offsets, k));
+        piece.buffer = allocator.alloc(u8, bound) catch {
+            job.fail(error.OutOfMemory, piece.first, "out of memory for the compressed records");
+            return error.Failed;
+        };
+        var cursor: u64 = 0;
+        for (piece.first..piece.end) |k| {
+            const raw = job.source[job.offsets[k]..][0..recordLengthIn(job.source, job.offsets, k)];
+            const slot = piece.buffer[cursor..];
+            const written = codec.compress(encoder, job.record_codec, job.dictionary, raw, slot, shuffled) catch |err| {
+                job.fail(if (err == error.Codec) error.Codec else error.OutOfMemory, k, if (err == error.Codec) "zstd could not compress the record" else "out of memory for the shuffled copy of the record");
+                return error.Failed;
+            };
+            // A frame that does not shrink the record is not worth decoding.
+            job.entries[k] = if (written < raw.len)
+                Entry.init(cursor, raw.len, written, job.record_codec, slot[0..written])
+            else blk: {
+                @memcpy(slot[0..raw.len], raw);
+                break :blk Entry.init(cursor, raw.len, raw.len, .raw, raw);
+            };
+            cursor += job.entries[k].storedBytes();
+        }
+        piece.stored = cursor;
+    }
+
+    /// Writes, in order, every finished piece whose predecessors are written.
+    fn writeReady(job: *WriteJob) void {
+        while (job.write_error == null and job.next_write < job.pieces.len) {
+            const piece = &job.pieces[job.next_write];
+            if (!piece.done.load(.acquire)) return;
+            const at = job.base + job.written;
+            io.write(job.file, piece.buffer[0..piece.stored], at) catch |err| {
+                job.write_error = err;
+                job.stopped.store(true, .monotonic);
+                return;
+            };
+            for (job.entries[piece.first..piece.end]) |*entry| entry.offset += at;
+            job.written += piece.stored;
+            allocator.free(piece.buffer);
+            piece.buffer = &.{};
+            job.next_write += 1;
+        }
+    }
+};
+
+/// A batch encoded and written: one entry per record, whose offsets start at
+/// `base`, and the payload bytes written from there.
+pub const WrittenBatch = struct {
+    entries: []Entry,
+    payload_bytes: u64,
+};
+
+/// Encodes a batch as `encodeBatch` does and writes its payloads to `file`
+/// at `base`, piece by piece while the worker threads compress the rest.
+/// The caller frees `entries` (with the C allocator).
+pub fn writeBatch(threads: u32, dictionary: ?*const codec.Dictionary, source: []const u8, offsets: []const u64, record_codec: Codec, file: io.File, base: u64) Error!WrittenBatch {
+    if (record_codec == .raw) {
+        var batch = try encodeBatch(threads, null, source, offsets, .raw, base);
+        errdefer batch.deinit();
+        try io.write(file, batch.payload, base);
+        return .{ .entries = batch.entries, .payload_bytes = batch.payload.len };
+    }
+    const pieces = try splitPieces(source, offsets);
+    defer allocator.free(pieces);
+    defer for (pieces) |piece| if (piece.buffer.len > 0) allocator.free(piece.buffer);
+    const entries = allocator.alloc(Entry, offsets.len) catch return error.OutOfMemory;
+    errdefer allocator.free(entries);
+    var job = WriteJob{
+        .source = source,
+        .offsets = offsets,
+        .entries = entries,
+        .record_codec = record_codec,
+        .dictionary = dictionary,
+        .pieces = pieces,
+        .file = file,
+        .base = base,
+        .caller = std.Thread.getCurrentId(),
+    };
+    workers.parallelFor(pieces.len, source.len - offsets[0], threads, &job, WriteJob.run);
+    if (job.write_error) |err| return err;
+    try job.failure.check("cannot compress");
+    job.writeReady(); // the pieces the pool threads finished last
+    if (job.write_error) |err| return err;
+    assert(job.next_write == pieces.len);
+    return .{ .entries = entries, .payload_bytes = job.written };
+}
+
+test "writeBatch writes what encodeBatch packs, piece by piece on two threads, and reports a failed write" {
+    const storage = @import("testing/storage.zig");
+    storage.reset();
+    defer storage.reset();
+    const values = try allocator.alloc(u32, 1_200_000);
+    defer allocator.free(values);
+    for (values, 0..) |*value, index| value.* = @intCast(index * 7 % 1000);
+    const source = std.mem.sliceAsBytes(values);
+    var offsets: [160]u64 = undefined;
+    for (&offsets, 0..) |*offset, k| offset.* = k * 30_000;
+    // Record 3 is random bytes, which no frame shrinks: it is stored raw.
+    var prng = std.Random.DefaultPrng.init(7);
+    prng.random().bytes(source[90_000..120_000]);
+    var expected = try encodeBatch(2, null, source, &offsets, .zstd, 512);
+    defer expected.deinit();
+    try std.testing.expect(expected.entries[3].codec().? == .raw);
+
+    try io.makePath("/pieces");
+    const dir = try io.openDir("/pieces");
+    defer io.closeDir(dir);
+    const file = try io.createFile(dir, "data", true);
+    defer io.closeFile(file);
+    const written = try writeBatch(2, null, source, &offsets, .zstd, file, 512);
+    defer allocator.free(written.entries);
+    try std.testing.expect(storage.kindCount(.write) > 1); // more than one piece
+    try std.testing.expectEqual(@as(u64, expected.payload.len), written.payload_bytes);
+    try std.testing.expectEqualSlices(Entry, expected.entries, written.entries);
+    const back = try allocator.alloc(u8, written.payload_bytes);
+    defer allocator.free(back);
+    try std.testing.expectEqual(back.len, try io.read(file, back, 512));
+    try std.testing.expectEqualSlices(u8, expected.payload, back);
+
+    storage.injectFault(.write, storage.kindCount(.write) + 2, .eio);
+    try std.testing.expectError(error.Io, writeBatch(2, null, source, &offsets, .zstd, file, 0));
+    try std.testing.expect(storage.clearFault());
+}
+
 /// The bytes the records of a batch would take in a store with `record_codec`
 /// (after the raw fallback of records a frame would not shrink), without
 /// writing anything: the converters try codecs on a sample with it.

@@ -22,6 +22,9 @@ const Codec = format.Codec;
 const block_bytes = format.block_bytes;
 const encode = @import("encode.zig");
 
+/// Unsynced appends at least this large start their writeback at once.
+const writeback_bytes_min = 8 << 20;
+
 pub fn append(store: *Store, source: []const u8, offsets: []const u64, record_codec: Codec) Error!void {
     const current = store.head();
     var next = current.superblock;
@@ -31,20 +34,25 @@ pub fn append(store: *Store, source: []const u8, offsets: []const u64, record_co
         next.data_file = next.generation + 1;
         next.index_file = next.generation + 1;
     }
-    var batch = try encode.encodeBatch(store.threads, current.dictionary, source, offsets, record_codec, next.data_bytes);
-    defer batch.deinit();
     const data = if (creating) try commit.createFile(store, .data, next.data_file) else try commit.openFile(store, .data, next.data_file);
     defer io.closeFile(data);
     const index = if (creating) try commit.createFile(store, .index, next.index_file) else try commit.openFile(store, .index, next.index_file);
     defer io.closeFile(index);
-    try io.write(data, batch.payload, next.data_bytes);
+    // Payloads go out piece by piece while the rest compress: past the
+    // committed length, so a failure leaves nothing a commit points at.
+    const batch = try encode.writeBatch(store.threads, current.dictionary, source, offsets, record_codec, data, next.data_bytes);
+    defer allocator.free(batch.entries);
     try io.write(index, std.mem.sliceAsBytes(batch.entries), next.record_count * @sizeOf(Entry));
+    // Unsynced, a large payload would sit in the page cache until the
+    // writer's sync; written back now, it goes out while the caller
+    // compresses its next batch (from_numpy syncs once, at the end).
+    if (!store.durable and batch.payload_bytes >= writeback_bytes_min) io.startWriteback(data, next.data_bytes, batch.payload_bytes);
     try commit.syncFile(store, data);
     try commit.syncFile(store, index);
     if (creating) try commit.syncDir(store);
     next.record_count += offsets.len;
-    next.data_bytes += batch.payload.len;
-    next.live_bytes += batch.payload.len;
+    next.data_bytes += batch.payload_bytes;
+    next.live_bytes += batch.payload_bytes;
     try commit.commit(store, next);
 }
 

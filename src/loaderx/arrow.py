@@ -43,7 +43,9 @@ it (install ``loaderx[arrow]``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
+import itertools
 import math
 import os
 import re
@@ -57,7 +59,10 @@ import msgpack
 import numpy as np
 
 from ._fs import write_file_atomic
-from .converter import CHUNK_BYTES, DICT_BYTES, _RECORD_COST_BYTES, _codec_name, _positive_int, _Progress, _Writer
+from .converter import (
+    _RECORD_COST_BYTES, _TRIAL_BYTES_MAX, _TRIAL_RECORDS_MAX, CHUNK_BYTES, DICT_BYTES, _auto_codec, _codec_name, _positive_int,
+    _Progress, _Writer,
+)
 from .dataset import DenseDataset, RaggedDataset, Schema, StrPath
 
 __all__ = ["COLUMNS_FILE", "from_arrow", "open_columns"]
@@ -86,6 +91,9 @@ class _Column:
     name: str
     arrow_type: str
     schema: Schema
+    # codec="auto": the schema's "zstd" stands in until the first batch's
+    # records decide between it and "zstd_shuffleN".
+    auto: bool = False
 
     @property
     def ragged(self) -> bool:
@@ -94,7 +102,7 @@ class _Column:
 
 def from_arrow(
     path: StrPath, source: Any, columns: Mapping[str, str] | list[str] | tuple[str, ...] | None = None,
-    codec: str | int | Mapping[str, str | int] = "zstd", chunk_bytes: int = CHUNK_BYTES, progress: bool | TextIO = True,
+    codec: str | int | Mapping[str, str | int] = "auto", chunk_bytes: int = CHUNK_BYTES, progress: bool | TextIO = True,
 ) -> int:
     """Writes the table ``source`` to a new column directory at ``path`` (one
     store per column, see the module doc); returns the rows written.
@@ -106,7 +114,10 @@ def from_arrow(
     directory of ``.parquet`` files or glob (sorted order, one schema). ``columns`` picks the
     columns: a list of names (that order), or ``{column: store_name}`` to
     rename (a store name is a plain file name). ``codec`` is one codec for
-    every store or ``{store_name: codec}``; ``zstd_dict`` trains each store's
+    every store or ``{store_name: codec}`` (stores it does not name get
+    ``"auto"``); ``"auto"``, the default, picks ``"zstd_shuffleN"`` or
+    ``"zstd"`` per store as ``from_numpy`` does, from the store's first records
+    in the first batch (up to 64, or 4 MiB); ``zstd_dict`` trains each store's
     dictionary from its first batch. ``chunk_bytes`` bounds the row data read
     and appended at once; ``progress`` shows a bar on a terminal.
     """
@@ -114,11 +125,15 @@ def from_arrow(
     reader = _open_source(source)
     plan = _plan(reader.schema, columns, codec)
     path = os.fspath(path)
+    batches = reader.batches(chunk_bytes, plan)
+    first = next(batches, None)
+    if first is not None:
+        plan = [_decide_codec(path, column, first.column(column.source)) for column in plan]
     with _fresh_directory(path), contextlib.ExitStack() as stack:
         writers = [stack.enter_context(_Writer(os.path.join(path, column.name), column.schema, "x")) for column in plan]
         meter = _Progress(progress, "from_arrow", total_records=reader.rows)
         rows = written_bytes = 0
-        for batch in reader.batches(chunk_bytes, plan):
+        for batch in itertools.chain([] if first is None else [first], batches):
             for column, writer in zip(plan, writers):
                 written_bytes += _write_column(writer, column, batch.column(column.source), chunk_bytes)
             rows += batch.num_rows
@@ -311,7 +326,8 @@ def _plan(schema: Any, columns: Any, codec: Any) -> list[_Column]:  # columns, c
         _check_store_name(name, column)
         arrow_type = schema.field(column).type
         kind, dtype, item_shape = _store_layout(column, arrow_type)
-        plan.append(_Column(column, name, str(arrow_type), Schema(kind, dtype, item_shape, codecs[name])))
+        auto = codecs[name] == "auto"
+        plan.append(_Column(column, name, str(arrow_type), Schema(kind, dtype, item_shape, "zstd" if auto else codecs[name]), auto))
     return plan
 
 
@@ -320,8 +336,8 @@ def _codecs(codec: Any, stores: list[str]) -> dict[str, str]:
         unknown = sorted(set(codec) - set(stores))
         if unknown:
             raise ValueError(f"codec names stores {unknown} that are not converted; the stores are {stores}")
-        return {name: _codec_name(codec.get(name, "zstd")) for name in stores}
-    return {name: _codec_name(codec) for name in stores}
+        return {name: _codec_name(codec.get(name, "auto"), allow_auto=True) for name in stores}
+    return {name: _codec_name(codec, allow_auto=True) for name in stores}
 
 
 def _check_store_name(name: object, column: str) -> None:
@@ -403,14 +419,44 @@ def _is_bytes(arrow_type: Any) -> bool:
 # ---- writing a batch -----------------------------------------------------------------
 
 
+def _column_bytes(column: _Column, array: Any) -> tuple[np.ndarray, np.ndarray]:
+    """One batch's part of a column as packed bytes and each record's start."""
+    if column.ragged:
+        return _ragged_parts(column, array)
+    values = _dense_values(column, array)
+    return values.reshape(-1).view(np.uint8), np.arange(len(values), dtype=np.uint64) * np.uint64(column.schema.item_bytes)
+
+
+def _decide_codec(path: str, column: _Column, array: Any) -> _Column:
+    """The column with its codec="auto" decided on its first records in the
+    first batch (each cut to 4 MiB, up to 64 or 4 MiB in all): the rule and
+    sample of ``from_iterator``."""
+    if not column.auto:
+        return column
+
+    def trial() -> tuple[np.ndarray, np.ndarray]:
+        data, starts = _column_bytes(column, array)
+        ends = np.append(starts[1:], np.uint64(data.size)).tolist()
+        pieces, total = [], 0
+        for start, end in zip(starts[:_TRIAL_RECORDS_MAX].tolist(), ends):
+            if total >= _TRIAL_BYTES_MAX:
+                break
+            piece = data[start : min(end, start + _TRIAL_BYTES_MAX)]
+            if piece.size:
+                pieces.append(piece)
+                total += piece.size
+        if not pieces:
+            return np.empty(0, dtype=np.uint8), np.zeros(1, dtype=np.uint64)
+        sizes = np.fromiter((piece.size for piece in pieces), dtype=np.uint64, count=len(pieces))
+        return np.concatenate(pieces), np.cumsum(sizes) - sizes
+
+    codec = _auto_codec(os.path.join(path, column.name), "x", column.schema, trial)
+    return dataclasses.replace(column, schema=dataclasses.replace(column.schema, codec=codec), auto=False)
+
+
 def _write_column(writer: _Writer, column: _Column, array: Any, chunk_bytes: int) -> int:
     """Appends one batch's part of a column; returns the bytes appended."""
-    if column.ragged:
-        data, starts = _ragged_parts(column, array)
-    else:
-        values = _dense_values(column, array)
-        data = values.reshape(-1).view(np.uint8)
-        starts = np.arange(len(values), dtype=np.uint64) * np.uint64(column.schema.item_bytes)
+    data, starts = _column_bytes(column, array)
     if not starts.size:
         return 0
     if column.schema.codec == "zstd_dict" and not writer.store.has_dict():

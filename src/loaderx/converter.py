@@ -288,7 +288,11 @@ class _Writer:
             raise ValueError(_mismatch(self.path, existing, schema))
         self.new = existing is None
         self.existed = os.path.isdir(self.path)
-        self.store = Zrecord(self.path, codec=schema.codec)
+        # Commits skip their fsyncs: commit() syncs once at the end. A crash
+        # before that leaves a new store without its schema, and an existing
+        # one at its last synced state, so the call stays all or nothing;
+        # each chunk's append no longer waits for its own three fsyncs.
+        self.store = Zrecord(self.path, codec=schema.codec, durable=False)
         self.first = len(self.store)
 
     def __enter__(self) -> _Writer:
