@@ -199,14 +199,6 @@ pub fn sync(file: File) Error!void {
     backend.syncFile(file.handle) catch |err| return failFile(err, "sync", file.dir_path, file.name());
 }
 
-/// Starts writing back the file's dirty pages in [offset, offset + bytes)
-/// without waiting for them (sync_file_range, SYNC_FILE_RANGE_WRITE): the
-/// disk works while the caller computes, so a later sync has less to wait
-/// for. A hint only, with no durability promise: a failure is ignored.
-pub fn startWriteback(file: File, offset: u64, bytes: u64) void {
-    backend.startWriteback(file.handle, offset, bytes);
-}
-
 /// Takes an exclusive advisory lock (flock) without waiting; false if
 /// another handle holds it. Closing the handle releases it.
 pub fn tryLock(file: File) Error!bool {
@@ -366,11 +358,6 @@ const Os = struct {
 
     fn syncFile(handle: i32) !void {
         try posix.fdatasync(handle);
-    }
-
-    fn startWriteback(handle: i32, offset: u64, bytes: u64) void {
-        const write_flag = 2; // SYNC_FILE_RANGE_WRITE; std has no wrapper
-        _ = std.os.linux.syscall4(.sync_file_range, @bitCast(@as(isize, handle)), offset, bytes, write_flag);
     }
 
     fn tryLock(handle: i32) !bool {

@@ -576,13 +576,6 @@ pub fn unmap(memory: Memory) void {
     _ = memory;
 }
 
-/// Writeback is invisible here: only a sync makes bytes durable.
-pub fn startWriteback(handle: i32, offset: u64, bytes: u64) void {
-    _ = handle;
-    _ = offset;
-    _ = bytes;
-}
-
 pub fn advise(memory: Memory, advice: anytype) void {
     _ = memory;
     _ = advice;
