@@ -222,6 +222,20 @@ def test_a_reader_in_another_process_sees_each_replace_whole_and_at_once(tmp_pat
         writer.close()
 
 
+def kill_after_replace(script, path):
+    """Runs `script` on the store at `path` until it prints "replaced", then
+    SIGKILLs it: a writer that dies without checkpointing its journal."""
+    child = subprocess.Popen([sys.executable, "-c", script, str(path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "replaced", child.stderr.read()
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    finally:
+        for stream in (child.stdin, child.stdout, child.stderr):
+            stream.close()
+
+
 KILLED_WRITER = r"""
 import sys, numpy as np
 from loaderx.zrecord import Zrecord
@@ -238,15 +252,7 @@ def test_a_killed_writer_leaves_its_replaces_for_the_next_reader(tmp_path):
     reader sees the replace, checksums hold, and the next writer checkpoints."""
     path = tmp_path / "s"
     make_store(path, 3000).close()
-    child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "replaced", child.stderr.read()
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-    finally:
-        for stream in (child.stdin, child.stdout, child.stderr):
-            stream.close()
+    kill_after_replace(KILLED_WRITER, path)
     journal = path / journal_files(path)[0]
     assert journal.read_bytes().count(b"ZJOURNAL") == 2  # the page's header and the record, not replayed yet
     with Zrecord(path, verify=True) as reader:
@@ -282,15 +288,7 @@ def test_dead_records_a_checkpoint_left_in_the_journal_are_never_replayed(tmp_pa
     size that changed the same row: replay applies the live one only."""
     path = tmp_path / "s"
     make_store(path, 3000).close()
-    child = subprocess.Popen([sys.executable, "-c", KILLED_AFTER_A_CHECKPOINT, str(path)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "replaced", child.stderr.read()
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-    finally:
-        for stream in (child.stdin, child.stdout, child.stderr):
-            stream.close()
+    kill_after_replace(KILLED_AFTER_A_CHECKPOINT, path)
     # The page's header, the live record and the dead one after it.
     assert (path / journal_files(path)[0]).read_bytes().count(b"ZJOURNAL") == 3
     with Zrecord(path, verify=True) as reader:
@@ -465,15 +463,7 @@ def test_a_small_replace_fits_the_journals_first_page_and_a_version_1_journal_st
         file.truncate(4096)
         file.seek(64)
         file.write(bytes(4096 - 64))
-    child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout.readline().strip() == "replaced", child.stderr.read()
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-    finally:
-        for stream in (child.stdin, child.stdout, child.stderr):
-            stream.close()
+    kill_after_replace(KILLED_WRITER, path)
     assert journal.read_bytes()[4096:4104] == b"ZJOURNAL"  # version 1: the record after the page
     with Zrecord(path, verify=True) as reader:
         assert read_rows(reader, [5, 9])[:, 0].tolist() == [99, 55] and reader.verify() == []
