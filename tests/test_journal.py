@@ -396,15 +396,7 @@ def test_a_killed_writers_replaces_in_a_read_only_place_raise_a_clear_error():
         os.chmod(base, 0o755)
         path = os.path.join(base, "s")
         make_store(path, 3000).close()
-        child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, path], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            assert child.stdout.readline().strip() == "replaced", child.stderr.read()
-            child.send_signal(signal.SIGKILL)
-            child.wait()
-        finally:
-            for stream in (child.stdin, child.stdout, child.stderr):
-                stream.close()
+        kill_after_replace(KILLED_WRITER, path)
         for name in os.listdir(path):
             os.chmod(os.path.join(path, name), 0o444)
         os.chmod(path, 0o555)
