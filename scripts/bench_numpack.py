@@ -467,7 +467,7 @@ def bench_numpack(quick: bool) -> str:
                               + ["—" if floor is None else _cell(floor, None)])
             errors += [f"FAILED: {name}, {operation.label}: {value}" for name, value in results.items() if isinstance(value, str)]
         npy = sizes["NPY"]
-        table_rows.append(["file size"] + [f"{sizes[ops.name] / 2**20:.2f} MiB ({sizes[ops.name] / npy:.4f}x NPY)" for ops in contenders] + ["—"])
+        table_rows.append(["file size"] + [f"{sizes[ops.name] / 2**20:.2f} MiB ({sizes[ops.name] / npy:.5f}x NPY)" for ops in contenders] + ["—"])
     header = ["operation"] + [ops.name for ops in contenders] + [FLOOR]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows]
