@@ -10,6 +10,8 @@ import textwrap
 import msgpack
 import numpy as np
 import pytest
+
+from loaderx.zrecord import Zrecord
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -186,6 +188,25 @@ def test_auto_codec_is_from_numpys_and_from_iterators_choice(tmp_path):
     assert [forced[name].codec for name in ("smooth", "tokens")] == ["zstd", columns["tokens"].codec]
     for dataset in forced.values():
         dataset.close()
+
+
+def test_a_shuffled_dictionary_codec_trains_on_shuffled_records(tmp_path):
+    """codec="zstd_dict_shuffle4" trains each store's dictionary on its first
+    batch's records shuffled as that codec compresses them, as from_numpy
+    does, and the rows read back."""
+    grid = np.linspace(0, 1, 256, dtype=np.float32)
+    smooth = np.round(np.sin(np.outer(np.arange(1, 401), grid)) * 65536).astype(np.float32) / 65536
+    table = pa.table({"smooth": pa.FixedSizeListArray.from_arrays(pa.array(smooth.reshape(-1)), 256)})
+    from_arrow(tmp_path / "out", table, codec="zstd_dict_shuffle4")
+    columns = open_columns(tmp_path / "out")
+    try:
+        assert columns["smooth"].codec == "zstd_dict_shuffle4"
+        np.testing.assert_array_equal(columns["smooth"][:], smooth)
+    finally:
+        for dataset in columns.values():
+            dataset.close()
+    with Zrecord(tmp_path / "out" / "smooth") as store:
+        assert store.has_dict()
 
 
 def test_dense_columns_feed_the_dataloader_row_aligned(tmp_path):

@@ -60,8 +60,8 @@ import numpy as np
 
 from ._fs import write_file_atomic
 from .converter import (
-    _RECORD_COST_BYTES, _TRIAL_BYTES_MAX, _TRIAL_RECORDS_MAX, CHUNK_BYTES, DICT_BYTES, _auto_codec, _codec_name, _positive_int,
-    _Progress, _Writer,
+    _RECORD_COST_BYTES, _SAMPLE_BUDGET_MAX, _TRIAL_BYTES_MAX, _TRIAL_RECORDS_MAX, CHUNK_BYTES, DICT_BYTES, _auto_codec, _codec_name,
+    _positive_int, _Progress, _shuffled_samples, _Writer,
 )
 from .dataset import DenseDataset, RaggedDataset, Schema, StrPath
 
@@ -118,7 +118,8 @@ def from_arrow(
     ``"auto"``); ``"auto"``, the default, picks ``"zstd_shuffleN"`` or
     ``"zstd"`` per store as ``from_numpy`` does, from the store's first records
     in the first batch (up to 64, or 4 MiB); ``zstd_dict`` trains each store's
-    dictionary from its first batch. ``chunk_bytes`` bounds the row data read
+    dictionary from its first batch (a shuffled dictionary codec from its
+    records shuffled). ``chunk_bytes`` bounds the row data read
     and appended at once; ``progress`` shows a bar on a terminal.
     """
     chunk_bytes = _positive_int(chunk_bytes, "chunk_bytes")
@@ -459,8 +460,8 @@ def _write_column(writer: _Writer, column: _Column, array: Any, chunk_bytes: int
     data, starts = _column_bytes(column, array)
     if not starts.size:
         return 0
-    if column.schema.codec == "zstd_dict" and not writer.store.has_dict():
-        writer.train_dictionary([data], DICT_BYTES)
+    if column.schema.codec.startswith("zstd_dict") and not writer.store.has_dict():
+        writer.train_dictionary(_dictionary_samples(column.schema.codec, data, starts), DICT_BYTES)
     ends = np.append(starts[1:], np.uint64(data.size))
     records_max = max(1, chunk_bytes // _RECORD_COST_BYTES)
     first = 0
@@ -472,6 +473,22 @@ def _write_column(writer: _Writer, column: _Column, array: Any, chunk_bytes: int
         writer.append(data[base : int(ends[last - 1])], starts[first:last] - np.uint64(base))
         first = last
     return int(data.size)
+
+
+def _dictionary_samples(codec: str, data: np.ndarray, starts: np.ndarray) -> list[np.ndarray]:
+    """A first batch's bytes as dictionary samples: whole for ``zstd_dict``;
+    for a shuffled dictionary codec its records (as many as training reads)
+    each shuffled as that codec compresses them, as the other converters do."""
+    if "_shuffle" not in codec:
+        return [data]
+    ends = np.append(starts[1:], np.uint64(data.size))
+    records, taken = [], 0
+    for start, end in zip(starts.tolist(), ends.tolist()):
+        records.append(data[start:end])
+        taken += end - start
+        if taken >= _SAMPLE_BUDGET_MAX:
+            break
+    return _shuffled_samples(records, None, codec)
 
 
 def _dense_values(column: _Column, array: Any) -> np.ndarray:
