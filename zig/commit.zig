@@ -131,7 +131,7 @@ fn recoverJournal(store: *Store) Error!void {
     if (superblock.journal_file == 0) return;
     var handle = try journal.open(store.dir, &superblock);
     errdefer handle.close();
-    const replayed = try settleJournal(store.dir, &handle, &superblock);
+    const replayed = try journal.settle(store.dir, &handle, &superblock);
     store.writer.?.journal = handle;
     if (replayed.records > 0) {
         store.head().superblock.tail_checksum = replayed.tail_checksum;
@@ -142,20 +142,6 @@ fn recoverJournal(store: *Store) Error!void {
     // A new writer starts from a journal cut back to its page.
     store.writer.?.journal.?.restart();
     try store.writer.?.journal.?.trim();
-}
-
-/// `journal.settle`, without opening the data and sums files or the replay
-/// scratch when the journal holds no record to replay (the usual case:
-/// every checkpoint covers every record). The shared page is rewritten as
-/// `settle` would, so readers see the lock even and the current
-/// generation's tail checksum.
-pub fn settleJournal(dir: io.Dir, handle: *journal.Handle, superblock: *const Superblock) Error!journal.Replayed {
-    if (try journal.mayHoldRecords(handle, superblock)) return journal.settle(dir, handle, superblock);
-    assert(handle.end == handle.start);
-    assert(handle.last_sequence == superblock.journal_sequence);
-    handle.lock();
-    handle.unlock(superblock.generation, superblock.tail_checksum);
-    return .{ .records = 0, .tail_checksum = superblock.tail_checksum };
 }
 
 /// The data and sums files of the current fixed generation, open for
@@ -429,7 +415,7 @@ test "an open that finds the journal at its page alone resets a stale shared pag
     // The lock file is never synced: a power loss can leave its page odd
     // (written back mid-replace) or with an old tail checksum after a later
     // checkpoint cut the journal back to its page. The fast path of
-    // settleJournal must still rewrite it, or every read would wait on it.
+    // journal.settle must still rewrite it, or every read would wait on it.
     const simulated = @import("testing/storage.zig");
     simulated.reset();
     const path = "settle-page";

@@ -210,13 +210,18 @@ pub fn checkPage(dir: io.Dir, file: io.File) Error!u64 {
 
 /// Whether the journal may hold a record to replay: the record after the
 /// checkpoint would start with a header naming the next sequence and the
-/// current generation. Cheap (one read of a header), for opens that skip
-/// the replay machinery when there is nothing to replay.
-pub fn mayHoldRecords(handle: *const Handle, superblock: *const Superblock) Error!bool {
+/// current generation. Cheap: one read of a header.
+fn mayHoldRecords(handle: *const Handle, superblock: *const Superblock) Error!bool {
     var record: JournalRecord = undefined;
     if (try io.read(handle.file, std.mem.asBytes(&record), handle.start) != @sizeOf(JournalRecord)) return false;
+    return isNext(&record, superblock.journal_sequence + 1, superblock);
+}
+
+/// Whether a record header is a journal record's, the `sequence`-th, of
+/// generation `superblock` (before any other field is trusted).
+fn isNext(record: *const JournalRecord, sequence: u64, superblock: *const Superblock) bool {
     return std.mem.eql(u8, &record.magic, &format.journal_magic) and
-        record.sequence == superblock.journal_sequence + 1 and record.base_generation == superblock.generation;
+        record.sequence == sequence and record.base_generation == superblock.generation;
 }
 
 // ---- blocks touched by a replace -------------------------------------------------
@@ -477,8 +482,7 @@ fn load(file: io.File, file_bytes: u64, offset: u64, sequence: u64, superblock: 
     if (offset + @sizeOf(JournalRecord) > file_bytes) return null;
     var record: JournalRecord = undefined;
     if (try io.read(file, std.mem.asBytes(&record), offset) != @sizeOf(JournalRecord)) return null;
-    if (!std.mem.eql(u8, &record.magic, &format.journal_magic)) return null;
-    if (record.sequence != sequence or record.base_generation != superblock.generation) return null;
+    if (!isNext(&record, sequence, superblock)) return null;
     if (record.row_bytes != superblock.record_bytes or superblock.getLayout() != .fixed) return null;
     const body_bytes = record.bodyBytes() orelse return null;
     const total = std.mem.alignForward(u64, @sizeOf(JournalRecord) +| body_bytes, 8);
@@ -571,8 +575,13 @@ pub fn closeTarget(target: Target) void {
 
 /// Replays `superblock`'s pending records under the sequence lock and
 /// rewrites the shared page. Returns how many records it applied.
+/// Without a record to replay (the usual case: every checkpoint covers every
+/// record) it opens neither the data and sums files nor the replay scratch,
+/// and only rewrites the shared page, so readers see the lock even and the
+/// current generation's tail checksum.
 pub fn settle(dir: io.Dir, handle: *Handle, superblock: *const Superblock) Error!Replayed {
-    if (superblock.getLayout() != .fixed) {
+    if (superblock.getLayout() != .fixed or !try mayHoldRecords(handle, superblock)) {
+        assert(handle.end == handle.start and handle.last_sequence == superblock.journal_sequence);
         handle.lock();
         handle.unlock(superblock.generation, superblock.tail_checksum);
         return .{ .records = 0, .tail_checksum = superblock.tail_checksum };

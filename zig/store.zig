@@ -264,7 +264,7 @@ pub const Store = struct {
             return;
         };
         defer handle.close();
-        _ = try commit.settleJournal(store.dir, &handle, superblock);
+        _ = try journal.settle(store.dir, &handle, superblock);
     }
 
     /// Waits while an in-place replace is writing (the sequence lock is
