@@ -75,6 +75,12 @@ fn slice(comptime T: type, pointer: ?[*]const T, len: u64) []const T {
     return pointer.?[0..len];
 }
 
+/// `slice` for a buffer the call writes into.
+fn sliceMut(comptime T: type, pointer: ?[*]T, len: u64) []T {
+    if (len == 0) return &.{};
+    return pointer.?[0..len];
+}
+
 fn codecFrom(value: u32) status.Error!format.Codec {
     return format.Codec.from(value) orelse
         status.fail(error.InvalidArgument, "unknown codec {d}: use 0 (raw), 1 (zstd), 2 (zstd_dict), or one of them byte-shuffled by 2, 4 or 8-byte elements (0x11, 0x21, 0x31 for zstd; 0x12, 0x22, 0x32 for zstd_dict)", .{value});
@@ -130,7 +136,7 @@ export fn lx_store_gather(
     target_bytes: u64,
     target_offsets: ?[*]const u64,
 ) c_int {
-    const target_slice: []u8 = if (target_bytes == 0) &.{} else target.?[0..target_bytes];
+    const target_slice = sliceMut(u8, target, target_bytes);
     const offsets: ?[]const u64 = if (target_offsets) |pointer| pointer[0..count] else null;
     return result(store.gather(slice(u64, indices, count), target_slice, offsets));
 }
@@ -148,7 +154,7 @@ export fn lx_store_gather_rows(
     offsets_out: [*]u64,
     needed_bytes_out: *u64,
 ) c_int {
-    const target_slice: []u8 = if (target_bytes == 0) &.{} else target.?[0..target_bytes];
+    const target_slice = sliceMut(u8, target, target_bytes);
     needed_bytes_out.* = ragged.gatherStore(store, slice(u64, indices, count), row_bytes, target_slice, offsets_out[0 .. count + 1]) catch |err| return result(err);
     return 0;
 }
@@ -301,7 +307,7 @@ export fn lx_shards_gather(
     target_offsets: ?[*]const u64,
     record_bytes: u64,
 ) c_int {
-    const target_slice: []u8 = if (target_bytes == 0) &.{} else target.?[0..target_bytes];
+    const target_slice = sliceMut(u8, target, target_bytes);
     const offsets: ?[]const u64 = if (target_offsets) |pointer| pointer[0..count] else null;
     return result(shards.gather(slice(u64, indices, count), target_slice, offsets, record_bytes));
 }
@@ -317,7 +323,7 @@ export fn lx_shards_gather_rows(
     offsets_out: [*]u64,
     needed_bytes_out: *u64,
 ) c_int {
-    const target_slice: []u8 = if (target_bytes == 0) &.{} else target.?[0..target_bytes];
+    const target_slice = sliceMut(u8, target, target_bytes);
     needed_bytes_out.* = shards.gatherRows(slice(u64, indices, count), row_bytes, target_slice, offsets_out[0 .. count + 1]) catch |err| return result(err);
     return 0;
 }
