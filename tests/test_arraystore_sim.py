@@ -155,24 +155,33 @@ def count_mutations(workdir, memo, ops, exchange: bool) -> int:
     return sim.mutations
 
 
-def run_crash(workdir, memo, ops, at: int, seed: int, exchange: bool = True) -> None:
-    """Power loss before the ``at``-th mutating call, then the checks of the
-    module docstring."""
-    states = model_states(ops)
-    sim = new_sim(workdir, memo, exchange)
+def run_until_cut(sim, ops, at: int, seed: int, apply, **options) -> tuple[int, bool]:
+    """Runs ``ops`` (each through ``apply``) on an ArrayStore opened with
+    ``options`` over ``sim``, with power lost before the ``at``-th mutating
+    call, then lets ``seed`` decide what the cut left. Returns how many calls
+    were acknowledged and whether the store had opened."""
     sim.arm_crash(at)
     acked, started, store = 0, False, None
     try:
-        store = ArrayStore(ROOT, _fs=sim)
+        store = ArrayStore(ROOT, _fs=sim, **options)
         started = True
         for op in ops:
-            apply_op(store, op)
+            apply(store, op)
             acked += 1
         store.close()
     except PowerLoss:
         pass
     sim.crash(seed)
     abandon(store)
+    return acked, started
+
+
+def run_crash(workdir, memo, ops, at: int, seed: int, exchange: bool = True) -> None:
+    """Power loss before the ``at``-th mutating call, then the checks of the
+    module docstring."""
+    states = model_states(ops)
+    sim = new_sim(workdir, memo, exchange)
+    acked, started = run_until_cut(sim, ops, at, seed, apply_op)
     context = f"exchange={exchange}, ops={ops_text(ops)}, crash before mutation {at}, seed {seed}"
     possible = [states[acked]] + ([states[acked + 1]] if started and acked < len(ops) else [])
     with ArrayStore(ROOT, _fs=sim) as reopened:
@@ -452,18 +461,7 @@ def run_crash_not_durable(workdir, memo, ops, at: int, seed: int, exchange: bool
     states = model_states([op if op[0] != "sync" else ("save", {}) for op in ops])  # a sync changes nothing
     synced = [0] + [index + 1 for index, op in enumerate(ops) if op[0] == "sync" or (op[0] == "save" and len(op[1]) > 1)]
     sim = new_sim(workdir, memo, exchange)
-    sim.arm_crash(at)
-    acked, store = 0, None
-    try:
-        store = ArrayStore(ROOT, durable=False, _fs=sim)
-        for op in ops:
-            apply_not_durable(store, op)
-            acked += 1
-        store.close()
-    except PowerLoss:
-        pass
-    sim.crash(seed)
-    abandon(store)
+    acked, _ = run_until_cut(sim, ops, at, seed, apply_not_durable, durable=False)
     context = f"durable=False, exchange={exchange}, ops={ops_text(ops)}, crash before mutation {at}, seed {seed}"
     floor = max(index for index in synced if index <= acked)
     window = states[floor : min(acked + 1, len(ops)) + 1]
