@@ -224,6 +224,8 @@ const WriteJob = struct {
     caller: std.Thread.Id,
     next_write: u64 = 0,
     written: u64 = 0,
+    /// Bytes from `base` whose write-back has been started.
+    written_back: u64 = 0,
     write_error: ?Error = null,
     stopped: std.atomic.Value(bool) = .init(false),
     failure: workers.Failure = .{},
@@ -289,12 +291,27 @@ const WriteJob = struct {
             };
             for (job.entries[piece.first..piece.end]) |*entry| entry.offset += at;
             job.written += piece.stored;
+            job.startWriteback();
             allocator.free(piece.buffer);
             piece.buffer = &.{};
             job.next_write += 1;
         }
     }
+
+    /// Starts the write-back of each `writeback_step` written, so the disk
+    /// takes the batch while the rest compresses and the sync that follows
+    /// (now or at the end of a conversion) waits for one step at most.
+    /// Started for a whole 64 MiB batch at its end, the submission blocked
+    /// the caller for 15-27 ms with both cores idle.
+    fn startWriteback(job: *WriteJob) void {
+        const pending = job.written - job.written_back;
+        if (pending < writeback_step) return;
+        io.startWriteback(job.file, job.base + job.written_back, pending);
+        job.written_back = job.written;
+    }
 };
+
+const writeback_step = 8 << 20;
 
 /// A batch encoded and written: one entry per record, whose offsets start at
 /// `base`, and the payload bytes written from there.
@@ -311,6 +328,7 @@ pub fn writeBatch(threads: u32, dictionary: ?*const codec.Dictionary, source: []
         var batch = try encodeBatch(threads, null, source, offsets, .raw, base);
         errdefer batch.deinit();
         try io.write(file, batch.payload, base);
+        if (batch.payload.len >= writeback_step) io.startWriteback(file, base, batch.payload.len);
         return .{ .entries = batch.entries, .payload_bytes = batch.payload.len };
     }
     const pieces = try splitPieces(source, offsets);
@@ -329,7 +347,7 @@ pub fn writeBatch(threads: u32, dictionary: ?*const codec.Dictionary, source: []
         .base = base,
         .caller = std.Thread.getCurrentId(),
     };
-    workers.parallelFor(pieces.len, source.len - offsets[0], threads, &job, WriteJob.run);
+    workers.parallelForEach(pieces.len, source.len - offsets[0], threads, &job, WriteJob.run);
     if (job.write_error) |err| return err;
     try job.failure.check("cannot compress");
     job.writeReady(); // the pieces the pool threads finished last
@@ -373,6 +391,39 @@ test "writeBatch writes what encodeBatch packs, piece by piece on two threads, a
     storage.injectFault(.write, storage.kindCount(.write) + 2, .eio);
     try std.testing.expectError(error.Io, writeBatch(2, null, source, &offsets, .zstd, file, 0));
     try std.testing.expect(storage.clearFault());
+}
+
+test "writeBatch starts the write-back of each 8 MiB it writes, within what it wrote" {
+    const storage = @import("testing/storage.zig");
+    storage.reset();
+    defer storage.reset();
+    // Random bytes: no frame shrinks them, so the payload is the source.
+    // (A simulated file holds at most 16 MiB.)
+    const source = try allocator.alloc(u8, 12 << 20);
+    defer allocator.free(source);
+    var prng = std.Random.DefaultPrng.init(11);
+    prng.random().bytes(source);
+    const offsets = try allocator.alloc(u64, source.len / (64 << 10));
+    defer allocator.free(offsets);
+    for (offsets, 0..) |*offset, k| offset.* = k * (64 << 10);
+
+    try io.makePath("/writeback");
+    const dir = try io.openDir("/writeback");
+    defer io.closeDir(dir);
+    for ([_]Codec{ .zstd, .raw }) |record_codec| {
+        const file = try io.createFile(dir, @tagName(record_codec), true);
+        defer io.closeFile(file);
+        const calls_before = storage.writebackStarted().calls;
+        const base = 4096;
+        const written = try writeBatch(2, null, source, offsets, record_codec, file, base);
+        defer allocator.free(written.entries);
+        try std.testing.expectEqual(@as(u64, source.len), written.payload_bytes);
+        // The simulated disk asserts each hint names written bytes.
+        const started = storage.writebackStarted();
+        try std.testing.expectEqual(calls_before + 1, started.calls);
+        try std.testing.expect(started.end >= base + writeback_step);
+        try std.testing.expect(started.end <= base + written.payload_bytes);
+    }
 }
 
 /// The bytes the records of a batch would take in a store with `record_codec`

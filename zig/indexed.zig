@@ -22,9 +22,6 @@ const Codec = format.Codec;
 const block_bytes = format.block_bytes;
 const encode = @import("encode.zig");
 
-/// Unsynced appends at least this large start their writeback at once.
-const writeback_bytes_min = 8 << 20;
-
 pub fn append(store: *Store, source: []const u8, offsets: []const u64, record_codec: Codec) Error!void {
     const current = store.head();
     var next = current.superblock;
@@ -43,10 +40,6 @@ pub fn append(store: *Store, source: []const u8, offsets: []const u64, record_co
     const batch = try encode.writeBatch(store.threads, current.dictionary, source, offsets, record_codec, data, next.data_bytes);
     defer allocator.free(batch.entries);
     try io.write(index, std.mem.sliceAsBytes(batch.entries), next.record_count * @sizeOf(Entry));
-    // Unsynced, a large payload would sit in the page cache until the
-    // writer's sync; written back now, it goes out while the caller
-    // compresses its next batch (from_numpy syncs once, at the end).
-    if (!store.durable and batch.payload_bytes >= writeback_bytes_min) io.startWriteback(data, next.data_bytes, batch.payload_bytes);
     try commit.syncFile(store, data);
     try commit.syncFile(store, index);
     if (creating) try commit.syncDir(store);

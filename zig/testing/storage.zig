@@ -79,7 +79,12 @@ const Disk = struct {
     powered_off: bool = false,
     fault: ?struct { kind: Kind, at: u64, fault: Fault } = null,
     fault_fired: bool = false,
+    /// The write-back hints given since the last reset: how many, and the
+    /// end of the last range (each must start where the previous ended).
+    writeback: Writeback = .{},
 };
+
+pub const Writeback = struct { calls: u64 = 0, end: u64 = 0 };
 
 var disk: Disk = .{};
 
@@ -113,6 +118,7 @@ pub fn reset() void {
     disk.powered_off = false;
     disk.fault = null;
     disk.fault_fired = false;
+    disk.writeback = .{};
 }
 
 /// The number of counted calls since the last reset or power loss.
@@ -421,11 +427,19 @@ pub fn unlinkDeferred(handle: i32, name: []const u8) !void {
     return unlink(handle, name);
 }
 
-/// A hint with no effect on what is durable: not a counted call.
+/// A hint with no effect on what is durable: not a counted call, only
+/// tallied. A hint must name bytes the file already holds.
 pub fn startWriteback(handle: i32, offset: u64, bytes: u64) void {
-    _ = handle;
-    _ = offset;
-    _ = bytes;
+    disk.mutex.lock();
+    defer disk.mutex.unlock();
+    assert(offset + bytes <= handleNode(handle).visible_bytes);
+    disk.writeback = .{ .calls = disk.writeback.calls + 1, .end = offset + bytes };
+}
+
+pub fn writebackStarted() Writeback {
+    disk.mutex.lock();
+    defer disk.mutex.unlock();
+    return disk.writeback;
 }
 
 pub const Iterator = struct {
