@@ -740,9 +740,10 @@ def bench_store(quick: bool) -> str:
         table_rows = [_store_row(result, rows.nbytes, batch_count) for result in results]
         shuffle_notes = _shuffle_ratios(results, "zstd_shuffle4")
     ceilings, ceiling_note = _ceiling_rows(rows, 4, batch_count, read_runs)
+    paired = _paired_ceiling_ratios(rows, 4, 1 if quick else 5)
     failures = [f"FAILED: {result.contender.name}: {result.failure}" for result in results if result.failure]
     table = markdown_table(["store", "write MiB/s", "gather MiB/s", "ms / batch", "on disk", "ratio"], table_rows + ceilings)
-    notes = "\n".join(skipped + failures + _sharded_ratios(results) + shuffle_notes + [ceiling_note])
+    notes = "\n".join(skipped + failures + _sharded_ratios(results) + shuffle_notes + [ceiling_note] + paired)
     return (
         f"### store: {count:,} records of {RECORD_BYTES // 1024} KiB (float32, zstd-compressible ~1.3x), "
         f"{batch_count} random batches of {BATCH_SIZE}, warm page cache\n\n{table}\n\n"
@@ -798,6 +799,7 @@ def zstd_single_core(rows: np.ndarray, runs: int) -> tuple[float, float, float]:
     row_bytes = raw.shape[1]
     bound = library.ZSTD_compressBound(row_bytes)
     frames = np.empty((len(raw), bound), dtype=np.uint8)
+    frames.fill(0)  # faulted in here, not inside the first timed pass
     sizes = np.empty(len(raw), dtype=np.int64)
     out = np.empty(row_bytes, dtype=np.uint8)
     compressor, decompressor = library.ZSTD_createCCtx(), library.ZSTD_createDCtx()
@@ -844,6 +846,41 @@ def _ceiling_rows(rows: np.ndarray, element_bytes: int, batch_count: int, runs: 
     note = (f"Ceilings: single-core libzstd level 3 on the same {len(rows):,} records (one frame each, through "
             f"ctypes, median of {runs}) times {cores} cores; write = compress, gather = decode, ratio = frames only.")
     return table_rows, note
+
+
+def _paired_ceiling_ratios(rows: np.ndarray, element_bytes: int, rounds: int) -> list[str]:
+    """`from_numpy` writes against the compression limit, paired: each round
+    times one write (to the last fsync, as the table does) and then one
+    single-core libzstd pass over the same records, so both see the same
+    machine (on a shared box the limit itself moves by 15% between minutes).
+    One line per codec: the median over rounds of write speed / limit."""
+    try:
+        _libzstd()
+    except (OSError, AttributeError) as exc:
+        return [f"paired ceiling ratios skipped: the system libzstd could not be loaded ({exc})"]
+    write, _ = _loaderx_from_numpy("zstd")
+    write_shuffled, _ = _loaderx_from_numpy(f"zstd_shuffle{element_bytes}")
+    shuffled_rows = _shuffle_rows(rows, element_bytes)
+    pairs = (("zstd", write, rows), (f"zstd_shuffle{element_bytes}", write_shuffled, shuffled_rows))
+    ratios: dict[str, list[float]] = {name: [] for name, _, _ in pairs}
+    with tempfile.TemporaryDirectory(prefix="loaderx-bench-ceiling-") as temporary:
+        for _ in range(rounds):
+            for name, writer, limit_rows in pairs:
+                directory = Path(temporary) / name
+                shutil.rmtree(directory, ignore_errors=True)
+                directory.mkdir()
+                start = time.perf_counter()
+                writer(directory, rows)
+                sync_tree(directory)
+                written = time.perf_counter() - start
+                compress, _, _ = zstd_single_core(limit_rows, 1)
+                ratios[name].append(compress / _cores() / written)
+    return [
+        f"from_numpy {name} writes at {statistics.median(values):.2f}x the compression limit "
+        f"(paired: median of {rounds} rounds of one write and one single-core libzstd pass x {_cores()} cores; "
+        f"rounds {', '.join(f'{value:.2f}' for value in values)})."
+        for name, values in ratios.items()
+    ]
 
 
 def _shuffle_ratios(results: list[StoreResult], codec: str) -> list[str]:
