@@ -20,8 +20,14 @@ const Entry = format.Entry;
 const Codec = format.Codec;
 const block_bytes = format.block_bytes;
 
-pub fn checkBatch(source: []const u8, offsets: []const u64) Error!void {
+/// Checks a batch a caller hands in: offsets non-decreasing and inside
+/// `source`, no record over the size limit. Returns the records' common
+/// length when they all have one (the fixed layout takes only those).
+pub fn checkBatch(source: []const u8, offsets: []const u64) Error!?u64 {
     if (offsets.len == 0) return status.fail(error.InvalidArgument, "empty batch: give at least one record", .{});
+    if (evenStride(source, offsets)) |stride| {
+        if (stride <= format.record_bytes_max) return stride;
+    }
     var previous: u64 = offsets[0];
     for (offsets, 0..) |offset, k| {
         if (offset < previous or offset > source.len) {
@@ -29,12 +35,35 @@ pub fn checkBatch(source: []const u8, offsets: []const u64) Error!void {
         }
         previous = offset;
     }
+    var common: ?u64 = recordLengthIn(source, offsets, 0);
     for (0..offsets.len) |k| {
         const length = recordLengthIn(source, offsets, k);
         if (length > format.record_bytes_max) {
             return status.fail(error.TooLarge, "record {d} has {d} bytes; the limit is {d}", .{ k, length, format.record_bytes_max });
         }
+        if (common != null and length != common.?) common = null;
     }
+    return common;
+}
+
+/// The stride of offsets that are `offsets[0] + k * stride` with the last
+/// record `stride` long too (rows of one array, the common case), else
+/// null: one pass the compiler vectorises, where the general checks take
+/// three (a millisecond for 500,000 rows).
+fn evenStride(source: []const u8, offsets: []const u64) ?u64 {
+    const first = offsets[0];
+    const last = offsets[offsets.len - 1];
+    if (first > last or last > source.len) return null;
+    const stride = source.len - last;
+    // Bounds every k * stride below by source.len, so nothing wraps.
+    if (stride != 0 and offsets.len - 1 > (source.len - first) / stride) return null;
+    var mismatch: u64 = 0;
+    var expected = first;
+    for (offsets) |offset| {
+        mismatch |= offset ^ expected;
+        expected +%= stride;
+    }
+    return if (mismatch == 0) stride else null;
 }
 
 pub fn recordLengthIn(source: []const u8, offsets: []const u64, k: usize) u64 {
@@ -42,12 +71,21 @@ pub fn recordLengthIn(source: []const u8, offsets: []const u64, k: usize) u64 {
     return end - offsets[k];
 }
 
-pub fn uniformLength(source: []const u8, offsets: []const u64) ?u64 {
-    const first = recordLengthIn(source, offsets, 0);
-    for (1..offsets.len) |k| {
-        if (recordLengthIn(source, offsets, k) != first) return null;
-    }
-    return first;
+test "checkBatch returns the common record length, or null, and refuses bad offsets" {
+    const source = [_]u8{0} ** 40;
+    const even = [_]u64{ 0, 10, 20, 30 };
+    try std.testing.expectEqual(@as(?u64, 10), try checkBatch(&source, &even));
+    try std.testing.expectEqual(@as(?u64, 40), try checkBatch(&source, &[_]u64{0}));
+    try std.testing.expectEqual(@as(?u64, 0), try checkBatch(source[0..0], &[_]u64{ 0, 0, 0 }));
+    // Equal steps but a shorter last record, and uneven steps: no common length.
+    try std.testing.expectEqual(@as(?u64, null), try checkBatch(source[0..35], &even));
+    try std.testing.expectEqual(@as(?u64, null), try checkBatch(&source, &[_]u64{ 0, 10, 25, 30 }));
+    // Steps that would wrap around u64 back to a matching last offset.
+    const huge: u64 = 1 << 63;
+    try std.testing.expectError(error.InvalidArgument, checkBatch(&source, &[_]u64{ 0, huge, 0 }));
+    try std.testing.expectError(error.InvalidArgument, checkBatch(&source, &[_]u64{ 0, 30, 20 }));
+    try std.testing.expectError(error.InvalidArgument, checkBatch(&source, &[_]u64{ 0, 41 }));
+    try std.testing.expectError(error.InvalidArgument, checkBatch(&source, &[_]u64{}));
 }
 
 /// A batch encoded for appending: payloads packed back to back and one entry
@@ -430,7 +468,7 @@ test "writeBatch starts the write-back of each 8 MiB it writes, within what it w
 /// (after the raw fallback of records a frame would not shrink), without
 /// writing anything: the converters try codecs on a sample with it.
 pub fn encodedBytes(threads: u32, source: []const u8, offsets: []const u64, record_codec: Codec) Error!u64 {
-    try checkBatch(source, offsets);
+    _ = try checkBatch(source, offsets);
     if (record_codec.usesDictionary()) {
         return status.fail(error.InvalidArgument, "cannot try codec '{s}' without a store: its dictionary lives in one", .{@tagName(record_codec)});
     }

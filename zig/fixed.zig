@@ -41,22 +41,25 @@ pub fn append(store: *Store, payload: []const u8, record_count: u64, record_byte
 
     const old_bytes = current.dataBytes();
     const new_bytes = old_bytes.len + payload.len;
-    try io.write(data, payload, old_bytes.len);
-    // The disk writes the rows while the checksums are computed, so the
-    // fsync that follows (now, or at sync() for durable=False) waits less.
-    if (payload.len >= writeback_bytes_min) io.startWriteback(data, old_bytes.len, payload.len);
     // Blocks completed by this append get their checksums in the sums
     // file; the new partial tail block's checksum goes in the superblock.
+    // A pool thread computes them from the caller's rows while the caller
+    // writes those rows (XXH3 runs ~4x faster than the page-cache copy).
     const first_block = old_bytes.len / block_bytes;
     const full_blocks = new_bytes / block_bytes;
+    const sums = allocator.alloc(u64, full_blocks - first_block) catch return error.OutOfMemory;
+    defer allocator.free(sums);
+    var job = SumsJob{ .old = old_bytes, .payload = payload, .first = first_block, .sums = sums };
+    var sums_aside = workers.Aside(*SumsJob, SumsJob.run){ .context = &job, .count = sums.len };
+    if (payload.len >= aside_bytes_min) sums_aside.start(store.threads);
+    const written = io.write(data, payload, old_bytes.len);
+    sums_aside.join();
+    try written;
+    // The disk writes the rows while the commit goes on, so the fsync that
+    // follows (now, or at sync() for durable=False) waits less.
+    if (payload.len >= writeback_bytes_min) io.startWriteback(data, old_bytes.len, payload.len);
+    if (sums.len > 0) try io.write(sums_file, std.mem.sliceAsBytes(sums), first_block * 8);
     var scratch: [block_bytes]u8 = undefined;
-    if (full_blocks > first_block) {
-        const sums = allocator.alloc(u64, full_blocks - first_block) catch return error.OutOfMemory;
-        defer allocator.free(sums);
-        var job = SumsJob{ .old = old_bytes, .payload = payload, .first = first_block, .sums = sums };
-        workers.parallelFor(sums.len, sums.len * block_bytes, store.threads, &job, SumsJob.run);
-        try io.write(sums_file, std.mem.sliceAsBytes(sums), first_block * 8);
-    }
     next.tail_checksum = 0;
     if (new_bytes % block_bytes != 0) {
         const bytes = assemble(old_bytes, payload, full_blocks * block_bytes, new_bytes, &scratch);
@@ -81,6 +84,8 @@ pub fn append(store: *Store, payload: []const u8, record_count: u64, record_byte
 
 /// Below this an append's write-back is left to the kernel and the fsync.
 const writeback_bytes_min = 1 << 20;
+/// Below this the checksums take less than handing them to a pool thread.
+const aside_bytes_min = 256 << 10;
 
 /// The checksums of the full blocks an append completes, on the worker
 /// threads (one core hashes 40 MB in about 5 ms).

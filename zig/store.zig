@@ -448,7 +448,7 @@ pub const Store = struct {
         status.clear();
         store.snapshots.mutex.lock();
         defer store.snapshots.mutex.unlock();
-        try encode.checkBatch(source, offsets);
+        const length = try encode.checkBatch(source, offsets);
         try commit.begin(store);
         const current = store.head();
         const first = current.count();
@@ -456,7 +456,6 @@ pub const Store = struct {
             return status.fail(error.TooLarge, "a store holds at most {d} records", .{format.record_count_max});
         }
         try checkCodec(current, record_codec);
-        const length = encode.uniformLength(source, offsets);
         const superblock = current.superblock;
         const fits_fixed = record_codec == .raw and length != null and switch (superblock.getLayout()) {
             .empty => true,
@@ -481,7 +480,7 @@ pub const Store = struct {
         if (indices.len != offsets.len) {
             return status.fail(error.InvalidArgument, "replace got {d} indices but {d} records", .{ indices.len, offsets.len });
         }
-        try encode.checkBatch(source, offsets);
+        const length = try encode.checkBatch(source, offsets);
         try commit.begin(store);
         const current = store.head();
         try read.checkIndices(current, indices);
@@ -493,7 +492,6 @@ pub const Store = struct {
                 return status.fail(error.InvalidArgument, "index {d} appears twice; replace each record at most once per call", .{next});
             }
         }
-        const length = encode.uniformLength(source, offsets);
         const superblock = current.superblock;
         if (superblock.getLayout() == .fixed and record_codec == .raw and length != null and length.? == superblock.record_bytes) {
             try fixed.replace(store, indices, source, offsets);
