@@ -87,8 +87,8 @@ const writeback_bytes_min = 1 << 20;
 /// Below this the checksums take less than handing them to a pool thread.
 const aside_bytes_min = 256 << 10;
 
-/// The checksums of the full blocks an append completes, on the worker
-/// threads (one core hashes 40 MB in about 5 ms).
+/// The checksums of the full blocks an append completes, on a pool thread
+/// beside the caller's write (one core hashes 40 MB in about 5 ms).
 const SumsJob = struct {
     old: []const u8,
     payload: []const u8,
