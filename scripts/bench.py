@@ -1159,7 +1159,11 @@ def _endless(loader):
 
 def _start_grain(directory: Path) -> Started:
     import grain.python as grain
+    from absl import flags
     from array_record.python.array_record_data_source import ArrayRecordDataSource
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()  # grain 0.2.18 reads absl flags; this script defines none
 
     class Parse(grain.MapTransform):
         def map(self, record: bytes):
