@@ -48,7 +48,8 @@ pub fn parallelFor(
     context: anytype,
     comptime work: fn (@TypeOf(context), u64, u64) void,
 ) void {
-    const thread_count: u64 = @max(1, @min(count, threads));
+    if (count == 0) return;
+    const thread_count: u64 = @min(count, threads);
     const range = std.math.divCeil(u64, count, thread_count * ranges_per_thread) catch unreachable;
     parallelForRanges(count, total_bytes, threads, range, context, work);
 }
@@ -75,8 +76,8 @@ fn parallelForRanges(
     comptime work: fn (@TypeOf(context), u64, u64) void,
 ) void {
     assert(threads >= 1);
-    assert(range >= 1);
     if (count == 0) return;
+    assert(range >= 1);
     const runner = if (threads > 1 and total_bytes >= inline_bytes and count > 1) workers() else null;
     const pool_pointer = runner orelse return work(context, 0, count);
     const thread_count: u64 = @min(count, threads);
@@ -171,6 +172,10 @@ test "parallelFor and parallelForEach cover every index exactly once" {
     parallelFor(hits.len, 1 << 30, 4, &counter, Counter.run);
     for (hits) |hit| try std.testing.expectEqual(@as(u32, 1), hit.load(.monotonic));
     parallelForEach(hits.len, 1 << 30, 4, &counter, Counter.run);
+    for (hits) |hit| try std.testing.expectEqual(@as(u32, 2), hit.load(.monotonic));
+    // No work is no call (an empty batch's gather).
+    parallelFor(0, 1 << 30, 4, &counter, Counter.run);
+    parallelForEach(0, 1 << 30, 4, &counter, Counter.run);
     for (hits) |hit| try std.testing.expectEqual(@as(u32, 2), hit.load(.monotonic));
 }
 
