@@ -147,6 +147,20 @@ def test_more_than_2_pow_24_records(tmp_path):
         assert out.tolist() == [values[-1], values[1 << 24], 3]
 
 
+def test_fixed_gather_into_too_small_buffer_writes_nothing(tmp_path):
+    """Equal raw records (the fixed layout) are size-checked as one batch."""
+    with Zrecord(tmp_path / "s", codec="raw") as store:
+        store.append(b"abcdefghijkl", [0, 4, 8])
+        assert store.stats()["layout"] == "fixed"
+        dst = bytearray(b"." * 11)
+        with pytest.raises(ZrecordError, match="does not fit the destination: it has 11 bytes, the batch needs 12"):
+            store.gather([2, 0, 1], dst)
+        assert dst == bytearray(b"." * 11)
+        out = bytearray(8)
+        store.gather([2, 0], out)
+        assert out == bytearray(b"ijklabcd")
+
+
 def test_gather_into_offsets_and_out_of_range(tmp_path):
     """Records land at the given offsets; bad indices and small buffers raise and write nothing."""
     with Zrecord(tmp_path / "s") as store:

@@ -53,6 +53,36 @@ pub fn gather(
     try checkIndices(snapshot, indices);
     // Without offsets every record must have the first one's length.
     const target_stride = if (indices.len == 0) 0 else try snapshot.recordLength(indices[0]);
+    const total_bytes = if (snapshot.layout() == .fixed and target_offsets == null)
+        try fixedBytes(snapshot, indices, target)
+    else
+        try checkedBytes(snapshot, indices, target, target_offsets, target_stride);
+    var job = GatherJob{
+        .snapshot = snapshot,
+        .indices = indices,
+        .target = target,
+        .target_offsets = target_offsets,
+        .target_stride = target_stride,
+        .verify_reads = verify_reads,
+    };
+    workers.parallelFor(indices.len, total_bytes, threads, &job, GatherJob.run);
+    try job.failure.check("cannot read");
+}
+
+/// Equal records back to back: one size check, not one per record (which
+/// cost more than the copy itself on a million 40-byte rows).
+fn fixedBytes(snapshot: *const Snapshot, indices: []const u64, target: []const u8) Error!u64 {
+    const stride = snapshot.superblock.record_bytes;
+    const total = std.math.mul(u64, indices.len, stride) catch std.math.maxInt(u64);
+    if (total > target.len) {
+        return status.fail(error.BufferTooSmall, "a batch of {d} records of {d} bytes does not fit the destination: it has {d} bytes, the batch needs {d}", .{ indices.len, stride, target.len, total });
+    }
+    return total;
+}
+
+/// The bytes of records `indices`, each checked to fit the destination at
+/// its offset.
+fn checkedBytes(snapshot: *const Snapshot, indices: []const u64, target: []const u8, target_offsets: ?[]const u64, target_stride: u64) Error!u64 {
     var total_bytes: u64 = 0;
     for (indices, 0..) |index, k| {
         const length = try snapshot.recordLength(index);
@@ -66,16 +96,7 @@ pub fn gather(
         }
         total_bytes += length;
     }
-    var job = GatherJob{
-        .snapshot = snapshot,
-        .indices = indices,
-        .target = target,
-        .target_offsets = target_offsets,
-        .target_stride = target_stride,
-        .verify_reads = verify_reads,
-    };
-    workers.parallelFor(indices.len, total_bytes, threads, &job, GatherJob.run);
-    try job.failure.check("cannot read");
+    return total_bytes;
 }
 
 /// Below this a readahead hint costs more than the page faults it saves.
@@ -83,7 +104,7 @@ const prefetch_bytes_min = 64 * 1024;
 
 /// Asks the kernel to read `bytes` of a mapping ahead, in one request, when
 /// they are many: the data mapping is MADV_RANDOM, so nothing else would.
-/// (Long runs of fixed records are read with pread instead.)
+/// (Long runs of fixed records are copied by `copyRun` instead.)
 fn prefetch(bytes: []const u8) void {
     if (bytes.len < prefetch_bytes_min) return;
     io.advise(bytes, .will_need);
@@ -122,14 +143,36 @@ const GatherJob = struct {
             }
             const target = job.target[at..][0..bytes];
             if (bytes >= prefetch_bytes_min) {
-                const read = io.read(snapshot.data.?.file, target, first * stride) catch {
-                    return job.failure.set(error.Io, first, "cannot read the data file");
+                copyRun(snapshot, first * stride, target) catch |err| switch (err) {
+                    error.Io => return job.failure.set(error.Io, first, "cannot read the data file"),
+                    error.Corrupt => return job.failure.set(error.Corrupt, first, "the data file is shorter than committed"),
                 };
-                if (read != bytes) return job.failure.set(error.Corrupt, first, "the data file is shorter than committed");
             } else {
                 @memcpy(target, snapshot.dataBytes()[first * stride ..][0..bytes]);
             }
             k += count;
+        }
+    }
+
+    /// A long run, 8 MiB at a time: one copy from the mapping when the
+    /// page cache holds the piece (its pages mapped by one call), else a
+    /// pread, whose readahead reads a cold file in large requests. Faulting
+    /// a cold MADV_RANDOM mapping in reads 4 KiB at a time (0.8 s against
+    /// 32 ms for 40 MB here), and a warm pread copies in the kernel at a
+    /// third of a copy's speed (14.4 against 3.9 ms for 40 MB).
+    fn copyRun(snapshot: *const Snapshot, offset: u64, target: []u8) error{ Io, Corrupt }!void {
+        const piece_bytes = io.populate_pages_max * io.page_size;
+        var done: u64 = 0;
+        while (done < target.len) {
+            const piece = target[done..][0..@min(piece_bytes, target.len - done)];
+            const source = snapshot.dataBytes()[offset + done ..][0..piece.len];
+            if (io.populateIfCached(source)) {
+                @memcpy(piece, source);
+            } else {
+                const read = io.read(snapshot.data.?.file, piece, offset + done) catch return error.Io;
+                if (read != piece.len) return error.Corrupt;
+            }
+            done += piece.len;
         }
     }
 

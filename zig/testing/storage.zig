@@ -595,6 +595,13 @@ pub fn advise(memory: Memory, advice: anytype) void {
     _ = advice;
 }
 
+/// The simulated disk has no page cache to ask: copies take the pread
+/// path, whose faults the simulation can inject.
+pub fn populateIfCached(memory: Memory) bool {
+    _ = memory;
+    return false;
+}
+
 pub fn processId() i32 {
     return 4242;
 }
