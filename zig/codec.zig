@@ -95,6 +95,8 @@ pub const Scratch = struct {
     }
 };
 
+pub const CompressError = error{ Codec, OutOfMemory };
+
 /// Compresses `source` (shuffled first into `scratch` when the codec says
 /// so) into `target` (at least ZSTD_compressBound bytes) and returns the
 /// frame's length. The caller keeps the raw bytes when the frame is not
@@ -106,7 +108,7 @@ pub fn compress(
     source: []const u8,
     target: []u8,
     scratch: *Scratch,
-) error{ Codec, OutOfMemory }!usize {
+) CompressError!usize {
     std.debug.assert(codec != .raw);
     std.debug.assert(target.len >= zstd.ZSTD_compressBound(source.len));
     const input = if (codec.elementBytes() == 1) source else blk: {

@@ -131,18 +131,30 @@ const EncodeJob = struct {
         for (start..end) |k| {
             const raw = job.source[job.offsets[k]..][0..recordLengthIn(job.source, job.offsets, k)];
             const slot = job.scratch[job.slots[k]..job.slots[k + 1]];
-            const written = codec.compress(encoder, job.record_codec, job.dictionary, raw, slot, &shuffled) catch |err| switch (err) {
-                error.Codec => return job.failure.set(error.Codec, k, "zstd could not compress the record"),
-                error.OutOfMemory => return job.failure.set(error.OutOfMemory, k, "out of memory for the shuffled copy of the record"),
+            job.entries[k] = encodeRecord(encoder, job.record_codec, job.dictionary, raw, slot, &shuffled) catch |err| {
+                return job.failure.set(err, k, compressFailure(err));
             };
-            // A frame that does not shrink the record is not worth decoding.
-            job.entries[k] = if (written < raw.len)
-                Entry.init(0, raw.len, written, job.record_codec, slot[0..written])
-            else
-                Entry.init(0, raw.len, raw.len, .raw, raw);
         }
     }
 };
+
+/// How a batch stores record `raw`: as the frame compressed into `slot`,
+/// or raw when no frame shrinks it (not worth decoding), the raw bytes
+/// left for the caller to place. The entry's offset is 0 until then.
+fn encodeRecord(encoder: *zstd.CCtx, record_codec: Codec, dictionary: ?*const codec.Dictionary, raw: []const u8, slot: []u8, shuffled: *codec.Scratch) codec.CompressError!Entry {
+    const written = try codec.compress(encoder, record_codec, dictionary, raw, slot, shuffled);
+    return if (written < raw.len)
+        Entry.init(0, raw.len, written, record_codec, slot[0..written])
+    else
+        Entry.init(0, raw.len, raw.len, .raw, raw);
+}
+
+fn compressFailure(err: codec.CompressError) []const u8 {
+    return switch (err) {
+        error.Codec => "zstd could not compress the record",
+        error.OutOfMemory => "out of memory for the shuffled copy of the record",
+    };
+}
 
 const HashJob = struct {
     source: []const u8,
@@ -208,9 +220,8 @@ pub fn encodeBatch(threads: u32, dictionary: ?*const codec.Dictionary, source: [
 /// Source bytes per piece of a written batch: each piece is compressed into
 /// its own buffer, packed as it goes, and written as soon as the pieces
 /// before it are, so writing one piece overlaps compressing the next and no
-/// core waits for a whole batch's pack and pwrite. Small, because a thread
-/// takes several pieces at a time (workers.ranges_per_thread) and the other
-/// may sit idle for that long at the end of a batch.
+/// core waits for a whole batch's pack and pwrite. Small, because at the
+/// end of a batch one thread may wait up to a piece for the other.
 const piece_bytes = 256 << 10;
 
 const Piece = struct {
@@ -300,18 +311,14 @@ const WriteJob = struct {
         for (piece.first..piece.end) |k| {
             const raw = job.source[job.offsets[k]..][0..recordLengthIn(job.source, job.offsets, k)];
             const slot = piece.buffer[cursor..];
-            const written = codec.compress(encoder, job.record_codec, job.dictionary, raw, slot, shuffled) catch |err| {
-                job.fail(if (err == error.Codec) error.Codec else error.OutOfMemory, k, if (err == error.Codec) "zstd could not compress the record" else "out of memory for the shuffled copy of the record");
+            var entry = encodeRecord(encoder, job.record_codec, job.dictionary, raw, slot, shuffled) catch |err| {
+                job.fail(err, k, compressFailure(err));
                 return error.Failed;
             };
-            // A frame that does not shrink the record is not worth decoding.
-            job.entries[k] = if (written < raw.len)
-                Entry.init(cursor, raw.len, written, job.record_codec, slot[0..written])
-            else blk: {
-                @memcpy(slot[0..raw.len], raw);
-                break :blk Entry.init(cursor, raw.len, raw.len, .raw, raw);
-            };
-            cursor += job.entries[k].storedBytes();
+            if (entry.codec().? == .raw) @memcpy(slot[0..raw.len], raw);
+            entry.offset = cursor;
+            job.entries[k] = entry;
+            cursor += entry.storedBytes();
         }
         piece.stored = cursor;
     }

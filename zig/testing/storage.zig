@@ -80,7 +80,7 @@ const Disk = struct {
     fault: ?struct { kind: Kind, at: u64, fault: Fault } = null,
     fault_fired: bool = false,
     /// The write-back hints given since the last reset: how many, and the
-    /// end of the last range (each must start where the previous ended).
+    /// end of the last range.
     writeback: Writeback = .{},
 };
 
