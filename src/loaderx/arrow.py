@@ -61,7 +61,7 @@ import numpy as np
 from ._fs import write_file_atomic
 from .converter import (
     _RECORD_COST_BYTES, _SAMPLE_BUDGET_MAX, _TRIAL_BYTES_MAX, _TRIAL_RECORDS_MAX, CHUNK_BYTES, DICT_BYTES, _auto_codec, _codec_name,
-    _positive_int, _Progress, _shuffled_samples, _Writer,
+    _packed_trial, _positive_int, _Progress, _shuffled_samples, _Writer,
 )
 from .dataset import DenseDataset, RaggedDataset, Schema, StrPath
 
@@ -443,13 +443,9 @@ def _decide_codec(path: str, column: _Column, array: Any) -> _Column:
             if total >= _TRIAL_BYTES_MAX:
                 break
             piece = data[start : min(end, start + _TRIAL_BYTES_MAX)]
-            if piece.size:
-                pieces.append(piece)
-                total += piece.size
-        if not pieces:
-            return np.empty(0, dtype=np.uint8), np.zeros(1, dtype=np.uint64)
-        sizes = np.fromiter((piece.size for piece in pieces), dtype=np.uint64, count=len(pieces))
-        return np.concatenate(pieces), np.cumsum(sizes) - sizes
+            pieces.append(piece)
+            total += piece.size
+        return _packed_trial(pieces)
 
     codec = _auto_codec(os.path.join(path, column.name), "x", column.schema, trial)
     return dataclasses.replace(column, schema=dataclasses.replace(column.schema, codec=codec), auto=False)

@@ -640,10 +640,15 @@ def _record_bytes(item: Any) -> int:
 
 def _ragged_trial(head: list[Any], target: Schema, cast: bool) -> tuple[np.ndarray, np.ndarray]:
     """The first records of a ragged source, packed (each cut to 4 MiB)."""
-    pieces = [
+    return _packed_trial([
         np.ascontiguousarray(_record_array(item, position, target, cast=cast)).reshape(-1).view(np.uint8)[:_TRIAL_BYTES_MAX]
         for position, item in enumerate(head)
-    ]
+    ])
+
+
+def _packed_trial(pieces: list[npt.NDArray[np.uint8]]) -> tuple[np.ndarray, np.ndarray]:
+    """A trial's records packed back to back and their starts (empty ones
+    left out: they tell the codecs apart by nothing)."""
     pieces = [piece for piece in pieces if piece.size]
     if not pieces:
         return np.empty(0, dtype=np.uint8), np.zeros(1, dtype=np.uint64)
