@@ -33,6 +33,9 @@ const block_bytes = format.block_bytes;
 
 pub const Writer = struct {
     lock: io.File,
+    /// The shared page of the lock file, mapped: every commit names its
+    /// generation in it, and in-place replaces hold its sequence lock.
+    page: io.WritableMemory,
     superblock: io.File,
     /// What each superblock slot holds, to undo a slot write that failed.
     slots: [2]Superblock,
@@ -57,6 +60,7 @@ pub const Writer = struct {
     pub fn close(writer: *Writer) void {
         if (writer.journal) |*handle| handle.close();
         if (writer.target) |target| journal.closeTarget(target);
+        io.unmapWritable(writer.page);
         io.closeFile(writer.superblock);
         io.closeFile(writer.lock); // Closing the descriptor releases the flock.
     }
@@ -93,16 +97,20 @@ pub fn begin(store: *Store) Error!void {
     errdefer io.closeFile(file);
     // Before any commit of this writer, so every reader that maps data of
     // a later generation maps the sequence lock too.
-    try journal.ensureSharedPage(lock);
-    try store.refreshLocked();
-    // Read before the assignment: a failed `try` inside the literal would
-    // leave `store.writer` half set.
-    const slots = try readSlots(file);
-    store.writer = .{ .lock = lock, .superblock = file, .slots = slots, .synced_slot = syncedSlot(slots, store.head().superblock) };
+    const page = try journal.mapPage(lock);
+    errdefer io.unmapWritable(page);
+    // Set before the refresh, which then reads through `file`; the slots
+    // and the synced one are filled in once the head is current.
+    store.writer = .{ .lock = lock, .page = page, .superblock = file, .slots = undefined, .synced_slot = 0 };
     errdefer {
         if (store.writer.?.journal) |*handle| handle.close();
+        if (store.writer.?.target) |target| journal.closeTarget(target);
         store.writer = null;
     }
+    try store.refreshLocked();
+    const writer = &store.writer.?;
+    writer.slots = try readSlots(file);
+    writer.synced_slot = syncedSlot(writer.slots, store.head().superblock);
     try recover(store);
     // Files the last synced state names wait for the next sync.
     store.writer.?.stale = store.head().superblock.unsynced != 0;
@@ -129,10 +137,9 @@ fn tryLockBriefly(lock: io.File) Error!bool {
 fn recoverJournal(store: *Store) Error!void {
     const superblock = store.head().superblock;
     if (superblock.journal_file == 0) return;
-    var handle = try journal.open(store.dir, &superblock);
-    errdefer handle.close();
-    const replayed = try journal.settle(store.dir, &handle, &superblock);
-    store.writer.?.journal = handle;
+    // Held by the writer at once: begin's errdefer closes it.
+    store.writer.?.journal = try journal.open(store.dir, &superblock, store.writer.?.page);
+    const replayed = try journal.settle(store.dir, &store.writer.?.journal.?, &superblock);
     if (replayed.records > 0) {
         store.head().superblock.tail_checksum = replayed.tail_checksum;
         var next = superblock;
@@ -229,10 +236,18 @@ fn recoverWith(store: *Store, head_synced: bool) Error!void {
             return error.OutOfMemory;
         };
     }
+    // A fixed store's data and sums files are opened as the replaces'
+    // target, which the writer keeps.
+    const target: ?journal.Target = if (superblock.getLayout() == .fixed) try replaceTarget(store) else null;
     for (keep) |file| {
         if (file.id == 0 or file.kind == .journal) continue;
-        const handle = try openFile(store, file.kind, file.id);
-        defer io.closeFile(handle);
+        const kept: ?io.File = if (target) |opened| switch (file.kind) {
+            .data => opened.data,
+            .sums => opened.sums,
+            else => null,
+        } else null;
+        const handle = kept orelse try openFile(store, file.kind, file.id);
+        defer if (kept == null) io.closeFile(handle);
         // Committed lengths of a file only grow, so cutting past the
         // latest one never cuts what an older superblock points at.
         if (try io.length(handle) > file.bytes) try io.setLength(handle, file.bytes);
@@ -291,11 +306,13 @@ pub fn commitWith(store: *Store, next_in: Superblock, durable_wanted: bool) Erro
         // leaves them for the next write; the commit stands.
         if (recoverWith(store, true)) |_| writer.stale = false else |_| {}
     }
-    if (writer.journal) |*handle| {
-        // The new superblock covers every record: the journal starts over,
-        // over the dead records (see `journal.Handle.restart`).
-        handle.restart();
-    }
+    // The new superblock covers every record: the journal starts over,
+    // over the dead records (see `journal.Handle.restart`).
+    if (writer.journal) |*handle| handle.restart();
+    // The shared page names the new generation, so the next reader to open
+    // finds nothing to settle (`journal.settledAlready`).
+    journal.lockPage(writer.page);
+    journal.unlockPage(writer.page, next.generation, next.tail_checksum);
 }
 
 /// Syncs every file `snapshot` names and the directory: the writes of the
@@ -447,6 +464,30 @@ test "an open that finds the journal at its page alone resets a stale shared pag
     const shared = reader.head().journalPage().?;
     try std.testing.expectEqual(@as(u64, 0), journal.readBegin(shared) % 2);
     try std.testing.expectEqual(superblock.tail_checksum, journal.tailChecksum(shared, &reader.head().superblock));
+    var target: [40]u8 = undefined;
+    try reader.gather(&.{ 0, 1, 2, 3 }, &target, null);
+    try std.testing.expectEqualSlices(u8, &rows, &target);
+}
+
+test "a reader's open of a settled store only reads: no write, no writable map of the shared page" {
+    const simulated = @import("testing/storage.zig");
+    simulated.reset();
+    const path = "settled-open";
+    var rows = [_]u8{7} ** 40;
+    const offsets = [_]u64{ 0, 10, 20, 30 };
+    const writer = try Store.open(path, 1, false, true);
+    _ = try writer.append(&rows, &offsets, .raw);
+    @memset(rows[10..20], 9);
+    try writer.replace(&.{1}, rows[10..20], offsets[0..1], .raw);
+    writer.close();
+
+    const writes = simulated.kindCount(.write);
+    const maps = simulated.kindCount(.map);
+    const reader = try Store.open(path, 1, true, true);
+    defer reader.close();
+    try std.testing.expectEqual(writes, simulated.kindCount(.write));
+    // The shared page, the data and the sums, each mapped read-only once.
+    try std.testing.expectEqual(maps + 3, simulated.kindCount(.map));
     var target: [40]u8 = undefined;
     try reader.gather(&.{ 0, 1, 2, 3 }, &target, null);
     try std.testing.expectEqualSlices(u8, &rows, &target);

@@ -11,7 +11,8 @@ const status = @import("status.zig");
 const io = @import("io.zig");
 const commit = @import("commit.zig");
 const plans = @import("plans.zig");
-const Store = @import("store.zig").Store;
+const store_module = @import("store.zig");
+const Store = store_module.Store;
 const Snapshot = @import("snapshot.zig").Snapshot;
 
 const assert = std.debug.assert;
@@ -115,13 +116,13 @@ pub fn replace(store: *Store, indices: []const u64, source: []const u8, offsets:
     for (indices, offsets, patches) |index, offset, *patch| {
         patch.* = .{ .row = index, .bytes = source[offset..][0..stride] };
     }
-    std.mem.sort(plans.Patch, patches, {}, plans.Patch.lessThan);
+    if (!store_module.strictlyAscending(indices)) std.mem.sort(plans.Patch, patches, {}, plans.Patch.lessThan);
     try commit.syncBeforeReplace(store);
     if (store.head().superblock.journal_file == 0) try createJournal(store);
     const writer = &store.writer.?;
     const head = store.head();
     // Null only when opening it failed right after the commit that named it.
-    if (writer.journal == null) writer.journal = try journal.open(store.dir, &head.superblock);
+    if (writer.journal == null) writer.journal = try journal.open(store.dir, &head.superblock, writer.page);
     // A journal past its bound is checkpointed before it takes another
     // record, not right after the record that grew it: the replace that
     // wrote a large record returns without waiting for the data file's

@@ -53,8 +53,9 @@ const run_blocks_max = 64;
 /// The journal as the writer (or a settling reader) holds it.
 pub const Handle = struct {
     file: io.File,
-    /// The lock file, holding the shared page, and the page mapped.
-    page_file: io.File,
+    /// The shared page, mapped from the lock file by whoever opened the
+    /// handle (the writer, for as long as it lives; a settling reader, for
+    /// the settle), which also unmaps it.
     memory: io.WritableMemory,
     /// Where records start (the journal's version says).
     start: u64,
@@ -100,31 +101,46 @@ pub const Handle = struct {
         }
     }
 
-    pub fn page(handle: *const Handle) *JournalPage {
-        return @ptrCast(handle.memory.ptr);
-    }
-
     pub fn close(handle: *Handle) void {
-        io.unmapWritable(handle.memory);
-        io.closeFile(handle.page_file);
         io.closeFile(handle.file);
     }
 
-    /// Makes the lock odd: gathers that overlap the change retry.
     pub fn lock(handle: *Handle) void {
-        const word = &handle.page().sequence_lock;
-        const value = @atomicLoad(u64, word, .seq_cst);
-        @atomicStore(u64, word, value | 1, .seq_cst);
+        lockPage(handle.memory);
     }
 
     pub fn unlock(handle: *Handle, generation: u64, tail_checksum: u64) void {
-        const shared = handle.page();
-        @atomicStore(u64, &shared.tail_checksum, tail_checksum, .seq_cst);
-        @atomicStore(u64, &shared.tail_generation, generation, .seq_cst);
-        const value = @atomicLoad(u64, &shared.sequence_lock, .seq_cst);
-        @atomicStore(u64, &shared.sequence_lock, (value | 1) +% 1, .seq_cst);
+        unlockPage(handle.memory, generation, tail_checksum);
     }
 };
+
+fn pageOf(memory: io.WritableMemory) *JournalPage {
+    return @ptrCast(memory.ptr);
+}
+
+/// Makes the sequence lock odd: gathers that overlap the change retry.
+pub fn lockPage(memory: io.WritableMemory) void {
+    const word = &pageOf(memory).sequence_lock;
+    const value = @atomicLoad(u64, word, .seq_cst);
+    @atomicStore(u64, word, value | 1, .seq_cst);
+}
+
+/// Names `generation` and its tail checksum in the page, and makes the
+/// sequence lock even again.
+pub fn unlockPage(memory: io.WritableMemory, generation: u64, tail_checksum: u64) void {
+    const shared = pageOf(memory);
+    @atomicStore(u64, &shared.tail_checksum, tail_checksum, .seq_cst);
+    @atomicStore(u64, &shared.tail_generation, generation, .seq_cst);
+    const value = @atomicLoad(u64, &shared.sequence_lock, .seq_cst);
+    @atomicStore(u64, &shared.sequence_lock, (value | 1) +% 1, .seq_cst);
+}
+
+/// Maps the shared page of `lock_file` (open read-write), writing a fresh
+/// page first when it holds none.
+pub fn mapPage(lock_file: io.File) Error!io.WritableMemory {
+    try ensureSharedPage(lock_file);
+    return io.mapWritable(lock_file, shared_page_bytes);
+}
 
 fn fileName(buffer: *[format.file_name_bytes]u8, id: u64) [:0]const u8 {
     return format.fileName(buffer, .journal, id);
@@ -151,20 +167,15 @@ pub fn createFile(dir: io.Dir, id: u64, superblock: *const Superblock) Error!voi
     try io.sync(file);
 }
 
-/// Opens the journal `superblock` names read-write, and maps the shared
-/// page. Caller holds the writer lock.
-pub fn open(dir: io.Dir, superblock: *const Superblock) Error!Handle {
+/// Opens the journal `superblock` names read-write, with `memory` the
+/// shared page (`mapPage`). Caller holds the writer lock.
+pub fn open(dir: io.Dir, superblock: *const Superblock, memory: io.WritableMemory) Error!Handle {
     assert(superblock.journal_file != 0);
     var name_buffer: [format.file_name_bytes]u8 = undefined;
     const file = try io.openFile(dir, fileName(&name_buffer, superblock.journal_file), .read_write);
     errdefer io.closeFile(file);
-    const start = try checkPage(dir, file);
-    const allocated = try io.length(file);
-    const page_file = try io.createFile(dir, lock_file_name, false);
-    errdefer io.closeFile(page_file);
-    try ensureSharedPage(page_file);
-    const memory = try io.mapWritable(page_file, shared_page_bytes);
-    return .{ .file = file, .page_file = page_file, .memory = memory, .last_sequence = superblock.journal_sequence, .start = start, .end = start, .allocated = allocated };
+    const checked = try checkPage(dir, file);
+    return .{ .file = file, .memory = memory, .last_sequence = superblock.journal_sequence, .start = checked.start, .end = checked.start, .allocated = checked.length };
 }
 
 /// The shared page lives in the lock file, which is never synced: the
@@ -184,8 +195,9 @@ pub const shared_page_bytes: u64 = @sizeOf(JournalPage);
 /// or a power loss took it). Caller holds the writer lock.
 pub fn ensureSharedPage(file: io.File) Error!void {
     var page: JournalPage = undefined;
+    // A whole page read from offset 0: the file holds at least the page.
     const got = try io.read(file, std.mem.asBytes(&page), 0);
-    if (got == @sizeOf(JournalPage) and try io.length(file) >= shared_page_bytes and std.mem.eql(u8, &page.magic, &format.journal_magic)) return;
+    if (got == @sizeOf(JournalPage) and std.mem.eql(u8, &page.magic, &format.journal_magic)) return;
     page = std.mem.zeroes(JournalPage);
     page.magic = format.journal_magic;
     page.version = format.journal_version;
@@ -194,8 +206,8 @@ pub fn ensureSharedPage(file: io.File) Error!void {
 
 /// A journal shorter than its page or with another magic is damage: its
 /// page is written and synced before any superblock names the file.
-/// Returns where its records start.
-pub fn checkPage(dir: io.Dir, file: io.File) Error!u64 {
+/// Returns where its records start, and the file's length.
+pub fn checkPage(dir: io.Dir, file: io.File) Error!struct { start: u64, length: u64 } {
     var page: JournalPage = undefined;
     const got = try io.read(file, std.mem.asBytes(&page), 0);
     const length = try io.length(file);
@@ -205,7 +217,7 @@ pub fn checkPage(dir: io.Dir, file: io.File) Error!u64 {
     if (page.version != 1 and page.version != format.journal_version) {
         return status.fail(error.UnsupportedVersion, "store '{s}' has a journal of version {d}, which this loaderx cannot read (it reads 1 and {d}); upgrade loaderx", .{ dir.path, page.version, format.journal_version });
     }
-    return format.journalRecordsStart(page.version);
+    return .{ .start = format.journalRecordsStart(page.version), .length = length };
 }
 
 /// Whether the journal may hold a record to replay: the record after the
@@ -258,22 +270,44 @@ fn forEachRun(target: Target, patches: []const Patch, scratch: []u8, context: an
             const block_end = @min(last + 1, block + run_blocks_max);
             const start = block * block_bytes;
             const end = @min(block_end * block_bytes, target.data_bytes);
-            const image = scratch[0 .. end - start];
-            if (try io.read(target.data, image, start) != image.len) {
-                return status.fail(error.Corrupt, "data file '{s}' is shorter than committed", .{target.data.name()});
-            }
             while (passed < patches.len and patchStart(patches[passed], stride) + stride <= start) passed += 1;
-            var k = passed;
-            while (k < patches.len and patchStart(patches[k], stride) < end) : (k += 1) {
-                const row_start = patchStart(patches[k], stride);
-                const from = @max(row_start, start);
-                const to = @min(row_start + stride, end);
-                @memcpy(image[from - start .. to - start], patches[k].bytes[from - row_start .. to - row_start]);
-            }
+            const image = covering(patches[passed..], stride, start, end) orelse image: {
+                const image = scratch[0 .. end - start];
+                if (try io.read(target.data, image, start) != image.len) {
+                    return status.fail(error.Corrupt, "data file '{s}' is shorter than committed", .{target.data.name()});
+                }
+                var k = passed;
+                while (k < patches.len and patchStart(patches[k], stride) < end) : (k += 1) {
+                    const row_start = patchStart(patches[k], stride);
+                    const from = @max(row_start, start);
+                    const to = @min(row_start + stride, end);
+                    @memcpy(image[from - start .. to - start], patches[k].bytes[from - row_start .. to - row_start]);
+                }
+                break :image image;
+            };
             try visit(context, block, image);
             block = block_end;
         }
     }
+}
+
+/// The run `start..end` as the caller's bytes, when `patches` (from the
+/// first that ends past `start`) cover it with consecutive rows laid out
+/// back to back in memory: a large contiguous replace is neither read nor
+/// copied. Null otherwise.
+fn covering(patches: []const Patch, stride: u64, start: u64, end: u64) ?[]const u8 {
+    if (patches.len == 0 or patchStart(patches[0], stride) > start) return null;
+    const first = patches[0];
+    const rows = std.math.divCeil(u64, end - patchStart(first, stride), stride) catch unreachable;
+    if (rows > patches.len) return null;
+    const last = patches[rows - 1];
+    if (last.row != first.row + rows - 1) return null; // Rows ascend and are unique.
+    const base = @intFromPtr(first.bytes.ptr);
+    for (patches[1..rows], 1..) |patch, k| {
+        if (@intFromPtr(patch.bytes.ptr) != base + k * stride) return null;
+    }
+    const from = start - patchStart(first, stride);
+    return first.bytes.ptr[from..][0 .. end - start];
 }
 
 /// The new checksums of the blocks a replace touches.
@@ -281,6 +315,11 @@ const Sums = struct {
     blocks: std.ArrayList(u64) = .empty,
     sums: std.ArrayList(u64) = .empty,
     tail_checksum: ?u64 = null,
+    /// The runs visited, and the last one's first block and length: a
+    /// replace of one run still holds its image in the scratch.
+    runs: usize = 0,
+    last_first: u64 = 0,
+    last_image: []const u8 = &.{},
 
     fn deinit(sums: *Sums) void {
         sums.blocks.deinit(allocator);
@@ -288,6 +327,9 @@ const Sums = struct {
     }
 
     fn visit(sums: *Sums, first: u64, image: []const u8) Error!void {
+        sums.runs += 1;
+        sums.last_first = first;
+        sums.last_image = image;
         var at: u64 = 0;
         var block = first;
         while (at < image.len) : (block += 1) {
@@ -316,6 +358,10 @@ fn writeImage(target: *const Target, first: u64, image: []const u8) Error!void {
 /// lock; idempotent, so replay may run it again after any crash.
 fn apply(target: Target, patches: []const Patch, blocks: []const u64, sums: []const u64, scratch: []u8) Error!void {
     try forEachRun(target, patches, scratch, &target, writeImage);
+    try writeSums(target, blocks, sums);
+}
+
+fn writeSums(target: Target, blocks: []const u64, sums: []const u64) Error!void {
     var k: usize = 0;
     while (k < blocks.len) {
         var run: usize = 1;
@@ -345,7 +391,15 @@ pub fn replace(handle: *Handle, target: Target, superblock: *const Superblock, p
     handle.last_sequence += 1;
     handle.lock();
     defer handle.unlock(superblock.generation, tail_checksum);
-    apply(target, patches, sums.blocks.items, sums.sums.items, scratch) catch |err| {
+    // One run (a row, or rows close together): its patched image is still
+    // in the scratch (or is the caller's rows), and the data under it
+    // cannot have changed (this is the one writer), so it is written
+    // without reading it again.
+    const applied = if (sums.runs == 1) single: {
+        writeImage(&target, sums.last_first, sums.last_image) catch |err| break :single err;
+        break :single writeSums(target, sums.blocks.items, sums.sums.items);
+    } else apply(target, patches, sums.blocks.items, sums.sums.items, scratch);
+    applied catch |err| {
         poisoned.* = true;
         return status.wrap(err, "the replace is committed in the journal but applying it failed; close the store and open it again, which applies it", .{});
     };
@@ -408,6 +462,11 @@ fn writeRecord(handle: *Handle, superblock: *const Superblock, stride: u64, patc
     return outcome;
 }
 
+/// Rows that lie back to back in the caller's memory, this many bytes or
+/// more, go to the journal from there (hashed as they go, their write-back
+/// started so the record's fdatasync waits less), not through the stage.
+const direct_bytes_min = 64 << 10;
+
 /// Writes the patches' rows back to back at `offset`, then zeros up to
 /// `bytes` (the record's padding), feeding the rows to `hasher`.
 fn writeRows(handle: *Handle, offset: u64, patches: []const Patch, stride: u64, bytes: u64, hasher: *std.hash.XxHash3) Error!void {
@@ -415,8 +474,30 @@ fn writeRows(handle: *Handle, offset: u64, patches: []const Patch, stride: u64, 
     defer allocator.free(stage);
     var fill: u64 = 0;
     var at = offset;
-    for (patches) |patch| {
-        var rest = patch.bytes[0..stride];
+    var k: usize = 0;
+    while (k < patches.len) {
+        var count: usize = 1;
+        const base = @intFromPtr(patches[k].bytes.ptr);
+        while (k + count < patches.len and @intFromPtr(patches[k + count].bytes.ptr) == base + count * stride) count += 1;
+        var rest = patches[k].bytes.ptr[0 .. count * stride];
+        k += count;
+        if (rest.len >= direct_bytes_min) {
+            if (fill > 0) {
+                hasher.update(stage[0..fill]);
+                try io.write(handle.file, stage[0..fill], at);
+                at += fill;
+                fill = 0;
+            }
+            while (rest.len > 0) {
+                const piece = rest[0..@min(rest.len, stage_bytes)];
+                hasher.update(piece);
+                try io.write(handle.file, piece, at);
+                io.startWriteback(handle.file, at, piece.len);
+                at += piece.len;
+                rest = rest[piece.len..];
+            }
+            continue;
+        }
         while (rest.len > 0) {
             const take = @min(rest.len, stage.len - fill);
             @memcpy(stage[fill..][0..take], rest[0..take]);
@@ -547,14 +628,44 @@ pub fn replay(handle: *Handle, target: Target, superblock: *const Superblock) Er
     return .{ .records = records, .tail_checksum = tail_checksum };
 }
 
+/// Whether a reader that holds the lock has nothing to settle: the shared
+/// page in `lock_file` is even and names `superblock`'s generation and tail
+/// checksum, and the journal holds no record after the checkpoint. `settle`
+/// would then rewrite the page with what it holds already, so the reader
+/// skips it: reads only (also in a place that cannot be written), two
+/// preads instead of the read-write opens, the page's mapping and its write
+/// fault, which were half of a lazy load. False sends the reader down the
+/// full path, which reports what is wrong, if anything is.
+pub fn settledAlready(dir: io.Dir, lock_file: io.File, superblock: *const Superblock) Error!bool {
+    var shared: JournalPage = undefined;
+    if (try io.read(lock_file, std.mem.asBytes(&shared), 0) != @sizeOf(JournalPage)) return false;
+    if (!std.mem.eql(u8, &shared.magic, &format.journal_magic)) return false;
+    // No journal: the full path only puts a missing page back.
+    if (superblock.journal_file == 0) return true;
+    if (shared.sequence_lock % 2 != 0 or shared.tail_generation != superblock.generation or
+        shared.tail_checksum != superblock.tail_checksum) return false;
+    var name_buffer: [format.file_name_bytes]u8 = undefined;
+    const file = io.openFile(dir, fileName(&name_buffer, superblock.journal_file), .read_only) catch return false;
+    defer io.closeFile(file);
+    // One read of the first page covers the version 2 header and the
+    // first record's header; a short read is a damaged journal.
+    var first: [page_bytes]u8 align(@alignOf(JournalRecord)) = undefined;
+    if (try io.read(file, &first, 0) != page_bytes) return false;
+    const header = std.mem.bytesToValue(JournalPage, first[0..@sizeOf(JournalPage)]);
+    if (!std.mem.eql(u8, &header.magic, &format.journal_magic) or header.version != format.journal_version) return false;
+    const start = format.journalRecordsStart(header.version);
+    const record = std.mem.bytesToValue(JournalRecord, first[start..][0..@sizeOf(JournalRecord)]);
+    return !isNext(&record, superblock.journal_sequence + 1, superblock);
+}
+
 /// Whether the journal holds a record after the checkpoint, read through a
 /// read-only handle (a store in a place that cannot be written).
 pub fn pendingReadOnly(dir: io.Dir, superblock: *const Superblock) Error!bool {
     var name_buffer: [format.file_name_bytes]u8 = undefined;
     const file = try io.openFile(dir, fileName(&name_buffer, superblock.journal_file), .read_only);
     defer io.closeFile(file);
-    const start = try checkPage(dir, file);
-    var loaded = try load(file, try io.length(file), start, superblock.journal_sequence + 1, superblock) orelse return false;
+    const checked = try checkPage(dir, file);
+    var loaded = try load(file, checked.length, checked.start, superblock.journal_sequence + 1, superblock) orelse return false;
     loaded.deinit();
     return true;
 }
@@ -642,4 +753,56 @@ test "regression: a small record after one larger than a growth step does not ze
     try reader.gather(&all, &target, null);
     for (target[0..stride]) |byte| try std.testing.expectEqual(@as(u8, 5), byte);
     for (target[stride..]) |byte| try std.testing.expectEqual(@as(u8, 3), byte);
+}
+
+test "a replace of rows back to back in memory, read from the caller (no copy), survives a kill and a reopen" {
+    // Covers the zero-copy paths: runs the rows cover whole (`covering`)
+    // and rows written to the journal straight from the caller
+    // (`direct_bytes_min`), live and in replay; and rows out of memory
+    // order, which take the copying path.
+    const storage = @import("testing/storage.zig");
+    const Store = @import("store.zig").Store;
+    storage.reset();
+    const stride = 100;
+    const count = 2000;
+    const rows = try allocator.alloc(u8, count * stride);
+    defer allocator.free(rows);
+    const model = try allocator.alloc(u8, count * stride);
+    defer allocator.free(model);
+    const offsets = try allocator.alloc(u64, count);
+    defer allocator.free(offsets);
+    const all = try allocator.alloc(u64, count);
+    defer allocator.free(all);
+    for (offsets, all, 0..) |*offset, *index, k| {
+        offset.* = k * stride;
+        index.* = k;
+    }
+    for (model, 0..) |*byte, k| byte.* = @truncate(k *% 7);
+    const store = try Store.open("direct", 1, true, true);
+    _ = try store.append(model, offsets, .raw);
+    // Rows 150..1850 in order, back to back: 170 KB, whole blocks inside.
+    const first = 150;
+    const replaced = 1700;
+    for (rows[0 .. replaced * stride], 0..) |*byte, k| byte.* = @truncate(k *% 13 +% 1);
+    try store.replace(all[first..][0..replaced], rows[0 .. replaced * stride], offsets[0..replaced], .raw);
+    @memcpy(model[first * stride ..][0 .. replaced * stride], rows[0 .. replaced * stride]);
+    // Rows 10, 9, ..., 1 from the front of `rows`: sorted by row, their
+    // bytes run backwards in memory.
+    var backwards: [10]u64 = undefined;
+    for (&backwards, 0..) |*index, k| index.* = 10 - k;
+    @memset(rows[0 .. 10 * stride], 0xee);
+    for (0..10) |k| rows[k * stride] = @intCast(k);
+    try store.replace(&backwards, rows[0 .. 10 * stride], offsets[0..10], .raw);
+    for (backwards, 0..) |row, k| @memcpy(model[row * stride ..][0..stride], rows[k * stride ..][0..stride]);
+    const target = try allocator.alloc(u8, count * stride);
+    defer allocator.free(target);
+    try store.gather(all, target, null);
+    try std.testing.expectEqualSlices(u8, model, target);
+    // Killed before a checkpoint: a reader replays both records.
+    storage.processCrash();
+    const reader = try Store.open("direct", 1, true, true);
+    defer reader.close();
+    @memset(target, 0);
+    try reader.gather(all, target, null);
+    try std.testing.expectEqualSlices(u8, model, target);
 }

@@ -187,7 +187,7 @@ pub const Store = struct {
         const attempts_max = 8;
         var attempt: u32 = 0;
         while (true) : (attempt += 1) {
-            const loaded = try superblock_file.read(store.dir);
+            const loaded = if (store.writer) |writer| try superblock_file.readFile(store.dir, writer.superblock) else try superblock_file.read(store.dir);
             store.fell_back = loaded.fell_back;
             var superblock = loaded.superblock;
             if (superblock.unsynced != 0 and !try store.unsyncedSound(loaded, current)) {
@@ -249,6 +249,7 @@ pub const Store = struct {
         };
         defer io.closeFile(lock);
         if (!try io.tryLock(lock)) return;
+        if (try journal.settledAlready(store.dir, lock, superblock)) return;
         if (superblock.journal_file == 0) {
             // A power loss may have taken the shared page: put it back, if
             // this place can be written (otherwise no writer can come).
@@ -256,7 +257,15 @@ pub const Store = struct {
             defer io.closeFile(page_file);
             return journal.ensureSharedPage(page_file);
         }
-        var handle = journal.open(store.dir, superblock) catch |err| {
+        var page_file: ?io.File = null;
+        defer if (page_file) |file| io.closeFile(file);
+        var memory: ?io.WritableMemory = null;
+        defer if (memory) |mapped| io.unmapWritable(mapped);
+        var handle = open: {
+            page_file = io.openFile(store.dir, journal.lock_file_name, .read_write) catch |err| break :open err;
+            memory = journal.mapPage(page_file.?) catch |err| break :open err;
+            break :open journal.open(store.dir, superblock, memory.?);
+        } catch |err| {
             if (err == error.Corrupt or err == error.UnsupportedVersion) return err;
             if (try journal.pendingReadOnly(store.dir, superblock)) {
                 return status.fail(error.ReadOnly, "store '{s}' has replaces its last writer committed but did not finish applying, and this place cannot be written: open it once for writing where it can be written, which applies them", .{store.path});
@@ -485,11 +494,14 @@ pub const Store = struct {
         const current = store.head();
         try read.checkIndices(current, indices);
         try checkCodec(current, record_codec);
-        const sorted = try sortedCopy(indices);
-        defer allocator.free(sorted);
-        for (sorted[1..], sorted[0 .. sorted.len - 1]) |next, previous| {
-            if (next == previous) {
-                return status.fail(error.InvalidArgument, "index {d} appears twice; replace each record at most once per call", .{next});
+        // Ascending indices (a slice, a sorted list) repeat none: no copy.
+        if (!strictlyAscending(indices)) {
+            const sorted = try sortedCopy(indices);
+            defer allocator.free(sorted);
+            for (sorted[1..], sorted[0 .. sorted.len - 1]) |next, previous| {
+                if (next == previous) {
+                    return status.fail(error.InvalidArgument, "index {d} appears twice; replace each record at most once per call", .{next});
+                }
             }
         }
         const superblock = current.superblock;
@@ -611,6 +623,14 @@ fn checkCodec(snapshot: *const Snapshot, record_codec: Codec) Error!void {
     if (record_codec.usesDictionary() and snapshot.dictionary == null) {
         return status.fail(error.NoDictionary, "codec '{s}' needs a trained dictionary: call train_dict(samples, sizes, target) first", .{@tagName(record_codec)});
     }
+}
+
+pub fn strictlyAscending(indices: []const u64) bool {
+    if (indices.len < 2) return true;
+    for (indices[1..], indices[0 .. indices.len - 1]) |next, previous| {
+        if (next <= previous) return false;
+    }
+    return true;
 }
 
 fn sortedCopy(indices: []const u64) Error![]u64 {

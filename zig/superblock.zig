@@ -39,6 +39,12 @@ pub fn read(dir: io.Dir) Error!Loaded {
         else => return err,
     };
     defer io.closeFile(file);
+    return readFile(dir, file);
+}
+
+/// As `read`, through `file` (the superblock file, open): the writer's own
+/// handle, so its refresh opens nothing.
+pub fn readFile(dir: io.Dir, file: io.File) Error!Loaded {
     var bytes: [format.superblock_file_bytes + 1]u8 = undefined;
     const size = try io.read(file, &bytes, 0);
     if (size != format.superblock_file_bytes) {
