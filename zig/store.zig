@@ -104,9 +104,15 @@ pub const Store = struct {
             .snapshots = undefined,
             .fell_back = false,
         };
-        try store.ensureSuperblock();
         errdefer store.freeDictionary();
-        const snapshot = try store.loadSnapshot(null);
+        // A new store has no superblock yet: looked for only when the read
+        // finds none, so an open of an existing store makes no extra call.
+        const snapshot = store.loadSnapshot(null) catch |err| retry: {
+            if (err != error.NotAStore or io.exists(store.dir, superblock_file.file_name)) return err;
+            try store.ensureSuperblock();
+            status.clear();
+            break :retry try store.loadSnapshot(null);
+        };
         store.snapshots = .init(snapshot);
         return store;
     }

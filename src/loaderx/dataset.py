@@ -45,6 +45,7 @@ FORMAT_NAME = "loaderx"
 FORMAT_VERSION = 1
 KINDS = ("dense", "ragged")
 _SCHEMA_BYTES_MAX = 1 << 20
+_SCHEMA_READ_BYTES = 4096
 # Native ragged gathers of one batch before giving up on a store whose
 # records keep growing under it (see RaggedDataset.gather_packed).
 _GATHER_ATTEMPTS = 4
@@ -144,13 +145,20 @@ def read_schema(path: StrPath) -> Schema | None:
     """The schema of the store at ``path``, or None when it has no schema file."""
     file = schema_path(path)
     try:
-        with open(file, "rb", buffering=0) as handle:
-            # Asking for the bound itself would allocate (and map) 1 MiB per open.
-            payload = handle.read(min(os.fstat(handle.fileno()).st_size, _SCHEMA_BYTES_MAX) + 1)
-    except FileNotFoundError:
+        descriptor = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    except NotADirectoryError:
-        return None
+    try:
+        # A schema is ~100 bytes: one read of a small buffer, no stat (asking
+        # for the bound at once would allocate, and map, 1 MiB per open).
+        chunks = [os.read(descriptor, _SCHEMA_READ_BYTES)]
+        total = len(chunks[0])
+        while len(chunks[-1]) == _SCHEMA_READ_BYTES and total <= _SCHEMA_BYTES_MAX:
+            chunks.append(os.read(descriptor, min(_SCHEMA_READ_BYTES, _SCHEMA_BYTES_MAX + 1 - total)))
+            total += len(chunks[-1])
+    finally:
+        os.close(descriptor)
+    payload = b"".join(chunks)
     if len(payload) > _SCHEMA_BYTES_MAX:
         raise ValueError(f"{file} is over {_SCHEMA_BYTES_MAX} bytes: not a loaderx schema")
     try:
@@ -165,11 +173,13 @@ def write_schema(path: StrPath, schema: Schema) -> None:
     write_file_atomic(schema_path(os.fspath(path)), msgpack.packb(schema.to_dict(), use_bin_type=True))
 
 
-def open_schema(path: StrPath, kind: str) -> Schema:
-    """The schema of an existing store of ``kind``; a clear error otherwise."""
+def open_schema(path: StrPath, kind: str, schema: Schema | None = None) -> Schema:
+    """The schema of an existing store of ``kind`` (``schema``, when the
+    caller read it already); a clear error otherwise."""
     path = os.fspath(path)
     # The schema first: the usual open needs no other look-up.
-    schema = read_schema(path)
+    if schema is None:
+        schema = read_schema(path)
     if schema is None:
         _refuse_schemaless(path)
     if schema.kind != kind:
@@ -265,13 +275,16 @@ class _Dataset:
 
         self.path = os.fspath(path)
         self._store: Zrecord | ShardedStore
-        if is_sharded(self.path):
+        # A sharded dataset has no schema at its top (write_shard refuses a
+        # directory that has one): a store's schema is the one look-up.
+        schema = read_schema(self.path)
+        if schema is None and is_sharded(self.path):
             # A sharded dataset reads like one store: ShardedStore has the
             # read side of Zrecord, over one global index space.
             self._store = ShardedStore(self.path, self._kind, verify=verify, threads=threads)
             self._schema = self._store.schema
         else:
-            self._schema = open_schema(self.path, self._kind)
+            self._schema = open_schema(self.path, self._kind, schema)
             self._store = Zrecord(self.path, codec=self._schema.codec, verify=verify, threads=threads, durable=_durable)
         self.dtype = self._schema.dtype
         self.item_shape = self._schema.item_shape
