@@ -28,7 +28,7 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from ._fs import write_file_atomic
+from ._fs import read_at_most, write_file_atomic
 from .zrecord import CODECS, IndexOutOfRangeError, Zrecord, ZrecordError
 
 if TYPE_CHECKING:
@@ -45,7 +45,6 @@ FORMAT_NAME = "loaderx"
 FORMAT_VERSION = 1
 KINDS = ("dense", "ragged")
 _SCHEMA_BYTES_MAX = 1 << 20
-_SCHEMA_READ_BYTES = 4096
 # Native ragged gathers of one batch before giving up on a store whose
 # records keep growing under it (see RaggedDataset.gather_packed).
 _GATHER_ATTEMPTS = 4
@@ -145,20 +144,9 @@ def read_schema(path: StrPath) -> Schema | None:
     """The schema of the store at ``path``, or None when it has no schema file."""
     file = schema_path(path)
     try:
-        descriptor = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
+        payload = read_at_most(file, _SCHEMA_BYTES_MAX + 1)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    try:
-        # A schema is ~100 bytes: one read of a small buffer, no stat (asking
-        # for the bound at once would allocate, and map, 1 MiB per open).
-        chunks = [os.read(descriptor, _SCHEMA_READ_BYTES)]
-        total = len(chunks[0])
-        while len(chunks[-1]) == _SCHEMA_READ_BYTES and total <= _SCHEMA_BYTES_MAX:
-            chunks.append(os.read(descriptor, min(_SCHEMA_READ_BYTES, _SCHEMA_BYTES_MAX + 1 - total)))
-            total += len(chunks[-1])
-    finally:
-        os.close(descriptor)
-    payload = b"".join(chunks)
     if len(payload) > _SCHEMA_BYTES_MAX:
         raise ValueError(f"{file} is over {_SCHEMA_BYTES_MAX} bytes: not a loaderx schema")
     try:
