@@ -302,12 +302,18 @@ fn covering(patches: []const Patch, stride: u64, start: u64, end: u64) ?[]const 
     if (rows > patches.len) return null;
     const last = patches[rows - 1];
     if (last.row != first.row + rows - 1) return null; // Rows ascend and are unique.
-    const base = @intFromPtr(first.bytes.ptr);
-    for (patches[1..rows], 1..) |patch, k| {
-        if (@intFromPtr(patch.bytes.ptr) != base + k * stride) return null;
-    }
+    if (backToBack(patches[0..rows], stride) < rows) return null;
     const from = start - patchStart(first, stride);
     return first.bytes.ptr[from..][0 .. end - start];
+}
+
+/// How many of `patches`, from the first, lie back to back in memory (each
+/// row's bytes right after the previous row's).
+fn backToBack(patches: []const Patch, stride: u64) usize {
+    const base = @intFromPtr(patches[0].bytes.ptr);
+    var count: usize = 1;
+    while (count < patches.len and @intFromPtr(patches[count].bytes.ptr) == base + count * stride) count += 1;
+    return count;
 }
 
 /// The new checksums of the blocks a replace touches.
@@ -315,8 +321,8 @@ const Sums = struct {
     blocks: std.ArrayList(u64) = .empty,
     sums: std.ArrayList(u64) = .empty,
     tail_checksum: ?u64 = null,
-    /// The runs visited, and the last one's first block and length: a
-    /// replace of one run still holds its image in the scratch.
+    /// The runs visited, and the last one's first block and image: a
+    /// replace of one run can write that image without reading it again.
     runs: usize = 0,
     last_first: u64 = 0,
     last_image: []const u8 = &.{},
@@ -467,6 +473,14 @@ fn writeRecord(handle: *Handle, superblock: *const Superblock, stride: u64, patc
 /// started so the record's fdatasync waits less), not through the stage.
 const direct_bytes_min = 64 << 10;
 
+/// Writes the staged bytes at `at.*`, hashed, and moves `at.*` past them.
+fn flushStage(handle: *Handle, staged: []const u8, at: *u64, hasher: *std.hash.XxHash3) Error!void {
+    if (staged.len == 0) return;
+    hasher.update(staged);
+    try io.write(handle.file, staged, at.*);
+    at.* += staged.len;
+}
+
 /// Writes the patches' rows back to back at `offset`, then zeros up to
 /// `bytes` (the record's padding), feeding the rows to `hasher`.
 fn writeRows(handle: *Handle, offset: u64, patches: []const Patch, stride: u64, bytes: u64, hasher: *std.hash.XxHash3) Error!void {
@@ -476,24 +490,16 @@ fn writeRows(handle: *Handle, offset: u64, patches: []const Patch, stride: u64, 
     var at = offset;
     var k: usize = 0;
     while (k < patches.len) {
-        var count: usize = 1;
-        const base = @intFromPtr(patches[k].bytes.ptr);
-        while (k + count < patches.len and @intFromPtr(patches[k + count].bytes.ptr) == base + count * stride) count += 1;
+        const count = backToBack(patches[k..], stride);
         var rest = patches[k].bytes.ptr[0 .. count * stride];
         k += count;
         if (rest.len >= direct_bytes_min) {
-            if (fill > 0) {
-                hasher.update(stage[0..fill]);
-                try io.write(handle.file, stage[0..fill], at);
-                at += fill;
-                fill = 0;
-            }
+            try flushStage(handle, stage[0..fill], &at, hasher);
+            fill = 0;
             while (rest.len > 0) {
                 const piece = rest[0..@min(rest.len, stage_bytes)];
-                hasher.update(piece);
-                try io.write(handle.file, piece, at);
-                io.startWriteback(handle.file, at, piece.len);
-                at += piece.len;
+                try flushStage(handle, piece, &at, hasher);
+                io.startWriteback(handle.file, at - piece.len, piece.len);
                 rest = rest[piece.len..];
             }
             continue;
@@ -504,9 +510,7 @@ fn writeRows(handle: *Handle, offset: u64, patches: []const Patch, stride: u64, 
             fill += take;
             rest = rest[take..];
             if (fill == stage.len) {
-                hasher.update(stage);
-                try io.write(handle.file, stage, at);
-                at += fill;
+                try flushStage(handle, stage, &at, hasher);
                 fill = 0;
             }
         }
