@@ -711,3 +711,38 @@ test "delete in both modes matches repeated swap-remove and order-keeping remova
         try testing.expectEqualStrings(if (keep_order) "0134679" else "0173496", &target);
     }
 }
+
+test "a fixed append written in pieces checksums every block; only a durable or new store starts write-back" {
+    // Rows of 7 bytes: blocks and pieces end mid-row, and each append after
+    // the first starts in a partly filled block.
+    const row = 7;
+    const rows = ((5 << 20) / row) + 3; // more than two write-back steps
+    const source = try allocator.alloc(u8, rows * row);
+    defer allocator.free(source);
+    var prng = std.Random.DefaultPrng.init(5);
+    prng.random().bytes(source);
+    const offsets = try allocator.alloc(u64, rows);
+    defer allocator.free(offsets);
+    for (offsets, 0..) |*offset, k| offset.* = k * row;
+    for ([_]bool{ true, false }) |durable| {
+        simulated.reset();
+        const store = try Store.open("pieces", 2, true, durable);
+        defer store.close();
+        const before_create = simulated.writebackStarted().calls;
+        _ = try store.append(source[0 .. 3 * row], offsets[0..3], .raw);
+        try testing.expectEqual(before_create, simulated.writebackStarted().calls); // below one step
+        const before = simulated.writebackStarted().calls;
+        _ = try store.append(source[3 * row ..], offsets[0 .. rows - 3], .raw);
+        const started = simulated.writebackStarted();
+        try testing.expectEqual(if (durable) before + 3 else before, started.calls);
+        if (durable) try testing.expectEqual(@as(u64, rows * row), started.end);
+        const damaged = try allocator.alloc(u64, rows);
+        defer allocator.free(damaged);
+        try testing.expectEqual(@as(u64, 0), try store.verify(0, rows, damaged));
+        var back: [row]u8 = undefined;
+        for ([_]u64{ 0, 3, rows / 2, rows - 1 }) |index| {
+            try store.gather(&.{index}, &back, &.{0});
+            try testing.expectEqualSlices(u8, source[index * row ..][0..row], &back);
+        }
+    }
+}
