@@ -29,9 +29,9 @@ leaves its queue as it was (kept or dropped at a crash).
 Zrecord store directories are opaque blobs. ``build_store`` runs zrecord for
 real, into a directory under ``workdir`` (zrecord syncs its own files, which
 this model takes as durable once the build returned, the store's own
-promise), and puts a blob node at the requested name; a build ends by
-making its parent's queued entries durable, as zrecord's fsync of the
-parent of a store it creates does. Calls on paths inside a blob go to that real
+promise), and puts a blob node at the requested name, an entry of the
+parent that stays queued until the parent is synced (a staged store's
+build does not sync its parent). Calls on paths inside a blob go to that real
 directory (reads; zrecord's own commits are outside this model), so
 ``real_path`` is where DenseDataset opens it. A build that fails leaves an
 incomplete blob (a directory without a schema), as a half-written store
@@ -343,7 +343,6 @@ class SimFs:
         inode = self._new_inode("blob")
         self._change(parent, {name: inode})
         self.blobs[inode] = self._built(build)
-        self._sync_entries(parent)  # zrecord fsyncs the parent of a store it creates
 
     def _built(self, build) -> str:
         """The real directory ``build`` writes, built once per distinct argument set."""

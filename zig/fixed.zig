@@ -75,6 +75,9 @@ pub fn append(store: *Store, payload: []const u8, record_count: u64, record_byte
     next.data_bytes = new_bytes;
     next.live_bytes = new_bytes;
     try commit.commit(store, next);
+    // The directory sync above and the commit's superblock sync made a
+    // staged store's creation durable too.
+    if (creating and store.durable) store.created_unsynced = false;
 }
 
 /// Writes the job's payload after `offset` (the old bytes) in pieces that

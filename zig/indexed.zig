@@ -47,6 +47,9 @@ pub fn append(store: *Store, source: []const u8, offsets: []const u64, record_co
     next.data_bytes += batch.payload_bytes;
     next.live_bytes += batch.payload_bytes;
     try commit.commit(store, next);
+    // The directory sync above and the commit's superblock sync made a
+    // staged store's creation durable too.
+    if (creating and store.durable) store.created_unsynced = false;
 }
 
 pub fn replace(store: *Store, indices: []const u64, source: []const u8, offsets: []const u64, record_codec: Codec) Error!void {

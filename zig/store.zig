@@ -81,12 +81,22 @@ pub const Store = struct {
     dictionary: ?*codec.Dictionary = null,
     dictionary_file: u64 = 0,
     writer: ?commit.Writer = null,
+    /// A staged store's superblock, created unsynced, until `sync`.
+    created_unsynced: bool = false,
 
     // ---- open, refresh, close -------------------------------------------
 
     /// Opens the store at `path`, creating it (and its parents) if missing.
     /// `threads` caps the threads one batch call runs on (0: one per core).
     pub fn open(path: []const u8, threads: u32, verify_reads: bool, durable: bool) Error!*Store {
+        return openWith(path, threads, verify_reads, durable, false);
+    }
+
+    /// `open`, where a `staged` store (a new directory that nobody opens
+    /// until its owner renames it into place, as ArrayStore's saves do)
+    /// creates its superblock without the three syncs that make an empty
+    /// store durable: `sync` makes them, after the first commit's.
+    pub fn openWith(path: []const u8, threads: u32, verify_reads: bool, durable: bool, staged: bool) Error!*Store {
         status.clear();
         if (path.len == 0) return status.fail(error.InvalidArgument, "store path is empty", .{});
         const path_copy = allocator.dupe(u8, path) catch return error.OutOfMemory;
@@ -109,7 +119,8 @@ pub const Store = struct {
         // finds none, so an open of an existing store makes no extra call.
         const snapshot = store.loadSnapshot(null) catch |err| retry: {
             if (err != error.NotAStore or io.exists(store.dir, superblock_file.file_name)) return err;
-            try store.ensureSuperblock();
+            try store.ensureSuperblock(staged);
+            store.created_unsynced = staged;
             status.clear();
             break :retry try store.loadSnapshot(null);
         };
@@ -175,7 +186,7 @@ pub const Store = struct {
 
     /// Creates the superblock of an empty store unless one exists. Refuses a
     /// directory that holds store files but no superblock: that store is damaged.
-    fn ensureSuperblock(store: *Store) Error!void {
+    fn ensureSuperblock(store: *Store, staged: bool) Error!void {
         if (io.exists(store.dir, superblock_file.file_name)) return;
         var iterator = io.iterate(store.dir);
         while (try iterator.next()) |name| {
@@ -183,7 +194,7 @@ pub const Store = struct {
                 return status.fail(error.Corrupt, "store '{s}' has data files but no superblock; it is damaged", .{store.path});
             }
         }
-        try superblock_file.create(store.dir);
+        try superblock_file.create(store.dir, !staged);
     }
 
     /// Reads the superblock and builds its snapshot, or returns `current` if
@@ -566,6 +577,10 @@ pub const Store = struct {
         if (store.writer) |writer| {
             if (writer.poisoned) return commit.begin(store);
         }
+        if (store.created_unsynced) {
+            try superblock_file.syncCreated(store.dir);
+            store.created_unsynced = false;
+        }
         if (store.durable) return;
         // Commits an earlier durable=False writer left unsynced are synced
         // too: this handle becomes the writer for that.
@@ -744,5 +759,40 @@ test "a fixed append written in pieces checksums every block; only a durable or 
             try store.gather(&.{index}, &back, &.{0});
             try testing.expectEqualSlices(u8, source[index * row ..][0..row], &back);
         }
+    }
+}
+
+test "a staged store is created without syncs; sync() or its first durable append makes it durable" {
+    for (0..8) |seed| {
+        simulated.reset();
+        try io.makePath("staged");
+        const files_before = simulated.kindCount(.sync_file);
+        const dirs_before = simulated.kindCount(.sync_dir);
+        const store = try Store.openWith("staged", 1, true, true, true);
+        try testing.expectEqual(files_before, simulated.kindCount(.sync_file));
+        try testing.expectEqual(dirs_before, simulated.kindCount(.sync_dir));
+        try store.sync();
+        try testing.expect(simulated.kindCount(.sync_file) > files_before and simulated.kindCount(.sync_dir) > dirs_before);
+        store.close();
+        simulated.powerLoss(seed);
+        const reopened = try Store.open("staged", 1, true, true);
+        try testing.expectEqual(@as(u64, 0), reopened.head().count());
+        reopened.close();
+    }
+    for (0..8) |seed| {
+        simulated.reset();
+        try io.makePath("staged");
+        const store = try Store.openWith("staged", 1, true, true, true);
+        _ = try store.append("abcdefgh", &.{ 0, 4 }, .raw);
+        const syncs = simulated.kindCount(.sync_file) + simulated.kindCount(.sync_dir);
+        try store.sync(); // nothing left to sync
+        try testing.expectEqual(syncs, simulated.kindCount(.sync_file) + simulated.kindCount(.sync_dir));
+        store.close();
+        simulated.powerLoss(seed);
+        const reopened = try Store.open("staged", 1, true, true);
+        defer reopened.close();
+        var back: [8]u8 = undefined;
+        try reopened.gather(&.{ 1, 0 }, &back, &.{ 0, 4 });
+        try testing.expectEqualStrings("efghabcd", &back);
     }
 }

@@ -84,8 +84,10 @@ pub fn readFile(dir: io.Dir, file: io.File) Error!Loaded {
 /// Creates the superblock of an empty store unless one exists. Written whole
 /// under a temporary name and linked into place, so a crash never leaves a
 /// half-written superblock; link fails if another process created the store
-/// first, and then theirs stands.
-pub fn create(dir: io.Dir) Error!void {
+/// first, and then theirs stands. With `durable` false (a staged store,
+/// which nobody opens until its owner renames it into place) nothing is
+/// synced: `syncCreated` does that later, with the store's first commit.
+pub fn create(dir: io.Dir, durable: bool) Error!void {
     var temp_buffer: [io.File.name_bytes_max]u8 = undefined;
     const temp = std.fmt.bufPrint(&temp_buffer, temp_prefix ++ "{d}", .{io.processId()}) catch unreachable;
     const file = try io.createFile(dir, temp, true);
@@ -96,12 +98,23 @@ pub fn create(dir: io.Dir) Error!void {
     var slots = [_]u8{0} ** format.superblock_file_bytes;
     @memcpy(slots[0..@sizeOf(Superblock)], std.mem.asBytes(&superblock));
     try io.write(file, &slots, 0);
-    try io.sync(file);
+    if (durable) try io.sync(file);
     if (!try io.link(dir, temp, file_name)) return;
+    if (!durable) return;
     try io.syncDir(dir);
     // The store's own entry in its parent must be durable too, whoever
     // created the directory.
     try io.syncParent(dir.path);
+}
+
+/// Makes a superblock that `create` wrote without syncing durable, with its
+/// name in the store directory. The entry of the directory itself in its
+/// parent is the owner's to sync.
+pub fn syncCreated(dir: io.Dir) Error!void {
+    const file = try io.openFile(dir, file_name, .read_only);
+    defer io.closeFile(file);
+    try io.sync(file);
+    try io.syncDir(dir);
 }
 
 /// Writes `superblock` into `slot` and, when `durable`, makes it durable.

@@ -154,9 +154,10 @@ class OsFs:
 
     def build_store(self, path: str, build: Callable[[str], None]) -> None:
         """Runs ``build(path)``, which writes a complete store directory at
-        the new ``path`` and makes its contents and its entry in the parent
-        durable before returning (zrecord fsyncs the parent of a store it
-        creates, which makes every queued entry of the parent durable)."""
+        the new ``path`` and makes its contents durable before returning.
+        Its entry in the parent is not synced: the caller syncs it when its
+        commit needs that (ArrayStore fsyncs the parent once before a commit
+        record that names several new directories)."""
         build(path)
 
     # ---- durability

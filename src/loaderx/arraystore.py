@@ -16,8 +16,8 @@ step with the data. Row edits are the store's atomic commits. One ``save`` or
 ``drop`` call is one commit, however many arrays it names:
 
 1. ``save`` writes each new array whole into ``.new-<name>`` (zrecord makes
-   its data and schema durable), then fsyncs the root so those directory
-   entries are durable too.
+   its data and schema durable), then fsyncs the root once so those
+   directory entries are durable too.
 2. The commit record ``.commit.msgpack`` (checksummed: each saved name with
    the inode number of its new directory, and the dropped names) is written
    to a temporary file, fsynced, renamed into place and the root fsynced:
@@ -481,9 +481,10 @@ class ArrayStore:
         self._remove_leftovers([".new-" + name for name in saves] + [".prev-" + name for name in saves] + [".drop-" + name for name in drops])
 
     def _stage(self, saves: dict[str, npt.NDArray[Any]], codec: str | None, what: str) -> dict[str, Any]:
-        """Writes each array whole into ``.new-<name>``, which makes those
-        entries durable too (see ``_write_array``); returns each name's new directory identity. On failure the
-        staging directories are removed and nothing has changed."""
+        """Writes each array whole into ``.new-<name>``, its contents durable
+        (see ``_write_array``; the commit syncs the entries in the root);
+        returns each name's new directory identity. On failure the staging
+        directories are removed and nothing has changed."""
         fs = self._fs
         identities = {}
         try:
@@ -899,9 +900,9 @@ def _read_scalar_marker(path: str, dataset: DenseDataset, fs: OsFs) -> bool:
 
 
 def _write_array(path: str, array: np.ndarray, codec: str) -> None:
-    """Writes ``array`` as a complete dense store at the new ``path``: data,
-    schema and its entry in the root durable when it returns (zrecord fsyncs
-    the parent of a store it creates); a 0-d array as one row and a marker."""
+    """Writes ``array`` as a complete dense store at the new ``path``: data
+    and schema durable when it returns (its entry in the root is synced by
+    the commit); a 0-d array as one row and a marker."""
     if array.ndim == 0:
         build_dense_store(path, array.reshape(1), codec, {ARRAY_FILE: msgpack.packb({"shape": []})})
     else:
@@ -973,6 +974,8 @@ def _write_commit_record(root: str, fs: OsFs, record: dict[str, Any], what: str,
     payload = msgpack.packb(record)
     path = os.path.join(root, COMMIT_FILE)
     try:
+        if staged:
+            fs.fsync_dir(root)  # the staged directories' entries, durable before the record that names them
         write_file_atomic(path, payload + zlib.crc32(payload).to_bytes(4, "little"), fs)
     except OSError as exc:
         if fs.exists(path):

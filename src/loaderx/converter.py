@@ -480,16 +480,18 @@ def build_dense_store(path: str, array: np.ndarray, codec: str, files: dict[str,
     ``path``, with ``files`` (name: bytes) beside it, for ArrayStore's staging.
 
     Fewer fsyncs than ``from_numpy``: nobody reads the directory until its
-    owner renames it into place, so the schema needs no atomic rename. It is
-    written first and fsynced; zrecord then fsyncs the directory (which makes
-    the schema's entry durable) and the directory's entry in ``path``'s
-    parent when it creates the store. A raw array goes in as few appends as
-    the per-call record bound allows (each append is one commit)."""
+    owner renames it into place, so the schema needs no atomic rename, and
+    the store is created staged (its empty superblock unsynced). The schema
+    is written first and fsynced; the appends' commits and the closing
+    ``sync()`` make the store and the directory's entries durable. The
+    directory's own entry in ``path``'s parent is the owner's to sync (its
+    commit fsyncs the parent). A raw array goes in as few appends as the
+    per-call record bound allows (each append is one commit)."""
     schema = _forced_schema("dense", array.dtype, array.shape[1:], codec, None)
     os.mkdir(path)
     for name, payload in {SCHEMA_FILE: msgpack.packb(schema.to_dict(), use_bin_type=True), **(files or {})}.items():
         write_file_durable(os.path.join(path, name), payload)
-    with Zrecord(path, codec=codec, create=True) as store:
+    with Zrecord(path, codec=codec, create=True, _staged=True) as store:
         row_count, row_bytes = len(array), schema.item_bytes
 
         def rows(start: int, end: int) -> np.ndarray:
@@ -504,6 +506,7 @@ def build_dense_store(path: str, array: np.ndarray, codec: str, files: dict[str,
         for start in range(0, row_count, per_append):
             end = min(row_count, start + per_append)
             store.append(rows(start, end), offsets[: end - start])
+        store.sync()
 
 
 def _forced_schema(

@@ -344,7 +344,7 @@ class Zrecord(NativeHandle):
 
     def __init__(
         self, path: str | os.PathLike[str], codec: str = "zstd", verify: bool = False, threads: int = 0,
-        create: bool = False, durable: bool = True,
+        create: bool = False, durable: bool = True, *, _staged: bool = False,
     ) -> None:
         self.path = os.fspath(path)
         self.codec = codec
@@ -354,7 +354,10 @@ class Zrecord(NativeHandle):
         if not create:
             _refuse_foreign_directory(self.path)
         handle = ffi.new("lx_store **")
-        flags = int(bool(verify)) | (0 if durable else 2)
+        # _staged: a new store in a directory nobody opens until its owner
+        # renames it into place (ArrayStore's saves) is created without
+        # syncs; sync() makes it durable (the owner syncs the parent).
+        flags = int(bool(verify)) | (0 if durable else 2) | (4 if _staged else 0)
         check(lib.lx_store_open(self.path.encode(), threads, flags, handle), f"cannot open store '{self.path}'")
         self._handle = handle[0]
         self.verify_reads = bool(verify)
