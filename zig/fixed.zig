@@ -102,7 +102,7 @@ fn writeSummed(data: io.File, job: *SumsJob, offset: u64, start_writeback: bool)
     assert(summed == job.sums.len);
 }
 
-/// 2 MiB, measured on this machine's ext4 (medians; README "Appends"):
+/// 2 MiB, measured on this machine's ext4 (medians; README "Saves and appends"):
 /// - random access: a fresh mapping gathers 10,000 random rows of a file
 ///   written in 2 MiB pieces in 0.51-0.63 ms, in 256 KiB pieces in
 ///   0.92-1.11 ms, in one write in 0.68 ms (the page cache keeps a write's
