@@ -509,4 +509,3 @@ pub fn assemble(old: []const u8, payload: []const u8, start: u64, end: u64, scra
     @memcpy(scratch[head.len..][0..tail.len], tail);
     return scratch[0 .. end - start];
 }
-

@@ -225,4 +225,3 @@ pub fn convertToIndexed(store: *Store) Error!void {
     }
     commit.unlinkReplaced(store, current.superblock);
 }
-

@@ -132,4 +132,3 @@ pub fn compact(store: *Store, current: *const Snapshot) Error!void {
     try commit.commit(store, next);
     commit.unlinkReplaced(store, current.superblock);
 }
-

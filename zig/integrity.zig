@@ -42,7 +42,6 @@ pub fn recordSound(snapshot: *const Snapshot, index: u64) bool {
     return entry.payloadChecksum(payload) == entry.checksum;
 }
 
-
 /// Whether the bytes `snapshot` (an unsynced commit) holds beyond its synced
 /// `base` are sound: the blocks or entries past the base's end when they
 /// share files, everything in files the base does not name.

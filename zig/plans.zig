@@ -253,7 +253,6 @@ pub const RowWriter = struct {
     }
 };
 
-
 // ---- tests -----------------------------------------------------------------------
 
 const testing = std.testing;

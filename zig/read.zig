@@ -27,7 +27,6 @@ pub fn checkIndices(snapshot: *const Snapshot, indices: []const u64) Error!void 
     }
 }
 
-
 pub fn lengths(snapshot: *const Snapshot, verify_reads: bool, indices: []const u64, out: []u64) Error!void {
     assert(indices.len == out.len);
     try checkIndices(snapshot, indices);
@@ -209,4 +208,3 @@ const GatherJob = struct {
         }
     }
 };
-

@@ -625,7 +625,6 @@ pub const Store = struct {
         try commit.commit(store, next);
         return bytes.len;
     }
-
 };
 
 fn findDamaged(snapshot: *const Snapshot, start: u64, end: u64, out: []u64, found: *u64) Error!void {
