@@ -81,7 +81,8 @@ pub const Store = struct {
     dictionary: ?*codec.Dictionary = null,
     dictionary_file: u64 = 0,
     writer: ?commit.Writer = null,
-    /// A staged store's superblock, created unsynced, until `sync`.
+    /// A staged store's superblock, created unsynced, until `sync` or
+    /// its first durable append syncs it.
     created_unsynced: bool = false,
 
     // ---- open, refresh, close -------------------------------------------
