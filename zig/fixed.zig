@@ -131,7 +131,9 @@ const SumsJob = struct {
     }
 };
 
-pub fn replace(store: *Store, indices: []const u64, source: []const u8, offsets: []const u64) Error!void {
+/// `ascending`: the indices ascend strictly (the caller checked), so the
+/// patches need no sort.
+pub fn replace(store: *Store, indices: []const u64, ascending: bool, source: []const u8, offsets: []const u64) Error!void {
     const current = store.head();
     // Records of zero bytes: every replace leaves them as they are.
     if (current.superblock.record_bytes == 0) return;
@@ -141,7 +143,7 @@ pub fn replace(store: *Store, indices: []const u64, source: []const u8, offsets:
     for (indices, offsets, patches) |index, offset, *patch| {
         patch.* = .{ .row = index, .bytes = source[offset..][0..stride] };
     }
-    if (!store_module.strictlyAscending(indices)) std.mem.sort(plans.Patch, patches, {}, plans.Patch.lessThan);
+    if (!ascending) std.mem.sort(plans.Patch, patches, {}, plans.Patch.lessThan);
     try commit.syncBeforeReplace(store);
     if (store.head().superblock.journal_file == 0) try createJournal(store);
     const writer = &store.writer.?;

@@ -513,7 +513,8 @@ pub const Store = struct {
         try read.checkIndices(current, indices);
         try checkCodec(current, record_codec);
         // Ascending indices (a slice, a sorted list) repeat none: no copy.
-        if (!strictlyAscending(indices)) {
+        const ascending = strictlyAscending(indices);
+        if (!ascending) {
             const sorted = try sortedCopy(indices);
             defer allocator.free(sorted);
             for (sorted[1..], sorted[0 .. sorted.len - 1]) |next, previous| {
@@ -524,7 +525,7 @@ pub const Store = struct {
         }
         const superblock = current.superblock;
         if (superblock.getLayout() == .fixed and record_codec == .raw and length != null and length.? == superblock.record_bytes) {
-            try fixed.replace(store, indices, source, offsets);
+            try fixed.replace(store, indices, ascending, source, offsets);
         } else {
             if (superblock.getLayout() == .fixed) try fixed.convertToIndexed(store);
             try indexed.replace(store, indices, source, offsets, record_codec);
@@ -646,7 +647,7 @@ fn checkCodec(snapshot: *const Snapshot, record_codec: Codec) Error!void {
     }
 }
 
-pub fn strictlyAscending(indices: []const u64) bool {
+fn strictlyAscending(indices: []const u64) bool {
     if (indices.len < 2) return true;
     for (indices[1..], indices[0 .. indices.len - 1]) |next, previous| {
         if (next <= previous) return false;
