@@ -104,36 +104,6 @@ fn parallelForRanges(
     pool_pointer.waitAndWork(&wait_group);
 }
 
-/// Work that runs on a pool thread while the caller makes a system call
-/// (the checksums of rows while the caller writes them): `start` queues
-/// `work(context, 0, count)` when `threads` allows a second thread, `join`
-/// waits for it (the caller runs it itself if no pool thread took it yet),
-/// or runs it on the caller when it was not started.
-pub fn Aside(comptime Context: type, comptime work: fn (Context, u64, u64) void) type {
-    return struct {
-        context: Context,
-        count: u64,
-        wait_group: std.Thread.WaitGroup = .{},
-        pool: ?*std.Thread.Pool = null,
-
-        const Self = @This();
-
-        pub fn start(aside: *Self, threads: u32) void {
-            if (threads < 2) return;
-            aside.pool = workers() orelse return;
-            aside.pool.?.spawnWg(&aside.wait_group, runAll, .{aside});
-        }
-
-        pub fn join(aside: *Self) void {
-            if (aside.pool) |pool_pointer| pool_pointer.waitAndWork(&aside.wait_group) else aside.runAll();
-        }
-
-        fn runAll(aside: *Self) void {
-            work(aside.context, 0, aside.count);
-        }
-    };
-}
-
 /// The first failure among a batch's tasks, reported on the calling thread.
 pub const Failure = struct {
     mutex: std.Thread.Mutex = .{},
@@ -177,23 +147,6 @@ test "parallelFor and parallelForEach cover every index exactly once" {
     parallelFor(0, 1 << 30, 4, &counter, Counter.run);
     parallelForEach(0, 1 << 30, 4, &counter, Counter.run);
     for (hits) |hit| try std.testing.expectEqual(@as(u32, 2), hit.load(.monotonic));
-}
-
-test "Aside runs its work once, on a pool thread or on the caller" {
-    const Counter = struct {
-        hits: std.atomic.Value(u32) = .init(0),
-        fn run(counter: *@This(), start: u64, end: u64) void {
-            _ = counter.hits.fetchAdd(@intCast(end - start), .monotonic);
-        }
-    };
-    for ([_]u32{ 1, 2 }) |threads| {
-        var counter = Counter{};
-        var aside = Aside(*Counter, Counter.run){ .context = &counter, .count = 5 };
-        aside.start(threads);
-        aside.join();
-        try std.testing.expectEqual(@as(u32, 5), counter.hits.load(.monotonic));
-        try std.testing.expectEqual(threads > 1, aside.pool != null);
-    }
 }
 
 test "parallelFor runs on at most `threads` threads at once" {
