@@ -28,9 +28,17 @@ fn workers() ?*std.Thread.Pool {
     return if (pool_state.load(.acquire) == 1) &pool else null;
 }
 
+/// The CPUs this process may run on, counted once (one sched_getaffinity):
+/// the pool's size, and every open's default thread cap.
 pub fn cpuCount() u32 {
-    return @intCast(@max(1, @min(std.Thread.getCpuCount() catch 1, 1024)));
+    const known = cpu_count.load(.monotonic);
+    if (known != 0) return known;
+    const counted: u32 = @intCast(@max(1, @min(std.Thread.getCpuCount() catch 1, 1024)));
+    cpu_count.store(counted, .monotonic);
+    return counted;
 }
+
+var cpu_count = std.atomic.Value(u32).init(0);
 
 /// Below this a thread handoff costs more than it saves.
 const inline_bytes = 256 * 1024;
