@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaderx import DenseDataset, RaggedDataset, Zrecord, from_iterator, from_numpy, pad
+from loaderx import CorruptStoreError, DenseDataset, RaggedDataset, Zrecord, from_iterator, from_numpy, pad
 from loaderx.dataset import SCHEMA_FILE, Schema, read_schema, write_schema
 
 
@@ -311,6 +311,18 @@ def test_open_rejects_what_is_not_a_store(tmp_path):
         store.append(b"abcd", [0])
     with pytest.raises(FileNotFoundError, match="schema.msgpack"):
         DenseDataset(tmp_path / "bare")
+
+
+def test_a_schema_without_its_store_is_refused_and_left_alone(tmp_path):
+    """A dataset directory whose store files are gone (its schema left) is
+    refused as damaged; the open creates no store in it."""
+    from_numpy(tmp_path / "gone", np.arange(12, dtype=np.float32).reshape(4, 3))
+    for name in os.listdir(tmp_path / "gone"):
+        if name != SCHEMA_FILE:
+            os.remove(tmp_path / "gone" / name)
+    with pytest.raises(CorruptStoreError, match="has no superblock; it is not a zrecord store"):
+        DenseDataset(tmp_path / "gone")
+    assert os.listdir(tmp_path / "gone") == [SCHEMA_FILE]
 
 
 def test_open_with_the_wrong_kind(dense, ragged, tmp_path):

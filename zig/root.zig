@@ -88,11 +88,14 @@ fn codecFrom(value: u32) status.Error!format.Codec {
 
 /// `flags`: bit 0 verifies every read against its checksum; bit 1 opens
 /// with durable=False (fsync deferred to sync() and close()); bit 2 opens a
-/// staged store (Store.openWith: a new one is not durable until sync()).
+/// staged store (Store.openWith: a new one is not durable until sync());
+/// bit 3 opens an existing store only (no superblock: NotAStore, nothing
+/// created).
 export fn lx_store_open(path: [*:0]const u8, threads: u32, flags: u32, out: *?*Store) c_int {
     status.clear();
     out.* = null;
-    const store = Store.openWith(std.mem.span(path), threads, flags & 1 != 0, flags & 2 == 0, flags & 4 != 0) catch |err| return result(err);
+    const missing: Store.Missing = if (flags & 8 != 0) .refuse else if (flags & 4 != 0) .create_staged else .create;
+    const store = Store.openWith(std.mem.span(path), threads, flags & 1 != 0, flags & 2 == 0, missing) catch |err| return result(err);
     out.* = store;
     return 0;
 }

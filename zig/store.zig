@@ -90,19 +90,28 @@ pub const Store = struct {
     /// Opens the store at `path`, creating it (and its parents) if missing.
     /// `threads` caps the threads one batch call runs on (0: one per core).
     pub fn open(path: []const u8, threads: u32, verify_reads: bool, durable: bool) Error!*Store {
-        return openWith(path, threads, verify_reads, durable, false);
+        return openWith(path, threads, verify_reads, durable, .create);
     }
 
-    /// `open`, where a `staged` store (a new directory that nobody opens
-    /// until its owner renames it into place, as ArrayStore's saves do)
-    /// creates its superblock without the three syncs that make an empty
-    /// store durable: `sync` makes them, after the first commit's.
-    pub fn openWith(path: []const u8, threads: u32, verify_reads: bool, durable: bool, staged: bool) Error!*Store {
+    /// What `openWith` does where it finds no store.
+    pub const Missing = enum {
+        create,
+        /// A new directory that nobody opens until its owner renames it
+        /// into place (ArrayStore's saves): its superblock is created
+        /// without the three syncs that make an empty store durable;
+        /// `sync` makes them, after the first commit's.
+        create_staged,
+        /// Fail with NotAStore: the caller opens what it knows is a store
+        /// (a dataset's, whose schema it read), so no look-up first.
+        refuse,
+    };
+
+    pub fn openWith(path: []const u8, threads: u32, verify_reads: bool, durable: bool, missing: Missing) Error!*Store {
         status.clear();
         if (path.len == 0) return status.fail(error.InvalidArgument, "store path is empty", .{});
         const path_copy = allocator.dupe(u8, path) catch return error.OutOfMemory;
         errdefer allocator.free(path_copy);
-        const dir = try openOrCreateDir(path_copy);
+        const dir = if (missing == .refuse) try io.openDir(path_copy) else try openOrCreateDir(path_copy);
         errdefer io.closeDir(dir);
         const store = allocator.create(Store) catch return error.OutOfMemory;
         errdefer allocator.destroy(store);
@@ -119,7 +128,8 @@ pub const Store = struct {
         // A new store has no superblock yet: looked for only when the read
         // finds none, so an open of an existing store makes no extra call.
         const snapshot = store.loadSnapshot(null) catch |err| retry: {
-            if (err != error.NotAStore or io.exists(store.dir, superblock_file.file_name)) return err;
+            if (err != error.NotAStore or missing == .refuse or io.exists(store.dir, superblock_file.file_name)) return err;
+            const staged = missing == .create_staged;
             try store.ensureSuperblock(staged);
             store.created_unsynced = staged;
             status.clear();
@@ -710,6 +720,21 @@ test "append, gather and reopen round trip in both layouts" {
     try testing.expectEqualStrings("ddaaaaccccbbbb", &target);
 }
 
+test "an open that refuses a missing store creates nothing" {
+    simulated.reset();
+    try testing.expectError(error.NotFound, Store.openWith("missing", 1, false, true, .refuse));
+    try testing.expectError(error.NotFound, io.openDir("missing"));
+    try io.makePath("empty");
+    try testing.expectError(error.NotAStore, Store.openWith("empty", 1, false, true, .refuse));
+    const dir = try io.openDir("empty");
+    defer io.closeDir(dir);
+    try testing.expect(!io.exists(dir, superblock_file.file_name));
+    const created = try Store.openWith("empty", 1, false, true, .create);
+    created.close();
+    const reopened = try Store.openWith("empty", 1, false, true, .refuse);
+    reopened.close();
+}
+
 test "delete in both modes matches repeated swap-remove and order-keeping removal" {
     for ([_]bool{ false, true }) |keep_order| {
         simulated.reset();
@@ -769,7 +794,7 @@ test "a staged store is created without syncs; sync() or its first durable appen
         try io.makePath("staged");
         const files_before = simulated.kindCount(.sync_file);
         const dirs_before = simulated.kindCount(.sync_dir);
-        const store = try Store.openWith("staged", 1, true, true, true);
+        const store = try Store.openWith("staged", 1, true, true, .create_staged);
         try testing.expectEqual(files_before, simulated.kindCount(.sync_file));
         try testing.expectEqual(dirs_before, simulated.kindCount(.sync_dir));
         try store.sync();
@@ -783,7 +808,7 @@ test "a staged store is created without syncs; sync() or its first durable appen
     for (0..8) |seed| {
         simulated.reset();
         try io.makePath("staged");
-        const store = try Store.openWith("staged", 1, true, true, true);
+        const store = try Store.openWith("staged", 1, true, true, .create_staged);
         _ = try store.append("abcdefgh", &.{ 0, 4 }, .raw);
         const syncs = simulated.kindCount(.sync_file) + simulated.kindCount(.sync_dir);
         try store.sync(); // nothing left to sync

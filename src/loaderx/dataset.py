@@ -273,7 +273,7 @@ class _Dataset:
             self._schema = self._store.schema
         else:
             self._schema = open_schema(self.path, self._kind, schema)
-            self._store = Zrecord(self.path, codec=self._schema.codec, verify=verify, threads=threads, durable=_durable)
+            self._store = Zrecord(self.path, codec=self._schema.codec, verify=verify, threads=threads, durable=_durable, _existing=True)
         self.dtype = self._schema.dtype
         self.item_shape = self._schema.item_shape
         self.codec = self._schema.codec

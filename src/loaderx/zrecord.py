@@ -344,20 +344,22 @@ class Zrecord(NativeHandle):
 
     def __init__(
         self, path: str | os.PathLike[str], codec: str = "zstd", verify: bool = False, threads: int = 0,
-        create: bool = False, durable: bool = True, *, _staged: bool = False,
+        create: bool = False, durable: bool = True, *, _staged: bool = False, _existing: bool = False,
     ) -> None:
         self.path = os.fspath(path)
         self.codec = codec
         self._codec = codec_id(codec)
         if not isinstance(threads, int) or threads < 0:
             raise InvalidArgumentError(f"threads must be a non-negative int (0: one per core), got {threads!r}")
-        if not create:
+        # _existing: the caller knows a store is there (a dataset read its
+        # schema): the native open creates nothing, so no look-up first.
+        if not create and not _existing:
             _refuse_foreign_directory(self.path)
         handle = ffi.new("lx_store **")
         # _staged: a new store in a directory nobody opens until its owner
         # renames it into place (ArrayStore's saves) is created without
         # syncs; sync() makes it durable (the owner syncs the parent).
-        flags = int(bool(verify)) | (0 if durable else 2) | (4 if _staged else 0)
+        flags = int(bool(verify)) | (0 if durable else 2) | (4 if _staged else 0) | (8 if _existing else 0)
         check(lib.lx_store_open(self.path.encode(), threads, flags, handle), f"cannot open store '{self.path}'")
         self._handle = handle[0]
         self.verify_reads = bool(verify)
