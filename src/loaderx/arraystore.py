@@ -406,10 +406,14 @@ class ArrayStore:
                     entry.store.refresh()
                     return entry
                 self._forget(name)
-            if inode is None or not self._fs.isfile(os.path.join(path, SCHEMA_FILE)):
+            if inode is None:
                 self._require(name)
             assert inode is not None  # _require raised otherwise
-            entry = _Array.open(name, path, inode, self._fs, self.durable)
+            try:
+                entry = _Array.open(name, path, inode, self._fs, self.durable)
+            except FileNotFoundError:  # no schema: not an array (KeyError), or gone since
+                self._require(name)
+                raise
             self._arrays[name] = entry
             return entry
 
