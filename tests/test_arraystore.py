@@ -482,6 +482,26 @@ def test_every_bad_input_raises_and_changes_nothing(root):
     assert snapshot(root) == before
 
 
+def test_a_directory_without_a_schema_is_not_an_array(root):
+    """A directory in the root that holds no schema (empty, or someone
+    else's files) is no array: KeyError, and nothing is created in it."""
+    with ArrayStore(root) as store:
+        store.save({"a": np.arange(4, dtype=np.int8)})
+    os.mkdir(os.path.join(root, "empty"))
+    os.mkdir(os.path.join(root, "foreign"))
+    with open(os.path.join(root, "foreign", "notes.txt"), "w") as file:
+        file.write("not an array")
+    with ArrayStore(root) as store:
+        for name in ("empty", "foreign"):
+            with pytest.raises(KeyError, match=f"no array named '{name}'"):
+                store.load(name)
+            with pytest.raises(KeyError, match=f"no array named '{name}'"):
+                store.replace({name: np.zeros(1, np.int8)}, 0)
+        assert store.get_member_list() == ["a"]
+    assert os.listdir(os.path.join(root, "empty")) == []
+    assert os.listdir(os.path.join(root, "foreign")) == ["notes.txt"]
+
+
 def test_a_closed_store_refuses_calls(root):
     """Every call on a closed ArrayStore raises StoreClosedError (a ValueError)."""
     store = ArrayStore(root)
