@@ -106,6 +106,7 @@ pub const Store = struct {
         refuse,
     };
 
+    /// `open`, doing what `missing` says where it finds no store.
     pub fn openWith(path: []const u8, threads: u32, verify_reads: bool, durable: bool, missing: Missing) Error!*Store {
         status.clear();
         if (path.len == 0) return status.fail(error.InvalidArgument, "store path is empty", .{});
