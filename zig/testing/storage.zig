@@ -82,6 +82,8 @@ const Disk = struct {
     /// The write-back hints given since the last reset: how many, and the
     /// end of the last range.
     writeback: Writeback = .{},
+    /// Bytes that reads returned since the last reset.
+    read_bytes: u64 = 0,
 };
 
 pub const Writeback = struct { calls: u64 = 0, end: u64 = 0 };
@@ -119,6 +121,7 @@ pub fn reset() void {
     disk.fault = null;
     disk.fault_fired = false;
     disk.writeback = .{};
+    disk.read_bytes = 0;
 }
 
 /// The number of counted calls since the last reset or power loss.
@@ -436,6 +439,12 @@ pub fn startWriteback(handle: i32, offset: u64, bytes: u64) void {
     disk.writeback = .{ .calls = disk.writeback.calls + 1, .end = offset + bytes };
 }
 
+pub fn readBytes() u64 {
+    disk.mutex.lock();
+    defer disk.mutex.unlock();
+    return disk.read_bytes;
+}
+
 pub fn writebackStarted() Writeback {
     disk.mutex.lock();
     defer disk.mutex.unlock();
@@ -498,6 +507,7 @@ pub fn pread(handle: i32, buffer: []u8, offset: u64) !usize {
     if (offset >= node.visible_bytes) return 0;
     const count = @min(buffer.len, node.visible_bytes - offset);
     @memcpy(buffer[0..count], node.visible[offset..][0..count]);
+    disk.read_bytes += count;
     return count;
 }
 
