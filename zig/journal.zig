@@ -293,22 +293,24 @@ fn forEachRun(target: Target, patches: []const Patch, scratch: []u8, context: an
 
 /// Where the run that starts at `block` ends (exclusive), `last` the last
 /// block of the group: blocks that the rows from `patches[0]` on cover
-/// whole, back to back in the caller's memory, make one run (neither read
-/// nor copied, however many); the blocks before them, at most
-/// `run_blocks_max`, another. So a large contiguous replace reads only its
-/// two edge blocks.
+/// whole, back to back in the caller's memory, make runs of their own
+/// (neither read nor copied); the blocks before them another. So a large
+/// contiguous replace reads only its two edge blocks. Runs stay at most
+/// `run_blocks_max` blocks, and each call looks at no more rows than that
+/// many blocks hold: a replace of n rows costs O(n) here, not O(n) a run.
 fn runEnd(patches: []const Patch, stride: u64, block: u64, last: u64) u64 {
     const plain_end = @min(last + 1, block + run_blocks_max);
     if (patches.len == 0) return plain_end;
-    const first = patches[0];
-    var rows = backToBack(patches, stride);
-    rows = consecutive(patches[0..rows]);
-    const covered_start = std.math.divCeil(u64, patchStart(first, stride), block_bytes) catch unreachable;
-    const covered_end = @min(last + 1, (patchStart(first, stride) + rows * stride) / block_bytes);
+    const first_byte = patchStart(patches[0], stride);
+    const covered_start = std.math.divCeil(u64, first_byte, block_bytes) catch unreachable;
+    const reach = @min(last + 1, @max(block, covered_start) + run_blocks_max) * block_bytes;
+    if (reach <= first_byte) return plain_end;
+    const rows_max = @min(patches.len, std.math.divCeil(u64, reach - first_byte, stride) catch unreachable);
+    const rows = consecutive(patches[0..backToBack(patches[0..rows_max], stride)]);
+    const covered_end = @min(last + 1, (first_byte + rows * stride) / block_bytes);
     if (covered_start >= covered_end) return plain_end;
-    if (block >= covered_start and block < covered_end) return covered_end;
-    if (block < covered_start and covered_start < plain_end) return covered_start;
-    return plain_end;
+    if (block >= covered_start) return if (block < covered_end) @min(covered_end, block + run_blocks_max) else plain_end;
+    return @min(plain_end, covered_start);
 }
 
 /// How many of `patches`, from the first, name consecutive rows.
