@@ -7,6 +7,7 @@ all of them hidden, so both the timed path and the "skipped" path work
 whether or not `.[bench]` is installed.
 """
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -18,18 +19,19 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench.py"
 # The optional contenders (the `bench` extra), by top-level module.
 CONTENDERS = ("h5py", "lmdb", "blosc2", "zarr", "tensorstore", "array_record", "numpack", "torch", "grain")
 
-# Runs bench.py with the contenders unimportable, as on a machine with only `.[test]`.
+# Runs a script with modules unimportable, as on a machine with only
+# `.[test]`: argv is the script, the modules to hide, "--", its arguments.
 HIDING_RUNNER = """
 import runpy, sys
-hidden = set(sys.argv[2:])
+script, rest = sys.argv[1], sys.argv[2:]
+hidden, arguments = set(rest[:rest.index("--")]), rest[rest.index("--") + 1:]
 class Hide:
     def find_spec(self, name, path=None, target=None):
         if name.partition(".")[0] in hidden:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 sys.meta_path.insert(0, Hide())
-script = sys.argv[1]
-sys.argv = [script, "all", "--quick"]
+sys.argv = [script, *arguments]
 runpy.run_path(script, run_name="__main__")
 """
 
@@ -71,10 +73,29 @@ def check_output(result):
 @pytest.mark.parametrize("contenders", ["as installed", "hidden"])
 def test_bench_all_quick_prints_every_table(contenders):
     if contenders == "hidden":
-        result = run([sys.executable, "-c", HIDING_RUNNER, str(SCRIPT), *CONTENDERS])
+        result = run([sys.executable, "-c", HIDING_RUNNER, str(SCRIPT), *CONTENDERS, "--", "all", "--quick"])
     else:
         result = run([sys.executable, str(SCRIPT), "all", "--quick"])
     check_output(result)
     if contenders == "hidden":
         assert "skipped: hdf5 not installed (pip install h5py)" in result.stdout
         assert "skipped: grain over ArrayRecord not installed" in result.stdout
+
+
+FLOORS = SCRIPT.parent / "first_write_floors.py"
+
+
+@pytest.mark.parametrize("numpack", ["as installed", "hidden"])
+def test_first_write_floors_quick_times_every_variant(numpack):
+    if numpack == "hidden":
+        result = run([sys.executable, "-c", HIDING_RUNNER, str(FLOORS), "numpack", "--", "--quick"])
+    else:
+        result = run([sys.executable, str(FLOORS), "--quick"])
+    assert result.returncode == 0, f"first_write_floors.py exited {result.returncode}\n{result.stdout}\n{result.stderr}"
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in result.stdout.splitlines() if line.startswith("| ")}
+    for variant in ("ArrayStore", "Zrecord", "Zrecord open", "replica", "bare"):
+        cells = rows[variant].strip(" |").split(" | ")[1:]
+        assert len(cells) == 2 and all(cell.endswith(")") and " ms (" in cell for cell in cells), rows[variant]
+    installed = numpack == "as installed" and importlib.util.find_spec("numpack") is not None
+    assert ("skipped: numpack not installed" in result.stdout) != installed, result.stdout
+    assert ("skipped" in rows["numpack + fsync"]) != installed, rows["numpack + fsync"]
