@@ -70,9 +70,11 @@ def replica(array_dir: Path, files: dict[str, str], rows: np.ndarray, start: int
     first, end = start * stride, (start + len(rows)) * stride
     blocks = list(range(first // BLOCK_BYTES, (end - 1) // BLOCK_BYTES + 1))
     header_bytes = RECORD_HEADER_BYTES + 8 * len(rows) + 16 * len(blocks)
-    descriptors = [os.open(array_dir / files[kind], os.O_RDWR) for kind in ("data", "sums", "journal")]
-    data, sums, journal = descriptors
+    descriptors: list[int] = []
     try:
+        for kind in ("data", "sums", "journal"):
+            descriptors.append(os.open(array_dir / files[kind], os.O_RDWR))
+        data, sums, journal = descriptors
         for block in {blocks[0], blocks[-1]}:  # the edge blocks, for their new sums
             os.pread(data, BLOCK_BYTES, block * BLOCK_BYTES)
         os.pwrite(journal, rows, JOURNAL_PAGE_HEADER_BYTES + header_bytes)
@@ -87,13 +89,15 @@ def replica(array_dir: Path, files: dict[str, str], rows: np.ndarray, start: int
 
 def bare(array_dir: Path, files: dict[str, str], rows: np.ndarray, start: int) -> None:
     journal = os.open(array_dir / files["journal"], os.O_RDWR)
-    data = os.open(array_dir / files["data"], os.O_RDWR)
     try:
         os.pwrite(journal, rows, JOURNAL_PAGE_HEADER_BYTES)
         os.fdatasync(journal)
-        os.pwrite(data, rows, start * rows.shape[1] * rows.itemsize)
     finally:
         os.close(journal)
+    data = os.open(array_dir / files["data"], os.O_RDWR)
+    try:
+        os.pwrite(data, rows, start * rows.shape[1] * rows.itemsize)
+    finally:
         os.close(data)
 
 

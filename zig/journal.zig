@@ -292,33 +292,34 @@ fn forEachRun(target: Target, patches: []const Patch, scratch: []u8, context: an
 }
 
 /// Where the run that starts at `block` ends (exclusive), `last` the last
-/// block of the group: blocks that the rows from `patches[0]` on cover
-/// whole, back to back in the caller's memory, make runs of their own
-/// (neither read nor copied); the blocks before them another. So a large
-/// contiguous replace reads only its two edge blocks. Runs stay at most
-/// `run_blocks_max` blocks, and each call looks at no more rows than that
-/// many blocks hold: a replace of n rows costs O(n) here, not O(n) a run.
+/// block of the group: at least `covered_blocks_min` blocks that the rows
+/// from `patches[0]` on cover whole, back to back in the caller's memory,
+/// make runs of their own (neither read nor copied); the blocks before them
+/// another. So a large contiguous replace reads only its two edge blocks.
+/// Runs stay at most `run_blocks_max` blocks, and each call looks at no
+/// more rows than that many blocks hold, stopping at the first that breaks
+/// the row or memory order: a replace of n rows costs O(n) here.
 fn runEnd(patches: []const Patch, stride: u64, block: u64, last: u64) u64 {
+    assert(patches.len > 0); // patches[0] touches `block`
     const plain_end = @min(last + 1, block + run_blocks_max);
-    if (patches.len == 0) return plain_end;
     const first_byte = patchStart(patches[0], stride);
     const covered_start = std.math.divCeil(u64, first_byte, block_bytes) catch unreachable;
     const reach = @min(last + 1, @max(block, covered_start) + run_blocks_max) * block_bytes;
-    if (reach <= first_byte) return plain_end;
+    assert(reach > first_byte);
     const rows_max = @min(patches.len, std.math.divCeil(u64, reach - first_byte, stride) catch unreachable);
-    const rows = consecutive(patches[0..backToBack(patches[0..rows_max], stride)]);
+    const base = @intFromPtr(patches[0].bytes.ptr);
+    var rows: usize = 1;
+    while (rows < rows_max and patches[rows].row == patches[0].row + rows and
+        @intFromPtr(patches[rows].bytes.ptr) == base + rows * stride) rows += 1;
     const covered_end = @min(last + 1, (first_byte + rows * stride) / block_bytes);
-    if (covered_start >= covered_end) return plain_end;
+    if (covered_end < covered_start + covered_blocks_min) return plain_end;
     if (block >= covered_start) return if (block < covered_end) @min(covered_end, block + run_blocks_max) else plain_end;
     return @min(plain_end, covered_start);
 }
 
-/// How many of `patches`, from the first, name consecutive rows.
-fn consecutive(patches: []const Patch) usize {
-    var count: usize = 1;
-    while (count < patches.len and patches[count].row == patches[0].row + count) count += 1;
-    return count;
-}
+/// Fewer whole blocks than this are read with their edges, as one run:
+/// splitting them off would read the edges twice and write three times.
+const covered_blocks_min = 4;
 
 /// The run `start..end` as the caller's bytes, when `patches` (from the
 /// first that ends past `start`) cover it with consecutive rows laid out
@@ -789,6 +790,60 @@ test "regression: a small record after one larger than a growth step does not ze
     try reader.gather(&all, &target, null);
     for (target[0..stride]) |byte| try std.testing.expectEqual(@as(u8, 5), byte);
     for (target[stride..]) |byte| try std.testing.expectEqual(@as(u8, 3), byte);
+}
+
+test "runEnd: whole blocks covered back to back form their own runs, edges and sparse rows do not" {
+    const testing = std.testing;
+    const B = block_bytes;
+    const memory = try allocator.alloc(u8, 40 << 20);
+    defer allocator.free(memory);
+    const patches = try allocator.alloc(Patch, 20_000);
+    defer allocator.free(patches);
+    const Case = struct {
+        fn fill(out: []Patch, buffer: []const u8, first_row: u64, row_step: u64, stride: u64, count: usize) []Patch {
+            for (out[0..count], 0..) |*patch, k| patch.* = .{ .row = first_row + k * row_step, .bytes = buffer[k * stride ..][0..stride] };
+            return out[0..count];
+        }
+        fn lastBlock(group: []const Patch, stride: u64) u64 {
+            return (patchStart(group[group.len - 1], stride) + stride - 1) / block_bytes;
+        }
+    };
+    // 10,000 rows of 40 B from row 5,000 (bytes 200,000..600,000): block 12
+    // is an edge, 13..35 are whole, 36 is an edge.
+    var group = Case.fill(patches, memory, 5_000, 1, 40, 10_000);
+    var last = Case.lastBlock(group, 40);
+    try testing.expectEqual(@as(u64, 36), last);
+    try testing.expectEqual(@as(u64, 13), runEnd(group, 40, 12, last));
+    try testing.expectEqual(@as(u64, 36), runEnd(group[(13 * B - 200_000) / 40 ..], 40, 13, last));
+    try testing.expectEqual(@as(u64, 37), runEnd(group[(36 * B - 200_000) / 40 ..], 40, 36, last));
+    // The same rows out of memory order (each row 80 B after the previous):
+    // nothing is covered, one plain run.
+    group = Case.fill(patches, memory, 5_000, 1, 40, 10_000);
+    for (group, 0..) |*patch, k| patch.bytes = memory[k * 80 ..][0..40];
+    try testing.expectEqual(@as(u64, 37), runEnd(group, 40, 12, last));
+    // Sparse rows (one every 1,000, each its own group), back to back in
+    // memory: a plain run.
+    group = Case.fill(patches, memory, 0, 1_000, 40, 20_000);
+    last = Case.lastBlock(group[0..1], 40);
+    try testing.expectEqual(@as(u64, 1), runEnd(group, 40, 0, last));
+    // Rows larger than a block, from block 0: all 25 blocks are whole.
+    group = Case.fill(patches, memory, 0, 1, 40_960, 10);
+    last = Case.lastBlock(group, 40_960);
+    try testing.expectEqual(@as(u64, 24), last);
+    try testing.expectEqual(@as(u64, 25), runEnd(group, 40_960, 0, last));
+    // Three whole blocks between the edges are too few to split off.
+    group = Case.fill(patches, memory, 400, 1, 40, 1_241); // bytes 16,000..65,640
+    last = Case.lastBlock(group, 40);
+    try testing.expectEqual(@as(u64, 4), last);
+    try testing.expectEqual(@as(u64, 5), runEnd(group, 40, 0, last));
+    // Four are enough.
+    group = Case.fill(patches, memory, 400, 1, 40, 1_700); // bytes 16,000..84,000
+    try testing.expectEqual(@as(u64, 1), runEnd(group, 40, 0, Case.lastBlock(group, 40)));
+    // A long run of whole blocks is cut every 64 blocks.
+    group = Case.fill(patches, memory, 0, 1, 2_000, 20_000); // 40 MB from block 0
+    last = Case.lastBlock(group, 2_000);
+    try testing.expectEqual(@as(u64, 64), runEnd(group, 2_000, 0, last));
+    try testing.expectEqual(@as(u64, 128), runEnd(group[(64 * B) / 2_000 ..], 2_000, 64, last));
 }
 
 test "a replace of rows back to back in memory, read from the caller (no copy), survives a kill and a reopen" {
