@@ -296,9 +296,8 @@ fn forEachRun(target: Target, patches: []const Patch, scratch: []u8, context: an
 /// from `patches[0]` on cover whole, back to back in the caller's memory,
 /// make runs of their own (neither read nor copied); the blocks before them
 /// another. So a large contiguous replace reads only its two edge blocks.
-/// Runs stay at most `run_blocks_max` blocks, and each call looks at no
-/// more rows than that many blocks hold, stopping at the first that breaks
-/// the row or memory order: a replace of n rows costs O(n) here.
+/// Runs stay at most `run_blocks_max` blocks, and each call costs O(log n)
+/// (rows that continue the first's numbering are found by halving).
 fn runEnd(patches: []const Patch, stride: u64, block: u64, last: u64) u64 {
     assert(patches.len > 0); // patches[0] touches `block`
     const plain_end = @min(last + 1, block + run_blocks_max);
@@ -307,10 +306,16 @@ fn runEnd(patches: []const Patch, stride: u64, block: u64, last: u64) u64 {
     const reach = @min(last + 1, @max(block, covered_start) + run_blocks_max) * block_bytes;
     assert(reach > first_byte);
     const rows_max = @min(patches.len, std.math.divCeil(u64, reach - first_byte, stride) catch unreachable);
-    const base = @intFromPtr(patches[0].bytes.ptr);
+    // Rows ascend and repeat none, so `row - k` never falls: the patches
+    // that continue patches[0]'s rows are a prefix, found by halving.
     var rows: usize = 1;
-    while (rows < rows_max and patches[rows].row == patches[0].row + rows and
-        @intFromPtr(patches[rows].bytes.ptr) == base + rows * stride) rows += 1;
+    var beyond: usize = rows_max;
+    while (rows < beyond) {
+        const middle = rows + (beyond - rows) / 2;
+        if (patches[middle].row == patches[0].row + middle) rows = middle + 1 else beyond = middle;
+    }
+    // Back to back in memory at both ends; `covering` checks every row.
+    if (@intFromPtr(patches[rows - 1].bytes.ptr) != @intFromPtr(patches[0].bytes.ptr) + (rows - 1) * stride) return plain_end;
     const covered_end = @min(last + 1, (first_byte + rows * stride) / block_bytes);
     if (covered_end < covered_start + covered_blocks_min) return plain_end;
     if (block >= covered_start) return if (block < covered_end) @min(covered_end, block + run_blocks_max) else plain_end;
