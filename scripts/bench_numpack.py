@@ -273,13 +273,17 @@ class Operation:
     ``check(ops, handle, path, result)`` (first run only). ``setup`` says what
     ``path`` holds before the run (untimed): nothing (``empty``, no handle),
     a fresh copy of the saved arrays (``fresh``) or the saved arrays (``open``);
-    every operation that does not read an open store writes."""
+    every operation that does not read an open store writes. ``warm(ops,
+    handle)``, when given, runs untimed on the open handle before the run
+    (followed by ``settle`` for a write): the array is then in use, as in a
+    program that edits or reads it more than once."""
 
-    def __init__(self, label, run, check, setup="open", floor_bytes=0):
+    def __init__(self, label, run, check, setup="open", floor_bytes=0, warm=None):
         self.label = label
         self.run = run
         self.check = check
         self.setup = setup
+        self.warm = warm
         self.writes = setup != "open"
         # The new bytes a durable write must put on disk at least once: the
         # floor column times one write of them to a new file plus fdatasync.
@@ -299,6 +303,8 @@ def build_operations(a: np.ndarray, b: np.ndarray, seed: int = 0):
     random_rows = np.sort(rng.choice(rows, block, replace=False))
     doomed = np.sort(rng.choice(rows, large, replace=False))
     access = rng.integers(0, rows, block)
+    warm_row = (row + rows // 2) % rows
+    warm_access = rng.integers(0, rows, 10)
     arrays = {"a": a, "b": b}
 
     def replaced(key, new):
@@ -324,6 +330,9 @@ def build_operations(a: np.ndarray, b: np.ndarray, seed: int = 0):
         Operation("lazy / mmap load (a and b)", lambda ops, handle, path: (ops.lazy(handle, "a"), ops.lazy(handle, "b")),
                   lambda ops, handle, path, result: result[0].shape == a.shape and np.array_equal(result[0][5:9], a[5:9])),
         Operation("replace 1 row", lambda ops, handle, path: ops.replace(handle, "a", one_row, [row]), loaded_equal("a", replaced([row], one_row)), setup="fresh", floor_bytes=one_row.nbytes),
+        Operation("replace 1 row, array in use", lambda ops, handle, path: ops.replace(handle, "a", one_row, [row]),
+                  loaded_equal("a", replaced([warm_row, row], np.concatenate([one_row, one_row]))), setup="fresh",
+                  floor_bytes=one_row.nbytes, warm=lambda ops, handle: ops.replace(handle, "a", one_row, [warm_row])),
         Operation(f"replace {block:,} contiguous rows", lambda ops, handle, path: ops.replace(handle, "a", block_rows, slice(start, start + block)),
                   loaded_equal("a", replaced(slice(start, start + block), block_rows)), setup="fresh", floor_bytes=block_rows.nbytes),
         Operation(f"replace {block:,} random rows", lambda ops, handle, path: ops.replace(handle, "a", block_rows, random_rows),
@@ -338,6 +347,8 @@ def build_operations(a: np.ndarray, b: np.ndarray, seed: int = 0):
                   loaded_equal("b", np.concatenate([b, b])), setup="fresh", floor_bytes=b.nbytes),
         Operation(f"{block:,} random-index access", lambda ops, handle, path: ops.getitem(handle, "a", access),
                   lambda ops, handle, path, result: np.array_equal(result, a[access])),
+        Operation(f"{block:,} random-index access, array in use", lambda ops, handle, path: ops.getitem(handle, "a", access),
+                  lambda ops, handle, path, result: np.array_equal(result, a[access]), warm=lambda ops, handle: ops.getitem(handle, "a", warm_access)),
     ]
     return operations, arrays
 
@@ -357,6 +368,10 @@ def _prepare(ops, operation, work: Path, saved: Path):
         else:
             shutil.copytree(saved, work)
             handle, path = ops.open(str(work)), str(work)
+    if operation.warm is not None:
+        operation.warm(ops, handle)
+        if operation.writes:
+            ops.settle(path)
     os.sync()
     gc.collect()
     return handle, path
@@ -483,9 +498,11 @@ def bench_numpack(quick: bool) -> str:
         + f"Median of {runs} interleaved runs, each starting at the next contender; each contender's results checked against NumPy on the "
         "first run. Two pairings: `loaderx durable` (every call durable when it returns) against `numpack + fsync` "
         "(each write followed, inside the timing, by an fsync of numpack's data_<name>.npkd files, metadata.npkm and "
-        "the directory), and `loaderx durable=False` (atomic through SIGKILL, durable at sync()/close(), not timed here) "
+        "the directory), and `loaderx durable=False` (atomic through SIGKILL, durable at sync() and close(); the save row includes the close, so its syncs) "
         "against numpack as it is; the fastest of each pairing in bold. NPY and NPZ are references without fsync. "
         "Edits run on a fresh copy of the saved arrays (copied untimed); reads on an open store. "
+        "The rows `..., array in use` first make one untimed call of the same kind on other rows of `a` (an edit with its "
+        "settling fsync), so each contender's first touch of the array (for loaderx, the array's open) is out of their timing. "
         "NPY and NPZ edits are load, modify, save (numpack's README method). "
         "`drop ... rows` in numpack marks rows deleted (its `update()` compacts later); loaderx rewrites the array. "
         "Random access: `getitem` for loaderx and numpack, a memory map for NPY, a full member read for NPZ. "
