@@ -452,3 +452,30 @@ def test_an_index_out_of_range_raises_the_same_class_from_either_layer(tmp_path)
             assert isinstance(caught.value, ZrecordError) and isinstance(caught.value, IndexError)
         with pytest.raises(IndexOutOfRangeError):
             ds.store.gather([10], bytearray(8))
+
+
+@settings(max_examples=300, deadline=None)
+@given(length=st.integers(1, 50), key=st.lists(st.integers(-80, 80), min_size=1, max_size=40))
+def test_short_index_lists_are_checked_like_arrays(length, key):
+    """A list of at most 32 Python ints takes a path of its own (no NumPy
+    checks); it must give what the NumPy path gives, or the same error."""
+    from loaderx.dataset import _record_indices
+    from loaderx.zrecord import IndexOutOfRangeError
+
+    def outcome(selector):
+        try:
+            indices, shape = _record_indices(selector, length)
+        except IndexOutOfRangeError as exc:
+            return "error", str(exc)
+        assert indices.dtype == np.uint64 and indices.flags.c_contiguous
+        return indices.tolist(), shape
+
+    short, general = outcome(key), outcome(np.array(key, dtype=np.int64))
+    if general[0] == "error":
+        assert short[0] == "error"
+        # Each path names an index that is out of range, maybe not the same one.
+        named = int(short[1].split()[1])
+        assert named in key and not -length <= named < length, short[1]
+    else:
+        assert short == general
+        assert short[0] == [index % length for index in key]

@@ -1074,12 +1074,14 @@ def _swap_in(root: str, fs: OsFs, name: str, identity: int) -> None:
 
 def _recover(root: str, fs: OsFs) -> None:
     """Finishes what a crashed or failed writer left (see the module docstring)."""
-    record = _read_commit_record(root, fs)
+    names = fs.listdir(root)  # one listing finds the record and the leftovers
+    record = _read_commit_record(root, fs) if COMMIT_FILE in names else None
     if record is not None:
         _roll_forward(root, fs, record)
+        names = fs.listdir(root)
     changed = record is not None
     temporaries = (MARKER_FILE + ".tmp", COMMIT_FILE + ".tmp")
-    for leftover in fs.listdir(root):
+    for leftover in names:
         if not leftover.startswith(_STAGING + temporaries):
             continue
         path = os.path.join(root, leftover)

@@ -206,6 +206,9 @@ def _int_index(key: Any, length: int) -> int:
     return position
 
 
+_SHORT_LIST_MAX = 32  # a list of at most this many Python ints skips NumPy's checks
+
+
 def _record_indices(key: Any, length: int) -> tuple[npt.NDArray[np.uint64], tuple[int, ...]]:
     """Normalizes a record selector to (uint64 indices, result shape).
 
@@ -223,6 +226,10 @@ def _record_indices(key: Any, length: int) -> tuple[npt.NDArray[np.uint64], tupl
         else:
             indices = np.arange(start, stop, step, dtype=np.int64).astype(np.uint64)
         return indices, indices.shape
+    if type(key) is list and 0 < len(key) <= _SHORT_LIST_MAX and all(type(item) is int for item in key):
+        # Checked in Python: on the cold caches of a first call, the four
+        # NumPy calls below took 75-95 us for one index, this 45-60.
+        return np.array([_int_index(item, length) for item in key], dtype=np.uint64), (len(key),)
     array = np.asarray(key)
     if array.dtype == np.bool_:
         if array.shape != (length,):
