@@ -1,12 +1,13 @@
 """Where the first in-place replace on a freshly opened store goes, against
-numpack + fsync: the measurement behind the numpack table's two durable
+numpack + fsync: the measurement behind the numpack table's three durable
 replace rows that loaderx loses (README, "ArrayStore against numpack").
 
     python scripts/first_write_floors.py [--quick] [--runs N]
 
 The numpack table's arrays: `a`, 1,000,000 x 10 float32 (100,000 with
 --quick), and `b`, half as many rows of 5. Rows of `a` are replaced. For each batch
-size (one row, and 10,000 contiguous rows: 1,000 with --quick) every run
+size (one row, 10,000 contiguous rows: 1,000 with --quick, and half of `a`)
+every run
 copies the saved store (untimed), runs `os.sync()` and `gc.collect()` as
 the numpack table does, and times one of:
 
@@ -155,7 +156,11 @@ def first_write_floors(quick: bool, runs: int) -> str:
         from numpack import NumPack
     except ImportError:
         NumPack = None
-    sizes = {"1 row": rng.random((1, 10), dtype=np.float32), f"{block:,} contiguous rows": rng.random((block, 10), dtype=np.float32)}
+    sizes = {
+        "1 row": rng.random((1, 10), dtype=np.float32),
+        f"{block:,} contiguous rows": rng.random((block, 10), dtype=np.float32),
+        f"{length // 2:,} rows": rng.random((length // 2, 10), dtype=np.float32),
+    }
     with tempfile.TemporaryDirectory(prefix="loaderx-first-write-") as temporary:
         root = Path(temporary)
         saved = {"loaderx": root / "loaderx", "numpack": root / "numpack"}

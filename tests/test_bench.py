@@ -96,7 +96,7 @@ def test_first_write_floors_quick_times_every_variant(numpack):
     rows = {line.split(" | ")[0].lstrip("| "): line for line in result.stdout.splitlines() if line.startswith("| ")}
     for variant in ("ArrayStore", "Zrecord", "Zrecord open", "replica", "bare"):
         cells = rows[variant].strip(" |").split(" | ")[1:]
-        assert len(cells) == 2 and all(cell.endswith(")") and " ms (" in cell for cell in cells), rows[variant]
+        assert len(cells) == 3 and all(cell.endswith(")") and " ms (" in cell for cell in cells), rows[variant]
     # numpack is timed exactly when the script could import it.
     skipped = "skipped: numpack not installed" in result.stdout
     assert ("skipped" in rows["numpack + fsync"]) == skipped, result.stdout
