@@ -106,25 +106,41 @@ def test_first_write_floors_quick_times_every_variant(numpack):
 
 def test_numpack_rows_of_an_array_in_use_run_their_warm_call_first(tmp_path):
     """The numpack table's "array in use" rows time a second call on the
-    array; their checks hold only when the untimed first call ran (the
-    replace's check expects both replaced rows)."""
+    array: the untimed first call (and, for an edit, its settling fsync)
+    runs before the timed one, and the replace's check holds only then."""
     sys.path.insert(0, str(SCRIPT.parent))
     try:
         import bench_numpack
     finally:
         sys.path.remove(str(SCRIPT.parent))
+
+    class Recording(bench_numpack.ArrayStoreOps):
+        calls: list = []
+
+        def replace(self, handle, name, rows, key):
+            self.calls.append(("replace", list(key)))
+            super().replace(handle, name, rows, key)
+
+        def getitem(self, handle, name, indices):
+            self.calls.append(("getitem", len(indices)))
+            return super().getitem(handle, name, indices)
+
+        def settle(self, path):
+            self.calls.append(("settle",))
+
     rng = np.random.default_rng(0)
     a, b = rng.random((1000, 10), dtype=np.float32), rng.random((500, 5), dtype=np.float32)
     operations, arrays = bench_numpack.build_operations(a, b)
     in_use = {operation.label: operation for operation in operations if operation.label.endswith(", array in use")}
     assert sorted(in_use) == ["100 random-index access, array in use", "replace 1 row, array in use"]
-    ops = bench_numpack.ArrayStoreOps(durable=True)
+    ops = Recording(durable=True)
     ops.save(str(tmp_path / "saved"), arrays)
     for operation in in_use.values():
         for warm in (True, False):
             kept = operation.warm
             if not warm:
                 operation.warm = None
+            ops.calls.clear()
             try:
                 handle, path = bench_numpack._prepare(ops, operation, tmp_path / "work", tmp_path / "saved")
             finally:
@@ -134,5 +150,13 @@ def test_numpack_rows_of_an_array_in_use_run_their_warm_call_first(tmp_path):
                 checked = operation.check(ops, handle, path, result)
             finally:
                 ops.close(handle)
-            # A read's check holds either way; a replace's only after its warm call.
+            timed = ops.calls[-1]
+            if not warm:
+                assert ops.calls == [timed], ops.calls
+            elif operation.writes:  # another row first, made durable before the timed call
+                assert timed[0] == "replace" and ops.calls[:2] == [("replace", ops.calls[0][1]), ("settle",)], ops.calls
+                assert len(ops.calls) == 3 and ops.calls[0][1] != timed[1], ops.calls
+            else:  # a few rows first
+                assert ops.calls == [("getitem", 10), ("getitem", 100)], ops.calls
+            # The replace's check expects both rows replaced: it holds only after the warm call.
             assert checked == (warm or not operation.writes), (operation.label, warm)
