@@ -117,9 +117,11 @@ def test_every_block_is_counted():
 
     It prints the counts, so a CI log shows how many blocks ran and why any did not."""
     marked = [block for block in BLOCKS if block["skip"]]
+    commands = sum(len(re.findall(r"^```(?:sh|bash)$", page.read_text(), re.M)) for page in pages())
     extras = [block for block in BLOCKS if not block["skip"] and needed_extras(block["source"])]
     print(f"{len(BLOCKS)} python blocks in README.md and docs/: {len(marked)} marked not to run, "
-          f"{len(extras)} need an optional extra ({', '.join(sorted({m for b in extras for m in needed_extras(b['source'])}))})")
+          f"{len(extras)} need an optional extra ({', '.join(sorted({m for b in extras for m in needed_extras(b['source'])}))}); "
+          f"{commands} shell blocks (commands, such as a torchrun launch) are not executed")
     assert len(BLOCKS) >= 20
     pages_with_blocks = {block["id"].split(":")[0] for block in BLOCKS}
     for page in ("README.md", "docs/getting-started/dense.md", "docs/getting-started/tokens.md",

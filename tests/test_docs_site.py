@@ -239,3 +239,18 @@ def test_site_renders_and_searches_in_chromium(site, tmp_path):
         browser.close()
         server.shutdown()
         thread.join(timeout=10)
+
+
+def test_troubleshooting_names_every_exception_class():
+    """Every public exception class defined in src/loaderx has its entry in docs/troubleshooting.md."""
+    import ast
+
+    page = (ROOT / "docs" / "troubleshooting.md").read_text()
+    classes = []
+    for module in sorted((ROOT / "src" / "loaderx").glob("*.py")):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and node.name.endswith(("Error", "Exception")):
+                classes.append(node.name)
+    assert len(classes) >= 18
+    missing = [name for name in classes if f"`{name}`" not in page]
+    assert not missing, f"docs/troubleshooting.md does not explain {missing}"
