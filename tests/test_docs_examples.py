@@ -143,3 +143,12 @@ def test_prints_convention_fails_on_a_wrong_promise(tmp_path, monkeypatch):
     block = {"id": "synthetic:1", "skip": None, "source": 'print("one")  # prints: two\n'}
     with pytest.raises(AssertionError, match="printed"):
         test_block_runs_and_prints_what_it_says(block, tmp_path, monkeypatch)
+
+
+def test_blocks_needing_an_extra_are_recognised():
+    """A block importing an optional extra (directly or through loaderx.arrow / loaderx.ray) is known to need it,
+    so it skips with that reason where the extra is missing instead of failing."""
+    assert needed_extras("import numpy as np\nfrom loaderx import DataLoader\n") == []
+    assert needed_extras("from loaderx.arrow import from_arrow\n") == ["pyarrow"]
+    assert needed_extras("import ray\nfrom loaderx.ray import write_dataset\n") == ["ray"]
+    assert needed_extras("import torch.distributed as dist\nimport jax.numpy as jnp\n") == ["jax", "torch"]
