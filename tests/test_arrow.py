@@ -503,15 +503,15 @@ def test_parquet_conversion_memory_is_bounded(tmp_path):
 
 
 def test_readme_conversion_block_runs(tmp_path, monkeypatch):
-    """The README's from_arrow block runs as written."""
+    """The datasets guide's from_arrow block runs as written."""
     import re
     from pathlib import Path
 
     monkeypatch.chdir(tmp_path)
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "guides" / "datasets.md").read_text()
     block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if 'from_arrow("converted"' in b)
     namespace = {}
-    exec(compile(block, "README conversion block", "exec"), namespace)
+    exec(compile(block, "datasets guide conversion block", "exec"), namespace)
     assert namespace["batch"]["image"].shape == (32, 8, 8)
     assert bytes(namespace["columns"]["text"][3]) == b"caption 3"
     assert sorted(os.listdir("converted")) == [COLUMNS_FILE, "image", "input_ids", "label", "text"]

@@ -157,6 +157,7 @@ class ArrayStore:
 
     @property
     def closed(self) -> bool:
+        """True once ``close()`` ran."""
         return self._closed
 
     def __enter__(self) -> ArrayStore:
@@ -185,6 +186,7 @@ class ArrayStore:
         return sorted(names)
 
     def has_array(self, name: str) -> bool:
+        """Whether an array called ``name`` exists (False for a name no array can have)."""
         self._check_open()
         if not _valid_name(name):
             return False
@@ -608,14 +610,17 @@ class LazyArray:
 
     @property
     def name(self) -> str:
+        """The array's name in its ArrayStore."""
         return self._entry.name
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The array's current shape."""
         return self._live().shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The array's dtype."""
         return self._entry.dataset.dtype
 
     @property

@@ -481,6 +481,7 @@ class DataLoader:
 
     @property
     def closed(self) -> bool:
+        """True once ``close()`` ran (or a failed step closed the loader)."""
         return self._closed
 
     def __enter__(self) -> DataLoader:

@@ -315,6 +315,7 @@ class _Dataset:
 
     @property
     def closed(self) -> bool:
+        """True once ``close()`` ran."""
         return self._store.closed
 
     def __enter__(self: _DatasetT) -> _DatasetT:
@@ -366,6 +367,7 @@ class DenseDataset(_Dataset):
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """``(len(self), *item_shape)``: the shape of the whole dataset as one array."""
         return (len(self), *self.item_shape)
 
     def gather_into(self, indices: Sequence[int] | npt.NDArray[np.integer[Any]], out: npt.NDArray[Any]) -> npt.NDArray[Any]:

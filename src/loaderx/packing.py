@@ -54,6 +54,9 @@ WINDOW = 64
 
 
 class Strategy(enum.Enum):
+    """CONCAT: concatenate documents and cut rows, no padding; FIRST_FIT:
+    documents kept whole, each in the first open row with room for it."""
+
     CONCAT = "concat"
     FIRST_FIT = "first_fit"
 

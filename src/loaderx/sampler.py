@@ -68,6 +68,9 @@ class Sampler:
     """
 
     class Mode(enum.IntEnum):
+        """SEQUENTIAL (0): a sliding window; IID (1): uniform with replacement;
+        CYCLIC (2): a fresh permutation every cycle, without replacement."""
+
         SEQUENTIAL = 0
         IID = 1
         CYCLIC = 2
@@ -249,6 +252,7 @@ class Sampler:
 
     @property
     def length(self) -> int:
+        """The size of the index space: indices run over ``0..length-1``."""
         return self._length
 
     @property
@@ -258,10 +262,12 @@ class Sampler:
 
     @property
     def mode(self) -> "Sampler.Mode":
+        """The sampling mode, a ``Sampler.Mode``."""
         return self._mode
 
     @property
     def seed(self) -> int:
+        """The seed every batch is a pure function of, with the step."""
         return self._seed
 
     @property

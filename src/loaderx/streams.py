@@ -49,6 +49,7 @@ class RaggedBatch:
 
     @property
     def lengths(self) -> np.ndarray:
+        """The row count of each record of the batch (int64, ``len(self)`` entries)."""
         return np.diff(self.offsets)
 
     def __len__(self) -> int:

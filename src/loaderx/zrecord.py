@@ -461,6 +461,10 @@ class Zrecord(NativeHandle):
         return bytes(buffer)
 
     def stats(self) -> dict[str, Any]:
+        """The store's counters: ``records``, ``live_bytes``, ``chunk_bytes``,
+        ``reclaimable``, ``layout``, ``record_bytes``, ``generation`` and
+        ``fell_back`` (True when open found the newest superblock slot damaged
+        and read the one before it)."""
         info = self._info()
         return {
             "records": info.records,
@@ -476,6 +480,7 @@ class Zrecord(NativeHandle):
         }
 
     def has_dict(self) -> bool:
+        """Whether the store holds a trained zstd dictionary (for ``zstd_dict`` codecs)."""
         return bool(self._info().has_dict)
 
     def _info(self) -> Any:
