@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .sampler import Sampler
+from .sampler import STEP_MAX, Sampler
 
 __all__ = ["Schedule", "ElasticError"]
 
@@ -145,8 +145,9 @@ def _check_anchor(anchor: object, mode: Sampler.Mode, length: int) -> dict[str, 
         raise ValueError(f"state anchor {dict(anchor)!r} does not fit mode {Sampler.Mode(mode).name}")
     values = {key: anchor[key] for key in keys}
     for key, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ValueError(f"state anchor {key} must be a non-negative int, got {value!r}")
+        # A step or cycle beyond STEP_MAX names a sampler step that does not exist.
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= STEP_MAX:
+            raise ValueError(f"state anchor {key} must be an int in 0..2**64 - 1, got {value!r}")
     # A cycle's offset may equal the length (the cycle read to its end).
     bound = values["offset"] if mode == _CYCLIC else values["position"] + 1
     if bound > length:
