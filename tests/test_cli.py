@@ -434,3 +434,67 @@ def test_convert_parquet_without_pyarrow_says_how_to_install_it(tmp_path):
     assert result.returncode == 2
     assert "needs pyarrow: pip install 'loaderx[arrow]'" in result.stderr and result.stderr.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_json_goes_before_or_after_the_command(tmp_path):
+    """`loaderx --json info PATH` was refused ("unrecognized arguments"); a global
+    option works before or after the command alike."""
+    from_numpy(tmp_path / "ds", np.arange(10.0), progress=False)
+    for argv in (["--json", "info", tmp_path / "ds"], ["info", "--json", tmp_path / "ds"], ["info", tmp_path / "ds", "--json"]):
+        status, out, err = loaderx(*argv)
+        assert status == 0, (argv, err)
+        assert json.loads(out)["records"] == 10
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["info", "{missing}", "--json"], "does not exist"),
+    (["--json", "info", "{missing}"], "does not exist"),
+    (["--json", "info"], "the following arguments are required: PATH"),
+    (["--json", "frobnicate"], "invalid choice"),
+    (["--json", "convert", "{missing}.npy", "{missing}", "--mode", "q"], "invalid choice"),
+])
+def test_an_error_under_json_prints_a_json_error_object(tmp_path, argv, words):
+    """An error under --json printed no JSON at all; now stdout is one JSON object
+    saying what went wrong, and the exit status is 2."""
+    status, out, err = loaderx(*[str(arg).format(missing=tmp_path / "missing") for arg in argv])
+    assert status == 2
+    error = json.loads(out)
+    assert error["ok"] is False and error["exit_status"] == 2 and words in error["error"]
+    assert words in err
+
+
+def test_a_closed_pipe_ends_the_command_quietly(tmp_path):
+    """`loaderx ... --json | head` ended with "error: Broken pipe" (exit 2); a reader
+    that closes the pipe early ends the command quietly, as SIGPIPE would (141)."""
+    with ArrayStore(tmp_path / "arrays") as store:
+        store.save({f"a{number}": np.zeros(2) for number in range(300)})  # a few hundred KiB of JSON
+    process = subprocess.Popen([sys.executable, "-m", "loaderx", "info", "--json", str(tmp_path / "arrays")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.read(10)
+    process.stdout.close()  # the reader goes away, as head does after its lines
+    try:
+        status = process.wait(timeout=120)
+        err = process.stderr.read().decode()
+    finally:
+        process.kill()
+        process.stderr.close()
+    assert status == 141 and err == "", (status, err)
+
+
+def test_messages_count_in_the_singular_and_use_cli_flags(tmp_path):
+    """"1 arrays" is "1 array"; --records out of range names its range (2**40 ran out
+    of memory with a traceback)."""
+    with ArrayStore(tmp_path / "arrays") as store:
+        store.save({"x": np.zeros(3)})
+    status, out, _ = loaderx("info", tmp_path / "arrays")
+    assert status == 0 and "ArrayStore, 1 array," in out
+    status, out, err = loaderx("bench", "--records", 2**40)
+    assert status == 2 and "--records must be in 256..262,144" in err
+
+
+def test_convert_mode_a_mismatch_names_the_cli_flag(tmp_path):
+    """Appending with another codec told a CLI user to "pass codec='raw'"; it names --codec."""
+    np.save(tmp_path / "a.npy", np.arange(10.0))
+    assert loaderx("convert", tmp_path / "a.npy", tmp_path / "ds", "--codec", "raw")[0] == 0
+    status, _, err = loaderx("convert", tmp_path / "a.npy", tmp_path / "ds", "--codec", "zstd", "--mode", "a")
+    assert status == 2 and "pass --codec raw" in err and "pass codec=" not in err

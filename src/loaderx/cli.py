@@ -595,7 +595,7 @@ def _cli_words(message: str) -> str:
     """A converter's schema-mismatch advice in the command's terms: its
     ``pass codec='x'`` is ``--codec x`` here, and the schema= keyword has no
     flag (convert the array first)."""
-    message = re.sub(r"pass codec='([a-z0-9_]+)'", r"--codec \1", message)
+    message = re.sub(r"pass codec='([a-z0-9_]+)'", r"pass --codec \1", message)
     return re.sub(r"\(pass schema=\{'dtype': '([^']+)'\} to convert\)", r"(save the array as \1 first)", message)
 
 

@@ -279,6 +279,7 @@ class _Pipeline:
             with self.lock:
                 if self.closed:
                     return
+                assert entry is not None and step not in self.slots
                 self.slots[step] = entry
                 self.ready.notify()
                 if step == self.first_step:
