@@ -209,3 +209,38 @@ def test_refresh_after_the_directory_was_deleted_says_so(tmp_path):
         shutil.rmtree(tmp_path / "gone")
         with pytest.raises(FileNotFoundError, match="was deleted or moved since this handle opened it"):
             dataset.refresh()
+
+
+def test_shard_flags_and_sizes_are_taken_as_given(tmp_path):
+    """write_shard(overwrite="no") replaced the existing shard (a truthy string), and
+    chunk_bytes=0 silently fell back to the default; both are refused now."""
+    from loaderx import shards
+
+    shards.write_shard(tmp_path / "ds", 0, np.arange(4.0))
+    with pytest.raises(TypeError, match="overwrite must be True or False"):
+        shards.write_shard(tmp_path / "ds", 0, np.arange(8.0), overwrite="no")
+    with pytest.raises(ValueError, match=r"chunk_bytes must be in 1\.\."):
+        shards.write_shard(tmp_path / "ds", 1, np.arange(8.0), chunk_bytes=0)
+    assert shards.written_shards(tmp_path / "ds") == [0]
+    shards.commit(tmp_path / "ds")
+    with DenseDataset(tmp_path / "ds") as dataset:
+        np.testing.assert_array_equal(dataset[:], np.arange(4.0))
+
+
+def test_row_counts_are_ints_not_truncated_floats(stores, tmp_path):
+    """RaggedBatch.padded(max_len=2.7) padded to 2 (int() truncates) and
+    stream_load(buffer_size=True) read one row at a time; both raise TypeError."""
+    from loaderx import RaggedBatch
+
+    batch = RaggedBatch(np.arange(5), np.array([0, 3, 5]))
+    with pytest.raises(TypeError, match="max_len must be an int"):
+        batch.padded(max_len=2.7)
+    assert batch.padded(max_len=2)[0].tolist() == [[0, 1], [3, 4]]
+    with ArrayStore(tmp_path / "s") as store:
+        store.save({"x": np.arange(6)})
+        for bad in (True, 2.0):
+            with pytest.raises(TypeError, match=r"buffer_size \(rows\) must be an int"):
+                next(store.stream_load("x", bad))
+        with pytest.raises(ValueError, match=r"buffer_size \(rows\) must be at least 1"):
+            next(store.stream_load("x", 0))
+        assert [chunk.tolist() for chunk in store.stream_load("x", 4)] == [[0, 1, 2, 3], [4, 5]]

@@ -54,7 +54,7 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from ._checks import check_flag
+from ._checks import check_flag, check_int
 from ._fs import OS_FS, OsFs, make_dirs_durable, write_file_atomic
 from .converter import build_dense_store
 from .dataset import SCHEMA_FILE, DenseDataset, StrPath, _int_index, _is_int, _record_indices
@@ -279,9 +279,8 @@ class ArrayStore:
         if buffer_size is None:
             rows = max(1, STREAM_BYTES // max(entry.row_bytes, 1))
         else:
-            if not _is_int(buffer_size) or buffer_size <= 0:
-                raise ValueError(f"buffer_size must be a positive number of rows, got {buffer_size!r}")
-            rows = int(buffer_size)
+            # No upper bound: a chunk is never more than the array's rows.
+            rows = check_int("buffer_size (rows)", buffer_size, 1)
         return _stream(entry, rows)
 
     def dataset(self, name: str) -> DenseDataset:
