@@ -498,3 +498,15 @@ def test_convert_mode_a_mismatch_names_the_cli_flag(tmp_path):
     assert loaderx("convert", tmp_path / "a.npy", tmp_path / "ds", "--codec", "raw")[0] == 0
     status, _, err = loaderx("convert", tmp_path / "a.npy", tmp_path / "ds", "--codec", "zstd", "--mode", "a")
     assert status == 2 and "pass --codec raw" in err and "pass codec=" not in err
+
+
+def test_convert_never_advises_an_unsafe_load(tmp_path):
+    """`loaderx convert t.txt` passed on NumPy's advice to load with allow_pickle;
+    a file without NumPy's header, or a .npy of Python objects, is named for what
+    it is, and no advice to unpickle is given."""
+    (tmp_path / "t.txt").write_text("hello\n")
+    np.save(tmp_path / "objects.npy", np.array([{}, 1], dtype=object), allow_pickle=True)
+    for source, words in (("t.txt", "not a .npy file"), ("objects.npy", "holds Python objects")):
+        status, out, err = loaderx("convert", tmp_path / source, tmp_path / "out")
+        assert status == 2 and words in err and "allow_pickle" not in err and "pickle.load" not in err, err
+    assert not (tmp_path / "out").exists()

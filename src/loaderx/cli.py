@@ -557,7 +557,7 @@ def _load_npy(source: str) -> Any:  # Any: an array, or the NpzFile the caller r
     try:
         return np.load(source, mmap_mode="r", allow_pickle=False)
     except ValueError as exc:
-        if "pickle" not in str(exc):
+        if "pickle" not in str(exc) and "Python objects" not in str(exc):
             raise CommandError(f"cannot read '{source}' as a .npy file: {exc}") from None
         raise CommandError(f"'{source}' holds Python objects (pickled), which loaderx never loads: "
                            "save a numeric, string or bytes array with np.save and convert that") from None

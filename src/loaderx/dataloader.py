@@ -13,11 +13,13 @@ the token stream after the last delivered batch, goes into the checkpoint.
 Threading model. ``num_workers`` threads claim steps in order from a shared
 counter, at most ``prefetch_size`` steps ahead of the consumer: a step is
 *in flight* from its claim until the consumer takes it, so at most
-``prefetch_size`` batches exist at once. A worker computes step k (the native
-calls release the GIL, so workers overlap) and puts it in slot
-``k % prefetch_size``; the consumer takes slot ``k % prefetch_size`` for step
+``prefetch_size`` batches exist at once, and only the batches in flight are
+allocated. A worker computes step k (the native calls release the GIL, so
+workers overlap) and hands it over under the key k; the consumer takes step
 k, in step order, whatever order the workers finish in. The workers start at
 the first ``next()``, so ``load_state_dict`` can set the step before any work.
+Every size (``num_workers``, ``prefetch_size``, the sampler's) has a range
+checked in the constructor (``NUM_WORKERS_MAX``, ``PREFETCH_SIZE_MAX``).
 
 ``transform`` runs in the worker threads, concurrently (as in loaderx 0.9): it
 must be thread-safe, and it is the collate step (a batch dict in, anything
@@ -555,7 +557,10 @@ class DataLoader:
         the global batch (``batch_size * world_size``) is the same: the global
         stream is then identical. A different global batch continues the same
         global order from the exact next sample in SEQUENTIAL and CYCLIC mode
-        (elastic resume); in IID mode it raises ``ElasticError``.
+        (elastic resume); in IID mode it raises ``ElasticError``. Pass the state
+        as ``state_dict()`` returned it: this loader's own ``shard`` and
+        ``batch_size`` apply, and a state whose ``batch_size`` or ``shard`` was
+        edited (so that they no longer make its ``global_batch``) is refused.
         """
         if self._pipeline is not None or self._step != 0 or self._closed:
             raise RuntimeError("load_state_dict must be called before iterating: create a new DataLoader and load the state into it")
