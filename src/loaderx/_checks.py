@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_flag", "check_int"]
+__all__ = ["check_flag", "check_int", "check_state_int"]
 
 
 def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:  # Any: checked here
@@ -38,3 +38,12 @@ def check_flag(name: str, value: Any) -> bool:  # Any: checked here
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+
+
+def check_state_int(name: str, value: Any, high: int) -> int:  # Any: checked here
+    """A number read from a checkpoint, an int in ``0..high``: anything else
+    means the state is damaged, a ``ValueError`` whatever the type."""
+    try:
+        return check_int(name, value, 0, high)
+    except TypeError as exc:
+        raise ValueError(f"{exc}: the state is damaged") from None

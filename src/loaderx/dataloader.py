@@ -48,7 +48,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from ._checks import check_flag, check_int
+from ._checks import check_flag, check_int, check_state_int
 from .dataset import DenseDataset, RaggedDataset
 from .mixing import Mixer, check_sources
 from .packing import Packing, make_packer
@@ -577,9 +577,7 @@ class DataLoader:
         ]
         if differences:
             raise ValueError("state was saved by a differently configured DataLoader: " + ", ".join(differences))
-        step = state["step"]
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step <= STEP_MAX:
-            raise ValueError(f"state step must be an int in 0..2**64 - 1 (the sampler's steps), got {step!r}")
+        step = check_state_int("state step", state["step"], STEP_MAX)
         saved_schedule = Schedule(saved, state.get("anchor"))
         if saved_schedule.anchor is not None and saved_schedule.anchor["step"] > step:
             raise ValueError(f"state step {step} comes before its anchor's step {saved_schedule.anchor['step']}: the state is damaged")
@@ -593,9 +591,9 @@ class DataLoader:
             packer.load(state["packing"])
             self._packing_state = packer.state()
         else:
-            anchor = elastic_anchor(saved_schedule, int(step), self._batches.schedule)
+            anchor = elastic_anchor(saved_schedule, step, self._batches.schedule)
             self._batches.schedule = Schedule(mine, anchor)
-        self._step = int(step)
+        self._step = step
 
     def __repr__(self) -> str:
         names = ", ".join(self._streams)

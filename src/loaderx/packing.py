@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_int
+from ._checks import check_int, check_state_int
 from .dataset import RaggedDataset
 from .sampler import STEP_MAX, Sampler
 
@@ -151,9 +151,7 @@ class _Packer:
         # A document position is a sampler step times the chunk: past that
         # bound it names a chunk the sampler cannot draw.
         for key in keys:
-            value = state.get(key)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= STEP_MAX:
-                raise ValueError(f"state packing {key} must be an int in 0..2**64 - 1, got {value!r}")
+            check_state_int(f"state packing {key}", state.get(key), STEP_MAX)
 
     def _gather(self, indices: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Documents ``indices`` whole, back to back, in one native gather; and their offsets."""
