@@ -193,7 +193,7 @@ def test_convert_npy(tmp_path):
     result = loaderx_json("convert", tmp_path / "a.npy", tmp_path / "ds", "--codec", "raw", "--mode", "a")
     assert result["rows_written"] == 1000 and result["store"]["records"] == 2000
     status, _, err = loaderx("convert", tmp_path / "a.npy", tmp_path / "ds", "--mode", "x")
-    assert status == 2 and "mode='w'" in err
+    assert status == 2 and "--mode w" in err and "mode='w'" not in err  # the flag, not the Python keyword
 
 
 def test_convert_progress_bar_on_request(tmp_path):
@@ -211,10 +211,10 @@ def test_convert_refuses_bad_sources(tmp_path):
     (tmp_path / "photos").mkdir()
     (tmp_path / "photos" / "cat.jpg").write_bytes(b"meow")
     np.save(tmp_path / "a.npy", np.arange(3))
-    for source, target, reason in [("text.npy", "out", "cannot read"), ("pair.npz", "out", ".npz archive"),
+    for source, target, reason in [("text.npy", "out", "not a .npy file"), ("pair.npz", "out", ".npz archive"),
                                    ("a.npy", "photos", "not a loaderx store")]:
         status, _, err = loaderx("convert", tmp_path / source, tmp_path / target)
-        assert status == 2 and reason in err
+        assert status == 2 and reason in err and "allow_pickle" not in err
     assert not (tmp_path / "out").exists() and os.listdir(tmp_path / "photos") == ["cat.jpg"]
 
 
@@ -433,4 +433,80 @@ def test_convert_parquet_without_pyarrow_says_how_to_install_it(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert "needs pyarrow: pip install 'loaderx[arrow]'" in result.stderr and result.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_json_goes_before_or_after_the_command(tmp_path):
+    """`loaderx --json info PATH` was refused ("unrecognized arguments"); a global
+    option works before or after the command alike."""
+    from_numpy(tmp_path / "ds", np.arange(10.0), progress=False)
+    for argv in (["--json", "info", tmp_path / "ds"], ["info", "--json", tmp_path / "ds"], ["info", tmp_path / "ds", "--json"]):
+        status, out, err = loaderx(*argv)
+        assert status == 0, (argv, err)
+        assert json.loads(out)["records"] == 10
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["info", "{missing}", "--json"], "does not exist"),
+    (["--json", "info", "{missing}"], "does not exist"),
+    (["--json", "info"], "the following arguments are required: PATH"),
+    (["--json", "frobnicate"], "invalid choice"),
+    (["--json", "convert", "{missing}.npy", "{missing}", "--mode", "q"], "invalid choice"),
+])
+def test_an_error_under_json_prints_a_json_error_object(tmp_path, argv, words):
+    """An error under --json printed no JSON at all; now stdout is one JSON object
+    saying what went wrong, and the exit status is 2."""
+    status, out, err = loaderx(*[str(arg).format(missing=tmp_path / "missing") for arg in argv])
+    assert status == 2
+    error = json.loads(out)
+    assert error["ok"] is False and error["exit_status"] == 2 and words in error["error"]
+    assert words in err
+
+
+def test_a_closed_pipe_ends_the_command_quietly(tmp_path):
+    """`loaderx ... --json | head` ended with "error: Broken pipe" (exit 2); a reader
+    that closes the pipe early ends the command quietly, as SIGPIPE would (141)."""
+    with ArrayStore(tmp_path / "arrays") as store:
+        store.save({f"a{number}": np.zeros(2) for number in range(300)})  # a few hundred KiB of JSON
+    process = subprocess.Popen([sys.executable, "-m", "loaderx", "info", "--json", str(tmp_path / "arrays")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process.stdout.read(10)
+    process.stdout.close()  # the reader goes away, as head does after its lines
+    try:
+        status = process.wait(timeout=120)
+        err = process.stderr.read().decode()
+    finally:
+        process.kill()
+        process.stderr.close()
+    assert status == 141 and err == "", (status, err)
+
+
+def test_messages_count_in_the_singular_and_use_cli_flags(tmp_path):
+    """"1 arrays" is "1 array"; --records out of range names its range (2**40 ran out
+    of memory with a traceback)."""
+    with ArrayStore(tmp_path / "arrays") as store:
+        store.save({"x": np.zeros(3)})
+    status, out, _ = loaderx("info", tmp_path / "arrays")
+    assert status == 0 and "ArrayStore, 1 array," in out
+    status, out, err = loaderx("bench", "--records", 2**40)
+    assert status == 2 and "--records must be in 256..262,144" in err
+
+
+def test_convert_mode_a_mismatch_names_the_cli_flag(tmp_path):
+    """Appending with another codec told a CLI user to "pass codec='raw'"; it names --codec."""
+    np.save(tmp_path / "a.npy", np.arange(10.0))
+    assert loaderx("convert", tmp_path / "a.npy", tmp_path / "ds", "--codec", "raw")[0] == 0
+    status, _, err = loaderx("convert", tmp_path / "a.npy", tmp_path / "ds", "--codec", "zstd", "--mode", "a")
+    assert status == 2 and "pass --codec raw" in err and "pass codec=" not in err
+
+
+def test_convert_never_advises_an_unsafe_load(tmp_path):
+    """`loaderx convert t.txt` passed on NumPy's advice to load with allow_pickle;
+    a file without NumPy's header, or a .npy of Python objects, is named for what
+    it is, and no advice to unpickle is given."""
+    (tmp_path / "t.txt").write_text("hello\n")
+    np.save(tmp_path / "objects.npy", np.array([{}, 1], dtype=object), allow_pickle=True)
+    for source, words in (("t.txt", "not a .npy file"), ("objects.npy", "holds Python objects")):
+        status, out, err = loaderx("convert", tmp_path / source, tmp_path / "out")
+        assert status == 2 and words in err and "allow_pickle" not in err and "pickle.load" not in err, err
     assert not (tmp_path / "out").exists()

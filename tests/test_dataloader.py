@@ -426,3 +426,22 @@ def test_the_first_batch_is_computed_alone(streams):
         next(loader)
         next(loader)
     assert overlaps[:2] == [1, 1], overlaps
+
+
+def test_an_edited_state_gets_its_own_message_and_the_saved_one_resumes(stores, streams):
+    """The old Scaling-out recipe, {**state, "shard": [r, w], "batch_size": b} with
+    another global batch, raised "the state is damaged"; it now says the state was
+    edited and that the unedited state resumes by itself, which it does, exactly."""
+    with DataLoader(streams, num_workers=0, batch_size=8, mode="sequential") as loader:
+        take(loader, 3)
+        state = loader.state_dict()
+    with DataLoader(streams, num_workers=0, batch_size=8, mode="sequential", shard=(0, 2)) as rank0:
+        with pytest.raises(ValueError, match=r"its batch_size or shard was edited after state_dict\(\) returned it"):
+            rank0.load_state_dict({**state, "shard": [0, 2], "batch_size": 8})
+    rows = []
+    for rank in range(2):
+        with DataLoader(streams, num_workers=0, batch_size=8, mode="sequential", shard=(rank, 2)) as resumed:
+            resumed.load_state_dict(state)
+            rows.append(next(resumed)["y"])
+    # 3 batches of 8 were read: the 16-row global batch continues at sample 24.
+    np.testing.assert_array_equal(np.concatenate(rows), (24 + np.arange(16)) % LENGTH)

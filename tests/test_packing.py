@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loaderx import DataLoader, DenseDataset, Packing, RaggedDataset, Sampler, from_iterator, from_numpy
+from loaderx.packing import SEQ_LEN_MAX, WINDOW_MAX
 
 LENGTH = 40
 MODES = list(Sampler.Mode)
@@ -133,8 +134,11 @@ def test_packing_rejects_what_it_cannot_pack(corpus, tmp_path):
             DataLoader({"tokens": dense}, packing=Packing(8))
         with pytest.raises(ValueError, match="one ragged stream"):
             DataLoader({"tokens": dataset, "other": dataset}, packing=Packing(8))
-    for bad in (0, -1, 2.5, True):
+    for bad in (0, -1, SEQ_LEN_MAX + 1):
         with pytest.raises(ValueError, match="seq_len"):
+            Packing(bad)
+    for bad in (2.5, True, "8"):
+        with pytest.raises(TypeError, match="seq_len"):
             Packing(bad)
     with pytest.raises(ValueError, match="strategy"):
         Packing(8, strategy="best_fit_decreasing_magic")
@@ -245,3 +249,43 @@ def test_first_fit_state_is_checked(corpus):
     with DataLoader({"tokens": dataset}, batch_size=2, packing=Packing(16, FIRST_FIT, window=4)) as other:
         with pytest.raises(ValueError, match="triples"):
             other.load_state_dict(damaged)
+
+
+@pytest.mark.parametrize("strategy", list(Packing.Strategy))
+def test_every_packing_state_holds_document_and_token(corpus, strategy):
+    """Both strategies' states hold the position keys "document" and "token" (FIRST_FIT
+    lacked "token"), and a FIRST_FIT state saved without "token" still resumes exactly."""
+    _, _, dataset = corpus
+    packing = Packing(16, strategy, window=4)
+    with DataLoader({"tokens": dataset}, num_workers=0, batch_size=2, seed=5, packing=packing) as loader:
+        next(loader)
+        state = loader.state_dict()
+        following = next(loader)
+    assert {"document", "token"} <= set(state["packing"])
+    if strategy is FIRST_FIT:
+        assert state["packing"]["token"] == 0
+        old = {**state, "packing": {key: value for key, value in state["packing"].items() if key != "token"}}
+        with DataLoader({"tokens": dataset}, num_workers=0, batch_size=2, seed=5, packing=packing) as resumed:
+            resumed.load_state_dict(old)
+            assert_rows(next(resumed), (following["tokens"], following["segment_ids"], following["positions"]))
+        with DataLoader({"tokens": dataset}, batch_size=2, seed=5, packing=packing) as other, \
+                pytest.raises(ValueError, match="token must be 0"):
+            other.load_state_dict({**state, "packing": {**state["packing"], "token": 3}})
+
+
+def test_packing_sizes_have_a_range(corpus):
+    """seq_len and window are bounded where they are given (window=10**9 made every
+    piece scan a list that could grow that long), and a state's positions past 2**64 - 1
+    are refused on load rather than failing at the first batch."""
+    _, _, dataset = corpus
+    for bad in (WINDOW_MAX + 1, 10**9):
+        with pytest.raises(ValueError, match=r"window must be in 1\.\.4,096"):
+            Packing(8, FIRST_FIT, window=bad)
+    with pytest.raises(ValueError, match=r"seq_len must be in 1\.\.16,777,216"):
+        Packing(10**9)
+    assert Packing(SEQ_LEN_MAX, window=WINDOW_MAX).seq_len == SEQ_LEN_MAX
+    with DataLoader({"tokens": dataset}, batch_size=2, packing=Packing(8)) as loader:
+        state = loader.state_dict()
+    with DataLoader({"tokens": dataset}, batch_size=2, packing=Packing(8)) as other:
+        with pytest.raises(ValueError, match=r"document must be in 0\.\.18,446,744,073,709,551,615, got 18,446,744,073,709,551,616"):
+            other.load_state_dict({**state, "packing": {**state["packing"], "document": 2**64}})

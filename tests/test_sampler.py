@@ -325,7 +325,9 @@ def test_shards_are_disjoint_in_cyclic_and_agree_in_every_mode(mode):
         (dict(shard=3), TypeError, "pair"),
         (dict(shard="01"), TypeError, "pair"),
         (dict(shard=(0.0, 2)), TypeError, "rank"),
-        (dict(batch_size=2**40, shard=(0, 2**24)), ValueError, "64 bits"),
+        (dict(batch_size=2**24, shard=(0, 2**40)), ValueError, "64 bits"),
+        (dict(length=10, batch_size=2**62), ValueError, "batch_size must be in 1..2**24"),  # 32 EiB at the first batch
+        (dict(batch_size=2**24 + 1), ValueError, "batch_size must be in 1..2**24"),
         (dict(length=100, batch_size=30, mode=CYCLIC, shard=(0, 4)), ValueError, "CYCLIC"),
         (dict(length=5, batch_size=6, mode=CYCLIC), ValueError, "smaller batch"),
     ],

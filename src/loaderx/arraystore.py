@@ -54,6 +54,7 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
+from ._checks import check_flag, check_int
 from ._fs import OS_FS, OsFs, make_dirs_durable, write_file_atomic
 from .converter import build_dense_store
 from .dataset import SCHEMA_FILE, DenseDataset, StrPath, _int_index, _is_int, _record_indices
@@ -103,7 +104,7 @@ class ArrayStore:
 
     def __init__(self, path: StrPath, durable: bool = True, *, _fs: OsFs = OS_FS) -> None:
         self.path = os.fspath(path)
-        self.durable = bool(durable)
+        self.durable = check_flag("durable", durable)  # durable="no" is truthy: refused, not taken as True
         self._fs = _fs  # the file-system seam; tests pass a simulated disk
         self._root_synced = True  # False after a rename of a non-durable one-array commit, until sync()
         # The deletion of the last commit record is not fsynced (a replay
@@ -206,6 +207,7 @@ class ArrayStore:
     def load(self, name: str, lazy: bool = False) -> npt.NDArray[Any] | LazyArray:
         """The whole array (one native gather into a fresh array), or with
         ``lazy=True`` at once a ``LazyArray`` that reads only the rows asked for."""
+        lazy = check_flag("lazy", lazy)
         entry = self._entry(name)
         return LazyArray(entry) if lazy else entry.read_all()
 
@@ -279,9 +281,8 @@ class ArrayStore:
         if buffer_size is None:
             rows = max(1, STREAM_BYTES // max(entry.row_bytes, 1))
         else:
-            if not _is_int(buffer_size) or buffer_size <= 0:
-                raise ValueError(f"buffer_size must be a positive number of rows, got {buffer_size!r}")
-            rows = int(buffer_size)
+            # No upper bound: a chunk is never more than the array's rows.
+            rows = check_int("buffer_size (rows)", buffer_size, 1)
         return _stream(entry, rows)
 
     def dataset(self, name: str) -> DenseDataset:
@@ -837,6 +838,13 @@ def _codec_name(codec: str) -> str:
 
 
 def _array_to_save(name: str, value: npt.ArrayLike) -> np.ndarray:
+    if isinstance(value, (str, bytes)):
+        # A path or a mistyped value, not an array: np.asarray would make it a
+        # 0-d string array and replace the array that had the name.
+        raise TypeError(
+            f"cannot save '{name}': got {type(value).__name__} {value[:40]!r}, not an array; save takes "
+            f"{{name: array}} (a 0-d string array, if that is meant, is np.array({value[:40]!r}))"
+        )
     array = value if isinstance(value, np.ndarray) else np.asarray(value)
     if array.dtype.hasobject:
         raise ValueError(f"cannot save '{name}': dtype {array.dtype} holds Python objects; convert it to a numeric, string or bytes dtype")

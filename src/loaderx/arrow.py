@@ -61,7 +61,7 @@ import numpy as np
 from ._fs import write_file_atomic
 from .converter import (
     _RECORD_COST_BYTES, _SAMPLE_BUDGET_MAX, _TRIAL_BYTES_MAX, _TRIAL_RECORDS_MAX, CHUNK_BYTES, DICT_BYTES, _auto_codec, _codec_name,
-    _packed_trial, _positive_int, _Progress, _shuffled_samples, _Writer,
+    _packed_trial, check_chunk_bytes, check_progress, _Progress, _shuffled_samples, _Writer,
 )
 from .dataset import DenseDataset, RaggedDataset, Schema, StrPath
 
@@ -122,7 +122,8 @@ def from_arrow(
     records shuffled). ``chunk_bytes`` bounds the row data read
     and appended at once; ``progress`` shows a bar on a terminal.
     """
-    chunk_bytes = _positive_int(chunk_bytes, "chunk_bytes")
+    chunk_bytes = check_chunk_bytes(chunk_bytes)
+    check_progress(progress)
     reader = _open_source(source)
     plan = _plan(reader.schema, columns, codec)
     path = os.fspath(path)

@@ -12,9 +12,13 @@ every shard, records named by their global index) or a column directory
 written by ``loaderx.arrow.from_arrow`` (``columns.msgpack``: every column).
     loaderx bench                      quick figures for this machine
 
-Output is for people; ``--json`` prints one JSON object for scripts instead.
-Exit status: 0 done, 1 ``verify`` found damage, 2 an error (bad arguments, a
-path that is not a store, a store another process is writing).
+Output is for people; ``--json`` prints one JSON object for scripts instead,
+an error included (``{"ok": false, "error": ..., "error_type": ...,
+"exit_status": 2}``). Global options (``--json``) go before or after the
+command alike. Exit status: 0 done, 1 ``verify`` found damage, 2 an error
+(bad arguments, a path that is not a store, a store another process is
+writing); a reader that closes the pipe early (``| head``) ends the command
+quietly with 141, as SIGPIPE would.
 
 Built on the standard library's ``argparse``: the command needs nothing the
 library does not already depend on.
@@ -26,11 +30,13 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 import numpy as np
 
@@ -50,6 +56,11 @@ __all__ = ["main"]
 EXIT_OK = 0
 EXIT_DAMAGED = 1
 EXIT_ERROR = 2
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell reports for a command SIGPIPE ended
+#: bench keeps its 12 KiB records in memory and writes two stores of them:
+#: 2**18 records are 3 GiB of memory and 6 GiB of disk, past what a quick
+#: figure needs (scripts/bench.py measures larger sets).
+_BENCH_RECORDS_MAX = 1 << 18
 _LENGTHS_CHUNK = 1 << 20  # records per lengths() call when summing raw bytes
 _DAMAGED_SHOWN = 50  # damaged indices printed by name; --json lists them all
 
@@ -58,40 +69,81 @@ class CommandError(Exception):
     """A failure the command reports in one line (exit status 2)."""
 
 
+class _UsageError(Exception):
+    """Bad arguments: raised by the parser instead of exiting, so that an
+    error under ``--json`` is a JSON object too."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(self, message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help(sys.stderr)
-        return EXIT_ERROR
+    argv = sys.argv[1:] if argv is None else list(argv)
+    as_json = "--json" in argv[:argv.index("--")] if "--" in argv else "--json" in argv
+    try:
+        try:
+            args = _parser().parse_args(argv)
+        except _UsageError as exc:
+            if not as_json:
+                exc.parser.print_usage(sys.stderr)
+            return _fail(str(exc), as_json, "UsageError")
+        if args.command is None:
+            _parser().print_help(sys.stderr)
+            return _fail("give a command: info, verify, compact, convert or bench", as_json, "UsageError")
+        return _run(args)
+    except BrokenPipeError:
+        # The reader went away (`loaderx bench --json | head`): nothing more
+        # to say to it. Point stdout at /dev/null so the interpreter's final
+        # flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         status: int = args.run(args)  # the subcommand's exit status
         return status
+    except BrokenPipeError:
+        raise
     except StoreLockedError as exc:
         advice = "" if "another process" in str(exc) else " (another process is writing to this store: retry when it is done)"
-        return _fail(f"{exc}{advice}")
+        return _fail(f"{exc}{advice}", args.json, type(exc).__name__)
     except (CommandError, ZrecordError, ValueError, OSError) as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), args.json, type(exc).__name__)
     except KeyboardInterrupt:
-        return _fail("interrupted")
+        return _fail("interrupted", args.json, "KeyboardInterrupt")
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, as_json: bool = False, kind: str = "CommandError") -> int:
+    """Reports an error: one line on stderr, and under ``--json`` one JSON
+    object on stdout, for scripts that read only that."""
     print(f"loaderx: error: {message}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"ok": False, "error": message, "error_type": kind, "exit_status": EXIT_ERROR}, indent=2))
+        sys.stdout.flush()
     return EXIT_ERROR
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="loaderx",
         description="Inspect, verify, compact, convert and benchmark loaderx stores.",
-        epilog="Exit status: 0 done, 1 verify found damage, 2 error.",
+        epilog="Exit status: 0 done, 1 verify found damage, 2 error. --json goes before or after the command.",
     )
     parser.add_argument("--version", action="version", version=f"loaderx {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text (errors too)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    common = _Parser(add_help=False)
+    # SUPPRESS: a --json before the command is not reset by the command's own default.
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print one JSON object instead of text (errors too)")
 
     info = commands.add_parser("info", parents=[common], help="what a store, dataset or ArrayStore holds")
     info.add_argument("path", metavar="PATH")
@@ -125,6 +177,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def _emit(args: argparse.Namespace, result: dict[str, Any], text: Callable[[dict[str, Any]], str]) -> None:
     print(json.dumps(result, indent=2) if args.json else text(result))
+    sys.stdout.flush()  # a closed pipe raises here, inside main, not at the interpreter's exit
+
+
+def _plural(count: int, noun: str) -> str:
+    """``1 array``, ``2 arrays``, ``1,000 records``."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 # ---- what a path is ------------------------------------------------------------
@@ -274,7 +332,7 @@ def _ratio(info: dict[str, Any]) -> str:
 
 def _info_text(info: dict[str, Any]) -> str:
     if info["kind"] == "arraystore":
-        lines = [f"{info['path']}: ArrayStore, {len(info['arrays'])} arrays, {_size(info['disk_bytes'])} on disk "
+        lines = [f"{info['path']}: ArrayStore, {_plural(len(info['arrays']), 'array')}, {_size(info['disk_bytes'])} on disk "
                  f"({_ratio(info)})"]
         for entry in info["arrays"]:
             lines.append(f"  {entry['name']}: {entry['dtype']} {tuple(entry['shape'])}, codec {entry['codec']}, "
@@ -306,7 +364,8 @@ def _info_text(info: dict[str, Any]) -> str:
 
 
 def _columns_text(info: dict[str, Any]) -> str:
-    lines = [f"{info['path']}: loaderx column directory, {len(info['columns'])} columns of {info['records']:,} records, "
+    lines = [f"{info['path']}: loaderx column directory, {_plural(len(info['columns']), 'column')} of "
+             f"{_plural(info['records'], 'record')}, "
              f"{_size(info['disk_bytes'])} on disk ({_ratio(info)})"]
     for entry in info["columns"]:
         if "shape" in entry:
@@ -479,25 +538,65 @@ def _is_parquet_source(source: str) -> bool:
     return source.lower().endswith(".parquet") or os.path.isdir(source) or any(char in source for char in "*?[")
 
 
-def _convert_npy(args: argparse.Namespace) -> int:
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGIC = b"PK\x03\x04"  # an .npz archive
+
+
+def _load_npy(source: str) -> Any:  # Any: an array, or the NpzFile the caller refuses
+    """``np.load`` without pickles. NumPy takes a file without its header for
+    a pickle and advises ``allow_pickle=True``, which would run the file's
+    code: say what the file is instead, and never advise an unsafe load."""
     try:
-        source = np.load(args.source, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError) as exc:
-        raise CommandError(f"cannot read '{args.source}' as a .npy file: {exc}") from None
+        with open(source, "rb") as handle:
+            head = handle.read(len(_NPY_MAGIC))
+    except OSError as exc:
+        raise CommandError(f"cannot read '{source}': {exc.strerror or exc}") from None
+    if not head.startswith((_NPY_MAGIC, _ZIP_MAGIC)):
+        raise CommandError(f"'{source}' is not a .npy file (it does not start with NumPy's header): "
+                           "give an array saved with np.save, or Parquet files")
+    try:
+        return np.load(source, mmap_mode="r", allow_pickle=False)
+    except ValueError as exc:
+        if "pickle" not in str(exc) and "Python objects" not in str(exc):
+            raise CommandError(f"cannot read '{source}' as a .npy file: {exc}") from None
+        raise CommandError(f"'{source}' holds Python objects (pickled), which loaderx never loads: "
+                           "save a numeric, string or bytes array with np.save and convert that") from None
+    except OSError as exc:
+        raise CommandError(f"cannot read '{source}' as a .npy file: {exc}") from None
+
+
+def _convert_npy(args: argparse.Namespace) -> int:
+    source = _load_npy(args.source)
     if not isinstance(source, np.ndarray):
         source.close()
         raise CommandError(f"'{args.source}' is an .npz archive: convert one of its arrays, saved with np.save, at a time")
     started = time.perf_counter()
-    rows = from_numpy(args.target, source, codec=args.codec, mode=args.mode, progress=sys.stderr if args.progress else True)
+    try:
+        rows = from_numpy(args.target, source, codec=args.codec, mode=args.mode, progress=sys.stderr if args.progress else True)
+    except FileExistsError:  # the library's advice names its keyword: a CLI user needs the flag
+        raise CommandError(f"'{args.target}' exists and --mode x refuses to replace it: give a new path, "
+                           "--mode w (the default) to replace it or --mode a to append to it") from None
+    except ValueError as exc:
+        if not str(exc).startswith("cannot append to"):
+            raise
+        raise CommandError(_cli_words(str(exc))) from None
     seconds = time.perf_counter() - started
     info = _store_info(args.target, "dense")
     result = {"source": args.source, "rows_written": rows, "seconds": round(seconds, 3), "store": info}
     _emit(args, result, lambda r: (
-        f"{r['source']} -> {info['path']}: {rows:,} rows written in {seconds:.1f} s; the dataset holds "
-        f"{info['records']:,} {info['dtype']} items of shape {tuple(info['item_shape'])}, codec {info['codec']}, "
+        f"{r['source']} -> {info['path']}: {_plural(rows, 'row')} written in {seconds:.1f} s; the dataset holds "
+        f"{_plural(info['records'], str(info['dtype']) + ' item')} of shape {tuple(info['item_shape'])}, codec {info['codec']}, "
         f"{_size(info['raw_bytes'])} in {_size(info['disk_bytes'])} on disk ({_ratio(info)})"
     ))
     return EXIT_OK
+
+
+def _cli_words(message: str) -> str:
+    """A converter's schema-mismatch advice in the command's terms: its
+    ``pass codec='x'`` is ``--codec x`` here, and the schema= keyword has no
+    flag (convert the array first)."""
+    message = re.sub(r"pass codec='([a-z0-9_]+)'", r"pass --codec \1", message)
+    return re.sub(r"\(pass schema=\{'dtype': '([^']+)'\} to convert\)", r"(save the array as \1 first)", message)
 
 
 def _convert_parquet(args: argparse.Namespace) -> int:
@@ -530,7 +629,7 @@ def _convert_parquet(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - started
     info = _columns_info(target)
     result = {"source": args.source, "rows_written": rows, "seconds": round(seconds, 3), "columns": info}
-    _emit(args, result, lambda r: f"{r['source']} -> {target}: {rows:,} rows written in {seconds:.1f} s\n" + _columns_text(info))
+    _emit(args, result, lambda r: f"{r['source']} -> {target}: {_plural(rows, 'row')} written in {seconds:.1f} s\n" + _columns_text(info))
     return EXIT_OK
 
 
@@ -663,8 +762,9 @@ def _machine() -> dict[str, Any]:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    if args.records < _BATCH:
-        raise CommandError(f"--records must be at least the batch size {_BATCH}, got {args.records}")
+    if not _BATCH <= args.records <= _BENCH_RECORDS_MAX:
+        raise CommandError(f"--records must be in {_BATCH}..{_BENCH_RECORDS_MAX:,} (at least one batch; at most "
+                           f"3 GiB of records in memory), got {args.records:,}")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="loaderx-bench-", dir=args.dir) as root:
         rows = _bench_rows(args.records)

@@ -29,7 +29,6 @@ import dataclasses
 import fcntl
 import itertools
 import math
-import operator
 import os
 import shutil
 import sys
@@ -40,15 +39,21 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
+from ._checks import check_int
 from ._fs import OS_FS, write_file_durable
 from ._native import LIMITS
 from .dataset import SCHEMA_FILE, Schema, StrPath, read_schema, write_schema
 from .zrecord import CODECS, SHUFFLE_ELEMENT_BYTES, StoreLockedError, Zrecord, ZrecordError, codec_id, encoded_bytes, shuffled_codec
 
-__all__ = ["from_iterator", "from_numpy"]
+__all__ = ["from_iterator", "from_numpy", "CHUNK_BYTES_MAX"]
 
 MiB = 1 << 20
 CHUNK_BYTES = 64 * MiB
+#: chunk_bytes is a memory budget: a chunk of rows is read (and for
+#: from_iterator a buffer of that size allocated) before each append. 4 GiB
+#: is 64x the default, which already appends at disk speed; 10**15 asked
+#: for a petabyte buffer.
+CHUNK_BYTES_MAX = 4 << 30
 DICT_BYTES = 112 * 1024
 DICT_BYTES_MIN = LIMITS["dict_bytes_min"]
 DICT_BYTES_MAX = LIMITS["dict_bytes_max"]
@@ -98,8 +103,9 @@ def from_numpy(
     if codec == "auto" and isinstance(schema, dict) and "codec" in schema:
         codec = _codec_name(schema["codec"])  # a schema that names its codec is followed
     mode = _mode(mode)
-    chunk_bytes = _positive_int(chunk_bytes, "chunk_bytes")
+    chunk_bytes = check_chunk_bytes(chunk_bytes)
     dict_size = _dict_size(dict_size, codec)
+    check_progress(progress)
     source = _array_like(array)
     shape = tuple(int(size) for size in source.shape)
     if not shape:
@@ -159,8 +165,9 @@ def from_iterator(
     if codec == "auto" and isinstance(schema, dict) and "codec" in schema:
         codec = _codec_name(schema["codec"])  # a schema that names its codec is followed
     mode = _mode(mode)
-    chunk_bytes = _positive_int(chunk_bytes, "chunk_bytes")
+    chunk_bytes = check_chunk_bytes(chunk_bytes)
     dict_size = _dict_size(dict_size, codec)
+    check_progress(progress)
     try:
         total: int | None = len(source)  # type: ignore[arg-type]  # sized sources only: the others raise TypeError
     except TypeError:
@@ -439,14 +446,16 @@ def _mode(mode: object) -> str:
     return mode
 
 
-def _positive_int(value: Any, name: str) -> int:  # Any: checked here
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
-    if number <= 0:
-        raise ValueError(f"{name} must be positive, got {number}")
-    return number
+def check_chunk_bytes(value: Any) -> int:  # Any: checked here
+    """``chunk_bytes`` of a converter: an int in 1..CHUNK_BYTES_MAX."""
+    return check_int("chunk_bytes", value, 1, CHUNK_BYTES_MAX)
+
+
+def check_progress(progress: Any) -> None:  # Any: checked here
+    """``progress`` is True, False or a text stream (anything with ``write``):
+    a string such as ``"yes"`` is refused, not taken as a truthy flag."""
+    if not isinstance(progress, (bool, np.bool_)) and not callable(getattr(progress, "write", None)):
+        raise TypeError(f"progress must be True, False or a text stream such as sys.stderr, got {type(progress).__name__} {progress!r}")
 
 
 def _dict_size(dict_size: int | None, codec: str) -> int:
@@ -454,10 +463,8 @@ def _dict_size(dict_size: int | None, codec: str) -> int:
         return DICT_BYTES
     if not _uses_dictionary(codec):
         raise ValueError(f"dict_size only applies to codec='zstd_dict' (or a zstd_dict_shuffle codec), not {codec!r}")
-    size = _positive_int(dict_size, "dict_size")
-    if not DICT_BYTES_MIN <= size <= DICT_BYTES_MAX:
-        raise ValueError(f"dict_size must be {DICT_BYTES_MIN} B to {DICT_BYTES_MAX} B, got {size}")
-    return size
+    # The bounds are the core's (zig/format.zig): zstd cannot train below 256 B.
+    return check_int("dict_size", dict_size, DICT_BYTES_MIN, DICT_BYTES_MAX)
 
 
 def _check_dtype(dtype: np.dtype, what: str) -> None:

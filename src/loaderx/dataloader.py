@@ -13,11 +13,13 @@ the token stream after the last delivered batch, goes into the checkpoint.
 Threading model. ``num_workers`` threads claim steps in order from a shared
 counter, at most ``prefetch_size`` steps ahead of the consumer: a step is
 *in flight* from its claim until the consumer takes it, so at most
-``prefetch_size`` batches exist at once. A worker computes step k (the native
-calls release the GIL, so workers overlap) and puts it in slot
-``k % prefetch_size``; the consumer takes slot ``k % prefetch_size`` for step
+``prefetch_size`` batches exist at once, and only the batches in flight are
+allocated. A worker computes step k (the native calls release the GIL, so
+workers overlap) and hands it over under the key k; the consumer takes step
 k, in step order, whatever order the workers finish in. The workers start at
 the first ``next()``, so ``load_state_dict`` can set the step before any work.
+Every size (``num_workers``, ``prefetch_size``, the sampler's) has a range
+checked in the constructor (``NUM_WORKERS_MAX``, ``PREFETCH_SIZE_MAX``).
 
 ``transform`` runs in the worker threads, concurrently (as in loaderx 0.9): it
 must be thread-safe, and it is the collate step (a batch dict in, anything
@@ -46,20 +48,37 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from ._checks import check_flag, check_int, check_state_int
 from .dataset import DenseDataset, RaggedDataset
 from .mixing import Mixer, check_sources
 from .packing import Packing, make_packer
 from .processes import ProcessTransform, check_picklable
-from .sampler import Sampler
+from .sampler import STEP_MAX, Sampler
 from .schedule import ElasticError, Schedule, elastic_anchor
 from .streams import RaggedBatch, reader_for
 
-__all__ = ["DataLoader", "ElasticError", "LoaderError", "Packing", "RaggedBatch", "STATE_VERSION"]
+__all__ = ["DataLoader", "ElasticError", "LoaderError", "Packing", "RaggedBatch", "STATE_VERSION",
+           "NUM_WORKERS_MAX", "PREFETCH_SIZE_MAX", "PROCESS_WORKERS_MAX"]
 
 #: Version 2 added the global batch and the anchor of an elastic resume;
 #: version 1 states (no anchor) still load.
 STATE_VERSION = 2
 _STATE_VERSIONS = (1, 2)
+#: At most this many batches in flight. prefetch_size is a memory budget
+#: (every batch in flight is allocated): 1024 batches of 256 x 12 KiB records
+#: are 3 GiB, and at a millisecond or more per batch they hide a stall of
+#: over a second; past that a larger value only grows memory (10**6 took
+#: 6.4 GB and 15 s before the first batch, 10**9 never got there).
+PREFETCH_SIZE_MAX = 1024
+#: Worker threads. At most prefetch_size steps are in flight, so a worker
+#: beyond PREFETCH_SIZE_MAX never gets a step to compute; 1024 threads start
+#: in about 0.25 s here (10**4 took 8.6 s to the first batch, 10**6 hung).
+NUM_WORKERS_MAX = PREFETCH_SIZE_MAX
+#: Worker processes (transform_processes=True): one spawned interpreter per
+#: worker, each holding NumPy and the transform (tens of MB). A transform in
+#: a process holds that process's GIL for all its time, so children past the
+#: cores of a large host (128) only share those cores and cost memory.
+PROCESS_WORKERS_MAX = 128
 _CLOSE_WAIT_SECONDS = 0.5
 _STALL_CHECK_SECONDS = 1.0
 
@@ -189,16 +208,20 @@ class _Pipeline:
     """The worker threads and the slots they hand batches over in.
 
     Invariants (under ``lock``): ``next_step <= claimed <= next_step +
-    capacity``; a slot holds only step ``s`` with ``s % capacity`` its
-    index and ``next_step <= s < claimed``; ``outputs[s % capacity]`` holds
-    the arrays of each step ``claimed <= s < next_step + capacity``.
+    capacity``; ``slots`` maps only finished steps ``next_step <= s <
+    claimed`` to their entries; ``len(spare) + claimed - next_step <=
+    capacity``, so at most ``capacity`` batches exist at once.
 
-    The output arrays are allocated by the consumer's thread (when it starts
-    the pipeline, and for step ``k + capacity`` when it takes step k), not by
-    the workers. The consumer frees them too, so they come from one malloc
-    arena: allocated in the workers, each multi-MiB batch came from a
-    per-thread arena that glibc trimmed back to the kernel after every
-    batch, and page-faulting it in again cost about as much as the gather.
+    Output arrays are allocated as they are needed, not ``capacity`` of them
+    up front (``prefetch_size=10**6`` used to allocate 6.4 GB before the first
+    batch). ``spare`` holds arrays for steps not yet claimed; the consumer's
+    thread allocates them (one at the start, and one each time it takes a
+    step, while fewer than ``num_workers`` wait and there is room), and
+    frees them too, so in the steady state they come from one malloc arena:
+    allocated in the workers, each multi-MiB batch came from a per-thread
+    arena that glibc trimmed back to the kernel after every batch, and
+    page-faulting it in again cost about as much as the gather. A worker
+    that finds no spare (while the pipeline fills) allocates its own.
     """
 
     def __init__(
@@ -209,8 +232,9 @@ class _Pipeline:
         self.lock = threading.Lock()
         self.ready = threading.Condition(self.lock)  # the consumer waits for its step
         self.space = threading.Condition(self.lock)  # workers wait for room to claim
-        self.slots: list[Any] = [None] * capacity
-        self.outputs: list[Any] = [batches.allocate() for _ in range(capacity)]
+        self.num_workers = num_workers
+        self.slots: dict[int, tuple[int, Any, _StepFailure | None, Any]] = {}
+        self.spare: list[list[Any]] = [batches.allocate()]
         self.next_step = first_step
         self.claimed = first_step
         self.first_step = first_step
@@ -241,8 +265,7 @@ class _Pipeline:
                     return
                 step = self.claimed
                 self.claimed += 1
-                outputs = self.outputs[step % self.capacity]
-                self.outputs[step % self.capacity] = None
+                outputs = self.spare.pop() if self.spare else None
                 try:
                     plan = self.batches.plan()
                 except BaseException as exc:
@@ -250,13 +273,16 @@ class _Pipeline:
             try:
                 if isinstance(plan, _StepFailure):
                     raise plan
+                if outputs is None:
+                    outputs = self._allocate(step)
                 entry: tuple[int, Any, _StepFailure | None, Any] | None = (step, self.batches.compute(step, plan, indices, outputs, runner), None, plan)
             except _StepFailure as failure:
                 entry = (step, None, failure, None)
             with self.lock:
                 if self.closed:
                     return
-                self.slots[step % self.capacity] = entry
+                assert entry is not None and step not in self.slots
+                self.slots[step] = entry
                 self.ready.notify()
                 if step == self.first_step:
                     self.space.notify_all()  # the prefetching may start
@@ -266,7 +292,14 @@ class _Pipeline:
         """True while the first step is being computed: it runs alone, with all
         the native threads, so the first batch arrives after one batch's time
         rather than after ``num_workers`` batches computed side by side."""
-        return self.claimed > self.first_step and self.next_step == self.first_step and self.slots[self.first_step % self.capacity] is None
+        return self.claimed > self.first_step and self.next_step == self.first_step and self.first_step not in self.slots
+
+    def _allocate(self, step: int) -> list[Any]:
+        """A worker's own output arrays, when the consumer left no spare."""
+        try:
+            return self.batches.allocate()
+        except BaseException as exc:
+            raise _StepFailure(step, "allocating the batch", exc) from exc
 
     def take(self) -> tuple[Any, Any]:
         """The next step's batch and its plan, in step order; raises ``_StepFailure``."""
@@ -275,18 +308,20 @@ class _Pipeline:
                 if self.closed:
                     raise RuntimeError("the DataLoader was closed")
                 step = self.next_step
-                index = step % self.capacity
-                if self.slots[index] is not None:
+                if step in self.slots:
                     break
                 if not self.ready.wait(_STALL_CHECK_SECONDS) and not any(thread.is_alive() for thread in self.threads):
                     raise RuntimeError("the DataLoader's worker threads are gone (was the interpreter shutting down?)")
-            entry_step, batch, failure, plan = self.slots[index]
+            entry_step, batch, failure, plan = self.slots[step]
             assert entry_step == step, (entry_step, step)
             if failure is not None:
                 raise failure
-            self.slots[index] = None
-            self.outputs[index] = self.batches.allocate()
+            del self.slots[step]
             self.next_step = step + 1
+            # Replaces the batch handed out while workers could use it, within the budget.
+            if len(self.spare) < min(self.num_workers, self.capacity - (self.claimed - self.next_step)):
+                self.spare.append(self.batches.allocate())
+            assert len(self.spare) + self.claimed - self.next_step <= self.capacity
             self.space.notify()
         return batch, plan
 
@@ -297,14 +332,14 @@ class _Pipeline:
     def queue_depth(self) -> int:
         """Batches ready and waiting for the consumer."""
         with self.lock:
-            return sum(slot is not None for slot in self.slots)
+            return len(self.slots)
 
     def close(self) -> None:
         with self.lock:
             if not self.closed:
                 self.closed = True
-                self.slots = [None] * self.capacity
-                self.outputs = [None] * self.capacity
+                self.slots = {}
+                self.spare = []
                 self.space.notify_all()
                 self.ready.notify_all()
         self._close_runners()
@@ -343,14 +378,15 @@ class DataLoader:
             sources = _check_sources(streams)
             streams = sources[0]
         self._streams = _check_streams(streams)
-        self._num_workers = _count("num_workers", num_workers, minimum=0)
-        self._prefetch_size = _count("prefetch_size", prefetch_size, minimum=1)
+        self._num_workers = check_int("num_workers", num_workers, 0, NUM_WORKERS_MAX)
+        self._prefetch_size = check_int("prefetch_size", prefetch_size, 1, PREFETCH_SIZE_MAX)
         if not callable(transform):
             raise TypeError(f"transform must be callable (a batch dict in, a batch out), got {type(transform).__name__}")
-        self._processes = bool(transform_processes)
+        self._processes = check_flag("transform_processes", transform_processes)
         if self._processes:
             if self._num_workers == 0:
                 raise ValueError("transform_processes=True runs the transform in the workers' processes: set num_workers >= 1")
+            check_int("num_workers with transform_processes=True", self._num_workers, 1, PROCESS_WORKERS_MAX)
             check_picklable(transform)
         length = len(next(iter(self._streams.values())))
         self._sampler = Sampler(length, batch_size, mode, seed=seed, shard=shard)
@@ -522,7 +558,10 @@ class DataLoader:
         the global batch (``batch_size * world_size``) is the same: the global
         stream is then identical. A different global batch continues the same
         global order from the exact next sample in SEQUENTIAL and CYCLIC mode
-        (elastic resume); in IID mode it raises ``ElasticError``.
+        (elastic resume); in IID mode it raises ``ElasticError``. Pass the state
+        as ``state_dict()`` returned it: this loader's own ``shard`` and
+        ``batch_size`` apply, and a state whose ``batch_size`` or ``shard`` was
+        edited (so that they no longer make its ``global_batch``) is refused.
         """
         if self._pipeline is not None or self._step != 0 or self._closed:
             raise RuntimeError("load_state_dict must be called before iterating: create a new DataLoader and load the state into it")
@@ -539,10 +578,10 @@ class DataLoader:
         ]
         if differences:
             raise ValueError("state was saved by a differently configured DataLoader: " + ", ".join(differences))
-        step = state["step"]
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-            raise ValueError(f"state step must be a non-negative int, got {step!r}")
+        step = check_state_int("state step", state["step"], STEP_MAX)
         saved_schedule = Schedule(saved, state.get("anchor"))
+        if saved_schedule.anchor is not None and saved_schedule.anchor["step"] > step:
+            raise ValueError(f"state step {step} comes before its anchor's step {saved_schedule.anchor['step']}: the state is damaged")
         _check_global_batch(state, saved_schedule)
         _check_mixing(state, self._batches.mixer, saved_schedule)
         packer = self._batches.packer
@@ -553,9 +592,9 @@ class DataLoader:
             packer.load(state["packing"])
             self._packing_state = packer.state()
         else:
-            anchor = elastic_anchor(saved_schedule, int(step), self._batches.schedule)
+            anchor = elastic_anchor(saved_schedule, step, self._batches.schedule)
             self._batches.schedule = Schedule(mine, anchor)
-        self._step = int(step)
+        self._step = step
 
     def __repr__(self) -> str:
         names = ", ".join(self._streams)
@@ -578,10 +617,19 @@ def _saved_sampler(state: Mapping[str, Any]) -> Sampler:
 
 
 def _check_global_batch(state: Mapping[str, Any], schedule: Schedule) -> None:
+    """A state's ``global_batch`` is what its ``batch_size`` and ``shard`` made
+    when it was saved. They disagree when someone edited the state, as an
+    older README's Scaling-out recipe told users to: that is not needed, and
+    with another global batch it would misplace the resume point."""
     recorded = state.get("global_batch", schedule.global_batch)
+    if isinstance(recorded, bool) or not isinstance(recorded, (int, np.integer)):
+        raise ValueError(f"state global_batch must be an int, got {recorded!r}: the state is damaged")
     if recorded != schedule.global_batch:
         raise ValueError(
-            f"state global_batch {recorded!r} is not its batch_size * world_size = {schedule.global_batch}: the state is damaged"
+            f"state global_batch {recorded} is not its batch_size * world_size = {schedule.global_batch}: "
+            f"its batch_size or shard was edited after state_dict() returned it. Load the state as saved: "
+            f"load_state_dict resumes on another world size or global batch by itself (elastic resume, "
+            f"exact in SEQUENTIAL and CYCLIC mode and with packing), from the loader's own shard and batch_size"
         )
 
 
@@ -650,9 +698,3 @@ def _shard_key(shard: Any) -> object:  # Any: a malformed shard is stored as giv
     return None if pair == [0, 1] else pair
 
 
-def _count(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)

@@ -28,6 +28,7 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
+from ._checks import check_flag, check_int
 from ._fs import read_at_most, write_file_atomic
 from .zrecord import CODECS, IndexOutOfRangeError, Zrecord, ZrecordError
 
@@ -45,6 +46,10 @@ FORMAT_NAME = "loaderx"
 FORMAT_VERSION = 1
 KINDS = ("dense", "ragged")
 _SCHEMA_BYTES_MAX = 1 << 20
+#: Native threads of one gather (0: one per core). The native pool has one
+#: thread per core, so a larger cap only splits a call into more hand-offs;
+#: 1024 is four times the cores of the largest common hosts.
+THREADS_MAX = 1024
 # Native ragged gathers of one batch before giving up on a store whose
 # records keep growing under it (see RaggedDataset.gather_packed).
 _GATHER_ATTEMPTS = 4
@@ -195,6 +200,10 @@ def _refuse_schemaless(path: str) -> NoReturn:
 
 
 def _is_int(key: object) -> bool:
+    """An int, a NumPy integer, or a 0-d integer array (which NumPy indexes
+    like an int; it used to fail inside reshape)."""
+    if isinstance(key, np.ndarray):
+        return key.ndim == 0 and key.dtype.kind in "iu"
     return isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
 
 
@@ -269,6 +278,8 @@ class _Dataset:
         from .shards import ShardedStore, is_sharded  # shards builds on this module
 
         self.path = os.fspath(path)
+        verify = check_flag("verify", verify)
+        threads = check_int("threads", threads, 0, THREADS_MAX)
         self._store: Zrecord | ShardedStore
         # A sharded dataset has no schema at its top (write_shard refuses a
         # directory that has one): a store's schema is the one look-up.
@@ -375,6 +386,8 @@ class DenseDataset(_Dataset):
         writable C-contiguous array of shape ``(n, *item_shape)`` and this
         dataset's dtype, with one native call; returns ``out``."""
         count = len(indices)
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a NumPy array of dtype {self.dtype} and shape {(count, *self.item_shape)}, got {type(out).__name__}")
         if out.dtype != self.dtype or out.shape != (count, *self.item_shape):
             raise ValueError(
                 f"out must have dtype {self.dtype} and shape {(count, *self.item_shape)}, "
@@ -389,7 +402,7 @@ class DenseDataset(_Dataset):
     def _gather(self, indices: npt.NDArray[np.uint64], shape: tuple[int, ...]) -> npt.NDArray[Any]:
         out = np.empty((indices.size, *self.item_shape), dtype=self.dtype)
         self.gather_into(indices, out)
-        return out.reshape(*shape, *self.item_shape)
+        return out.reshape((*shape, *self.item_shape))
 
     def __getitem__(self, key: Any) -> Any:  # an array, or one element of it for a full index
         rest = None
@@ -457,6 +470,8 @@ class RaggedDataset(_Dataset):
         is the front of ``buffer`` (uint8) when the batch fits, else of a new
         array of exactly its size."""
         indices = np.ascontiguousarray(indices, dtype=np.uint64)
+        if buffer is not None:
+            _check_buffer(buffer)
         capacity = 0 if buffer is None else buffer.nbytes
         needed, offsets = self._store.gather_rows(indices, self._item_bytes, buffer)
         # The lengths may grow between two calls only if another thread
@@ -493,6 +508,17 @@ class RaggedDataset(_Dataset):
         return self[list(idxs) if not isinstance(idxs, np.ndarray) else idxs]
 
 
+def _check_buffer(buffer: object) -> None:
+    """A gather buffer is raw bytes the records are decoded into: a writable,
+    C-contiguous 1-D uint8 array (any other dtype used to fail in a reshape)."""
+    if not isinstance(buffer, np.ndarray) or buffer.dtype != np.uint8:
+        what = f"dtype {buffer.dtype}" if isinstance(buffer, np.ndarray) else type(buffer).__name__
+        raise TypeError(f"buffer must be a 1-D uint8 NumPy array (raw bytes), got {what}: allocate it with np.empty(nbytes, np.uint8)")
+    if buffer.ndim != 1 or not buffer.flags.c_contiguous or not buffer.flags.writeable:
+        raise ValueError(f"buffer must be a writable, C-contiguous 1-D uint8 array, got shape {buffer.shape}"
+                         f"{'' if buffer.flags.c_contiguous else ', not contiguous'}{'' if buffer.flags.writeable else ', read-only'}")
+
+
 def pad(
     records: Iterable[npt.ArrayLike], max_len: int | None = None, pad_value: object = 0,
 ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
@@ -521,12 +547,27 @@ def pad(
         width = operator.index(max_len)
         if width < 0:
             raise ValueError(f"max_len must be non-negative, got {width}")
-    dtype = np.result_type(*{array.dtype for array in arrays})
+    dtype = _common_dtype(arrays)
     padded = np.full((len(arrays), width, *tail), _pad_fill(pad_value, dtype), dtype=dtype)
     lengths = np.minimum(row_counts, width)
     for position, (array, count) in enumerate(zip(arrays, lengths.tolist())):
         padded[position, :count] = array[:count]
     return padded, lengths
+
+
+def _common_dtype(arrays: list[npt.NDArray[Any]]) -> np.dtype[Any]:
+    """The one dtype of the records that hold values (empty ones hold nothing to
+    convert); mixed dtypes are refused rather than silently upcast (int32 and
+    float64 records used to come back as float64)."""
+    holding = [array for array in arrays if array.size] or arrays[:1]
+    dtype = holding[0].dtype
+    for position, array in enumerate(arrays):
+        if array.size and array.dtype != dtype:
+            raise ValueError(
+                f"record {position} has dtype {array.dtype} but the others {dtype}: pad does not convert "
+                f"records silently; cast them to one dtype first (e.g. [r.astype(np.{array.dtype.name}) for r in records])"
+            )
+    return dtype
 
 
 def _pad_fill(pad_value: Any, dtype: np.dtype[Any]) -> npt.NDArray[Any]:  # Any: checked here

@@ -24,10 +24,11 @@ lengths of every document before it. ``Packer.plan`` is therefore called in
 step order (the DataLoader calls it when a worker claims a step, under its
 lock; it reads only lengths, from the store's table); its state is the
 position of the next token, ``{"document": P, "token": t}``: document
-position P of the stream, token t inside it (FIRST_FIT adds its open rows
-and the closed rows not yet handed out, a few KiB). That state does not
-depend on the global batch, so a packed loader resumes exactly with another
-world size or batch size, in every mode.
+position P of the stream, token t inside it (FIRST_FIT places documents
+whole, so its t is always 0; it adds its open rows and the closed rows not
+yet handed out, a few KiB; its states saved without ``"token"`` load).
+That state does not depend on the global batch, so a packed loader resumes
+exactly with another world size or batch size, in every mode.
 
 Rows come with ``segment_ids`` (1, 2, ... for the pieces of a row, in order)
 and ``positions`` (0, 1, ... inside each piece; a document continued from
@@ -44,13 +45,22 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import check_int, check_state_int
 from .dataset import RaggedDataset
-from .sampler import Sampler
+from .sampler import STEP_MAX, Sampler
 
-__all__ = ["DOCUMENT_CHUNK", "Packing", "Strategy", "make_packer"]
+__all__ = ["DOCUMENT_CHUNK", "SEQ_LEN_MAX", "WINDOW_MAX", "Packing", "Strategy", "make_packer"]
 
 DOCUMENT_CHUNK = 1024
 WINDOW = 64
+#: Tokens per row. The longest contexts trained today are a few million
+#: tokens; 2**24 (16.7 M) is well past them, and one row of that many int32
+#: tokens with its segment ids and positions is already 192 MiB.
+SEQ_LEN_MAX = 1 << 24
+#: Open rows of FIRST_FIT. Every piece scans the open rows for room
+#: (O(window) in Python) and the checkpoint carries them: a scan of 4096
+#: full rows takes 0.25 ms here, and the state stays a few MiB.
+WINDOW_MAX = 4096
 
 
 class Strategy(enum.Enum):
@@ -74,10 +84,8 @@ class Packing:
     Strategy = Strategy
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "window"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name, high in (("seq_len", SEQ_LEN_MAX), ("window", WINDOW_MAX)):
+            object.__setattr__(self, name, check_int(name, getattr(self, name), 1, high))
         try:
             object.__setattr__(self, "strategy", Strategy(self.strategy))
         except ValueError:
@@ -143,10 +151,10 @@ class _Packer:
         theirs = {key: state.get(key) for key in mine}
         if theirs != mine:
             raise ValueError(f"state was packed with {theirs}, this loader packs with {mine}: they must match")
+        # Positions are bounded like sampler steps (uint64): past that, the
+        # document's chunk is a step the sampler cannot draw.
         for key in keys:
-            value = state.get(key)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-                raise ValueError(f"state packing {key} must be a non-negative int, got {value!r}")
+            check_state_int(f"state packing {key}", state.get(key), STEP_MAX)
 
     def _gather(self, indices: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Documents ``indices`` whole, back to back, in one native gather; and their offsets."""
@@ -286,11 +294,18 @@ class _FirstFitPacker(_Packer):
         return {**super()._config(), "window": self.window}
 
     def state(self) -> dict[str, Any]:
-        return {**self._config(), "document": self.document,
+        # Documents are placed whole, so the next token is always the first
+        # of the next document: "token" is 0, kept so that every packing
+        # state has the same position keys.
+        return {**self._config(), "document": self.document, "token": 0,
                 "open": [list(row) for row in self.open], "ready": [list(row) for row in self.ready]}
 
     def load(self, state: Any) -> None:  # Any: checked here
-        self._check_state(state, ("document",))
+        if isinstance(state, dict) and "token" not in state:
+            state = {**state, "token": 0}  # saved before FIRST_FIT states held it
+        self._check_state(state, ("document", "token"))
+        if state["token"] != 0:
+            raise ValueError(f"state packing token must be 0 for FIRST_FIT (documents are placed whole), got {state['token']!r}")
         rows = {key: state.get(key) for key in ("open", "ready")}
         for key, value in rows.items():
             if not isinstance(value, list) or not all(_is_row(row, self.seq_len) for row in value):

@@ -38,6 +38,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError(f"loaderx.ray needs Ray Data: pip install 'loaderx[ray]' ({exc})") from exc
 
 from . import shards
+from ._checks import check_flag
 from .dataset import DenseDataset, RaggedDataset, StrPath, read_schema
 
 __all__ = ["LoaderxDatasink", "LoaderxDatasource", "read_dataset", "write_dataset"]
@@ -64,6 +65,7 @@ def write_dataset(
     never overwritten.
     """
     path = os.path.abspath(os.fspath(path))  # Ray workers run in another directory
+    resume = check_flag("resume", resume)
     names = list(columns) if columns is not None else list(dataset.columns())
     if not names:
         raise ValueError("the dataset has no columns to write")

@@ -28,10 +28,18 @@ import numpy as np
 
 from ._native import LIMITS, check, ffi, lib
 
-__all__ = ["Sampler", "LENGTH_MAX"]
+__all__ = ["Sampler", "LENGTH_MAX", "BATCH_SIZE_MAX", "STEP_MAX"]
 
 #: The largest index space: every index then fits an int64 as well as a uint64.
 LENGTH_MAX = LIMITS["sampler_length_max"]
+#: The largest batch: each batch is a fresh array of 8-byte indices, so 2**24
+#: indices are 128 MiB before a single record is read, and the records
+#: themselves at least as much again. Sixteen million rows per step is over
+#: ten times the largest global batches in published training runs (about a
+#: million sequences), while ``Sampler(10, 2**62)`` would ask for 32 EiB.
+BATCH_SIZE_MAX = 1 << 24
+#: Steps are uint64 across the ABI (``zig/sampler.zig``).
+STEP_MAX = (1 << 64) - 1
 _U64_LIMIT = 1 << 64
 _UINT64 = np.dtype(np.uint64)
 _empty = np.empty
@@ -101,8 +109,8 @@ class Sampler:
                 f"length must be in 1..2**63, got {length}"
                 + (": the index space is empty (is the dataset empty?)" if length == 0 else "")
             )
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if not 1 <= batch_size <= BATCH_SIZE_MAX:
+            raise ValueError(f"batch_size must be in 1..2**24 (BATCH_SIZE_MAX, 128 MiB of indices), got {batch_size:,}")
         if not 0 <= seed < _U64_LIMIT:
             raise ValueError(f"seed must be in 0..2**64 - 1, got {seed}")
         global_batch = batch_size * world_size
@@ -235,8 +243,8 @@ class Sampler:
     @staticmethod
     def _check_step(step: object) -> int:
         step = _integer("step", step)
-        if not 0 <= step < _U64_LIMIT:
-            raise ValueError(f"step must be in 0..2**64 - 1, got {step}")
+        if not 0 <= step <= STEP_MAX:
+            raise ValueError(f"step must be in 0..2**64 - 1 (STEP_MAX), got {step}")
         return step
 
     # -- pickling: the parameters and the step, rebuilt natively on load ------

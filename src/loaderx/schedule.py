@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from .sampler import Sampler
+from ._checks import check_state_int
+from .sampler import STEP_MAX, Sampler
 
 __all__ = ["Schedule", "ElasticError"]
 
@@ -143,10 +144,8 @@ def _check_anchor(anchor: object, mode: Sampler.Mode, length: int) -> dict[str, 
     keys = {"step", "cycle", "offset"} if mode == _CYCLIC else {"step", "position"}
     if mode not in (_CYCLIC, _SEQUENTIAL) or set(anchor) != keys:
         raise ValueError(f"state anchor {dict(anchor)!r} does not fit mode {Sampler.Mode(mode).name}")
-    values = {key: anchor[key] for key in keys}
-    for key, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ValueError(f"state anchor {key} must be a non-negative int, got {value!r}")
+    # A step or cycle beyond STEP_MAX names a sampler step that does not exist.
+    values = {key: check_state_int(f"state anchor {key}", anchor[key], STEP_MAX) for key in keys}
     # A cycle's offset may equal the length (the cycle read to its end).
     bound = values["offset"] if mode == _CYCLIC else values["position"] + 1
     if bound > length:

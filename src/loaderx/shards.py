@@ -40,6 +40,7 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
+from ._checks import check_flag
 from ._fs import OS_FS, write_file_atomic
 from ._native import check, ffi, lib
 from .dataset import SCHEMA_FILE, Schema, StrPath, read_schema
@@ -107,6 +108,7 @@ def write_shard(
 
     dataset_dir = os.fspath(dataset_dir)
     name = shard_name(k)
+    overwrite = check_flag("overwrite", overwrite)  # overwrite="no" is truthy: it replaced the shard
     _prepare_directory(dataset_dir)
     if is_sharded(dataset_dir) and name in read_manifest(dataset_dir).names:
         raise FileExistsError(f"shard {k} of '{dataset_dir}' is committed in its manifest and cannot change: write new shards with higher numbers")
@@ -114,7 +116,7 @@ def write_shard(
     if os.path.exists(final) and not overwrite:
         raise FileExistsError(f"shard {k} of '{dataset_dir}' already exists: skip it (see written_shards) or pass overwrite=True")
     temporary = os.path.join(dataset_dir, f"{_TEMPORARY_PREFIX}{name}-{uuid.uuid4().hex}")
-    options: dict[str, Any] = dict(codec=codec, chunk_bytes=chunk_bytes or CHUNK_BYTES, dict_size=dict_size, schema=schema, progress=progress)
+    options: dict[str, Any] = dict(codec=codec, chunk_bytes=CHUNK_BYTES if chunk_bytes is None else chunk_bytes, dict_size=dict_size, schema=schema, progress=progress)
     try:
         if _is_dense_source(data):
             rows = from_numpy(temporary, data, **options)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import check_int
 from .dataset import DenseDataset, RaggedDataset
 
 __all__ = ["RaggedBatch"]
@@ -63,9 +64,8 @@ class RaggedBatch:
         """``(padded, lengths)``: ``(n, max_len, *item_shape)`` with ``pad_value``
         past each record (longer ones truncated), and the rows kept of each."""
         lengths = self.lengths
-        width = int(lengths.max(initial=0)) if max_len is None else int(max_len)
-        if width < 0:
-            raise ValueError(f"max_len must be non-negative, got {width}")
+        # check_int: int(2.7) would truncate a float silently.
+        width = int(lengths.max(initial=0)) if max_len is None else check_int("max_len", max_len, 0)
         kept = np.minimum(lengths, width)
         out = np.full((len(self), width, *self.values.shape[1:]), pad_value, dtype=self.values.dtype)
         columns = np.arange(width)

@@ -8,6 +8,7 @@ atomically; see the README's "Store format" section for the guarantees.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from typing import Any, Callable, Iterable, cast
@@ -15,6 +16,7 @@ from typing import Any, Callable, Iterable, cast
 import numpy as np
 import numpy.typing as npt
 
+from ._checks import check_flag
 from ._native import (
     LIMITS,
     ChecksumError,
@@ -349,6 +351,8 @@ class Zrecord(NativeHandle):
         self.path = os.fspath(path)
         self.codec = codec
         self._codec = codec_id(codec)
+        verify, create, durable = (check_flag(name, value) for name, value in
+                                   (("verify", verify), ("create", create), ("durable", durable)))
         if not isinstance(threads, int) or threads < 0:
             raise InvalidArgumentError(f"threads must be a non-negative int (0: one per core), got {threads!r}")
         # _existing: the caller knows a store is there (a dataset read its
@@ -412,6 +416,12 @@ class Zrecord(NativeHandle):
         try:
             self._call(lib.lx_store_refresh)
         except CorruptStoreError as exc:
+            if _inode(self.path) is None:  # nothing there: not damage, the directory went away
+                raise FileNotFoundError(
+                    errno.ENOENT, f"'{self.path}' was deleted or moved since this handle opened it: "
+                    "open the store at its new path (or write it again); this handle still reads what it had",
+                    self.path,
+                ) from None
             if _inode(self.path) not in (None, self._inode):
                 raise StoreReplacedError(
                     f"'{self.path}' was replaced by a new store (e.g. ArrayStore.save overwrote the array) "
