@@ -135,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="loaderx",
         description="Inspect, verify, compact, convert and benchmark loaderx stores.",
-        epilog="Exit status: 0 done, 1 verify found damage, 2 error. --json goes before or after the command.",
+        epilog="Exit status: 0 done, 1 verify found damage, 2 error, 141 the reader closed the pipe. --json goes before or after the command.",
     )
     parser.add_argument("--version", action="version", version=f"loaderx {__version__}")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text (errors too)")

@@ -544,9 +544,7 @@ def pad(
     if max_len is None:
         width = int(row_counts.max())
     else:
-        width = operator.index(max_len)
-        if width < 0:
-            raise ValueError(f"max_len must be non-negative, got {width}")
+        width = check_int("max_len", max_len, 0)
     dtype = _common_dtype(arrays)
     padded = np.full((len(arrays), width, *tail), _pad_fill(pad_value, dtype), dtype=dtype)
     lengths = np.minimum(row_counts, width)
