@@ -237,6 +237,8 @@ def test_row_counts_are_ints_not_truncated_floats(stores, tmp_path):
     with pytest.raises(TypeError, match="max_len must be an int"):
         batch.padded(max_len=2.7)
     assert batch.padded(max_len=2)[0].tolist() == [[0, 1], [3, 4]]
+    with pytest.raises(TypeError, match="max_len must be an int, got float"):
+        pad([np.arange(3)], max_len=2.0)
     with ArrayStore(tmp_path / "s") as store:
         store.save({"x": np.arange(6)})
         for bad in (True, 2.0):
