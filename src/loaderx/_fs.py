@@ -22,14 +22,20 @@ import os
 import shutil
 from typing import Any, Callable
 
+from ._errors import class_for_errno
+
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
 def _error(exc: OSError, what: str) -> OSError:
-    """``exc`` re-raised as the same OSError subclass with a message that
-    says which call failed on which path."""
+    """``exc`` re-raised with a message that says which call failed on which
+    path: a StoreFullError or StoreReadOnlyError when its errno says so (one
+    hierarchy with the native core's), else the same OSError subclass."""
     reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    store_class = class_for_errno(exc.errno)
+    if store_class is not None:
+        return store_class(f"cannot {what}: {reason}", errno=exc.errno)
     return type(exc)(exc.errno, f"cannot {what}: {reason}")
 
 
