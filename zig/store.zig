@@ -864,6 +864,65 @@ fn expectCommittedFilesOnly(path: []const u8, committed: Superblock) !void {
     }
 }
 
+/// Rewrites byte `at` of the superblock file of the store at `path`.
+fn patchSuperblock(path: []const u8, at: u64, value: ?u8, zero_slot: ?u1) !void {
+    const dir = try io.openDir(path);
+    defer io.closeDir(dir);
+    const file = try io.openFile(dir, superblock_file.file_name, .read_write);
+    defer io.closeFile(file);
+    if (zero_slot) |slot| try io.write(file, &([_]u8{0} ** format.slot_bytes), @as(u64, slot) * format.slot_bytes);
+    if (value) |byte| {
+        var old: [1]u8 = undefined;
+        _ = try io.read(file, &old, at);
+        try io.write(file, &.{old[0] ^ byte}, at);
+    }
+}
+
+test "a slot that held a commit and lost its magic, or a synced generation gone, is damage; a torn slot is not" {
+    const path = "judged";
+    const Case = struct { zero: ?u1, flip_newest: bool, flip_older: bool, forget_synced: bool, generation: u64, damaged: bool };
+    // Three durable appends: generation 3 in slot 1, generation 2 in slot 0.
+    const cases = [_]Case{
+        .{ .zero = 1, .flip_newest = false, .flip_older = false, .forget_synced = false, .generation = 2, .damaged = true },
+        .{ .zero = 0, .flip_newest = false, .flip_older = false, .forget_synced = false, .generation = 3, .damaged = true },
+        .{ .zero = null, .flip_newest = true, .flip_older = false, .forget_synced = false, .generation = 2, .damaged = true },
+        .{ .zero = null, .flip_newest = true, .flip_older = false, .forget_synced = true, .generation = 2, .damaged = false },
+        .{ .zero = null, .flip_newest = false, .flip_older = true, .forget_synced = false, .generation = 3, .damaged = false },
+    };
+    for (cases) |case| {
+        simulated.reset();
+        const writer = try Store.open(path, 1, true, true);
+        for (0..3) |_| _ = try writer.append("abcd", &.{0}, .raw);
+        writer.close();
+        if (case.zero) |slot| try patchSuperblock(path, 0, null, slot);
+        if (case.flip_newest) try patchSuperblock(path, format.slot_bytes + 40, 0x04, null);
+        if (case.flip_older) try patchSuperblock(path, 40, 0x04, null);
+        if (case.forget_synced) {
+            const dir = try io.openDir(path);
+            defer io.closeDir(dir);
+            const lock = try io.openFile(dir, journal.lock_file_name, .read_write);
+            defer io.closeFile(lock);
+            try io.write(lock, &([_]u8{0} ** 16), @offsetOf(format.JournalPage, "synced_generation"));
+        }
+        const store = try Store.open(path, 1, true, true);
+        defer store.close();
+        const info = store.info();
+        try testing.expectEqual(case.generation, info.generation);
+        try testing.expectEqual(@as(u32, 1), info.fell_back);
+        try testing.expectEqual(@intFromBool(case.damaged), info.damaged);
+        try testing.expect(store.fallBackReason().len > 0);
+        var damaged: [3]u64 = undefined;
+        if (case.damaged) {
+            try testing.expectError(error.Corrupt, store.verify(0, store.count(), &damaged));
+            try testing.expectError(error.Corrupt, store.append("efgh", &.{0}, .raw));
+        } else {
+            try testing.expectEqual(@as(u64, 0), try store.verify(0, store.count(), &damaged));
+            _ = try store.append("efgh", &.{0}, .raw);
+            try testing.expectEqual(@as(u32, 0), store.info().fell_back);
+        }
+    }
+}
+
 test "an open that refuses a missing store creates nothing" {
     simulated.reset();
     try testing.expectError(error.NotFound, Store.openWith("missing", 1, false, true, .refuse));

@@ -958,26 +958,13 @@ def _call_text(saves: dict[str, npt.NDArray[Any]], drops: list[str]) -> str:
     return f"drop of {sorted(drops)}"
 
 
-def _first_missing(path: str, fs: OsFs) -> str | None:
-    """The outermost directory of ``path`` that does not exist yet (which
-    creating ``path`` would create), or None when ``path`` exists."""
-    missing = None
-    while not fs.exists(path):
-        missing, parent = path, os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return missing
-
-
 def _open_root(path: str, fs: OsFs) -> None:
     """Creates the ArrayStore directory (durably: its parent is fsynced) or
     checks that ``path`` is one."""
     marker = os.path.join(path, MARKER_FILE)
     if fs.exists(path) and not fs.isdir(path):
         raise ValueError(f"'{path}' is a file, not an ArrayStore directory")
-    created = _first_missing(os.path.abspath(path), fs)
-    make_dirs_durable(path, fs)
+    created = make_dirs_durable(path, fs)
     try:
         payload = fs.read_file(marker, _MARKER_BYTES_MAX + 1)
     except FileNotFoundError:
