@@ -295,7 +295,7 @@ pub const Store = struct {
             return store.setReason("superblock slot {d} is damaged ({s}) although it held a commit (the other slot holds generation {d}); no crash leaves that: it opened at generation {d}, and commits after it may be lost", .{ unusable.slot, unusable.reason, generation, generation });
         }
         if (journal.syncedGeneration(store.dir)) |synced| {
-            if (synced > generation) {
+            if (synced > generation and !store.committedSince(synced)) {
                 store.damaged = true;
                 store.fell_back = true;
                 return store.setReason("generation {d} was committed and synced (the lock file records it), but superblock slot {d} no longer holds it ({s}): it opened at generation {d}, and the commits since are lost", .{ synced, unusable.slot, unusable.reason, generation });
@@ -304,6 +304,19 @@ pub const Store = struct {
         if (unusable.kind == .torn_or_damaged) {
             store.setReason("superblock slot {d} does not decode ({s}): a commit cut short by a crash, or damage to the older slot; it opened at generation {d}, the newest sound one", .{ unusable.slot, unusable.reason, generation });
         }
+    }
+
+    /// Whether the superblock now holds generation `synced` or a later one:
+    /// a reader's read of the slots can overlap a writer's slot write (and
+    /// see it half done) before the writer records the generation, so a
+    /// record newer than what it read is damage only if the slots still
+    /// do not hold it. Called on a path that has not failed.
+    fn committedSince(store: *Store, synced: u64) bool {
+        const again = superblock_file.read(store.dir) catch {
+            status.clear();
+            return false;
+        };
+        return again.superblock.generation >= synced;
     }
 
     fn setReason(store: *Store, comptime text: []const u8, args: anytype) void {
