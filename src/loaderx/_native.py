@@ -183,7 +183,7 @@ _OS_CODES = frozenset({3, 7, 8, 9, 17})
 
 def error_for(status: int, message: str, errno: int = 0) -> ZrecordError:
     """The exception of a native status code (and errno, 0 for none)."""
-    name, cls = CODES.get(status, ("unknown", ZrecordError))
+    cls = CODES.get(status, ("unknown", ZrecordError))[1]
     if errno and status in _OS_CODES:
         return (class_for_errno(errno) or StoreOSError)(message, status, errno)
     return cls(message, status)
