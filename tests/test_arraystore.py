@@ -502,6 +502,27 @@ def test_a_directory_without_a_schema_is_not_an_array(root):
     assert os.listdir(os.path.join(root, "foreign")) == ["notes.txt"]
 
 
+def test_an_array_whose_schema_is_gone_is_damage_not_absence(root, capsys):
+    """Deleting `x/schema.msgpack` made `x` vanish from get_member_list()
+    without an error and `loaderx verify` exit 0. An array directory that
+    holds a store but no schema is a damaged array: listed, its load raises
+    CorruptStoreError, and `loaderx verify` names it and exits 1."""
+    from loaderx.cli import main
+    from loaderx.zrecord import CorruptStoreError
+
+    with ArrayStore(root) as store:
+        store.save({"x": np.arange(5), "y": np.arange(3)})
+    os.unlink(os.path.join(root, "x", "schema.msgpack"))
+    with ArrayStore(root) as store:
+        assert store.get_member_list() == ["x", "y"] and "x" in store
+        with pytest.raises(CorruptStoreError, match="array 'x' .* is damaged"):
+            store.load("x")
+        assert store.load("y").tolist() == [0, 1, 2]
+    assert main(["verify", root]) == 1
+    out = capsys.readouterr().out
+    assert "x: DAMAGED" in out and "ok, 3 records verified" in out
+
+
 def test_a_closed_store_refuses_calls(root):
     """Every call on a closed ArrayStore raises StoreClosedError (a ValueError)."""
     store = ArrayStore(root)

@@ -463,15 +463,31 @@ def test_missing_superblock_with_data_files_is_refused(store_copy):
     assert not (path / "superblock").exists()
 
 
+# The lock file's shared page: `synced_generation` and its check (zig/format.zig JournalPage).
+SYNCED_OFFSET = 40
+
+
+def forget_synced_generation(path: Path) -> None:
+    """Zeroes the lock page's record of the last synced generation: what a
+    writer killed (or a power cut) before it recorded its last commit leaves,
+    like a store written by an older loaderx."""
+    raw = bytearray((path / "lock").read_bytes())
+    raw[SYNCED_OFFSET:SYNCED_OFFSET + 16] = bytes(16)
+    (path / "lock").write_bytes(bytes(raw))
+
+
 @pytest.mark.parametrize("name", sorted(BUILDERS))
-def test_damaged_newest_slot_falls_back_to_the_previous_commit(store_copy, name):
-    """A torn newest slot: readers see the previous commit exactly (or a
-    clear error if that commit's files are gone), and a writer recovers from
-    it: the store takes new writes and holds only the files it names."""
+def test_a_torn_newest_slot_falls_back_to_the_previous_commit(store_copy, name):
+    """A newest slot that fails its checksum while nothing records that its
+    commit finished (a commit cut short by a crash): readers see the previous
+    commit exactly (or a clear error if that commit's files are gone), it is
+    no damage, and a writer recovers from it: the store takes new writes and
+    holds only the files it names."""
     path, ref = store_copy(name)
     raw = bytearray((path / "superblock").read_bytes())
     raw[newest_slot(path) * worker.SLOT_BYTES + 100] ^= 0x10
     (path / "superblock").write_bytes(bytes(raw))
+    forget_synced_generation(path)
     previous = max(ref.accepted) - 1
     try:
         store = Zrecord(path, verify=True)
@@ -480,8 +496,9 @@ def test_damaged_newest_slot_falls_back_to_the_previous_commit(store_copy, name)
         assert "missing" in str(exc)
         return
     with store:
-        assert store.stats()["generation"] == previous
-        assert store.stats()["fell_back"] is True  # and says so
+        stats = store.stats()
+        assert (stats["generation"], stats["fell_back"], stats["damaged"]) == (previous, True, False)
+        assert "cut short by a crash" in stats["fell_back_reason"]
         assert contents(store) == ref.accepted[previous]
         assert store.verify() == []
     with Zrecord(path, codec="zstd") as store:
@@ -490,6 +507,133 @@ def test_damaged_newest_slot_falls_back_to_the_previous_commit(store_copy, name)
     named = worker.named_files(worker.committed_superblock(path))
     on_disk = {f: os.path.getsize(path / f) for f in os.listdir(path) if f not in ("superblock", "lock")}
     assert on_disk == named
+
+
+def zero_slot(raw: bytearray, slot: int) -> None:
+    raw[slot * worker.SLOT_BYTES:(slot + 1) * worker.SLOT_BYTES] = bytes(worker.SLOT_BYTES)
+
+
+def flip_slot(raw: bytearray, slot: int) -> None:
+    raw[slot * worker.SLOT_BYTES + 37] ^= 0x04  # in record_count: the magic stays
+
+
+def swap_slots(raw: bytearray, slot: int) -> None:
+    first, second = bytes(raw[:worker.SLOT_BYTES]), bytes(raw[worker.SLOT_BYTES:])
+    raw[:] = second + first
+
+
+SLOT_DAMAGE = {"zeroed": zero_slot, "flipped": flip_slot, "swapped": swap_slots}
+
+
+@pytest.fixture(scope="module")
+def converted_store(tmp_path_factory):
+    """The issue's store: `from_numpy("dd", np.arange(1000.0))`, whose
+    slots hold generations 0 and 2 (the conversion commits unsynced, then syncs)."""
+    from loaderx import from_numpy
+
+    path = tmp_path_factory.mktemp("converted") / "dd"
+    from_numpy(path, np.arange(1000.0))
+    assert [slot["generation"] for slot in worker.read_slots(path)] == [0, 2]
+    return path
+
+
+# (store, damage, which slot) -> (generation opened, fell_back, damaged).
+# "newest"/"older": the slot holding the store's newest / older generation.
+SLOT_CASES = {
+    ("dd", "zeroed", "newest"): (0, True, True),
+    ("dd", "zeroed", "older"): (2, True, True),
+    ("dd", "flipped", "newest"): (0, True, True),
+    ("dd", "flipped", "older"): (2, True, False),
+    ("indexed", "zeroed", "newest"): ("previous", True, True),
+    ("indexed", "zeroed", "older"): ("final", True, True),
+    ("indexed", "flipped", "newest"): ("previous", True, True),
+    ("indexed", "flipped", "older"): ("final", True, False),
+    ("dd", "swapped", "both"): (2, False, False),
+    ("indexed", "swapped", "both"): ("final", False, False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SLOT_CASES), ids="-".join)
+def test_every_slot_damage_has_its_exact_outcome(case, tmp_path, references, converted_store):
+    """Each way a superblock slot can be damaged, in the newest and in the
+    older slot: the generation open takes, and whether it says it fell back
+    and whether it is damage. Damage (a slot that held a commit lost its
+    magic, or the lock file records a synced generation the slots no longer
+    hold) makes verify() raise and writes refuse. A flipped older slot is
+    what a torn commit leaves (the next commit writes that slot): reported,
+    not damage, and the next commit rewrites it. Swapped slots both decode:
+    open takes the newest, and the writer goes on from it."""
+    name, damage_kind, which = case
+    source = converted_store if name == "dd" else references[name].path
+    path = tmp_path / name
+    shutil.copytree(source, path)
+    final = worker.committed_superblock(path)["generation"]
+    with Zrecord(path) as store:
+        records = len(store)
+    newest = newest_slot(path)
+    raw = bytearray((path / "superblock").read_bytes())
+    SLOT_DAMAGE[damage_kind](raw, newest if which in ("newest", "both") else 1 - newest)
+    (path / "superblock").write_bytes(bytes(raw))
+    expected_generation, fell_back, damaged = SLOT_CASES[case]
+    expected_generation = {"final": final, "previous": final - 1}.get(expected_generation, expected_generation)
+    with Zrecord(path) as store:
+        stats = store.stats()
+        assert (stats["generation"], stats["fell_back"], stats["damaged"]) == (expected_generation, fell_back, damaged)
+        assert (stats["fell_back_reason"] is None) == (not fell_back)
+        if damaged:
+            assert "damaged" in stats["fell_back_reason"] or "no longer holds it" in stats["fell_back_reason"]
+            with pytest.raises(CorruptStoreError, match="is damaged"):
+                store.verify()
+            with pytest.raises(CorruptStoreError, match="Writes are refused"):
+                store.append(b"more", [0])
+        else:
+            assert store.verify() == []
+            if expected_generation == final and name == "dd":
+                assert len(store) == records
+    if not damaged:  # a writer goes on from the state it opened, and a reopen agrees
+        with Zrecord(path) as store:
+            store.append(b"more", [0])
+            after = len(store)
+        with Zrecord(path) as store:
+            assert len(store) == after and store.stats()["fell_back"] is False
+
+
+@pytest.mark.parametrize("which", ["newest", "older"])
+def test_a_truncated_superblock_file_is_refused_whichever_slot_it_cuts(tmp_path, converted_store, which):
+    """A superblock file cut to one slot (slot 1 holds the converted store's
+    newest generation, so cutting it drops the newest; with the slots swapped
+    it drops the older): refused at open, never opened at the slot left."""
+    path = tmp_path / "dd"
+    shutil.copytree(converted_store, path)
+    raw = bytearray((path / "superblock").read_bytes())
+    if which == "older":
+        swap_slots(raw, 0)
+    (path / "superblock").write_bytes(bytes(raw[:worker.SLOT_BYTES]))
+    with pytest.raises(CorruptStoreError, match="superblock file holds 4096 bytes"):
+        Zrecord(path)
+
+
+def test_loaderx_verify_fails_on_a_zeroed_newest_slot(tmp_path, converted_store, capsys):
+    """The issue's case end to end: a zeroed newest slot made `loaderx
+    verify` print "ok, 0 records verified" and exit 0; now it says the store
+    opened older than it committed and exits 1. A torn commit (nothing
+    records it as synced) still verifies, with a note."""
+    from loaderx.cli import main
+
+    path = tmp_path / "dd"
+    shutil.copytree(converted_store, path)
+    raw = bytearray((path / "superblock").read_bytes())
+    zero_slot(raw, 1)
+    (path / "superblock").write_bytes(bytes(raw))
+    assert main(["verify", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "DAMAGED, opened at an older state than it committed" in out and "generation 2 was committed" in out
+    flip = bytearray((converted_store / "superblock").read_bytes())
+    flip_slot(flip, 1)
+    (path / "superblock").write_bytes(bytes(flip))
+    forget_synced_generation(path)
+    assert main(["verify", str(path)]) == 0
+    assert "ok, 0 records verified (note: superblock slot 1 does not decode" in capsys.readouterr().out
 
 
 def test_damaged_records_are_named_by_verify_and_refused_by_verified_reads(store_copy):

@@ -602,3 +602,49 @@ def test_store_pickles_as_its_path(tmp_path):
         assert read_all(copy) == [b"abc", b"def"]
     with pytest.raises(TypeError, match="closed"):
         pickle.dumps(copy)
+
+
+def _flip_record_byte(path, store, index, record):
+    """Flips one byte of record ``index`` (stored raw: zstd did not shrink it)
+    in the data file, found by its bytes."""
+    data = next(f for f in os.listdir(path) if f.startswith("data-"))
+    raw = bytearray((path / data).read_bytes())
+    at = raw.index(record)
+    raw[at + len(record) // 2] ^= 0xFF
+    (path / data).write_bytes(bytes(raw))
+
+
+def test_reads_check_checksums_by_default_where_it_costs_little(tmp_path):
+    """A record zstd did not shrink is stored raw even in a zstd store: a
+    flipped bit in it came back as wrong data unless verify=True. Reads of the
+    indexed layout are now checked by default; verify=False still skips the
+    check, and the fixed layout (raw records of one length) stays unchecked
+    unless verify=True (its checksums cover 16 KiB blocks)."""
+    from loaderx.zrecord import ChecksumError
+
+    rng = np.random.default_rng(0)
+    records = [rng.integers(0, 256, 300, dtype=np.uint8).tobytes() for _ in range(3)]
+    path = tmp_path / "zstd"
+    with Zrecord(path, codec="zstd") as store:
+        store.append(*pack(records))
+        assert store.stats()["layout"] == "indexed" and store.stats()["live_bytes"] == 900  # stored raw
+    _flip_record_byte(path, None, 1, records[1])
+    with Zrecord(path) as store:
+        with pytest.raises(ChecksumError, match="record 1"):
+            store.read(1)
+        assert store.read(0) == records[0]
+    with Zrecord(path, verify=False) as store:
+        assert store.read(1) != records[1]  # the explicit override: unchecked
+    fixed = tmp_path / "fixed"
+    with Zrecord(fixed, codec="raw") as store:
+        store.append(*pack(records))
+        assert store.stats()["layout"] == "fixed"
+    _flip_record_byte(fixed, None, 1, records[1])
+    with Zrecord(fixed) as store:
+        assert store.read(1) != records[1]  # the default leaves the fixed layout unchecked
+        assert 1 in store.verify()  # its block fails: every record in it is named
+    with Zrecord(fixed, verify=True) as store:
+        with pytest.raises(ChecksumError):
+            store.read(1)
+    with pytest.raises(TypeError, match="verify must be"):
+        Zrecord(path, verify="yes")

@@ -75,6 +75,7 @@ pub const Writer = struct {
 /// Takes the writer lock on first use, then discards what a crashed writer
 /// left past the committed state.
 pub fn begin(store: *Store) Error!void {
+    try store.refuseDamaged(writes_refused);
     if (store.writer) |*writer| {
         if (writer.poisoned) {
             return status.fail(error.Io, "store '{s}' refuses writes after a failed sync (the disk may have dropped bytes it had accepted): close it and open it again, which recovers the last durable commit", .{store.path});
@@ -108,6 +109,7 @@ pub fn begin(store: *Store) Error!void {
         store.writer = null;
     }
     try store.refreshLocked();
+    try store.refuseDamaged(writes_refused);
     const writer = &store.writer.?;
     writer.slots = try readSlots(file);
     writer.synced_slot = syncedSlot(writer.slots, store.head().superblock);
@@ -116,6 +118,8 @@ pub fn begin(store: *Store) Error!void {
     store.writer.?.stale = store.head().superblock.unsynced != 0;
     try recoverJournal(store);
 }
+
+const writes_refused = "Writes are refused: a writer's recovery would cut what the lost commits wrote";
 
 /// A reader that opens a fixed store holds the lock for a moment (to see
 /// whether a killed writer left journal records to apply): a writer that
@@ -260,6 +264,23 @@ fn recoverWith(store: *Store, head_synced: bool) Error!void {
     for (orphans.items) |name| try io.unlink(store.dir, name);
 }
 
+/// After an operation failed past `begin`: cuts the files back to what the
+/// head commits and deletes the files it created, at once, so that a full
+/// disk gets the failed write's bytes back now, not at the next write (the
+/// bytes of a failed 3 MB append stayed, and kept the disk full). A writer
+/// that refuses until reopened leaves this to the reopening writer. The
+/// operation's failure stays the one reported; a failure here leaves the
+/// cleanup to the next write.
+pub fn discardFailed(store: *Store, err: Error) void {
+    const writer = if (store.writer) |*writer| writer else return;
+    if (writer.poisoned) return;
+    const saved = status.save(err);
+    defer status.restore(&saved);
+    recover(store) catch {
+        writer.stale = true;
+    };
+}
+
 /// Makes `next_in` the store's next generation: seals it, maps its files,
 /// writes and syncs its slot, and publishes it to readers.
 pub fn commit(store: *Store, next_in: Superblock) Error!void {
@@ -298,8 +319,12 @@ pub fn commitWith(store: *Store, next_in: Superblock, durable_wanted: bool) Erro
         return err;
     };
     writer.slots[slot] = next;
-    if (durable) writer.synced_slot = slot;
+    if (durable) {
+        writer.synced_slot = slot;
+        journal.recordSynced(writer.page, next.generation);
+    }
     store.fell_back = false;
+    store.fall_back_reason_len = 0;
     store.snapshots.publish(snapshot);
     if (durable and writer.stale) {
         // Files unsynced commits replaced can go now. A failure here

@@ -287,8 +287,21 @@ pub const JournalPage = extern struct {
     /// new superblock).
     tail_generation: u64,
     tail_checksum: u64,
-    reserved: [3]u64,
+    /// The newest generation a writer made durable (its slot synced), and
+    /// `syncedCheck` of it. Set only after that sync, so whatever of it
+    /// reaches the disk never names a generation that is not durable: a
+    /// store that opens older than it lost a synced commit (a damaged
+    /// slot), not a torn one (store.zig). Absent (0, 0) in older stores.
+    synced_generation: u64,
+    synced_check: u64,
+    reserved: [1]u64,
 };
+
+/// Binds `JournalPage.synced_generation` to its check: a damaged or
+/// half-written pair names no generation.
+pub fn syncedCheck(generation: u64) u64 {
+    return hash(0x5359_4e43_4544_4745, std.mem.asBytes(&generation)) | 1;
+}
 
 pub const journal_magic = "ZJOURNAL".*;
 /// Version 2: records start right after the 64-byte header, inside the

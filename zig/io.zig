@@ -53,11 +53,64 @@ fn makeFile(handle: i32, dir: Dir, name: []const u8) File {
 // ---- errors: the one place that turns an OS error into a message -----------
 
 fn failDir(err: anyerror, comptime verb: []const u8, dir_path: []const u8) Error {
-    return status.fromOs(err, "cannot " ++ verb ++ " '{s}'", .{dir_path});
+    return status.fromOs(err, errnoOf(err), "cannot " ++ verb ++ " '{s}'", .{dir_path});
 }
 
 fn failFile(err: anyerror, comptime verb: []const u8, dir_path: []const u8, name: []const u8) Error {
-    return status.fromOs(err, "cannot " ++ verb ++ " '{s}' in '{s}'", .{ name, dir_path });
+    return status.fromOs(err, errnoOf(err), "cannot " ++ verb ++ " '{s}' in '{s}'", .{ name, dir_path });
+}
+
+/// The errno an OS error of std.fs / std.posix stands for (0 when it names
+/// none), so that Python raises the OSError the errno says.
+pub fn errnoOf(err: anyerror) i32 {
+    const E = std.posix.E;
+    const value: E = switch (err) {
+        error.NoSpaceLeft => .NOSPC,
+        error.DiskQuota => .DQUOT,
+        error.FileTooBig => .FBIG,
+        error.ReadOnlyFileSystem => .ROFS,
+        error.AccessDenied => .ACCES,
+        error.PermissionDenied => .PERM,
+        error.FileNotFound => .NOENT,
+        error.NameTooLong => .NAMETOOLONG,
+        error.InputOutput => .IO,
+        error.NotDir => .NOTDIR,
+        error.IsDir => .ISDIR,
+        error.SymLinkLoop => .LOOP,
+        error.ProcessFdQuotaExceeded => .MFILE,
+        error.SystemFdQuotaExceeded => .NFILE,
+        error.SystemResources, error.OutOfMemory => .NOMEM,
+        error.LockedMemoryLimitExceeded => .AGAIN,
+        error.PathAlreadyExists => .EXIST,
+        error.DeviceBusy => .BUSY,
+        error.NoDevice => .NODEV,
+        error.LinkQuotaExceeded => .MLINK,
+        error.NotSameFileSystem => .XDEV,
+        else => .SUCCESS,
+    };
+    return @intCast(@intFromEnum(value));
+}
+
+test "every OS error the seam reports names its errno" {
+    const cases = [_]struct { err: anyerror, errno: std.posix.E, kind: Error }{
+        .{ .err = error.NoSpaceLeft, .errno = .NOSPC, .kind = error.NoSpace },
+        .{ .err = error.DiskQuota, .errno = .DQUOT, .kind = error.NoSpace },
+        .{ .err = error.FileTooBig, .errno = .FBIG, .kind = error.NoSpace },
+        .{ .err = error.ReadOnlyFileSystem, .errno = .ROFS, .kind = error.ReadOnly },
+        .{ .err = error.AccessDenied, .errno = .ACCES, .kind = error.ReadOnly },
+        .{ .err = error.PermissionDenied, .errno = .PERM, .kind = error.ReadOnly },
+        .{ .err = error.NameTooLong, .errno = .NAMETOOLONG, .kind = error.Io },
+        .{ .err = error.FileNotFound, .errno = .NOENT, .kind = error.NotFound },
+        .{ .err = error.InputOutput, .errno = .IO, .kind = error.Io },
+    };
+    for (cases) |case| {
+        status.clear();
+        try std.testing.expectEqual(case.kind, status.fromOs(case.err, errnoOf(case.err), "cannot do it", .{}));
+        try std.testing.expectEqual(@as(i32, @intCast(@intFromEnum(case.errno))), status.osErrno());
+        try std.testing.expect(status.message().len > 0);
+    }
+    status.clear();
+    try std.testing.expectEqual(@as(i32, 0), status.osErrno());
 }
 
 // ---- directories ----------------------------------------------------------
@@ -349,13 +402,45 @@ const Os = struct {
     }
 
     fn openFile(handle: i32, name: []const u8, writable: bool) !i32 {
-        const file = try dirOf(handle).openFile(name, .{ .mode = if (writable) .read_write else .read_only });
-        return file.handle;
+        return openAt(handle, name, .{ .ACCMODE = if (writable) .RDWR else .RDONLY, .CLOEXEC = true });
     }
 
     fn createFile(handle: i32, name: []const u8, truncate: bool) !i32 {
-        const file = try dirOf(handle).createFile(name, .{ .read = true, .truncate = truncate });
-        return file.handle;
+        return openAt(handle, name, .{ .ACCMODE = .RDWR, .CREAT = true, .TRUNC = truncate, .CLOEXEC = true });
+    }
+
+    /// openat(2) with every errno a store's files can meet named: std's
+    /// own maps EROFS and EDQUOT to `error.Unexpected`, which would lose
+    /// what the user must fix (a read-only place, a full quota).
+    fn openAt(handle: i32, name: []const u8, flags: posix.O) !i32 {
+        const name_z = try posix.toPosixPath(name);
+        while (true) {
+            const rc = std.os.linux.openat(handle, &name_z, flags, 0o666);
+            // The raw syscall's result: posix.errno reads libc's errno instead.
+            const signed: isize = @bitCast(rc);
+            const code: u16 = if (signed > -4096 and signed < 0) @intCast(-signed) else 0;
+            return switch (@as(posix.E, @enumFromInt(code))) {
+                .SUCCESS => @intCast(rc),
+                .INTR => continue,
+                .ROFS => error.ReadOnlyFileSystem,
+                .DQUOT => error.DiskQuota,
+                .NOSPC => error.NoSpaceLeft,
+                .ACCES => error.AccessDenied,
+                .PERM => error.PermissionDenied,
+                .NOENT => error.FileNotFound,
+                .ISDIR => error.IsDir,
+                .NOTDIR => error.NotDir,
+                .EXIST => error.PathAlreadyExists,
+                .NAMETOOLONG => error.NameTooLong,
+                .LOOP => error.SymLinkLoop,
+                .MFILE => error.ProcessFdQuotaExceeded,
+                .NFILE => error.SystemFdQuotaExceeded,
+                .NOMEM => error.SystemResources,
+                .FBIG, .OVERFLOW => error.FileTooBig,
+                .IO => error.InputOutput,
+                else => |err| posix.unexpectedErrno(err),
+            };
+        }
     }
 
     fn pread(handle: i32, buffer: []u8, offset: u64) !usize {

@@ -135,6 +135,37 @@ pub fn unlockPage(memory: io.WritableMemory, generation: u64, tail_checksum: u64
     @atomicStore(u64, &shared.sequence_lock, (value | 1) +% 1, .seq_cst);
 }
 
+/// Records in the page that `generation` is durable. Called only after its
+/// slot was synced; the check goes last, so a reader that sees the pair
+/// half written takes it for no record.
+pub fn recordSynced(memory: io.WritableMemory, generation: u64) void {
+    const shared = pageOf(memory);
+    @atomicStore(u64, &shared.synced_check, 0, .seq_cst);
+    @atomicStore(u64, &shared.synced_generation, generation, .seq_cst);
+    @atomicStore(u64, &shared.synced_check, format.syncedCheck(generation), .seq_cst);
+}
+
+/// The newest generation a writer of the store in `dir` recorded as
+/// durable (`recordSynced`), or null when its lock file holds no such
+/// record. Evidence only: any failure to read it is no record.
+/// Called on a path that has not failed: a failure here leaves no message.
+pub fn syncedGeneration(dir: io.Dir) ?u64 {
+    if (!io.exists(dir, lock_file_name)) return null;
+    const file = io.openFile(dir, lock_file_name, .read_only) catch {
+        status.clear();
+        return null;
+    };
+    defer io.closeFile(file);
+    var page: JournalPage = undefined;
+    const got = io.read(file, std.mem.asBytes(&page), 0) catch {
+        status.clear();
+        return null;
+    };
+    if (got != @sizeOf(JournalPage) or !std.mem.eql(u8, &page.magic, &format.journal_magic)) return null;
+    if (page.synced_check != format.syncedCheck(page.synced_generation)) return null;
+    return page.synced_generation;
+}
+
 /// Maps the shared page of `lock_file` (open read-write), writing a fresh
 /// page first when it holds none.
 pub fn mapPage(lock_file: io.File) Error!io.WritableMemory {
@@ -160,6 +191,8 @@ pub fn createFile(dir: io.Dir, id: u64, superblock: *const Superblock) Error!voi
         .sequence_lock = 0,
         .tail_generation = superblock.generation,
         .tail_checksum = superblock.tail_checksum,
+        .synced_generation = 0,
+        .synced_check = 0,
         .reserved = @splat(0),
     };
     @memcpy(bytes[0..@sizeOf(JournalPage)], std.mem.asBytes(&page));

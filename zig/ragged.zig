@@ -62,7 +62,7 @@ pub fn gatherStore(store: *Store, indices: []const u64, row_bytes: u64, target: 
     for (indices, offsets[1..]) |index, *length| length.* = try snapshot.recordLength(index);
     const total = try packLengths(indices, offsets, row_bytes);
     if (total > target.len) return total;
-    try read.gather(snapshot, store.threads, store.verify_reads, indices, target[0..total], offsets[0..indices.len]);
+    try read.gather(snapshot, store.threads, store.checksReads(snapshot), indices, target[0..total], offsets[0..indices.len]);
     toRows(offsets, row_bytes);
     return total;
 }

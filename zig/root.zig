@@ -12,7 +12,7 @@ const ragged = @import("ragged.zig");
 
 /// Bumped whenever the ABI or the on-disk format changes; `_native.py`
 /// refuses a library whose version differs from the one it was written for.
-pub const abi_version: u32 = 3;
+pub const abi_version: u32 = 4;
 
 export fn lx_version() u32 {
     return abi_version;
@@ -21,7 +21,15 @@ export fn lx_version() u32 {
 /// Copies the message of this thread's last failure (NUL-terminated, cut to
 /// fit) and returns its full length.
 export fn lx_error_message(target: [*]u8, capacity: usize) usize {
-    const text = status.message();
+    return copyText(status.message(), target, capacity);
+}
+
+/// The errno of the OS failure behind this thread's last failure, or 0.
+export fn lx_error_errno() i32 {
+    return status.osErrno();
+}
+
+fn copyText(text: []const u8, target: [*]u8, capacity: usize) usize {
     if (capacity > 0) {
         const copied = @min(text.len, capacity - 1);
         @memcpy(target[0..copied], text[0..copied]);
@@ -90,12 +98,14 @@ fn codecFrom(value: u32) status.Error!format.Codec {
 /// with durable=False (fsync deferred to sync() and close()); bit 2 opens a
 /// staged store (Store.openWith: a new one is not durable until sync());
 /// bit 3 opens an existing store only (no superblock: NotAStore, nothing
-/// created).
+/// created); bit 4 checks the records of the indexed layout on read (bit 0
+/// checks every read).
 export fn lx_store_open(path: [*:0]const u8, threads: u32, flags: u32, out: *?*Store) c_int {
     status.clear();
     out.* = null;
     const missing: Store.Missing = if (flags & 8 != 0) .refuse else if (flags & 4 != 0) .create_staged else .create;
     const store = Store.openWith(std.mem.span(path), threads, flags & 1 != 0, flags & 2 == 0, missing) catch |err| return result(err);
+    store.verify_indexed_reads = flags & 16 != 0;
     out.* = store;
     return 0;
 }
@@ -115,6 +125,12 @@ export fn lx_store_count(store: *Store) u64 {
 export fn lx_store_info_get(store: *Store, out: *store_module.Info) c_int {
     out.* = store.info();
     return 0;
+}
+
+/// Copies why open fell back to an older superblock or found it damaged
+/// (empty when it did neither), as `lx_error_message` does.
+export fn lx_store_fall_back_reason(store: *Store, target: [*]u8, capacity: usize) usize {
+    return copyText(store.fallBackReason(), target, capacity);
 }
 
 export fn lx_store_append(

@@ -72,6 +72,9 @@ pub fn code(err: Error) Code {
 const message_bytes_max = 512;
 threadlocal var message_buffer: [message_bytes_max]u8 = undefined;
 threadlocal var message_len: usize = 0;
+/// The errno of the OS failure behind this thread's last failure (0: none),
+/// for Python's OSError classes.
+threadlocal var os_errno: i32 = 0;
 
 /// Records the message of the failure about to be returned on this thread.
 /// Several worker threads may fail at once; each caller thread keeps its own.
@@ -101,16 +104,45 @@ pub fn failDefault(err: Error, comptime format: []const u8, args: anytype) void 
     }
 }
 
+/// A failure's message and errno, kept while cleanup that may fail itself runs.
+pub const Saved = struct {
+    err: Error,
+    text: [message_bytes_max]u8 = undefined,
+    len: usize = 0,
+    errno_value: i32 = 0,
+};
+
+pub fn save(err: Error) Saved {
+    var saved = Saved{ .err = err, .len = message_len, .errno_value = os_errno };
+    @memcpy(saved.text[0..message_len], message_buffer[0..message_len]);
+    return saved;
+}
+
+/// Puts back what `save` kept: the failure being returned stays the one
+/// reported, whatever the cleanup since reported.
+pub fn restore(saved: *const Saved) void {
+    const same = fail(saved.err, "{s}", .{saved.text[0..saved.len]});
+    std.debug.assert(same == saved.err);
+    os_errno = saved.errno_value;
+}
+
 pub fn clear() void {
     message_len = 0;
+    os_errno = 0;
+}
+
+/// The errno of the OS failure behind the last failure, or 0.
+pub fn osErrno() i32 {
+    return os_errno;
 }
 
 pub fn message() []const u8 {
     return message_buffer[0..message_len];
 }
 
-/// Maps an OS error from std.fs / std.posix to our set, with a message.
-pub fn fromOs(err: anyerror, comptime what: []const u8, args: anytype) Error {
+/// Maps an OS error from std.fs / std.posix to our set, with a message;
+/// `errno` is the errno it stands for (io.zig's `errnoOf`).
+pub fn fromOs(err: anyerror, errno: i32, comptime what: []const u8, args: anytype) Error {
     const kind: Error = switch (err) {
         error.NoSpaceLeft, error.DiskQuota, error.FileTooBig => error.NoSpace,
         error.AccessDenied, error.PermissionDenied, error.ReadOnlyFileSystem => error.ReadOnly,
@@ -121,9 +153,11 @@ pub fn fromOs(err: anyerror, comptime what: []const u8, args: anytype) Error {
     const hint = switch (kind) {
         error.NoSpace => " (out of disk space or over a size limit): free some space and retry; committed records are intact",
         error.ReadOnly => " (permission denied or read-only file system)",
-        else => "",
+        else => if (err == error.NameTooLong) " (a name in the path is longer than the file system allows): give a shorter path" else "",
     };
-    return fail(kind, what ++ ": {s}{s}", args ++ .{ @errorName(err), hint });
+    const failure = fail(kind, what ++ ": {s}{s}", args ++ .{ @errorName(err), hint });
+    os_errno = errno;
+    return failure;
 }
 
 test "every error maps to a distinct status code" {

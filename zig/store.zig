@@ -61,23 +61,39 @@ pub const Info = extern struct {
     /// 1 when open fell back to the older superblock slot because the newer
     /// one is damaged (a commit torn by a crash), until the next commit.
     fell_back: u32,
-    reserved: u32,
+    /// 1 when the superblock is damaged, not torn: the store may have
+    /// opened older than its last commit (`Store.damaged`).
+    damaged: u32,
 };
 
 comptime {
     assert(@sizeOf(Info) == 64);
 }
 
+const fall_back_reason_bytes_max = 400;
+
 pub const Store = struct {
     dir: io.Dir,
     path: []u8,
     threads: u32,
     verify_reads: bool,
+    /// Check every record of the indexed layout on read (the default from
+    /// Python): its checksum costs a fraction of reading the record. The
+    /// fixed layout's checksums cover 16 KiB blocks, which a record read
+    /// would have to hash whole, so only `verify_reads` checks those.
+    verify_indexed_reads: bool = false,
     /// false: commits skip fsync until sync() or close() (still atomic
     /// through a process kill; see commit.zig).
     durable: bool,
     snapshots: Snapshots,
     fell_back: bool,
+    /// The superblock is damaged in a way no crash leaves (`judgeSlots`):
+    /// verify fails and writes are refused, so a writer's recovery does
+    /// not cut what the lost commits wrote.
+    damaged: bool = false,
+    /// Why open fell back or found damage, for stats() and the CLI.
+    fall_back_reason: [fall_back_reason_bytes_max]u8 = undefined,
+    fall_back_reason_len: usize = 0,
     dictionary: ?*codec.Dictionary = null,
     dictionary_file: u64 = 0,
     writer: ?commit.Writer = null,
@@ -217,12 +233,10 @@ pub const Store = struct {
         var attempt: u32 = 0;
         while (true) : (attempt += 1) {
             const loaded = if (store.writer) |writer| try superblock_file.readFile(store.dir, writer.superblock) else try superblock_file.read(store.dir);
-            store.fell_back = loaded.fell_back;
             var superblock = loaded.superblock;
-            if (superblock.unsynced != 0 and !try store.unsyncedSound(loaded, current)) {
-                superblock = try store.syncedBase(loaded);
-                store.fell_back = true;
-            }
+            const unsynced_lost = superblock.unsynced != 0 and !try store.unsyncedSound(loaded, current);
+            if (unsynced_lost) superblock = try store.syncedBase(loaded);
+            store.judgeSlots(loaded, &superblock, unsynced_lost);
             if (current) |snapshot| {
                 if (snapshot.superblock.generation == superblock.generation) return snapshot;
             }
@@ -256,6 +270,69 @@ pub const Store = struct {
         const snapshot = Snapshot.build(store.dir, superblock, null, dictionary) catch return false;
         defer snapshot.discard(null);
         return integrity.changedSound(snapshot, &base);
+    }
+
+    /// Sets `fell_back`, `damaged` and the reason for the superblock open
+    /// takes (`opened`). A slot that does not decode is damage when it
+    /// certainly held a superblock (`Unusable.Kind.damaged`), or when the
+    /// lock file's page records a synced generation newer than `opened`
+    /// (journal.recordSynced): a synced commit is never torn, since its
+    /// slot is not written again until the other slot holds a newer synced
+    /// one. Anything else is a commit a crash cut short (or an unsynced one
+    /// a power loss took), which durability allows.
+    fn judgeSlots(store: *Store, loaded: superblock_file.Loaded, opened: *const Superblock, unsynced_lost: bool) void {
+        store.fell_back = loaded.fell_back or unsynced_lost;
+        store.damaged = false;
+        store.fall_back_reason_len = 0;
+        const generation = opened.generation;
+        const unusable = loaded.unusable orelse {
+            if (unsynced_lost) store.setReason("its last commit (generation {d}) was not synced and did not survive whole: it opened at generation {d}, its last synced one", .{ loaded.superblock.generation, generation });
+            return;
+        };
+        if (unusable.kind == .damaged) {
+            store.damaged = true;
+            store.fell_back = true;
+            return store.setReason("superblock slot {d} is damaged ({s}) although it held a commit (the other slot holds generation {d}); no crash leaves that: it opened at generation {d}, and commits after it may be lost", .{ unusable.slot, unusable.reason, generation, generation });
+        }
+        if (journal.syncedGeneration(store.dir)) |synced| {
+            if (synced > generation and !store.committedSince(synced)) {
+                store.damaged = true;
+                store.fell_back = true;
+                return store.setReason("generation {d} was committed and synced (the lock file records it), but superblock slot {d} no longer holds it ({s}): it opened at generation {d}, and the commits since are lost", .{ synced, unusable.slot, unusable.reason, generation });
+            }
+        }
+        if (unusable.kind == .torn_or_damaged) {
+            store.setReason("superblock slot {d} does not decode ({s}): a commit cut short by a crash, or damage to the older slot; it opened at generation {d}, the newest sound one", .{ unusable.slot, unusable.reason, generation });
+        }
+    }
+
+    /// Whether the superblock now holds generation `synced` or a later one:
+    /// a reader's read of the slots can overlap a writer's slot write (and
+    /// see it half done) before the writer records the generation, so a
+    /// record newer than what it read is damage only if the slots still
+    /// do not hold it. Called on a path that has not failed.
+    fn committedSince(store: *Store, synced: u64) bool {
+        const again = superblock_file.read(store.dir) catch {
+            status.clear();
+            return false;
+        };
+        return again.superblock.generation >= synced;
+    }
+
+    fn setReason(store: *Store, comptime text: []const u8, args: anytype) void {
+        const written = std.fmt.bufPrint(&store.fall_back_reason, text, args) catch store.fall_back_reason[0..];
+        store.fall_back_reason_len = written.len;
+    }
+
+    /// Why open fell back or found damage; empty when it did neither.
+    pub fn fallBackReason(store: *const Store) []const u8 {
+        return store.fall_back_reason[0..store.fall_back_reason_len];
+    }
+
+    /// Fails when the superblock is damaged (`judgeSlots`), saying so.
+    pub fn refuseDamaged(store: *const Store, comptime action: []const u8) Error!void {
+        if (!store.damaged) return;
+        return status.fail(error.Corrupt, "store '{s}' is damaged: {s}. " ++ action ++ "; restore the store from a copy (what it holds now can still be read)", .{ store.path, store.fallBackReason() });
     }
 
     /// The synced base an unsynced head names, which open falls back to.
@@ -402,7 +479,7 @@ pub const Store = struct {
             .layout = superblock.layout,
             .has_dict = @intFromBool(superblock.dict_file != 0),
             .fell_back = @intFromBool(store.fell_back),
-            .reserved = 0,
+            .damaged = @intFromBool(store.damaged),
         };
     }
 
@@ -435,7 +512,12 @@ pub const Store = struct {
         const snapshot = store.snapshots.acquire();
         defer store.snapshots.release();
         generation.* = snapshot.superblock.generation;
-        return store.consistentRead(snapshot, read.gather, .{ snapshot, store.threads, store.verify_reads, indices, target, target_offsets });
+        return store.consistentRead(snapshot, read.gather, .{ snapshot, store.threads, store.checksReads(snapshot), indices, target, target_offsets });
+    }
+
+    /// Whether reads of `snapshot` check record checksums.
+    pub fn checksReads(store: *const Store, snapshot: *const Snapshot) bool {
+        return store.verify_reads or (store.verify_indexed_reads and snapshot.layout() == .indexed);
     }
 
     /// A reader whose snapshot predates a commit checks the partial last
@@ -466,6 +548,7 @@ pub const Store = struct {
     }
 
     fn verifyOnce(store: *Store, start: u64, end: u64, out: []u64, generation: *u64) Error!u64 {
+        try store.refuseDamaged("Its records were not checked");
         const snapshot = store.snapshots.acquire();
         defer store.snapshots.release();
         generation.* = snapshot.superblock.generation;
@@ -488,6 +571,13 @@ pub const Store = struct {
         defer store.snapshots.mutex.unlock();
         const length = try encode.checkBatch(source, offsets);
         try commit.begin(store);
+        return store.appendBegun(source, offsets, record_codec, length) catch |err| {
+            commit.discardFailed(store, err);
+            return err;
+        };
+    }
+
+    fn appendBegun(store: *Store, source: []const u8, offsets: []const u64, record_codec: Codec, length: ?u64) Error!u64 {
         const current = store.head();
         const first = current.count();
         if (first + offsets.len > format.record_count_max) {
@@ -719,6 +809,131 @@ test "append, gather and reopen round trip in both layouts" {
     const target_offsets = [_]u64{ 0, 2, 6, 10 };
     try reopened.gather(&indices, &target, &target_offsets);
     try testing.expectEqualStrings("ddaaaaccccbbbb", &target);
+}
+
+test "a failed append gives its partial bytes back at once: every file is cut to what is committed" {
+    // ENOSPC at each write of an append that grows an indexed store: the
+    // data file must not keep the bytes written before the failure until
+    // some later write. (A failed superblock write poisons the writer: the
+    // reopening writer cuts them.)
+    var cut_at_once: u64 = 0;
+    for (0..12) |at| {
+        simulated.reset();
+        var store = try Store.open("full", 1, true, true);
+        defer store.close();
+        _ = try store.append("abcdabcd", &.{ 0, 4 }, .raw);
+        _ = try store.append("xyz", &.{0}, .zstd);
+        const committed = store.head().superblock;
+        var big: [20000]u8 = undefined;
+        var prng = std.Random.DefaultPrng.init(at);
+        prng.random().bytes(&big);
+        simulated.injectFault(.write, simulated.kindCount(.write) + at, .enospc);
+        const outcome = store.append(&big, &.{ 0, 9000 }, .zstd);
+        if (!simulated.clearFault()) {
+            _ = try outcome;
+            continue;
+        }
+        try testing.expectError(error.NoSpace, outcome);
+        try testing.expect(std.mem.indexOf(u8, status.message(), "NoSpaceLeft") != null);
+        try testing.expectEqual(committed.generation, store.head().superblock.generation);
+        if (store.writer.?.poisoned) {
+            store.close();
+            store = try Store.open("full", 1, true, true);
+            try store.compact(); // any write recovers first
+        } else cut_at_once += 1;
+        try expectCommittedFilesOnly("full", committed);
+        // The store still takes the append once the disk has room.
+        _ = try store.append(&big, &.{ 0, 9000 }, .zstd);
+        try testing.expectEqual(@as(u64, 5), store.count());
+    }
+    try testing.expect(cut_at_once >= 2);
+}
+
+/// The store at `path` holds only the files `committed` names, each of its
+/// committed length (the journal aside: it keeps its page).
+fn expectCommittedFilesOnly(path: []const u8, committed: Superblock) !void {
+    var names: std.ArrayList([]const u8) = .empty;
+    defer names.deinit(testing.allocator);
+    try simulated.listNames(path, &names, testing.allocator);
+    const dir = try io.openDir(path);
+    defer io.closeDir(dir);
+    for (names.items) |name| {
+        const parsed = format.parseFileName(name) orelse continue;
+        const file = try io.openFile(dir, name, .read_only);
+        defer io.closeFile(file);
+        const bytes = try io.length(file);
+        switch (parsed.kind) {
+            .data => try testing.expectEqual(committed.data_bytes, bytes),
+            .index => try testing.expectEqual(committed.record_count * @sizeOf(format.Entry), bytes),
+            else => {},
+        }
+        try testing.expectEqual(parsed.id, switch (parsed.kind) {
+            .data => committed.data_file,
+            .index => committed.index_file,
+            .sums => committed.sums_file,
+            .dict => committed.dict_file,
+            .journal => committed.journal_file,
+        });
+    }
+}
+
+/// Rewrites byte `at` of the superblock file of the store at `path`.
+fn patchSuperblock(path: []const u8, at: u64, value: ?u8, zero_slot: ?u1) !void {
+    const dir = try io.openDir(path);
+    defer io.closeDir(dir);
+    const file = try io.openFile(dir, superblock_file.file_name, .read_write);
+    defer io.closeFile(file);
+    if (zero_slot) |slot| try io.write(file, &([_]u8{0} ** format.slot_bytes), @as(u64, slot) * format.slot_bytes);
+    if (value) |byte| {
+        var old: [1]u8 = undefined;
+        _ = try io.read(file, &old, at);
+        try io.write(file, &.{old[0] ^ byte}, at);
+    }
+}
+
+test "a slot that held a commit and lost its magic, or a synced generation gone, is damage; a torn slot is not" {
+    const path = "judged";
+    const Case = struct { zero: ?u1, flip_newest: bool, flip_older: bool, forget_synced: bool, generation: u64, damaged: bool };
+    // Three durable appends: generation 3 in slot 1, generation 2 in slot 0.
+    const cases = [_]Case{
+        .{ .zero = 1, .flip_newest = false, .flip_older = false, .forget_synced = false, .generation = 2, .damaged = true },
+        .{ .zero = 0, .flip_newest = false, .flip_older = false, .forget_synced = false, .generation = 3, .damaged = true },
+        .{ .zero = null, .flip_newest = true, .flip_older = false, .forget_synced = false, .generation = 2, .damaged = true },
+        .{ .zero = null, .flip_newest = true, .flip_older = false, .forget_synced = true, .generation = 2, .damaged = false },
+        .{ .zero = null, .flip_newest = false, .flip_older = true, .forget_synced = false, .generation = 3, .damaged = false },
+    };
+    for (cases) |case| {
+        simulated.reset();
+        const writer = try Store.open(path, 1, true, true);
+        for (0..3) |_| _ = try writer.append("abcd", &.{0}, .raw);
+        writer.close();
+        if (case.zero) |slot| try patchSuperblock(path, 0, null, slot);
+        if (case.flip_newest) try patchSuperblock(path, format.slot_bytes + 40, 0x04, null);
+        if (case.flip_older) try patchSuperblock(path, 40, 0x04, null);
+        if (case.forget_synced) {
+            const dir = try io.openDir(path);
+            defer io.closeDir(dir);
+            const lock = try io.openFile(dir, journal.lock_file_name, .read_write);
+            defer io.closeFile(lock);
+            try io.write(lock, &([_]u8{0} ** 16), @offsetOf(format.JournalPage, "synced_generation"));
+        }
+        const store = try Store.open(path, 1, true, true);
+        defer store.close();
+        const info = store.info();
+        try testing.expectEqual(case.generation, info.generation);
+        try testing.expectEqual(@as(u32, 1), info.fell_back);
+        try testing.expectEqual(@intFromBool(case.damaged), info.damaged);
+        try testing.expect(store.fallBackReason().len > 0);
+        var damaged: [3]u64 = undefined;
+        if (case.damaged) {
+            try testing.expectError(error.Corrupt, store.verify(0, store.count(), &damaged));
+            try testing.expectError(error.Corrupt, store.append("efgh", &.{0}, .raw));
+        } else {
+            try testing.expectEqual(@as(u64, 0), try store.verify(0, store.count(), &damaged));
+            _ = try store.append("efgh", &.{0}, .raw);
+            try testing.expectEqual(@as(u32, 0), store.info().fell_back);
+        }
+    }
 }
 
 test "an open that refuses a missing store creates nothing" {

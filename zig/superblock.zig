@@ -30,7 +30,48 @@ pub const Loaded = struct {
     fell_back: bool,
     /// The other slot when it is sound too (an unsynced head's base).
     older: ?Superblock = null,
+    /// The other slot when it does not decode.
+    unusable: ?Unusable = null,
 };
+
+/// A slot that does not decode, and what that can mean.
+pub const Unusable = struct {
+    slot: u1,
+    /// What its checks found (format.zig), or "zeroed".
+    reason: []const u8,
+    kind: Kind,
+
+    pub const Kind = enum {
+        /// All zeros where no slot may ever have been written: slot 1 of a
+        /// store whose slot 0 holds its first generation.
+        blank,
+        /// Fails its checks but starts with the magic: a write torn by a
+        /// power loss leaves that (the old and the new bytes both start
+        /// with it), and so does damage; the slot it tore never held the
+        /// last synced generation.
+        torn_or_damaged,
+        /// Zeroed or without its magic although it held a superblock (the
+        /// other slot's generation says so): no torn write leaves that.
+        damaged,
+    };
+};
+
+/// What the unusable slot `index` of `bytes` can be, given that the other
+/// slot, `sound`, decodes.
+fn classify(slot_bytes: *const [@sizeOf(Superblock)]u8, index: u1, reason: []const u8, sound: *const Superblock) Unusable {
+    const zeroed = std.mem.allEqual(u8, slot_bytes, 0);
+    // Slot 0 holds generation 0 from creation on; slot 1 is first written
+    // by a commit, and slot 0 is overwritten only once slot 1 holds the
+    // synced generation. So only slot 1 beside generation 0 in slot 0 may
+    // never have been written.
+    const maybe_never_written = index == 1 and sound.generation == 0;
+    if (maybe_never_written) {
+        return .{ .slot = index, .reason = if (zeroed) "zeroed" else reason, .kind = if (zeroed) .blank else .torn_or_damaged };
+    }
+    if (zeroed) return .{ .slot = index, .reason = "zeroed", .kind = .damaged };
+    if (std.mem.eql(u8, reason, "wrong magic")) return .{ .slot = index, .reason = reason, .kind = .damaged };
+    return .{ .slot = index, .reason = reason, .kind = .torn_or_damaged };
+}
 
 /// Reads the newest sound slot of the superblock of the store in `dir`.
 pub fn read(dir: io.Dir) Error!Loaded {
@@ -69,11 +110,10 @@ pub fn readFile(dir: io.Dir, file: io.File) Error!Loaded {
     }
     for (0..2) |index| {
         if (reasons[index] != null) continue;
-        const other = &bytes[(1 - index) * format.slot_bytes ..][0..@sizeOf(Superblock)];
-        // A slot never written holds zeros; anything else that fails its
-        // checks is a commit that did not finish.
-        const never_written = std.mem.allEqual(u8, other.*, 0);
-        return .{ .superblock = slots[index], .fell_back = !never_written };
+        const other: u1 = @intCast(1 - index);
+        const other_bytes = bytes[@as(u64, other) * format.slot_bytes ..][0..@sizeOf(Superblock)];
+        const unusable = classify(other_bytes, other, reasons[other].?, &slots[index]);
+        return .{ .superblock = slots[index], .fell_back = unusable.kind != .blank, .unusable = unusable };
     }
     if (std.mem.eql(u8, reasons[0].?, "wrong magic") and std.mem.eql(u8, reasons[1].?, "wrong magic")) {
         return status.fail(error.NotAStore, "'{s}' is not a zrecord store (its superblock has the wrong magic)", .{dir.path});

@@ -6,6 +6,8 @@
 
 uint32_t lx_version(void);
 size_t lx_error_message(char *target, size_t capacity);
+/* The errno of the OS failure behind the last failure (0: none). */
+int32_t lx_error_errno(void);
 
 /* ---- zrecord ---------------------------------------------------------- */
 
@@ -20,8 +22,8 @@ typedef struct {
     uint64_t generation;     /* commit counter */
     uint32_t layout;         /* 0 empty, 1 fixed, 2 indexed */
     uint32_t has_dict;
-    uint32_t fell_back;      /* 1: open fell back past a damaged newest superblock slot */
-    uint32_t reserved;
+    uint32_t fell_back;      /* 1: open fell back past a superblock slot that does not decode */
+    uint32_t damaged;        /* 1: that slot is damaged, not torn: verify fails, writes are refused */
 } lx_store_info;
 
 uint64_t lx_store_info_bytes(void);
@@ -41,6 +43,8 @@ void lx_store_close(lx_store *store);
 int lx_store_refresh(lx_store *store);
 uint64_t lx_store_count(lx_store *store);
 int lx_store_info_get(lx_store *store, lx_store_info *out);
+/* Why open fell back or found damage (empty if neither), as lx_error_message. */
+size_t lx_store_fall_back_reason(lx_store *store, char *target, size_t capacity);
 int lx_store_append(lx_store *store, const uint8_t *source, uint64_t source_bytes,
                     const uint64_t *offsets, uint64_t count, uint32_t codec,
                     uint64_t *first_out);

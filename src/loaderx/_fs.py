@@ -22,14 +22,20 @@ import os
 import shutil
 from typing import Any, Callable
 
+from ._errors import class_for_errno
+
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
 def _error(exc: OSError, what: str) -> OSError:
-    """``exc`` re-raised as the same OSError subclass with a message that
-    says which call failed on which path."""
+    """``exc`` re-raised with a message that says which call failed on which
+    path: a StoreFullError or StoreReadOnlyError when its errno says so (one
+    hierarchy with the native core's), else the same OSError subclass."""
     reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    store_class = class_for_errno(exc.errno)
+    if store_class is not None:
+        return store_class(f"cannot {what}: {reason}", errno=exc.errno)
     return type(exc)(exc.errno, f"cannot {what}: {reason}")
 
 
@@ -253,20 +259,22 @@ def write_file_atomic(path: str, payload: bytes, fs: OsFs = OS_FS) -> None:
     fs.fsync_dir(os.path.dirname(path) or ".")
 
 
-def make_dirs_durable(path: str, fs: OsFs = OS_FS) -> None:
+def make_dirs_durable(path: str, fs: OsFs = OS_FS) -> str | None:
     """Creates ``path`` and its missing ancestors, each made durable by an
     fsync of its parent (a new directory whose parent entry is not fsynced
-    can vanish in a power cut, with everything in it)."""
+    can vanish in a power cut, with everything in it). Returns the outermost
+    directory it created (None: ``path`` existed), for a caller that fails
+    later to remove."""
     path = os.path.abspath(path)
     if fs.isdir(path):
-        return
+        return None
     parent = os.path.dirname(path)
-    if parent != path:
-        make_dirs_durable(parent, fs)
+    created = make_dirs_durable(parent, fs) if parent != path else None
     try:
         fs.mkdir(path)
     except FileExistsError:
         if not fs.isdir(path):
             raise
-        return
+        return created
     fs.fsync_dir(parent)
+    return created or path

@@ -20,7 +20,9 @@ import platform
 from pathlib import Path
 from typing import Any
 
-ABI_VERSION = 3
+from ._errors import StoreFullError, StoreOSError, StoreReadOnlyError, ZrecordError, class_for_errno
+
+ABI_VERSION = 4
 
 _HERE = Path(__file__).resolve().parent
 _REBUILD = (
@@ -121,14 +123,6 @@ if lib.lx_version() != ABI_VERSION:
     )
 
 
-class ZrecordError(RuntimeError):
-    """A zrecord store operation failed; ``code`` is the native status code."""
-
-    def __init__(self, message: str, code: int = 0):
-        super().__init__(message)
-        self.code = code
-
-
 class InvalidArgumentError(ZrecordError, ValueError):
     """A call got an argument it cannot take (a bad offset, size, codec...)."""
 
@@ -147,14 +141,6 @@ class CorruptStoreError(ZrecordError):
 
 class ChecksumError(CorruptStoreError):
     """A record's bytes do not match its checksum."""
-
-
-class StoreReadOnlyError(ZrecordError):
-    """The store's directory or files cannot be written."""
-
-
-class StoreFullError(ZrecordError):
-    """The disk (or quota) ran out while writing; the store keeps its committed data."""
 
 
 class NoDictionaryError(ZrecordError):
@@ -190,15 +176,27 @@ def last_message() -> str:
     return text.decode("utf-8", "replace")
 
 
+# The codes an OS error maps to (zig/status.zig `fromOs`): with an errno,
+# they raise the OSError class the errno names.
+_OS_CODES = frozenset({3, 7, 8, 9, 17})
+
+
+def error_for(status: int, message: str, errno: int = 0) -> ZrecordError:
+    """The exception of a native status code (and errno, 0 for none)."""
+    cls = CODES.get(status, ("unknown", ZrecordError))[1]
+    if errno and status in _OS_CODES:
+        return (class_for_errno(errno) or StoreOSError)(message, status, errno)
+    return cls(message, status)
+
+
 def check(status: int, context: str = "") -> None:
     """Raise the exception for a non-zero status code, with the native message."""
     if status == 0:
         return
-    name, cls = CODES.get(status, ("unknown", ZrecordError))
-    message = last_message() or name
+    message = last_message() or CODES.get(status, ("unknown", ZrecordError))[0]
     if context:
         message = f"{context}: {message}"
-    raise cls(message, status)
+    raise error_for(status, message, int(lib.lx_error_errno()))
 
 
 def _limits() -> dict[str, int]:

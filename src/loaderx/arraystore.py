@@ -58,7 +58,10 @@ from ._checks import check_flag, check_int
 from ._fs import OS_FS, OsFs, make_dirs_durable, write_file_atomic
 from .converter import build_dense_store
 from .dataset import SCHEMA_FILE, DenseDataset, StrPath, _int_index, _is_int, _record_indices
-from .zrecord import CODECS, Zrecord, CorruptStoreError, StoreClosedError, StoreLockedError, StoreReadOnlyError
+from ._errors import class_for_errno
+from .zrecord import (
+    CODECS, CorruptStoreError, StoreClosedError, StoreFullError, StoreLockedError, StoreOSError, StoreReadOnlyError, Zrecord,
+)
 
 __all__ = ["ArrayStore", "ArrayStoreIOError", "LazyArray"]
 
@@ -75,16 +78,40 @@ _STAGING = (".new-", ".prev-", ".drop-", ".old-")
 _MARKER_BYTES_MAX = 1 << 16
 
 
-class ArrayStoreIOError(OSError):
-    """A save or drop failed on a file-system error. ``outcome`` says what
-    the call left: ``"unchanged"`` (nothing changed), ``"committed"`` (the
-    call is durable; finishing it failed and the next call retries that), or
-    ``"unknown"`` (the fsync that commits it failed and taking it back failed
-    too: after a reopen the call is applied entirely or not at all)."""
+class ArrayStoreIOError(StoreOSError):
+    """A save or drop failed on a file-system error: an ``OSError`` with the
+    ``errno``, and a ``StoreFullError`` or ``StoreReadOnlyError`` when the
+    errno says so. ``outcome`` says what the call left: ``"unchanged"``
+    (nothing changed), ``"committed"`` (the call is durable; finishing it
+    failed and the next call retries that), or ``"unknown"`` (the fsync that
+    commits it failed and taking it back failed too: after a reopen the call
+    is applied entirely or not at all)."""
+
+    def __new__(cls, code: int | None, message: str, outcome: str) -> "ArrayStoreIOError":
+        if cls is ArrayStoreIOError:
+            cls = _IO_ERROR_CLASSES.get(class_for_errno(code), cls)
+        return OSError.__new__(cls, message)
 
     def __init__(self, code: int | None, message: str, outcome: str) -> None:
-        super().__init__(code, message)
+        store_class = class_for_errno(code) or StoreOSError
+        StoreOSError.__init__(self, message, {StoreFullError: 8, StoreReadOnlyError: 7}.get(store_class, 3), code or None)
         self.outcome = outcome
+
+    def __reduce__(self) -> tuple[type, tuple[int, str, str]]:  # type: ignore[override]
+        return (ArrayStoreIOError, (self.errno, str(self), self.outcome))
+
+
+class ArrayStoreFullError(ArrayStoreIOError, StoreFullError):
+    """An ``ArrayStoreIOError`` of a full disk or quota (ENOSPC, EDQUOT, EFBIG)."""
+
+
+class ArrayStoreReadOnlyError(ArrayStoreIOError, StoreReadOnlyError):
+    """An ``ArrayStoreIOError`` of a place that cannot be written (EROFS, EACCES, EPERM)."""
+
+
+_IO_ERROR_CLASSES: dict[type | None, type[ArrayStoreIOError]] = {
+    StoreFullError: ArrayStoreFullError, StoreReadOnlyError: ArrayStoreReadOnlyError,
+}
 
 
 class ArrayStore:
@@ -180,10 +207,12 @@ class ArrayStore:
     # ---- names
 
     def get_member_list(self) -> list[str]:
-        """The names of the arrays, sorted."""
+        """The names of the arrays, sorted. A damaged array counts too (its
+        ``load`` raises CorruptStoreError), so that damage never makes an
+        array vanish."""
         self._check_open()
         fs = self._fs
-        names = [item for item in fs.listdir(self.path) if not item.startswith(".") and fs.isfile(os.path.join(self.path, item, SCHEMA_FILE))]
+        names = [item for item in fs.listdir(self.path) if not item.startswith(".") and _is_member(fs, os.path.join(self.path, item))]
         return sorted(names)
 
     def has_array(self, name: str) -> bool:
@@ -191,7 +220,7 @@ class ArrayStore:
         self._check_open()
         if not _valid_name(name):
             return False
-        return self._fs.isfile(os.path.join(self.path, name, SCHEMA_FILE))
+        return _is_member(self._fs, os.path.join(self.path, name))
 
     def __contains__(self, name: object) -> bool:
         return self.has_array(name)  # type: ignore[arg-type]  # has_array answers False for a non-str
@@ -414,9 +443,12 @@ class ArrayStore:
             assert inode is not None  # _require raised otherwise
             try:
                 entry = _Array.open(name, path, inode, self._fs, self.durable)
-            except FileNotFoundError:  # no schema: not an array (KeyError), or gone since
+            except FileNotFoundError:  # gone since (KeyError), or its schema is: damage
                 self._require(name)
-                raise
+                raise CorruptStoreError(
+                    f"array '{name}' of ArrayStore '{self.path}' is damaged: its directory has no readable "
+                    f"{SCHEMA_FILE}; restore the array from a copy, or drop('{name}') it", 4,
+                ) from None
             self._arrays[name] = entry
             return entry
 
@@ -811,6 +843,13 @@ def _name_list(names: str | list[str] | tuple[str, ...]) -> list[str]:
     return [names]
 
 
+def _is_member(fs: OsFs, path: str) -> bool:
+    """Whether the root's entry ``path`` is an array: its schema, or a store
+    that lost its schema (a damaged array). A directory with neither is
+    someone else's."""
+    return fs.isfile(os.path.join(path, SCHEMA_FILE)) or fs.isfile(os.path.join(path, "superblock"))
+
+
 def _valid_name(name: object) -> bool:
     return (
         isinstance(name, str)
@@ -938,13 +977,19 @@ def _open_root(path: str, fs: OsFs) -> None:
     marker = os.path.join(path, MARKER_FILE)
     if fs.exists(path) and not fs.isdir(path):
         raise ValueError(f"'{path}' is a file, not an ArrayStore directory")
-    make_dirs_durable(path, fs)
+    created = make_dirs_durable(path, fs)
     try:
         payload = fs.read_file(marker, _MARKER_BYTES_MAX + 1)
     except FileNotFoundError:
         if any(not item.startswith(MARKER_FILE + ".tmp") for item in fs.listdir(path)):
             raise ValueError(f"'{path}' is a non-empty directory that is not an ArrayStore (it has no {MARKER_FILE}): give a new or empty directory") from None
-        write_file_atomic(marker, msgpack.packb({"format": FORMAT_NAME, "version": FORMAT_VERSION}), fs)
+        try:
+            write_file_atomic(marker, msgpack.packb({"format": FORMAT_NAME, "version": FORMAT_VERSION}), fs)
+        except OSError:
+            if created is not None:  # a failed open (a full disk) leaves nothing it made
+                with contextlib.suppress(OSError):
+                    fs.rmtree(created)
+            raise
         return
     try:
         data = msgpack.unpackb(payload, raw=False)
@@ -963,8 +1008,10 @@ def _take_lock(root: str, fs: OsFs) -> int:
     """The root's write lock, or StoreLockedError / StoreReadOnlyError."""
     try:
         return fs.lock(os.path.join(root, LOCK_FILE))
-    except PermissionError:
-        raise StoreReadOnlyError(f"cannot write ArrayStore '{root}': the directory is read-only (open it for reading only, or fix its permissions)") from None
+    except (PermissionError, StoreReadOnlyError) as exc:
+        error = StoreReadOnlyError(f"cannot write ArrayStore '{root}': the directory is read-only (open it for reading only, or fix its permissions)", errno=exc.errno)
+        error.outcome = "unchanged"  # type: ignore[attr-defined]
+        raise error from None
     except BlockingIOError:
         raise StoreLockedError(f"ArrayStore '{root}' is open for writing by another ArrayStore (in this or another process); one writer at a time: close the other first") from None
 

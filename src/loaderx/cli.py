@@ -49,7 +49,7 @@ from .dataloader import DataLoader
 from .dataset import DenseDataset, RaggedDataset, read_schema
 from .sampler import Sampler
 from .shards import MANIFEST_FILE, is_sharded, read_manifest, written_shards
-from .zrecord import CODECS, StoreLockedError, Zrecord, ZrecordError
+from .zrecord import CODECS, CorruptStoreError, StoreLockedError, Zrecord, ZrecordError
 
 __all__ = ["main"]
 
@@ -386,11 +386,23 @@ def _verify_store(path: str, kind: str) -> dict[str, Any]:
     try:
         if opener is None:
             with Zrecord(path) as store:
-                return {"path": path, "records": len(store), "damaged": store.verify(), "error": None}
+                return _verified(path, store)
         with opener(path) as dataset:
-            return {"path": path, "records": len(dataset), "damaged": dataset.store.verify(), "error": None}
+            return _verified(path, dataset.store)
     except (ZrecordError, ValueError, OSError) as exc:
         return _unreadable(path, exc)
+
+
+def _verified(path: str, store: Any) -> dict[str, Any]:
+    """The checksums of an open store, and what its superblock says: a
+    damaged one (its last commits may be lost) is an error, a commit a crash
+    cut short a note."""
+    note = store.stats().get("fell_back_reason")
+    try:
+        damaged = store.verify()
+    except CorruptStoreError as exc:  # a damaged superblock: no record index names what is lost
+        return {"path": path, "records": len(store), "damaged": [], "error": str(exc), "superblock_damaged": True}
+    return {"path": path, "records": len(store), "damaged": damaged, "error": None, "note": note}
 
 
 def _unreadable(path: str, exc: Exception) -> dict[str, Any]:
@@ -462,7 +474,9 @@ def _verify_text(result: dict[str, Any]) -> str:
         where = entry["path"]
         if "first_record" in entry and entry["records"]:
             where += f" (global records {entry['first_record']:,}..{entry['first_record'] + entry['records'] - 1:,})"
-        if entry["error"] is not None:
+        if entry.get("superblock_damaged"):
+            lines.append(f"{where}: DAMAGED, opened at an older state than it committed: {entry['error']}")
+        elif entry["error"] is not None:
             lines.append(f"{where}: DAMAGED, cannot be read: {entry['error']}")
         elif entry["damaged"]:
             shown = ", ".join(map(str, entry["damaged"][:_DAMAGED_SHOWN]))
@@ -470,7 +484,8 @@ def _verify_text(result: dict[str, Any]) -> str:
             lines.append(f"{where}: DAMAGED, {len(entry['damaged']):,} of {entry['records']:,} records fail their "
                          f"checksum: {shown}{more}")
         else:
-            lines.append(f"{where}: ok, {entry['records']:,} records verified")
+            note = f" (note: {entry['note']})" if entry.get("note") else ""
+            lines.append(f"{where}: ok, {entry['records']:,} records verified{note}")
     if "damaged" in result:
         shards = f"sharded dataset of {len(result['stores']):,} shards"
         damaged = result["damaged"]

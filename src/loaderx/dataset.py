@@ -272,7 +272,7 @@ class _Dataset:
 
     _kind = ""
 
-    def __init__(self, path: StrPath, verify: bool = False, threads: int = 0, *, _durable: bool = True) -> None:
+    def __init__(self, path: StrPath, verify: bool | None = None, threads: int = 0, *, _durable: bool = True) -> None:
         # ``_durable=False`` is for ArrayStore, which writes through the
         # dataset's store: one native open instead of a second handle.
         from .shards import ShardedStore, is_sharded  # shards builds on this module
@@ -345,13 +345,15 @@ class DenseDataset(_Dataset):
 
     ``ds[i]`` is one item; ``ds[slice | int array | list | bool mask]`` and
     ``ds.__getitems__(idxs)`` are arrays ``(n, *item_shape)`` gathered with
-    one native call. ``verify=True`` checks record checksums on every read;
+    one native call. Reads check record checksums where that costs little
+(compressed and ragged stores: ``Zrecord``'s default); ``verify=True``
+checks every read, ``verify=False`` none;
     ``threads`` caps the native threads of a gather (0: one per core).
     """
 
     _kind = "dense"
 
-    def __init__(self, path: StrPath, verify: bool = False, threads: int = 0, *, _durable: bool = True) -> None:
+    def __init__(self, path: StrPath, verify: bool | None = None, threads: int = 0, *, _durable: bool = True) -> None:
         super().__init__(path, verify=verify, threads=threads, _durable=_durable)
         try:
             self._check_record_bytes()

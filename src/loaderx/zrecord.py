@@ -26,6 +26,7 @@ from ._native import (
     NoDictionaryError,
     StoreFullError,
     StoreLockedError,
+    StoreOSError,
     StoreReadOnlyError,
     ZrecordError,
     check,
@@ -46,6 +47,7 @@ __all__ = [
     "StoreClosedError",
     "StoreFullError",
     "StoreLockedError",
+    "StoreOSError",
     "StoreReadOnlyError",
     "StoreReplacedError",
     "Zrecord",
@@ -333,8 +335,14 @@ class NativeHandle:
 class Zrecord(NativeHandle):
     """A zrecord store directory, opened (or created) at ``path``.
 
-    ``codec`` is the default for ``append`` and ``replace``; ``verify=True``
-    checks every record's checksum on read; ``threads`` caps the native
+    ``codec`` is the default for ``append`` and ``replace``. Reads check
+    record checksums by default wherever that costs little: every record of
+    the indexed layout (compressed, ragged or mixed stores), where the
+    checksum costs a fraction of the read. The fixed layout (raw records of
+    one length, read straight from the mapping) is checked by 16 KiB blocks,
+    which a read of a small record would hash whole, so it is not checked
+    unless ``verify=True``; ``verify=True`` checks every read, ``verify=False``
+    none (``verify()`` checks everything either way). ``threads`` caps the native
     threads a batch call uses (0: one per core). A non-empty directory that
     is not a store is refused unless ``create=True``. ``durable=False``
     defers every fsync to ``sync()`` and ``close()``: commits stay atomic
@@ -345,7 +353,7 @@ class Zrecord(NativeHandle):
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], codec: str = "zstd", verify: bool = False, threads: int = 0,
+        self, path: str | os.PathLike[str], codec: str = "zstd", verify: bool | None = None, threads: int = 0,
         create: bool = False, durable: bool = True, *, _staged: bool = False, _existing: bool = False,
     ) -> None:
         self.path = os.fspath(path)
@@ -363,10 +371,14 @@ class Zrecord(NativeHandle):
         # _staged: a new store in a directory nobody opens until its owner
         # renames it into place (ArrayStore's saves) is created without
         # syncs; sync() makes it durable (the owner syncs the parent).
-        flags = int(bool(verify)) | (0 if durable else 2) | (4 if _staged else 0) | (8 if _existing else 0)
+        if verify is not None and not isinstance(verify, (bool, np.bool_)):
+            raise TypeError(f"verify must be True, False or None (the default: check where it costs little), got {verify!r}")
+        checks = 16 if verify is None else int(bool(verify))
+        flags = checks | (0 if durable else 2) | (4 if _staged else 0) | (8 if _existing else 0)
         check(lib.lx_store_open(self.path.encode(), threads, flags, handle), f"cannot open store '{self.path}'")
         self._handle = handle[0]
-        self.verify_reads = bool(verify)
+        # None: the default checks (indexed layout); True/False: every read or none.
+        self.verify_reads: bool | None = None if verify is None else bool(verify)
         self.durable = bool(durable)
         self._threads = threads
         # Which directory this handle opened, to tell "replaced since" apart
@@ -375,7 +387,7 @@ class Zrecord(NativeHandle):
         self._reopen_hint = "Zrecord(path)"
         self._init_lifetime()
 
-    def __reduce__(self) -> tuple[type[Zrecord], tuple[str, str, bool, int, bool, bool]]:
+    def __reduce__(self) -> tuple[type[Zrecord], tuple[str, str, bool | None, int, bool, bool]]:
         # A native handle cannot cross processes: a pickled store is its path
         # and options, opened again on unpickling (spawn/forkserver workers).
         if self._closed:
@@ -484,10 +496,27 @@ class Zrecord(NativeHandle):
             "layout": ("empty", "fixed", "indexed")[info.layout],
             "record_bytes": info.record_bytes,
             "generation": info.generation,
-            # True when open found the newest superblock slot damaged (a
-            # commit cut short by a crash) and read the previous commit.
+            # True when a superblock slot does not decode and open took the
+            # other one: a commit cut short by a crash, or damage.
             "fell_back": bool(info.fell_back),
+            # True when that is damage no crash leaves (a slot that held a
+            # commit lost its magic, or a synced generation is gone): the
+            # store may be older than its last commit; verify() raises and
+            # writes are refused.
+            "damaged": bool(info.damaged),
+            "fell_back_reason": self._fall_back_reason(),
         }
+
+    def _fall_back_reason(self) -> str | None:
+        """Why open fell back or found damage, or None."""
+        buffer = ffi.new("char[512]")
+        handle = self._enter()
+        try:
+            lib.lx_store_fall_back_reason(handle, buffer, len(buffer))
+        finally:
+            self._leave()
+        text: bytes = ffi.string(buffer)
+        return text.decode("utf-8", "replace") or None
 
     def has_dict(self) -> bool:
         """Whether the store holds a trained zstd dictionary (for ``zstd_dict`` codecs)."""
@@ -499,8 +528,13 @@ class Zrecord(NativeHandle):
         return info
 
     def verify(self) -> list[int]:
-        """Checks every record's checksum; returns the indices of damaged records."""
+        """Checks every record's checksum; returns the indices of damaged
+        records. Raises CorruptStoreError when the store opened past a
+        damaged superblock (``stats()["damaged"]``): its last commits may be
+        lost, which no record index can name."""
         damaged: list[int] = []
+        if not len(self):
+            self._call(lib.lx_store_verify, 0, 0, ffi.NULL, ffi.new("uint64_t *"))
         total = len(self)
         out = np.empty(min(total, _VERIFY_CHUNK), dtype=np.uint64)
         found = ffi.new("uint64_t *")

@@ -56,6 +56,10 @@ const Node = struct {
     durable: std.ArrayList(u8) = .empty,
     pending: std.ArrayList(Pending) = .empty,
     lock_holder: ?i32 = null,
+    /// Mapped writable (the lock file's shared page): the kernel may write
+    /// its dirty page back at any time, so a power loss may keep what the
+    /// mapping holds, though nothing syncs it.
+    mapped_writable: bool = false,
     // Directories.
     names: Names = .empty,
     durable_names: Names = .empty,
@@ -208,6 +212,12 @@ pub fn powerLoss(seed: u64) void {
 }
 
 fn settleFile(node: *Node, random: std.Random) void {
+    if (node.mapped_writable and random.boolean()) {
+        // Written back whole just before the power went.
+        node.durable.resize(backing, node.visible_bytes) catch @panic("out of memory");
+        @memcpy(node.durable.items, node.visible[0..node.visible_bytes]);
+        node.pending.clearRetainingCapacity();
+    }
     for (node.pending.items) |op| {
         switch (random.uintLessThan(u8, 3)) {
             0 => {}, // dropped
@@ -585,7 +595,8 @@ pub fn map(handle: i32, reserve_bytes: u64) !Memory {
 }
 
 /// A writable shared mapping is the visible buffer itself; what is written
-/// through it is never durable here (only the journal's volatile page uses it).
+/// through it becomes durable only if a power loss keeps the file's visible
+/// bytes whole (only the lock file's volatile page uses it).
 pub fn mapWritable(handle: i32, bytes: u64) ![]align(page_size) u8 {
     disk.mutex.lock();
     defer disk.mutex.unlock();
@@ -593,6 +604,7 @@ pub fn mapWritable(handle: i32, bytes: u64) ![]align(page_size) u8 {
     const node = handleNode(handle);
     assert(disk.handles.items[@intCast(handle)].?.writable);
     if (node.visible_bytes < bytes) return error.InputOutput;
+    node.mapped_writable = true;
     return node.visible;
 }
 
