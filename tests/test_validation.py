@@ -126,8 +126,8 @@ def test_prefetch_slots_are_allocated_as_they_are_needed(stores, tmp_path):
 @pytest.mark.parametrize("call, error, words", [
     (lambda root: ArrayStore(root / "a", durable="no"), TypeError, "durable must be True or False"),
     (lambda root: ArrayStore(root / "a", durable=0), TypeError, "durable must be True or False"),
-    (lambda root: DenseDataset(root / "dense", verify="no"), TypeError, "verify must be True or False"),
-    (lambda root: Zrecord(root / "z", verify="yes"), TypeError, "verify must be True or False"),
+    (lambda root: DenseDataset(root / "dense", verify="no"), TypeError, "verify must be True, False or None"),
+    (lambda root: Zrecord(root / "z", verify="yes"), TypeError, "verify must be True, False or None"),
     (lambda root: Zrecord(root / "z", durable="no"), TypeError, "durable must be True or False"),
     (lambda root: DataLoader({"x": DenseDataset(root / "dense")}, transform_processes="no"), TypeError, "transform_processes must be True or False"),
     (lambda root: from_numpy(root / "p", np.zeros(3), progress="yes"), TypeError, "progress must be True, False or a text stream"),

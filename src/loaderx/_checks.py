@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_flag", "check_int", "check_state_int"]
+__all__ = ["check_flag", "check_int", "check_state_int", "check_verify"]
 
 
 def check_int(name: str, value: Any, low: int, high: int | None = None) -> int:  # Any: checked here
@@ -38,6 +38,20 @@ def check_flag(name: str, value: Any) -> bool:  # Any: checked here
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+
+
+def check_verify(value: Any) -> bool | None:  # Any: checked here
+    """A ``verify=`` argument: True (check every read), False (none) or None
+    (the default: check where it costs little, see the store's docs)."""
+    if value is None:
+        return None
+    try:
+        return check_flag("verify", value)
+    except TypeError:
+        raise TypeError(
+            f"verify must be True, False or None (the default: check where it costs little), "
+            f"got {type(value).__name__} {value!r}"
+        ) from None
 
 
 def check_state_int(name: str, value: Any, high: int) -> int:  # Any: checked here

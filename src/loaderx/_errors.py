@@ -37,7 +37,7 @@ class StoreOSError(ZrecordError, OSError):
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 
-    def __reduce__(self) -> tuple[type, tuple[str, int, int]]:
+    def __reduce__(self) -> tuple[type, tuple[str, int, int | None]]:
         return (type(self), (str(self), self.code, self.errno))
 
 

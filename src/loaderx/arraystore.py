@@ -97,7 +97,7 @@ class ArrayStoreIOError(StoreOSError):
         StoreOSError.__init__(self, message, {StoreFullError: 8, StoreReadOnlyError: 7}.get(store_class, 3), code or None)
         self.outcome = outcome
 
-    def __reduce__(self) -> tuple[type, tuple[int, str, str]]:  # type: ignore[override]
+    def __reduce__(self) -> tuple[type, tuple[int | None, str, str]]:  # type: ignore[override]
         return (ArrayStoreIOError, (self.errno, str(self), self.outcome))
 
 

@@ -147,7 +147,7 @@ def from_arrow(
     return rows
 
 
-def open_columns(path: StrPath, verify: bool = False) -> dict[str, DenseDataset | RaggedDataset]:
+def open_columns(path: StrPath, verify: bool | None = None) -> dict[str, DenseDataset | RaggedDataset]:
     """The stores of the column directory at ``path`` as ``{name: DenseDataset
     | RaggedDataset}``, in the listing's order, all of its row count. Dense
     ones can be passed to the ``DataLoader`` as they are."""

@@ -28,7 +28,7 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from ._checks import check_flag, check_int
+from ._checks import check_flag, check_int, check_verify
 from ._fs import read_at_most, write_file_atomic
 from .zrecord import CODECS, IndexOutOfRangeError, Zrecord, ZrecordError
 
@@ -278,7 +278,7 @@ class _Dataset:
         from .shards import ShardedStore, is_sharded  # shards builds on this module
 
         self.path = os.fspath(path)
-        verify = check_flag("verify", verify)
+        verify = check_verify(verify)
         threads = check_int("threads", threads, 0, THREADS_MAX)
         self._store: Zrecord | ShardedStore
         # A sharded dataset has no schema at its top (write_shard refuses a
@@ -299,7 +299,7 @@ class _Dataset:
         self._store._reopen_hint = f"{type(self).__name__}(path)"
         self._options = (verify, threads)
 
-    def __reduce__(self) -> tuple[type[_Dataset], tuple[str, bool, int]]:
+    def __reduce__(self) -> tuple[type[_Dataset], tuple[str, bool | None, int]]:
         if self.closed:
             raise TypeError(f"cannot pickle the closed {type(self).__name__} '{self.path}': pickle it while open")
         return (type(self), (self.path, *self._options))

@@ -392,7 +392,7 @@ class ShardedStore(NativeHandle):
     #: What a closed dataset's error message tells the user to open again.
     _reopen_hint: str
 
-    def __init__(self, path: StrPath, kind: str, verify: bool = False, threads: int = 0) -> None:
+    def __init__(self, path: StrPath, kind: str, verify: bool | None = None, threads: int = 0) -> None:
         self.path = os.fspath(path)
         self._verify = verify
         self._threads = threads

@@ -16,7 +16,8 @@ from typing import Any, Callable, Iterable, cast
 import numpy as np
 import numpy.typing as npt
 
-from ._checks import check_flag
+from ._checks import check_flag, check_verify
+from ._errors import StoreFullError, StoreOSError, StoreReadOnlyError, ZrecordError
 from ._native import (
     LIMITS,
     ChecksumError,
@@ -24,11 +25,7 @@ from ._native import (
     IndexOutOfRangeError,
     InvalidArgumentError,
     NoDictionaryError,
-    StoreFullError,
     StoreLockedError,
-    StoreOSError,
-    StoreReadOnlyError,
-    ZrecordError,
     check,
     ffi,
     lib,
@@ -359,8 +356,8 @@ class Zrecord(NativeHandle):
         self.path = os.fspath(path)
         self.codec = codec
         self._codec = codec_id(codec)
-        verify, create, durable = (check_flag(name, value) for name, value in
-                                   (("verify", verify), ("create", create), ("durable", durable)))
+        verify = check_verify(verify)
+        create, durable = check_flag("create", create), check_flag("durable", durable)
         if not isinstance(threads, int) or threads < 0:
             raise InvalidArgumentError(f"threads must be a non-negative int (0: one per core), got {threads!r}")
         # _existing: the caller knows a store is there (a dataset read its
@@ -371,8 +368,6 @@ class Zrecord(NativeHandle):
         # _staged: a new store in a directory nobody opens until its owner
         # renames it into place (ArrayStore's saves) is created without
         # syncs; sync() makes it durable (the owner syncs the parent).
-        if verify is not None and not isinstance(verify, (bool, np.bool_)):
-            raise TypeError(f"verify must be True, False or None (the default: check where it costs little), got {verify!r}")
         checks = 16 if verify is None else int(bool(verify))
         flags = checks | (0 if durable else 2) | (4 if _staged else 0) | (8 if _existing else 0)
         check(lib.lx_store_open(self.path.encode(), threads, flags, handle), f"cannot open store '{self.path}'")
