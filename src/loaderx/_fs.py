@@ -270,3 +270,143 @@ def make_dirs_durable(path: str, fs: OsFs = OS_FS) -> None:
             raise
         return
     fs.fsync_dir(parent)
+
+
+# ---- the directory swap ------------------------------------------------------------
+#
+# The one protocol by which a complete new directory takes the place of an
+# old one (or of nothing): converters' creation and overwrite, the CLI's
+# conversion, shards and ArrayStore's arrays. Its names, beside the target
+# ``<parent>/<name>``:
+#
+#   .new-<name>    the new directory, built whole and made durable before the swap
+#   .prev-<name>   the old one, only where RENAME_EXCHANGE is missing (two renames)
+#   .lock-<name>   an empty file whose flock the one writer replacing <name> holds
+#                  (a lock inside <name> would be swapped away with it); never
+#                  deleted, since deleting a lock file races its next holder
+#
+# The swap is ``renameat2(RENAME_EXCHANGE)``: atomic for readers and through a
+# crash, after which ``.new-<name>`` holds the old contents. Where the kernel
+# or file system lacks it, ``<name>`` is renamed to ``.prev-<name>`` and
+# ``.new-<name>`` to ``<name>``: between the two, ``<name>`` is missing (an
+# open then fails with FileNotFoundError and succeeds when retried), and a
+# crash there leaves ``.prev-<name>`` without ``<name>``.
+#
+# The one leftover rule, run by the holder of the target's lock before it
+# builds: when ``<name>`` is missing and ``.prev-<name>`` exists, the swap was
+# cut between its renames and the old directory is renamed back (the call was
+# never acknowledged); every other ``.new-<name>`` and ``.prev-<name>`` is
+# garbage of a finished or unfinished call and deleted. The old contents a
+# swap replaced are deleted only once the swap itself is durable.
+
+STAGING_PREFIX = ".new-"
+ASIDE_PREFIX = ".prev-"
+LOCK_PREFIX = ".lock-"
+
+
+def sibling(target: str, prefix: str) -> str:
+    """``<parent>/<prefix><name>`` for ``target`` = ``<parent>/<name>``."""
+    parent, name = os.path.split(os.path.abspath(target))
+    assert name, f"a swap target needs a name: {target!r}"
+    return os.path.join(parent, prefix + name)
+
+
+def swap_in(staging: str, target: str, fs: OsFs = OS_FS) -> str | None:
+    """Puts the complete, durable directory ``staging`` at ``target`` (both in
+    one parent); returns the path that now holds the old contents, to delete
+    once the swap is durable (``fsync_dir`` of the parent), or None when
+    there were none. Not durable until that fsync."""
+    assert os.path.dirname(os.path.abspath(staging)) == os.path.dirname(os.path.abspath(target))
+    if not fs.exists(target):
+        fs.rename(staging, target)
+        return None
+    if fs.exchange(staging, target):
+        return staging
+    aside = sibling(target, ASIDE_PREFIX)
+    fs.rmtree(aside)
+    fs.rename(target, aside)
+    try:
+        fs.rename(staging, target)
+    except OSError:
+        with contextlib.suppress(OSError):
+            fs.rename(aside, target)  # else the next writer's clean_leftovers puts it back
+        raise
+    return aside
+
+
+def clean_leftovers(target: str, fs: OsFs = OS_FS) -> bool:
+    """The one leftover rule (above) for ``target``, run under its writer's
+    lock; True when it changed something (the caller syncs the parent)."""
+    staging, aside = sibling(target, STAGING_PREFIX), sibling(target, ASIDE_PREFIX)
+    changed = False
+    if fs.exists(aside) and not fs.exists(target):
+        fs.rename(aside, target)  # a two-rename swap cut short: the old contents come back
+        changed = True
+    for leftover in (staging, aside):
+        if fs.exists(leftover):
+            fs.rmtree(leftover)
+            changed = True
+    return changed
+
+
+class DirectorySwap:
+    """One replacement (or creation) of the directory ``target``, under its
+    ``.lock-<name>`` (taken without waiting: ``locked(message)`` is raised
+    when another writer holds it):
+
+        with DirectorySwap(target, fs, locked) as swap:
+            ...check what is at target, under the lock...
+            swap.build(write)    # fs.build_store(.new-<name>, write): complete and durable
+            swap.commit()        # swap_in, fsync of the parent, delete the old
+
+    Leaving the block without ``commit`` deletes the staging directory: the
+    target is as it was."""
+
+    def __init__(self, target: str, fs: OsFs, locked: Callable[[str], BaseException]) -> None:
+        self.target = os.path.abspath(os.fspath(target))
+        self.parent = os.path.dirname(self.target)
+        self.staging = sibling(self.target, STAGING_PREFIX)
+        self.fs = fs
+        make_dirs_durable(self.parent, fs)
+        try:
+            self._handle = fs.lock(sibling(self.target, LOCK_PREFIX))
+        except BlockingIOError:
+            raise locked(f"'{target}' is being written by another process (or handle) right now; retry when it is done") from None
+        try:
+            if clean_leftovers(self.target, fs):
+                fs.fsync_dir(self.parent)
+        except BaseException:
+            fs.unlock(self._handle)
+            raise
+        self.built = False
+        self.committed = False
+
+    def __enter__(self) -> DirectorySwap:
+        return self
+
+    def build(self, write: Callable[[str], None]) -> None:
+        """Runs ``write(path)``, which writes the new directory whole at the
+        new ``path`` and makes its contents durable."""
+        assert not self.built and not self.committed
+        self.built = True
+        self.fs.build_store(self.staging, write)
+
+    def commit(self) -> None:
+        """Swaps the built directory in and makes that durable (the parent's
+        fsync also makes the staging entry durable, which the swap renames),
+        then deletes the old contents."""
+        assert self.built and not self.committed
+        self.fs.fsync_dir(self.parent)  # the staging entry, durable before the swap names it
+        old = swap_in(self.staging, self.target, self.fs)
+        self.committed = True
+        self.fs.fsync_dir(self.parent)
+        if old is not None:
+            self.fs.rmtree(old)
+
+    def __exit__(self, kind: object, error: object, traceback: object) -> None:
+        try:
+            if not self.committed:
+                with contextlib.suppress(OSError):
+                    self.fs.rmtree(self.staging)
+        finally:
+            self.fs.unlock(self._handle)

@@ -131,7 +131,7 @@ def from_arrow(
     if first is not None:
         plan = [_decide_codec(path, column, first.column(column.source)) for column in plan]
     with _fresh_directory(path), contextlib.ExitStack() as stack:
-        writers = [stack.enter_context(_Writer(os.path.join(path, column.name), column.schema, "x")) for column in plan]
+        writers = [stack.enter_context(_Writer(os.path.join(path, column.name), column.schema, new=True)) for column in plan]
         meter = _Progress(progress, "from_arrow", total_records=reader.rows)
         rows = written_bytes = 0
         for batch in itertools.chain([] if first is None else [first], batches):
