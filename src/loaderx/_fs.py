@@ -171,9 +171,10 @@ class OsFs:
 
     # ---- the writer lock
 
-    def lock(self, path: str) -> int:
-        """Takes an exclusive flock on ``path`` (created if missing) without
-        waiting: BlockingIOError when another holder has it."""
+    def lock(self, path: str, shared: bool = False) -> int:
+        """Takes an exclusive (or ``shared``) flock on ``path`` (created if
+        missing) without waiting: BlockingIOError when another holder has it
+        (any holder, or an exclusive one for a shared lock)."""
         try:
             descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except PermissionError:
@@ -181,7 +182,7 @@ class OsFs:
         except OSError as exc:
             raise _error(exc, f"open lock file '{path}'") from None
         try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(descriptor, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BaseException:
             os.close(descriptor)
             raise

@@ -73,7 +73,7 @@ _SHUFFLE_GAIN_MIN = 0.03
 
 def from_numpy(
     path: StrPath, array: npt.ArrayLike, codec: str | int = "auto", chunk_bytes: int = CHUNK_BYTES, dict_size: int | None = None,
-    schema: Schema | dict[str, Any] | None = None, progress: bool | TextIO = True, mode: str = "w", *, _fs: OsFs = OS_FS,
+    schema: Schema | dict[str, Any] | None = None, progress: bool | TextIO = True, mode: str = "w", *, _fs: OsFs = OS_FS, _staged: bool = False,
 ) -> int:
     """Writes one dense record per row of ``array`` (along axis 0) to the store
     at ``path``; returns the rows written.
@@ -140,12 +140,12 @@ def from_numpy(
         meter.finish(row_count, row_count * row_bytes)
         return row_count
 
-    return _convert(path, target, mode, fill, _fs)
+    return _convert(path, target, mode, fill, _fs, _staged)
 
 
 def from_iterator(
     path: StrPath, source: Iterable[npt.ArrayLike], codec: str | int = "auto", chunk_bytes: int = CHUNK_BYTES, dict_size: int | None = None,
-    schema: Schema | dict[str, Any] | None = None, progress: bool | TextIO = True, mode: str = "w", *, _fs: OsFs = OS_FS,
+    schema: Schema | dict[str, Any] | None = None, progress: bool | TextIO = True, mode: str = "w", *, _fs: OsFs = OS_FS, _staged: bool = False,
 ) -> int:
     """Writes one ragged record per item of ``source`` to the store at
     ``path``; returns the records written. ``mode`` is as for ``from_numpy``
@@ -224,7 +224,7 @@ def from_iterator(
         meter.finish(count, written_bytes)
         return count
 
-    return _convert(path, target, mode, fill, _fs)
+    return _convert(path, target, mode, fill, _fs, _staged)
 
 
 class _PackedRecords:
@@ -313,13 +313,18 @@ class _Writer:
             pass  # the error that stopped the conversion is the one to report
 
 
-def _convert(path: StrPath, schema: Schema, mode: str, fill: Callable[[_Writer], int], fs: OsFs) -> int:
+def _convert(path: StrPath, schema: Schema, mode: str, fill: Callable[[_Writer], int], fs: OsFs, staged: bool) -> int:
     """Runs ``fill`` (the conversion's writes, ending with ``commit``) into
     the store ``mode`` asks for at ``path``: appended to in place (``"a"``
     on an existing store), or a new store built beside it and swapped in
     (a first creation, or ``"w"`` over an old store) under the path's lock,
-    so that every open sees the old store whole or the new one whole."""
+    so that every open sees the old store whole or the new one whole.
+    ``staged``: ``path`` is the new staging directory of a swap its caller
+    runs (a shard's), written directly."""
     target = os.fspath(path)
+    if staged:
+        with _Writer(target, schema, new=True) as writer:
+            return fill(writer)
     if mode == "a" and _store_state(target, fs) == "store":
         return _append_in_place(fs.real_path(target), schema, fill)
     count = 0
