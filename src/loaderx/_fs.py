@@ -289,9 +289,9 @@ def make_dirs_durable(path: str, fs: OsFs = OS_FS) -> None:
 # The swap is ``renameat2(RENAME_EXCHANGE)``: atomic for readers and through a
 # crash, after which ``.new-<name>`` holds the old contents. Where the kernel
 # or file system lacks it, ``<name>`` is renamed to ``.prev-<name>`` and
-# ``.new-<name>`` to ``<name>``: between the two, ``<name>`` is missing (an
-# open then fails with FileNotFoundError and succeeds when retried), and a
-# crash there leaves ``.prev-<name>`` without ``<name>``.
+# ``.new-<name>`` to ``<name>``: between the two (and after a crash there,
+# until the next writer's leftover rule) ``<name>`` is missing, and readers
+# open the old directory at ``.prev-<name>`` instead (``readable_path``).
 #
 # The one leftover rule, run by the holder of the target's lock before it
 # builds: when ``<name>`` is missing and ``.prev-<name>`` exists, the swap was
@@ -335,19 +335,35 @@ def swap_in(staging: str, target: str, fs: OsFs = OS_FS) -> str | None:
     return aside
 
 
-def clean_leftovers(target: str, fs: OsFs = OS_FS) -> bool:
+def readable_path(target: str, fs: OsFs = OS_FS) -> str:
+    """Where a reader opens ``target``: ``target`` itself, or, while it is
+    missing because a two-rename swap is (or was cut) between its renames,
+    the old directory at ``.prev-<name>``, which is whole."""
+    if fs.exists(target):
+        return target
+    aside = sibling(target, ASIDE_PREFIX)
+    return aside if fs.isdir(aside) else target
+
+
+def clean_leftovers(target: str, fs: OsFs = OS_FS, sync_first: bool = True) -> bool:
     """The one leftover rule (above) for ``target``, run under its writer's
-    lock; True when it changed something (the caller syncs the parent)."""
+    lock; True when it changed something (the caller syncs the parent).
+    The parent is fsynced before anything is deleted (unless the caller just
+    did, ``sync_first=False``): the swap that left ``.new-<name>`` holding
+    the old contents may not be durable yet, and deleting them first could
+    leave a power cut nothing."""
     staging, aside = sibling(target, STAGING_PREFIX), sibling(target, ASIDE_PREFIX)
-    changed = False
-    if fs.exists(aside) and not fs.exists(target):
+    found = [leftover for leftover in (staging, aside) if fs.exists(leftover)]
+    if not found:
+        return False
+    if sync_first:
+        fs.fsync_dir(os.path.dirname(target))
+    if aside in found and not fs.exists(target):
         fs.rename(aside, target)  # a two-rename swap cut short: the old contents come back
-        changed = True
-    for leftover in (staging, aside):
-        if fs.exists(leftover):
-            fs.rmtree(leftover)
-            changed = True
-    return changed
+        found.remove(aside)
+    for leftover in found:
+        fs.rmtree(leftover)
+    return True
 
 
 class DirectorySwap:

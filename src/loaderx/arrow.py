@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterator, TextIO
 import msgpack
 import numpy as np
 
-from ._fs import write_file_atomic
+from ._fs import readable_path, write_file_atomic
 from .converter import (
     _RECORD_COST_BYTES, _SAMPLE_BUDGET_MAX, _TRIAL_BYTES_MAX, _TRIAL_RECORDS_MAX, CHUNK_BYTES, DICT_BYTES, _auto_codec, _codec_name,
     _packed_trial, _positive_int, _Progress, _shuffled_samples, _Writer,
@@ -150,7 +150,7 @@ def open_columns(path: StrPath, verify: bool = False) -> dict[str, DenseDataset 
     """The stores of the column directory at ``path`` as ``{name: DenseDataset
     | RaggedDataset}``, in the listing's order, all of its row count. Dense
     ones can be passed to the ``DataLoader`` as they are."""
-    path = os.fspath(path)
+    path = readable_path(os.fspath(path))  # the old directory, mid two-rename swap
     listing = _read_listing(path)
     opened: dict[str, DenseDataset | RaggedDataset] = {}
     try:

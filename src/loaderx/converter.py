@@ -34,7 +34,6 @@ import itertools
 import math
 import operator
 import os
-import re
 import sys
 import time
 from typing import Any, Callable, Iterable, Iterator, Literal, TextIO, cast
@@ -46,7 +45,7 @@ import numpy.typing as npt
 from ._fs import OS_FS, DirectorySwap, OsFs, write_file_durable
 from ._native import LIMITS
 from .dataset import SCHEMA_FILE, Schema, StrPath, read_schema, write_schema
-from .zrecord import CODECS, SHUFFLE_ELEMENT_BYTES, StoreLockedError, Zrecord, ZrecordError, codec_id, encoded_bytes, shuffled_codec
+from .zrecord import CODECS, SHUFFLE_ELEMENT_BYTES, StoreLockedError, Zrecord, ZrecordError, codec_id, encoded_bytes, is_creation_leftover, shuffled_codec
 
 __all__ = ["from_iterator", "from_numpy"]
 
@@ -360,12 +359,6 @@ def _locked(message: str) -> StoreLockedError:
     return StoreLockedError(f"cannot write {message}", 6)
 
 
-# A store directory being created by zrecord holds these before its
-# superblock is linked in place; a directory holding only them (a creation
-# killed before that) is a store's own leftover, replaced like an empty one.
-_CREATION_LEFTOVERS = re.compile(r"lock|superblock\.tmp-\d+")
-
-
 def _store_state(path: str, fs: OsFs) -> str:
     """``"fresh"`` (absent, empty, or only a killed creation's leftovers:
     ours to replace) or ``"store"``; ValueError for anything else, which is
@@ -377,7 +370,7 @@ def _store_state(path: str, fs: OsFs) -> str:
     if fs.exists(os.path.join(path, "superblock")):
         return "store"
     names = fs.listdir(path)
-    if all(_CREATION_LEFTOVERS.fullmatch(name) for name in names):
+    if all(is_creation_leftover(name) for name in names):
         return "fresh"
     raise ValueError(f"'{path}' is a non-empty directory that is not a loaderx store: give a new or empty directory, or an existing store")
 
@@ -478,7 +471,7 @@ def _array_like(array: npt.ArrayLike) -> Any:  # Any: an array, or a lazily slic
     return np.asarray(array)
 
 
-def build_dense_store(path: str, array: np.ndarray, codec: str, files: dict[str, bytes] | None = None) -> None:
+def build_dense_store(path: str, array: np.ndarray, codec: str, files: dict[str, bytes] | None = None, generation: str | None = None) -> None:
     """Writes ``array`` (at least 1-d) as a dense store in the new directory
     ``path``, with ``files`` (name: bytes) beside it, for ArrayStore's staging.
 
@@ -489,10 +482,14 @@ def build_dense_store(path: str, array: np.ndarray, codec: str, files: dict[str,
     ``sync()`` make the store and the directory's entries durable. The
     directory's own entry in ``path``'s parent is the owner's to sync (its
     commit fsyncs the parent). A raw array goes in as few appends as the
-    per-call record bound allows (each append is one commit)."""
+    per-call record bound allows (each append is one commit). ``generation``
+    (an id its owner's commit record names it by, which survives a copy of
+    the directory) is recorded in the schema file, which readers of the
+    schema ignore."""
     schema = _forced_schema("dense", array.dtype, array.shape[1:], codec, None)
     os.mkdir(path)
-    for name, payload in {SCHEMA_FILE: msgpack.packb(schema.to_dict(), use_bin_type=True), **(files or {})}.items():
+    schema_fields = {**schema.to_dict(), **({"generation": generation} if generation is not None else {})}
+    for name, payload in {SCHEMA_FILE: msgpack.packb(schema_fields, use_bin_type=True), **(files or {})}.items():
         write_file_durable(os.path.join(path, name), payload)
     with Zrecord(path, codec=codec, create=True, _staged=True) as store:
         row_count, row_bytes = len(array), schema.item_bytes

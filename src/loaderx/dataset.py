@@ -28,7 +28,7 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from ._fs import read_at_most, write_file_atomic
+from ._fs import read_at_most, readable_path, write_file_atomic
 from .zrecord import CODECS, IndexOutOfRangeError, Zrecord, ZrecordError
 
 if TYPE_CHECKING:
@@ -254,6 +254,21 @@ def _record_indices(key: Any, length: int) -> tuple[npt.NDArray[np.uint64], tupl
     return np.ascontiguousarray(flat, dtype=np.uint64), array.shape
 
 
+# An open that sees the store's directory swapped under it (an overwrite,
+# _fs.DirectorySwap) opens it again, at most this many times: each swap is a
+# whole conversion, so more than a few during one open means a writer in a
+# tight loop, which gets an error instead of an endless retry.
+_SWAPS_SEEN_MAX = 4
+
+
+def _directory_identity(path: str) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_dev, stat.st_ino)
+
+
 class _Dataset:
     """The part dense and ragged datasets share: the store and its schema.
 
@@ -272,15 +287,28 @@ class _Dataset:
         self._store: Zrecord | ShardedStore
         # A sharded dataset has no schema at its top (write_shard refuses a
         # directory that has one): a store's schema is the one look-up.
-        schema = read_schema(self.path)
-        if schema is None and is_sharded(self.path):
-            # A sharded dataset reads like one store: ShardedStore has the
-            # read side of Zrecord, over one global index space.
-            self._store = ShardedStore(self.path, self._kind, verify=verify, threads=threads)
-            self._schema = self._store.schema
-        else:
-            self._schema = open_schema(self.path, self._kind, schema)
-            self._store = Zrecord(self.path, codec=self._schema.codec, verify=verify, threads=threads, durable=_durable, _existing=True)
+        for attempt in range(_SWAPS_SEEN_MAX + 1):
+            before = _directory_identity(self.path)
+            path = readable_path(self.path)  # the old directory, mid two-rename swap
+            try:
+                schema = read_schema(path)
+                if schema is None and is_sharded(self.path):
+                    # A sharded dataset reads like one store: ShardedStore has the
+                    # read side of Zrecord, over one global index space.
+                    self._store = ShardedStore(self.path, self._kind, verify=verify, threads=threads)
+                    self._schema = self._store.schema
+                    break
+                self._schema = open_schema(path, self._kind, schema)
+                self._store = Zrecord(path, codec=self._schema.codec, verify=verify, threads=threads, durable=_durable, _existing=True)
+            except (ZrecordError, OSError, ValueError):
+                if attempt < _SWAPS_SEEN_MAX and _directory_identity(self.path) != before:
+                    continue  # the store was swapped (an overwrite) while we opened it: open the new one
+                raise
+            if _directory_identity(self.path) == before:
+                break  # the schema and the store are of one directory
+            self._store.close()
+            if attempt == _SWAPS_SEEN_MAX:
+                raise ZrecordError(f"'{self.path}' was replaced {attempt + 1} times while it was being opened: open it again when its writer is done")
         self.dtype = self._schema.dtype
         self.item_shape = self._schema.item_shape
         self.codec = self._schema.codec

@@ -585,17 +585,27 @@ def _inode(path: str) -> tuple[int, int] | None:
 
 
 def _refuse_foreign_directory(path: str) -> None:
-    """A directory holding other files is not ours to turn into a store."""
+    """A directory holding other files is not ours to turn into a store. A
+    creation killed before its superblock was linked in place leaves only
+    the store's own ``lock`` and ``superblock.tmp-<pid>``: those never make
+    the path unusable (the store is created among them)."""
     if os.path.exists(os.path.join(path, "superblock")):
         return
     try:
         with os.scandir(path) as entries:
-            empty = next(entries, None) is None  # one entry decides: no full listing of a big directory
+            # The first foreign entry decides: no full listing of a big directory.
+            foreign = next((entry for entry in entries if not is_creation_leftover(entry.name)), None)
     except OSError:
         return  # a new store, a file, no permission: the native open says what is wrong
-    if not empty:
+    if foreign is not None:
         raise CorruptStoreError(
             f"'{path}' is a non-empty directory that is not a zrecord store (it has no superblock): "
             "give a new or empty directory, or pass create=True to make a store among its files",
             10,
         )
+
+
+def is_creation_leftover(name: str) -> bool:
+    """True for a file a store creation leaves before its superblock is in
+    place (a killed one leaves them behind): ``lock``, ``superblock.tmp-<pid>``."""
+    return name == "lock" or (name.startswith("superblock.tmp-") and name[len("superblock.tmp-"):].isdigit())
