@@ -489,3 +489,21 @@ def test_power_loss_with_durable_false(workdir, memo):
                     run_crash_not_durable(workdir, memo, ops, at, seed, exchange)
                     runs += 1
     assert runs >= 500
+
+
+@pytest.mark.parametrize("last", [("save", {"x": C}), ("drop", ["y"])], ids=["overwrite", "drop"])
+def test_regression_durable_false_keeps_the_synced_copy_until_the_swap_is_durable(workdir, memo, last):
+    """Regression: with durable=False, save({"x": ...}) after the last sync()
+    exchanged .new-x and x without an fsync and then deleted .new-x (the old,
+    synced copy); a cut keeping the unlinks and dropping the exchange lost x
+    (drop("y") the same for y). The simulator's rmtree now queues the unlinks
+    of the tree (tests/simfs.py), and every cut leaves x and y whole."""
+    ops = [("save", {"x": A}), ("save", {"y": B}), ("sync",), last, ("save", {"z": E})]
+    for exchange in (True, False):
+        sim = new_sim(workdir, memo, exchange)
+        with ArrayStore(ROOT, durable=False, _fs=sim) as store:
+            for op in ops:
+                apply_not_durable(store, op)
+        for at in range(sim.mutations + 1):
+            for seed in range(16):
+                run_crash_not_durable(workdir, memo, ops, at, seed, exchange)

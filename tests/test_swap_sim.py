@@ -231,34 +231,6 @@ def test_a_second_overwriter_gets_store_locked_error(workdir):
     assert read_target(sim) == expected(CONVERSIONS[0])
 
 
-def test_a_directory_of_a_killed_first_creation_is_reused(workdir, tmp_path):
-    """Regression: a first conversion killed while zrecord created the store
-    left only superblock.tmp-<pid> (and lock); the rerun raised "not a
-    loaderx store" and Zrecord(path) CorruptStoreError. Both now work."""
-    from loaderx import Zrecord
-
-    for leftovers in (["superblock.tmp-4242"], ["lock", "superblock.tmp-7"]):
-        path = tmp_path / f"store{len(leftovers)}"
-        path.mkdir()
-        for name in leftovers:
-            (path / name).write_bytes(b"")
-        with Zrecord(path) as store:
-            assert len(store) == 0
-        for name in os.listdir(path):
-            os.unlink(path / name)
-        for name in leftovers:
-            (path / name).write_bytes(b"")
-        assert from_numpy(path, DENSE[0], progress=False) == 6
-        with DenseDataset(path) as dataset:
-            assert dataset[:].tolist() == DENSE[0].tolist()
-    foreign = tmp_path / "foreign"
-    foreign.mkdir()
-    (foreign / "superblock.tmp-x").write_bytes(b"mine")  # not a pid: not a store's leftover
-    with pytest.raises(ValueError, match="not a loaderx store"):
-        from_numpy(foreign, DENSE[0], progress=False)
-    assert os.listdir(foreign) == ["superblock.tmp-x"]
-
-
 # ---- sharded datasets ---------------------------------------------------------------
 
 DATASET = PARENT + "/shards"
@@ -438,7 +410,7 @@ def test_a_two_rename_swap_cut_short_is_put_back(workdir):
 def test_soak_swap_power_loss(workdir):
     """The converter and shard sweeps with many more crash seeds per crash point."""
     started = time.perf_counter()
-    runs = sweep_conversion_crashes(workdir, seeds=60) + sweep_shard_crashes(workdir, seeds=30)
+    runs = sweep_conversion_crashes(workdir, seeds=40) + sweep_shard_crashes(workdir, seeds=15)
     counted("soak power losses", runs)
     print(f"\n{runs} simulated power losses through the swap in {time.perf_counter() - started:.0f} s")
-    assert runs >= 10_000
+    assert runs >= 3_000
