@@ -171,40 +171,49 @@ def test_power_loss_at_every_call_of_creation_and_overwrite(workdir, monkeypatch
 CODES = [errno.EIO, errno.ENOSPC]
 
 
-def sweep_conversion_faults(workdir: str, exchange: bool) -> int:
-    """Every fault at every fallible call of the last two conversions."""
-    first, ops = CONVERSIONS[:1], CONVERSIONS[1:3]
+def sweep_faults(workdir: str, exchange: bool, setup, ops, apply, read, states, clean) -> int:
+    """Every fault (CODES, one-shot and sticky) at every fallible call of
+    ``ops`` run after ``setup``: the call raises an OSError with the errno,
+    ``read`` (what a reader sees) is the state before or after the call, in
+    the process and after a power cut right then; once the fault clears the
+    call succeeds, and the end state is ``states[-1]`` with ``clean`` leftovers."""
     sim = new_sim(workdir, exchange)
-    run_ops(sim, first, convert, None, 0)
+    run_ops(sim, setup, apply, None, 0)
     sim.count_from_here()
     for op in ops:
-        convert(sim, op)
+        apply(sim, op)
     kinds = list(sim.fallible_kinds)
     runs = 0
     for at in range(len(kinds)):
         for code in CODES:
             for sticky in (False, True):
                 sim = new_sim(workdir, exchange)
-                run_ops(sim, first, convert, None, 0)
+                run_ops(sim, setup, apply, None, 0)
                 sim.fail(at, code, sticky)
-                states = [expected(first[0])] + [expected(op) for op in ops]
                 context = f"exchange={exchange}, fault {errno.errorcode[code]} at call {at} ({kinds[at]}), sticky={sticky}"
                 for step, op in enumerate(ops, start=1):
                     try:
-                        convert(sim, op)
+                        apply(sim, op)
                         continue
                     except OSError as exc:
                         assert exc.errno == code, f"lost the errno: {exc!r} ({context})"
                     allowed = states[step - 1 : step + 1]
-                    assert read_target(sim) in allowed, f"after the error: a half state ({context})"
-                    sim.clear_faults()
+                    sim.clear_faults()  # (reading needs a working disk)
+                    assert read(sim) in allowed, f"after the error: a half state ({context})"
                     sim.crash(at)
-                    assert read_target(sim) in allowed, f"after a power cut at the error: a half state ({context})"
-                    convert(sim, op)  # works again
-                assert read_target(sim) == states[-1], context
-                assert_clean(sim, PARENT, {"store"})
+                    assert read(sim) in allowed, f"after a power cut at the error: a half state ({context})"
+                    apply(sim, op)  # works again
+                assert read(sim) == states[-1], context
+                clean(sim)
                 runs += 1
     return runs
+
+
+def sweep_conversion_faults(workdir: str, exchange: bool) -> int:
+    """Every fault at every fallible call of two overwrites."""
+    first, ops = CONVERSIONS[:1], CONVERSIONS[1:3]
+    states = [expected(op) for op in first + ops]
+    return sweep_faults(workdir, exchange, first, ops, convert, read_target, states, lambda sim: assert_clean(sim, PARENT, {"store"}))
 
 
 def test_every_fault_at_every_call_of_an_overwrite(workdir):
@@ -309,6 +318,23 @@ def test_power_loss_at_every_call_of_sharded_writes_and_commits(workdir, monkeyp
     assert runs >= 70 and calls
 
 
+def test_every_fault_at_every_call_of_sharded_writes_and_commits(workdir):
+    """EIO and ENOSPC at each fallible call of a shard overwrite, a new shard
+    and a commit, one-shot and sticky, with and without RENAME_EXCHANGE: the
+    committed dataset is the old or the new one, never a half one."""
+    setup = SHARD_OPS[:2]  # shards 0 and 1 written, nothing committed
+    ops = [("write", 1, DENSE[1][:, 0].copy()), ("write", 2, DENSE[0][:2]), ("commit",)]
+    states = [None, None, None, (DENSE[0][:4].tobytes(), DENSE[1][:, 0].copy().tobytes(), DENSE[0][:2].tobytes())]
+
+    def clean(sim: SimFs) -> None:
+        listing = sim.listdir(DATASET)
+        assert not [name for name in listing if name.startswith((".new-", ".prev-"))], listing
+
+    runs = sum(sweep_faults(workdir, exchange, setup, ops, apply_shard, read_dataset, states, clean) for exchange in (True, False))
+    counted("shards faults", runs)
+    assert runs >= 100
+
+
 def test_commit_refuses_while_a_writer_runs_and_leaves_its_staging(workdir):
     """Regression: commit deleted the temporary directory of a write_shard
     still running for another shard. Now commit raises StoreLockedError while
@@ -340,10 +366,10 @@ def test_commit_refuses_while_a_writer_runs_and_leaves_its_staging(workdir):
 COLUMNS = PARENT + "/cols"
 
 
-def test_power_loss_at_every_call_of_the_cli_parquet_convert(workdir, monkeypatch):
+def test_power_loss_and_faults_at_every_call_of_the_cli_parquet_convert(workdir, monkeypatch):
     """loaderx convert of Parquet (first conversion, then a replacement, with
-    and without RENAME_EXCHANGE): after any power cut the column directory
-    opens whole, old or new."""
+    and without RENAME_EXCHANGE): after any power cut, and at any fault, the
+    column directory opens whole, old or new."""
     pytest.importorskip("pyarrow")
     import pyarrow as pa
 
@@ -383,6 +409,9 @@ def test_power_loss_at_every_call_of_the_cli_parquet_convert(workdir, monkeypatc
                 runs += 1
     counted("cli convert power losses", runs)
     assert runs >= 60 and calls
+    faults = sum(sweep_faults(workdir, exchange, tables[:1], tables[1:], run, read, states[1:], lambda sim: assert_clean(sim, PARENT, {"cols"})) for exchange in (True, False))
+    counted("cli convert faults", faults)
+    assert faults >= 40
 
 
 # ---- the swap itself ------------------------------------------------------------------------
