@@ -304,6 +304,9 @@ class SimFs:
             raise FileNotFoundError(errno.ENOENT, f"cannot read '{path}': no such file")
         return self.data[inode][:bytes_max]
 
+    def replaceable(self, path: str) -> bool:
+        return True  # no mount points or permissions in the model
+
     def real_path(self, path: str) -> str:
         inode, real = self._lookup(path)
         if real is None:

@@ -184,3 +184,25 @@ def test_commit_refuses_while_a_real_writer_runs(tmp_path):
     shutil.rmtree(path / "shard-00001")
     shards.write_shard(path, 1, np.arange(5))
     assert shards.commit(path) == 15
+
+
+def test_a_directory_that_cannot_be_swapped_away_gets_its_store_in_place(tmp_path, monkeypatch):
+    """A first conversion into an empty directory that cannot be swapped (a
+    mount point, or a parent this process may not write: simulated here)
+    writes the store in place, and a failed one leaves the directory empty."""
+    from loaderx import _fs, from_iterator
+
+    monkeypatch.setattr(_fs.OsFs, "replaceable", lambda self, path: False)
+    target = tmp_path / "mount"
+    target.mkdir()
+
+    def broken():
+        yield np.arange(3)
+        raise OSError("source broke")
+
+    with pytest.raises(OSError, match="source broke"):
+        from_iterator(target, broken(), progress=False)
+    assert os.listdir(target) == [] and os.listdir(tmp_path) == ["mount"]
+    assert from_numpy(target, ARRAYS[1], progress=False) == 200
+    with DenseDataset(target) as dataset:
+        assert np.array_equal(dataset[:], ARRAYS[1])

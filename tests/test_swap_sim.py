@@ -133,25 +133,32 @@ def assert_clean(sim: SimFs, parent: str, names: set) -> None:
     assert listing <= allowed, f"leftovers: {sorted(listing - allowed)}"
 
 
-def sweep_conversion_crashes(workdir: str, seeds: int) -> int:
-    runs = 0
+def crash_points(workdir: str, ops, apply, seeds: int):
+    """For each of RENAME_EXCHANGE on and off, each mutating call of ``ops``
+    and ``seeds`` crash seeds: yields (sim after the cut, calls acknowledged,
+    a context for messages)."""
     for exchange in (True, False):
         sim = new_sim(workdir, exchange)
-        run_ops(sim, CONVERSIONS, convert, None, 0)
+        run_ops(sim, ops, apply, None, 0)
         total = sim.mutations
         for at in range(total + 1):
             for seed in range(seeds):
                 sim = new_sim(workdir, exchange)
-                acked = run_ops(sim, CONVERSIONS, convert, at, seed)
-                context = f"exchange={exchange}, crash before mutation {at} of {total}, seed {seed}, {acked} calls acknowledged"
-                possible = [expected(CONVERSIONS[acked - 1]) if acked else None]
-                if acked < len(CONVERSIONS):
-                    possible.append(expected(CONVERSIONS[acked]))
-                assert read_target(sim) in possible, f"the target is at no acknowledged or in-flight state ({context})"
-                convert(sim, CONVERSIONS[-1])  # a rerun is never refused because of what the cut left
-                assert read_target(sim) == expected(CONVERSIONS[-1]), context
-                assert_clean(sim, PARENT, {"store"})
-                runs += 1
+                acked = run_ops(sim, ops, apply, at, seed)
+                yield sim, acked, f"exchange={exchange}, crash before mutation {at} of {total}, seed {seed}, {acked} calls acknowledged"
+
+
+def sweep_conversion_crashes(workdir: str, seeds: int) -> int:
+    runs = 0
+    for sim, acked, context in crash_points(workdir, CONVERSIONS, convert, seeds):
+        possible = [expected(CONVERSIONS[acked - 1]) if acked else None]
+        if acked < len(CONVERSIONS):
+            possible.append(expected(CONVERSIONS[acked]))
+        assert read_target(sim) in possible, f"the target is at no acknowledged or in-flight state ({context})"
+        convert(sim, CONVERSIONS[-1])  # a rerun is never refused because of what the cut left
+        assert read_target(sim) == expected(CONVERSIONS[-1]), context
+        assert_clean(sim, PARENT, {"store"})
+        runs += 1
     return runs
 
 
@@ -281,27 +288,20 @@ def read_dataset(sim: SimFs):
 def sweep_shard_crashes(workdir: str, seeds: int) -> int:
     states = shard_model(SHARD_OPS)
     runs = 0
-    for exchange in (True, False):
-        sim = new_sim(workdir, exchange)
-        run_ops(sim, SHARD_OPS, apply_shard, None, 0)
-        total = sim.mutations
-        for at in range(total + 1):
-            for seed in range(seeds):
-                sim = new_sim(workdir, exchange)
-                acked = run_ops(sim, SHARD_OPS, apply_shard, at, seed)
-                context = f"exchange={exchange}, crash before mutation {at} of {total}, seed {seed}, {acked} calls acknowledged"
-                possible = [states[acked][1]] + ([states[acked + 1][1]] if acked < len(SHARD_OPS) else [])
-                assert read_dataset(sim) in possible, f"the committed dataset is not what commit acknowledged ({context})"
-                for k, content in states[acked][0].items():
-                    with DenseDataset(sim.real_path(readable_path(f"{DATASET}/{shards.shard_name(k)}", sim))) as shard:
-                        allowed = [content] + ([SHARD_OPS[acked][2].tobytes()] if acked < len(SHARD_OPS) and SHARD_OPS[acked][:2] == ("write", k) else [])
-                        assert shard[:].tobytes() in allowed, f"acknowledged shard {k} is not whole ({context})"
-                for op in SHARD_OPS[acked:]:
-                    apply_shard(sim, op)  # the rest of the run works on what the cut left
-                assert read_dataset(sim) == states[-1][1], context
-                listing = set(sim.listdir(DATASET))
-                assert not {name for name in listing if name.startswith((".new-", ".prev-", ".tmp"))}, f"leftovers {sorted(listing)} ({context})"
-                runs += 1
+    for sim, acked, context in crash_points(workdir, SHARD_OPS, apply_shard, seeds):
+        possible = [states[acked][1]] + ([states[acked + 1][1]] if acked < len(SHARD_OPS) else [])
+        assert read_dataset(sim) in possible, f"the committed dataset is not what commit acknowledged ({context})"
+        for k, content in states[acked][0].items():
+            with DenseDataset(sim.real_path(readable_path(f"{DATASET}/{shards.shard_name(k)}", sim))) as shard:
+                in_flight = acked < len(SHARD_OPS) and SHARD_OPS[acked][:2] == ("write", k)
+                allowed = [content] + ([SHARD_OPS[acked][2].tobytes()] if in_flight else [])
+                assert shard[:].tobytes() in allowed, f"acknowledged shard {k} is not whole ({context})"
+        for op in SHARD_OPS[acked:]:
+            apply_shard(sim, op)  # the rest of the run works on what the cut left
+        assert read_dataset(sim) == states[-1][1], context
+        listing = set(sim.listdir(DATASET))
+        assert not {name for name in listing if name.startswith((".new-", ".prev-", ".tmp"))}, f"leftovers {sorted(listing)} ({context})"
+        runs += 1
     return runs
 
 
@@ -395,18 +395,12 @@ def test_power_loss_and_faults_at_every_call_of_the_cli_parquet_convert(workdir,
     states = [None] + [{name: table.column(name).to_numpy().tobytes() for name in table.column_names} for table in tables]
     calls = swap_calls(monkeypatch)
     runs = 0
-    for exchange in (True, False):
-        sim = new_sim(workdir, exchange)
-        run_ops(sim, tables, run, None, 0)
-        for at in range(sim.mutations + 1):
-            for seed in range(3):
-                sim = new_sim(workdir, exchange)
-                acked = run_ops(sim, tables, run, at, seed)
-                assert read(sim) in states[acked : acked + 2], f"exchange={exchange}, crash before {at}, seed {seed}"
-                run(sim, tables[-1])
-                assert read(sim) == states[-1]
-                assert_clean(sim, PARENT, {"cols"})
-                runs += 1
+    for sim, acked, context in crash_points(workdir, tables, run, seeds=3):
+        assert read(sim) in states[acked : acked + 2], context
+        run(sim, tables[-1])
+        assert read(sim) == states[-1], context
+        assert_clean(sim, PARENT, {"cols"})
+        runs += 1
     counted("cli convert power losses", runs)
     assert runs >= 60 and calls
     faults = sum(sweep_faults(workdir, exchange, tables[:1], tables[1:], run, read, states[1:], lambda sim: assert_clean(sim, PARENT, {"cols"})) for exchange in (True, False))

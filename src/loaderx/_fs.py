@@ -93,6 +93,13 @@ class OsFs:
         """Where the store directory ``path`` can be opened by zrecord."""
         return path
 
+    def replaceable(self, path: str) -> bool:
+        """Whether the directory ``path`` can be swapped away: not a mount
+        point, in a parent this process may write (for its lock file and
+        the rename)."""
+        parent = os.path.dirname(os.path.abspath(path))
+        return os.access(parent, os.W_OK | os.X_OK) and not os.path.ismount(path)
+
     # ---- writes (durable only after the fsync named in each)
 
     def mkdir(self, path: str) -> None:

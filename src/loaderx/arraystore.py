@@ -19,22 +19,31 @@ step with the data. Row edits are the store's atomic commits. One ``save`` or
    its data and schema durable), then fsyncs the root once so those
    directory entries are durable too.
 2. The commit record ``.commit.msgpack`` (checksummed: each saved name with
-   the inode number of its new directory, and the dropped names) is written
+   the generation id of its new directory, a random id recorded in that
+   directory's schema file, so it survives a copy of the store; and the
+   dropped names) is written
    to a temporary file, fsynced, renamed into place and the root fsynced:
    that fsync is the commit point.
-3. Each new directory is swapped in with ``renameat2(RENAME_EXCHANGE)`` (or,
-   where the kernel or file system lacks it, two renames through
-   ``.prev-<name>``), each dropped array is renamed to ``.drop-<name>``, the
-   root is fsynced, the record deleted, and the old directories removed.
+3. Each new directory is swapped in with the one directory swap of ``_fs``
+   (``swap_in``: ``renameat2(RENAME_EXCHANGE)``, or where the kernel or file
+   system lacks it two renames through ``.prev-<name>``), each dropped array
+   is renamed to ``.drop-<name>``, the root is fsynced, the record deleted,
+   and the old directories removed.
 
-A commit record left by a crash is replayed: the inode numbers tell which
+A call that saves or drops one array needs no record: one exchange or rename
+of the root, fsynced (with ``durable=False`` at the next ``sync()``; what it
+replaced is deleted only after that fsync, since a power cut can keep a
+deletion and drop the rename before it).
+
+A commit record left by a crash is replayed: the generation ids tell which
 swaps happened (an exchange leaves both names in place), so each array ends
-as the call's new contents. Without a record, every ``.new-``, ``.prev-`` and
-``.drop-`` entry is garbage of an unfinished or finished call and deleted.
-(An ``.old-<name>`` whose ``<name>`` is missing was left by a crash in a
-loaderx from before the commit record, mid two-rename swap, and is renamed
-back; this protocol never makes one, since after a drop ``<name>`` is
-legitimately missing.) The first write of
+as the call's new contents. Without a record, leftovers follow the swap's one
+rule (``_fs.clean_leftovers``: a ``.prev-<name>`` without ``<name>`` comes
+back, every other ``.new-`` and ``.prev-`` is deleted, after an fsync of the
+root), and every ``.drop-`` entry is deleted. A drop first makes sure no
+``.prev-<name>`` of a dropped name can outlive it. (An ``.old-<name>`` whose
+``<name>`` is missing was left by a crash in a loaderx from before the commit
+record and is renamed back.) The first write of
 an ArrayStore takes the root lock and does this; opening one does it too when
 no writer holds the lock. Every file-system call goes through the seam in
 ``_fs.py``, which the tests replace with a simulated disk that loses power.
@@ -165,7 +174,7 @@ class ArrayStore:
         self._remove_deferred()
 
     def _remove_deferred(self) -> None:
-        """Deletes what durable one-array commits replaced (their renames are
+        """Deletes what earlier one-array commits replaced (their renames are
         durable now: the caller fsynced the root)."""
         assert self._root_synced
         paths, self._deferred = self._deferred, []
@@ -187,8 +196,7 @@ class ArrayStore:
     def _flush_deferred(self, saves: Sequence[str], drops: Sequence[str]) -> None:
         """Before a commit reuses a leftover name whose deletion waits for
         durability: makes the root durable and deletes them all."""
-        names = [*saves, *drops]
-        leftovers = [STAGING_PREFIX + name for name in names] + [ASIDE_PREFIX + name for name in names] + [".drop-" + name for name in drops]
+        leftovers = [STAGING_PREFIX + name for name in saves] + [ASIDE_PREFIX + name for name in [*saves, *drops]] + [".drop-" + name for name in drops]
         if {os.path.join(self.path, leftover) for leftover in leftovers} & set(self._deferred):
             self._fs.fsync_dir(self.path)
             self._root_synced = True
@@ -574,6 +582,7 @@ class ArrayStore:
             elif not fs.exists(target):
                 fs.rename(other, target)
                 undo = functools.partial(fs.rename, target, other)
+                leftover = ""  # a new name: nothing was replaced
             elif fs.exchange(other, target):
                 undo = functools.partial(fs.exchange, other, target)
             else:
@@ -584,7 +593,7 @@ class ArrayStore:
                     fs.rmtree(other)
             raise ArrayStoreIOError(exc.errno, f"{what} failed, nothing changed: {exc}", "unchanged") from exc
         self._sync_rename(undo, what)
-        self._remove_leftovers([leftover])
+        self._remove_leftovers([leftover] if leftover else [])
         return True
 
     def _sync_rename(self, undo: Callable[[], object], what: str) -> None:

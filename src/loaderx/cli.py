@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import sys
 import tempfile
 import time

@@ -29,6 +29,7 @@ source create an empty store, and the item shape must match the records.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -326,6 +327,8 @@ def _convert(path: StrPath, schema: Schema, mode: str, fill: Callable[[_Writer],
             return fill(writer)
     if mode == "a" and _store_state(target, fs) == "store":
         return _append_in_place(fs.real_path(target), schema, fill)
+    if fs.exists(target) and not fs.replaceable(target) and _store_state(target, fs) == "fresh":
+        return _create_in_place(target, schema, fill)
     count = 0
     with DirectorySwap(target, fs, _locked) as swap:
         state = _store_state(target, fs)  # again, under the lock: another writer may have finished meanwhile
@@ -348,6 +351,22 @@ def _convert(path: StrPath, schema: Schema, mode: str, fill: Callable[[_Writer],
             if old_lock is not None:
                 fs.unlock(old_lock)
     return count
+
+
+def _create_in_place(target: str, schema: Schema, fill: Callable[[_Writer], int]) -> int:
+    """A first creation in an empty directory that cannot be swapped away (a
+    mount point, or a parent this process may not write): the store is
+    written in place, as before the one swap, and a failure deletes what it
+    wrote (the directory held nothing else, or only a killed creation's
+    leftovers), as loaderx did before the one swap."""
+    try:
+        with _Writer(target, schema, new=True) as writer:
+            return fill(writer)
+    except BaseException:
+        for name in os.listdir(target):
+            with contextlib.suppress(OSError):
+                OS_FS.rmtree(os.path.join(target, name))
+        raise
 
 
 def _append_in_place(target: str, schema: Schema, fill: Callable[[_Writer], int]) -> int:

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._fs import read_at_most, readable_path, write_file_atomic
-from .zrecord import CODECS, IndexOutOfRangeError, Zrecord, ZrecordError
+from .zrecord import CODECS, CorruptStoreError, IndexOutOfRangeError, Zrecord, ZrecordError, path_identity
 
 if TYPE_CHECKING:
     from .shards import ShardedStore
@@ -257,16 +257,9 @@ def _record_indices(key: Any, length: int) -> tuple[npt.NDArray[np.uint64], tupl
 # An open that sees the store's directory swapped under it (an overwrite,
 # _fs.DirectorySwap) opens it again, at most this many times: each swap is a
 # whole conversion, so more than a few during one open means a writer in a
-# tight loop, which gets an error instead of an endless retry.
-_SWAPS_SEEN_MAX = 4
-
-
-def _directory_identity(path: str) -> tuple[int, int] | None:
-    try:
-        stat = os.stat(path)
-    except OSError:
-        return None
-    return (stat.st_dev, stat.st_ino)
+# tight loop, which gets an error instead of an endless retry. (A damaged
+# store costs as many extra opens before its error.)
+_SWAPS_SEEN_MAX = 8
 
 
 class _Dataset:
@@ -288,7 +281,7 @@ class _Dataset:
         # A sharded dataset has no schema at its top (write_shard refuses a
         # directory that has one): a store's schema is the one look-up.
         for attempt in range(_SWAPS_SEEN_MAX + 1):
-            before = _directory_identity(self.path)
+            before = path_identity(self.path)
             path = readable_path(self.path)  # the old directory, mid two-rename swap
             try:
                 schema = read_schema(path)
@@ -300,11 +293,14 @@ class _Dataset:
                     break
                 self._schema = open_schema(path, self._kind, schema)
                 self._store = Zrecord(path, codec=self._schema.codec, verify=verify, threads=threads, durable=_durable, _existing=True)
-            except (ZrecordError, OSError, ValueError):
-                if attempt < _SWAPS_SEEN_MAX and _directory_identity(self.path) != before:
-                    continue  # the store was swapped (an overwrite) while we opened it: open the new one
+            except (ZrecordError, OSError, ValueError) as exc:
+                # A file gone mid-open is what a swap does to a reader of the
+                # old directory (whose inode number the next swap may reuse,
+                # so an unchanged identity proves nothing): open it again.
+                if attempt < _SWAPS_SEEN_MAX and (path_identity(self.path) != before or isinstance(exc, (CorruptStoreError, FileNotFoundError))):
+                    continue
                 raise
-            if _directory_identity(self.path) == before:
+            if path_identity(self.path) == before:
                 break  # the schema and the store are of one directory
             self._store.close()
             if attempt == _SWAPS_SEEN_MAX:

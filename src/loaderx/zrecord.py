@@ -367,7 +367,7 @@ class Zrecord(NativeHandle):
         self._threads = threads
         # Which directory this handle opened, to tell "replaced since" apart
         # from damage when a refresh finds no superblock.
-        self._inode = _inode(self.path)
+        self._inode = path_identity(self.path)
         self._reopen_hint = "Zrecord(path)"
         self._init_lifetime()
 
@@ -412,7 +412,7 @@ class Zrecord(NativeHandle):
         try:
             self._call(lib.lx_store_refresh)
         except CorruptStoreError as exc:
-            if _inode(self.path) not in (None, self._inode):
+            if path_identity(self.path) not in (None, self._inode):
                 raise StoreReplacedError(
                     f"'{self.path}' was replaced by a new store (e.g. ArrayStore.save overwrote the array) "
                     f"since this handle opened it; the data is fine: open it again with {self._reopen_hint}",
@@ -575,8 +575,9 @@ class Zrecord(NativeHandle):
         return f"Zrecord({self.path!r}, codec={self.codec!r}, {state})"
 
 
-def _inode(path: str) -> tuple[int, int] | None:
-    """The (device, inode) of ``path``, or None when it is gone."""
+def path_identity(path: str) -> tuple[int, int] | None:
+    """The (device, inode) of ``path``, or None when it is gone: which
+    directory a path names now (a swap gives it another)."""
     try:
         stat = os.stat(path)
     except OSError:
