@@ -502,3 +502,14 @@ def test_regression_durable_false_keeps_the_synced_copy_until_the_swap_is_durabl
     of the tree (tests/simfs.py), and every cut leaves x and y whole."""
     ops = [("save", {"x": A}), ("save", {"y": B}), ("sync",), last, ("save", {"z": E})]
     assert sum(sweep_not_durable(workdir, memo, ops, exchange, seeds=16) for exchange in (True, False)) >= 300
+
+
+@pytest.mark.soak
+def test_soak_power_loss_with_durable_false(workdir, memo):
+    """The durable=False workloads (and the overwrite/drop-after-sync ones)
+    with 256 crash seeds per crash point, with and without RENAME_EXCHANGE."""
+    started = time.perf_counter()
+    workloads = NOT_DURABLE_WORKLOADS + [[("save", {"x": A}), ("save", {"y": B}), ("sync",), last, ("save", {"z": E})] for last in (("save", {"x": C}), ("drop", ["y"]))]
+    runs = sum(sweep_not_durable(workdir, memo, ops, exchange, seeds=256) for ops in workloads for exchange in (True, False))
+    print(f"\n{runs} simulated power losses with durable=False in {time.perf_counter() - started:.0f} s")
+    assert runs >= 75_000

@@ -1104,7 +1104,8 @@ def _read_commit_record(root: str, fs: OsFs) -> dict[str, Any] | None:
     except Exception as exc:
         raise CorruptStoreError(f"{path} passes its checksum but does not decode ({exc}): it was not written by this loaderx") from exc
     if not isinstance(record, dict) or record.get("format") != COMMIT_FORMAT or record.get("version") not in (1, COMMIT_VERSION):
-        raise CorruptStoreError(f"{path} is not a commit record of this loaderx (format {record.get('format') if isinstance(record, dict) else None!r}, version {record.get('version') if isinstance(record, dict) else None!r}): upgrade loaderx")
+        found = (record.get("format"), record.get("version")) if isinstance(record, dict) else (None, None)
+        raise CorruptStoreError(f"{path} is not a commit record of this loaderx (format {found[0]!r}, version {found[1]!r}): upgrade loaderx")
     saves, drops = record.get("save"), record.get("drop")
     identity_type = int if record["version"] == 1 else str
     if (
