@@ -617,6 +617,8 @@ class ArrayStore:
         first, so nothing races it for those names. On a failure the next
         call (or the next writer) deletes them."""
         paths = [os.path.join(self.path, leftover) for leftover in leftovers]
+        if not paths:
+            return
         if not self._root_synced:
             self._deferred.extend(paths)  # durable=False: the rename that made them garbage is not durable yet
             return
