@@ -1,5 +1,8 @@
 """The file-system seam of the Python layer: every file-system call that
-ArrayStore and the small-file writer make goes through an ``OsFs``.
+ArrayStore, the small-file writer and the one directory swap make (the
+swap's users: the converters' creation and overwrite, sharded datasets,
+the CLI's conversion; see "the directory swap" below) goes through an
+``OsFs``.
 
 Tests swap in a simulated file system with the same methods (tests/simfs.py)
 that loses power between any two calls and fails any call on cue, so the
