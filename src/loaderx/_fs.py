@@ -428,7 +428,10 @@ class DirectorySwap:
         self.committed = True
         self.fs.fsync_dir(self.parent)
         if old is not None:
-            self.fs.rmtree(old)
+            # Garbage now: a failure to delete it (a reader's open racing
+            # the deletion) leaves it to the next writer's leftover rule.
+            with contextlib.suppress(OSError):
+                self.fs.rmtree(old)
 
     def __exit__(self, kind: object, error: object, traceback: object) -> None:
         try:
