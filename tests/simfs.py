@@ -35,10 +35,17 @@ build does not sync its parent). Calls on paths inside a blob go to that real
 directory (reads; zrecord's own commits are outside this model), so
 ``real_path`` is where DenseDataset opens it. A build that fails leaves an
 incomplete blob (a directory without a schema), as a half-written store
-would be. Removing a directory tree is one operation on its parent's entry
-(a half-deleted garbage directory is still garbage). Builds are memoised by
-their arguments: a store directory is a pure function of the array and the
-codec, and the workloads here never edit a built store in place.
+would be. Removing a directory tree queues the deletion of what it holds
+(each directory's entries in that directory's queue; a blob's contents as one
+queued deletion) and then its entry in the parent: a cut may keep the
+deletions and drop a rename or exchange that moved the tree there, which is
+how deleting a swap's leftover before the swap is durable loses data. Builds
+given as ``functools.partial`` are memoised by their arguments (a store
+directory is a pure function of the array and the codec; a ``generation``
+argument, which differs per build and which the build records in the
+store's schema file, is overlaid on the memoised store's schema file);
+other callables (the converters' builds) run fresh each time. Locks may be
+exclusive or shared, and may live inside a blob (a store's own ``lock``).
 """
 
 from __future__ import annotations
@@ -49,9 +56,11 @@ import random
 import tempfile
 import types
 
+import msgpack
 import numpy as np
 
 MOUNT = "/sim"
+SCHEMA_FILE = "schema.msgpack"  # loaderx.dataset.SCHEMA_FILE
 SECTOR_BYTES = 512
 
 
@@ -77,7 +86,12 @@ class SimFs:
         self.blobs = {}  # blob inode -> real directory
         self.pending_entries = []  # (directory inode, {name: inode or None}) in call order
         self.pending_writes = []  # (file inode, offset, bytes)
-        self.locks = set()
+        self.locks = {}  # path -> "exclusive" or the number of shared holders
+        self.gutted = set()  # blob inodes whose contents were deleted, as the process sees it
+        self.durable_gutted = set()
+        self.pending_guts = []  # blob inodes whose deletion is queued
+        self.overlays = {}  # blob inode -> {file name: bytes} written by the build beside the memoised store
+        self.builds = 0  # builds run (memoised ones not counted)
         self.epoch = 0
         self.exchange_works = True
         self.dead = False
@@ -121,7 +135,11 @@ class SimFs:
         for directory, changes in self.pending_entries:
             if rng.random() < 0.5:
                 self._apply(self.durable_entries[directory], changes)
-        self.pending_entries, self.pending_writes = [], []
+        for inode in self.pending_guts:
+            if rng.random() < 0.5:
+                self.durable_gutted.add(inode)
+        self.pending_entries, self.pending_writes, self.pending_guts = [], [], []
+        self.gutted = set(self.durable_gutted)
         self.entries = {inode: dict(names) for inode, names in self.durable_entries.items()}
         self.data = dict(self.durable_data)
         self.locks.clear()
@@ -189,6 +207,8 @@ class SimFs:
         parts = self._parts(path)
         for position, part in enumerate(parts):
             if self.kinds[inode] == "blob":
+                if inode in self.gutted:
+                    return None, None
                 real = os.path.join(self.blobs[inode], *parts[position:])
                 return (inode, real) if os.path.lexists(real) else (None, None)
             if self.kinds[inode] != "dir":
@@ -197,8 +217,22 @@ class SimFs:
             if inode is None:
                 return None, None
         if self.kinds[inode] == "blob":
-            return inode, self.blobs[inode]
+            return inode, self._empty_dir() if inode in self.gutted else self.blobs[inode]
         return inode, None
+
+    def _empty_dir(self) -> str:
+        """A real empty directory: what a blob whose contents were deleted holds."""
+        path = os.path.join(self.workdir, "gutted")
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def _overlay(self, path: str):
+        """The bytes of a file a build wrote beside a memoised store, or None."""
+        parent, name = os.path.split(os.path.normpath(path))
+        inode, real = self._lookup(parent)
+        if inode is None or self.kinds.get(inode) != "blob" or inode in self.gutted:
+            return None
+        return self.overlays.get(inode, {}).get(name)
 
     def _parent(self, path: str):
         """(parent directory inode, name); FileNotFoundError without a parent."""
@@ -234,6 +268,8 @@ class SimFs:
     def isfile(self, path: str) -> bool:
         if self.dead:
             raise PowerLoss()
+        if self._overlay(path) is not None:
+            return True
         inode, real = self._lookup(path)
         if real is not None:
             return os.path.isfile(real)
@@ -257,6 +293,9 @@ class SimFs:
 
     def read_file(self, path: str, bytes_max: int) -> bytes:
         self._fallible("read")
+        overlay = self._overlay(path)
+        if overlay is not None:
+            return overlay[:bytes_max]
         inode, real = self._lookup(path)
         if real is not None:
             with open(real, "rb") as handle:
@@ -264,6 +303,9 @@ class SimFs:
         if inode is None or self.kinds[inode] != "file":
             raise FileNotFoundError(errno.ENOENT, f"cannot read '{path}': no such file")
         return self.data[inode][:bytes_max]
+
+    def replaceable(self, path: str) -> bool:
+        return True  # no mount points or permissions in the model
 
     def real_path(self, path: str) -> str:
         inode, real = self._lookup(path)
@@ -330,10 +372,25 @@ class SimFs:
         self._change(parent, {name: None})
 
     def rmtree(self, path: str) -> None:
+        """Unlinks what the tree holds (queued in each directory, as the
+        kernel's unlinks are: a cut may keep them while dropping a rename
+        that moved the tree), then its entry."""
         self._mutation("rmtree")
         parent, name = self._parent(path)
-        if name in self.entries[parent]:
+        inode = self.entries[parent].get(name)
+        if inode is not None:
+            self._empty(inode)
             self._change(parent, {name: None})
+
+    def _empty(self, inode: int) -> None:
+        if self.kinds[inode] == "blob":
+            self.gutted.add(inode)
+            self.pending_guts.append(inode)
+        elif self.kinds[inode] == "dir":
+            for child in list(self.entries[inode].values()):
+                self._empty(child)
+            if self.entries[inode]:
+                self._change(inode, {name: None for name in self.entries[inode]})
 
     def build_store(self, path: str, build) -> None:
         self._mutation("build")
@@ -342,14 +399,35 @@ class SimFs:
             raise FileExistsError(errno.EEXIST, f"cannot build a store at '{path}': it exists")
         inode = self._new_inode("blob")
         self._change(parent, {name: inode})
-        self.blobs[inode] = self._built(build)
+        self.blobs[inode] = self._empty_dir()  # incomplete until the build returns
+        keywords = dict(getattr(build, "keywords", {}))
+        generation = keywords.pop("generation", None)
+        self.blobs[inode] = self._built(build, keywords)
+        if generation is not None:
+            # The one argument that differs per build: the build records it
+            # in the schema file, so this build's schema file is the
+            # memoised one's with it.
+            schema = msgpack.unpackb(self._real_bytes(self.blobs[inode], SCHEMA_FILE), raw=False)
+            self.overlays[inode] = {SCHEMA_FILE: msgpack.packb({**schema, "generation": generation}, use_bin_type=True)}
 
-    def _built(self, build) -> str:
-        """The real directory ``build`` writes, built once per distinct argument set."""
-        key = (build.func.__qualname__, tuple((name, _fingerprint(value)) for name, value in sorted(build.keywords.items())))
+    @staticmethod
+    def _real_bytes(directory: str, name: str) -> bytes:
+        with open(os.path.join(directory, name), "rb") as handle:
+            return handle.read()
+
+    def _built(self, build, keywords: dict) -> str:
+        """The real directory ``build`` writes: once per distinct argument
+        set for a ``functools.partial``, fresh for any other callable."""
+        if not hasattr(build, "func"):
+            real = os.path.join(tempfile.mkdtemp(dir=self.workdir), "store")
+            self.builds += 1
+            build(real)
+            return real
+        key = (build.func.__qualname__, tuple((name, _fingerprint(value)) for name, value in sorted(keywords.items())))
         if key not in self.memo:
             real = os.path.join(tempfile.mkdtemp(dir=self.workdir), "store")
-            build(real)
+            self.builds += 1
+            build.func(real, *build.args, **keywords)
             self.memo[key] = real
         return self.memo[key]
 
@@ -383,21 +461,31 @@ class SimFs:
 
     # ---- the writer lock
 
-    def lock(self, path: str):
-        parent, name = self._parent(path)
-        if name not in self.entries[parent]:
-            self.write_new(path, b"")
+    def lock(self, path: str, shared: bool = False):
+        inode, real = self._lookup(os.path.dirname(os.path.normpath(path)))
+        if real is not None:
+            self._fallible("lock")  # a store's own lock file, inside a blob: zrecord's business
         else:
-            self._fallible("lock")
-        if path in self.locks:
+            parent, name = self._parent(path)
+            if name not in self.entries[parent]:
+                self.write_new(path, b"")
+            else:
+                self._fallible("lock")
+        held = self.locks.get(path)
+        if held == "exclusive" or (held is not None and not shared):
             raise BlockingIOError(errno.EWOULDBLOCK, f"'{path}' is locked")
-        self.locks.add(path)
+        self.locks[path] = (held or 0) + 1 if shared else "exclusive"
         return (self.epoch, path)
 
     def unlock(self, handle) -> None:
         epoch, path = handle
-        if epoch == self.epoch:
-            self.locks.discard(path)
+        if epoch != self.epoch or path not in self.locks:
+            return
+        held = self.locks[path]
+        if held == "exclusive" or held == 1:
+            del self.locks[path]
+        else:
+            self.locks[path] = held - 1
 
 
 def _fingerprint(value):

@@ -477,15 +477,39 @@ def test_power_loss_with_durable_false(workdir, memo):
     """Exhaustive over the mutating calls of workloads of one-array calls and
     sync() with durable=False, with and without RENAME_EXCHANGE, 8 seeds each:
     never a torn array, never older than the last sync()."""
-    runs = 0
-    for ops in NOT_DURABLE_WORKLOADS:
-        for exchange in (True, False):
-            sim = new_sim(workdir, memo, exchange)
-            with ArrayStore(ROOT, durable=False, _fs=sim) as store:
-                for op in ops:
-                    apply_not_durable(store, op)
-            for at in range(sim.mutations + 1):
-                for seed in range(8):
-                    run_crash_not_durable(workdir, memo, ops, at, seed, exchange)
-                    runs += 1
+    runs = sum(sweep_not_durable(workdir, memo, ops, exchange, seeds=8) for ops in NOT_DURABLE_WORKLOADS for exchange in (True, False))
     assert runs >= 500
+
+
+def sweep_not_durable(workdir, memo, ops, exchange: bool, seeds: int) -> int:
+    """run_crash_not_durable at every mutating call of ``ops``, ``seeds`` seeds each."""
+    sim = new_sim(workdir, memo, exchange)
+    with ArrayStore(ROOT, durable=False, _fs=sim) as store:
+        for op in ops:
+            apply_not_durable(store, op)
+    for at in range(sim.mutations + 1):
+        for seed in range(seeds):
+            run_crash_not_durable(workdir, memo, ops, at, seed, exchange)
+    return (sim.mutations + 1) * seeds
+
+
+@pytest.mark.parametrize("last", [("save", {"x": C}), ("drop", ["y"])], ids=["overwrite", "drop"])
+def test_regression_durable_false_keeps_the_synced_copy_until_the_swap_is_durable(workdir, memo, last):
+    """Regression: with durable=False, save({"x": ...}) after the last sync()
+    exchanged .new-x and x without an fsync and then deleted .new-x (the old,
+    synced copy); a cut keeping the unlinks and dropping the exchange lost x
+    (drop("y") the same for y). The simulator's rmtree now queues the unlinks
+    of the tree (tests/simfs.py), and every cut leaves x and y whole."""
+    ops = [("save", {"x": A}), ("save", {"y": B}), ("sync",), last, ("save", {"z": E})]
+    assert sum(sweep_not_durable(workdir, memo, ops, exchange, seeds=16) for exchange in (True, False)) >= 300
+
+
+@pytest.mark.soak
+def test_soak_power_loss_with_durable_false(workdir, memo):
+    """The durable=False workloads (and the overwrite/drop-after-sync ones)
+    with 256 crash seeds per crash point, with and without RENAME_EXCHANGE."""
+    started = time.perf_counter()
+    workloads = NOT_DURABLE_WORKLOADS + [[("save", {"x": A}), ("save", {"y": B}), ("sync",), last, ("save", {"z": E})] for last in (("save", {"x": C}), ("drop", ["y"]))]
+    runs = sum(sweep_not_durable(workdir, memo, ops, exchange, seeds=256) for ops in workloads for exchange in (True, False))
+    print(f"\n{runs} simulated power losses with durable=False in {time.perf_counter() - started:.0f} s")
+    assert runs >= 75_000

@@ -1,5 +1,8 @@
 """The file-system seam of the Python layer: every file-system call that
-ArrayStore and the small-file writer make goes through an ``OsFs``.
+ArrayStore, the small-file writer and the one directory swap make (the
+swap's users: the converters' creation and overwrite, sharded datasets,
+the CLI's conversion; see "the directory swap" below) goes through an
+``OsFs``.
 
 Tests swap in a simulated file system with the same methods (tests/simfs.py)
 that loses power between any two calls and fails any call on cue, so the
@@ -99,6 +102,13 @@ class OsFs:
         """Where the store directory ``path`` can be opened by zrecord."""
         return path
 
+    def replaceable(self, path: str) -> bool:
+        """Whether the directory ``path`` can be swapped away: not a mount
+        point, in a parent this process may write (for its lock file and
+        the rename)."""
+        parent = os.path.dirname(os.path.abspath(path))
+        return os.access(parent, os.W_OK | os.X_OK) and not os.path.ismount(path)
+
     # ---- writes (durable only after the fsync named in each)
 
     def mkdir(self, path: str) -> None:
@@ -177,9 +187,10 @@ class OsFs:
 
     # ---- the writer lock
 
-    def lock(self, path: str) -> int:
-        """Takes an exclusive flock on ``path`` (created if missing) without
-        waiting: BlockingIOError when another holder has it."""
+    def lock(self, path: str, shared: bool = False) -> int:
+        """Takes an exclusive (or ``shared``) flock on ``path`` (created if
+        missing) without waiting: BlockingIOError when another holder has it
+        (any holder, or an exclusive one for a shared lock)."""
         try:
             descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except PermissionError:
@@ -187,7 +198,7 @@ class OsFs:
         except OSError as exc:
             raise _error(exc, f"open lock file '{path}'") from None
         try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(descriptor, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BaseException:
             os.close(descriptor)
             raise
@@ -278,3 +289,162 @@ def make_dirs_durable(path: str, fs: OsFs = OS_FS) -> str | None:
         return created
     fs.fsync_dir(parent)
     return created or path
+
+
+# ---- the directory swap ------------------------------------------------------------
+#
+# The one protocol by which a complete new directory takes the place of an
+# old one (or of nothing): converters' creation and overwrite, the CLI's
+# conversion, shards and ArrayStore's arrays. Its names, beside the target
+# ``<parent>/<name>``:
+#
+#   .new-<name>    the new directory, built whole and made durable before the swap
+#   .prev-<name>   the old one, only where RENAME_EXCHANGE is missing (two renames)
+#   .lock-<name>   an empty file whose flock the one writer replacing <name> holds
+#                  (a lock inside <name> would be swapped away with it); never
+#                  deleted, since deleting a lock file races its next holder
+#
+# The swap is ``renameat2(RENAME_EXCHANGE)``: atomic for readers and through a
+# crash, after which ``.new-<name>`` holds the old contents. Where the kernel
+# or file system lacks it, ``<name>`` is renamed to ``.prev-<name>`` and
+# ``.new-<name>`` to ``<name>``: between the two (and after a crash there,
+# until the next writer's leftover rule) ``<name>`` is missing, and readers
+# open the old directory at ``.prev-<name>`` instead (``readable_path``).
+#
+# The one leftover rule, run by the holder of the target's lock before it
+# builds: when ``<name>`` is missing and ``.prev-<name>`` exists, the swap was
+# cut between its renames and the old directory is renamed back (the call was
+# never acknowledged); every other ``.new-<name>`` and ``.prev-<name>`` is
+# garbage of a finished or unfinished call and deleted. The old contents a
+# swap replaced are deleted only once the swap itself is durable.
+
+STAGING_PREFIX = ".new-"
+ASIDE_PREFIX = ".prev-"
+LOCK_PREFIX = ".lock-"
+
+
+def sibling(target: str, prefix: str) -> str:
+    """``<parent>/<prefix><name>`` for ``target`` = ``<parent>/<name>``."""
+    parent, name = os.path.split(os.path.abspath(target))
+    assert name, f"a swap target needs a name: {target!r}"
+    return os.path.join(parent, prefix + name)
+
+
+def swap_in(staging: str, target: str, fs: OsFs = OS_FS) -> str | None:
+    """Puts the complete, durable directory ``staging`` at ``target`` (both in
+    one parent); returns the path that now holds the old contents, to delete
+    once the swap is durable (``fsync_dir`` of the parent), or None when
+    there were none. Not durable until that fsync."""
+    assert os.path.dirname(os.path.abspath(staging)) == os.path.dirname(os.path.abspath(target))
+    if not fs.exists(target):
+        fs.rename(staging, target)
+        return None
+    if fs.exchange(staging, target):
+        return staging
+    aside = sibling(target, ASIDE_PREFIX)
+    fs.rmtree(aside)
+    fs.rename(target, aside)
+    try:
+        fs.rename(staging, target)
+    except OSError:
+        with contextlib.suppress(OSError):
+            fs.rename(aside, target)  # else the next writer's clean_leftovers puts it back
+        raise
+    return aside
+
+
+def readable_path(target: str, fs: OsFs = OS_FS) -> str:
+    """Where a reader opens ``target``: ``target`` itself, or, while it is
+    missing because a two-rename swap is (or was cut) between its renames,
+    the old directory at ``.prev-<name>``, which is whole."""
+    if fs.exists(target):
+        return target
+    aside = sibling(target, ASIDE_PREFIX)
+    return aside if fs.isdir(aside) else target
+
+
+def clean_leftovers(target: str, fs: OsFs = OS_FS, sync_first: bool = True) -> bool:
+    """The one leftover rule (above) for ``target``, run under its writer's
+    lock; True when it changed something (the caller syncs the parent).
+    The parent is fsynced before anything is deleted (unless the caller just
+    did, ``sync_first=False``): the swap that left ``.new-<name>`` holding
+    the old contents may not be durable yet, and deleting them first could
+    leave a power cut nothing."""
+    staging, aside = sibling(target, STAGING_PREFIX), sibling(target, ASIDE_PREFIX)
+    found = [leftover for leftover in (staging, aside) if fs.exists(leftover)]
+    if not found:
+        return False
+    if sync_first:
+        fs.fsync_dir(os.path.dirname(target))
+    if aside in found and not fs.exists(target):
+        fs.rename(aside, target)  # a two-rename swap cut short: the old contents come back
+        found.remove(aside)
+    for leftover in found:
+        fs.rmtree(leftover)
+    return True
+
+
+class DirectorySwap:
+    """One replacement (or creation) of the directory ``target``, under its
+    ``.lock-<name>`` (taken without waiting: ``locked(message)`` is raised
+    when another writer holds it):
+
+        with DirectorySwap(target, fs, locked) as swap:
+            ...check what is at target, under the lock...
+            swap.build(write)    # fs.build_store(.new-<name>, write): complete and durable
+            swap.commit()        # swap_in, fsync of the parent, delete the old
+
+    Leaving the block without ``commit`` deletes the staging directory: the
+    target is as it was."""
+
+    def __init__(self, target: str, fs: OsFs, locked: Callable[[str], BaseException]) -> None:
+        self.target = os.path.abspath(os.fspath(target))
+        self.parent = os.path.dirname(self.target)
+        self.staging = sibling(self.target, STAGING_PREFIX)
+        self.fs = fs
+        make_dirs_durable(self.parent, fs)
+        try:
+            self._handle = fs.lock(sibling(self.target, LOCK_PREFIX))
+        except BlockingIOError:
+            raise locked(f"'{target}' is being written by another process (or handle) right now; retry when it is done") from None
+        try:
+            if clean_leftovers(self.target, fs):
+                fs.fsync_dir(self.parent)
+        except BaseException:
+            fs.unlock(self._handle)
+            raise
+        self.built = False
+        self.committed = False
+
+    def __enter__(self) -> DirectorySwap:
+        return self
+
+    def build(self, write: Callable[[str], None]) -> None:
+        """Runs ``write(path)``, which writes the new directory whole at the
+        new ``path`` and makes its contents durable."""
+        assert not self.built and not self.committed
+        self.built = True
+        self.fs.build_store(self.staging, write)
+
+    def commit(self) -> None:
+        """Swaps the built directory in and makes that durable (the parent's
+        fsync also makes the staging entry durable, which the swap renames),
+        then deletes the old contents."""
+        assert self.built and not self.committed
+        self.fs.fsync_dir(self.parent)  # the staging entry, durable before the swap names it
+        old = swap_in(self.staging, self.target, self.fs)
+        self.committed = True
+        self.fs.fsync_dir(self.parent)
+        if old is not None:
+            # Garbage now: a failure to delete it (a reader's open racing
+            # the deletion) leaves it to the next writer's leftover rule.
+            with contextlib.suppress(OSError):
+                self.fs.rmtree(old)
+
+    def __exit__(self, kind: object, error: object, traceback: object) -> None:
+        try:
+            if not self.committed:
+                with contextlib.suppress(OSError):
+                    self.fs.rmtree(self.staging)
+        finally:
+            self.fs.unlock(self._handle)

@@ -19,22 +19,31 @@ step with the data. Row edits are the store's atomic commits. One ``save`` or
    its data and schema durable), then fsyncs the root once so those
    directory entries are durable too.
 2. The commit record ``.commit.msgpack`` (checksummed: each saved name with
-   the inode number of its new directory, and the dropped names) is written
+   the generation id of its new directory, a random id recorded in that
+   directory's schema file, so it survives a copy of the store; and the
+   dropped names) is written
    to a temporary file, fsynced, renamed into place and the root fsynced:
    that fsync is the commit point.
-3. Each new directory is swapped in with ``renameat2(RENAME_EXCHANGE)`` (or,
-   where the kernel or file system lacks it, two renames through
-   ``.prev-<name>``), each dropped array is renamed to ``.drop-<name>``, the
-   root is fsynced, the record deleted, and the old directories removed.
+3. Each new directory is swapped in with the one directory swap of ``_fs``
+   (``swap_in``: ``renameat2(RENAME_EXCHANGE)``, or where the kernel or file
+   system lacks it two renames through ``.prev-<name>``), each dropped array
+   is renamed to ``.drop-<name>``, the root is fsynced, the record deleted,
+   and the old directories removed.
 
-A commit record left by a crash is replayed: the inode numbers tell which
+A call that saves or drops one array needs no record: one exchange or rename
+of the root, fsynced (with ``durable=False`` at the next ``sync()``; what it
+replaced is deleted only after that fsync, since a power cut can keep a
+deletion and drop the rename before it).
+
+A commit record left by a crash is replayed: the generation ids tell which
 swaps happened (an exchange leaves both names in place), so each array ends
-as the call's new contents. Without a record, every ``.new-``, ``.prev-`` and
-``.drop-`` entry is garbage of an unfinished or finished call and deleted.
-(An ``.old-<name>`` whose ``<name>`` is missing was left by a crash in a
-loaderx from before the commit record, mid two-rename swap, and is renamed
-back; this protocol never makes one, since after a drop ``<name>`` is
-legitimately missing.) The first write of
+as the call's new contents. Without a record, leftovers follow the swap's one
+rule (``_fs.clean_leftovers``: a ``.prev-<name>`` without ``<name>`` comes
+back, every other ``.new-`` and ``.prev-`` is deleted, after an fsync of the
+root), and every ``.drop-`` entry is deleted. A drop first makes sure no
+``.prev-<name>`` of a dropped name can outlive it. (An ``.old-<name>`` whose
+``<name>`` is missing was left by a crash in a loaderx from before the commit
+record and is renamed back.) The first write of
 an ArrayStore takes the root lock and does this; opening one does it too when
 no writer holds the lock. Every file-system call goes through the seam in
 ``_fs.py``, which the tests replace with a simulated disk that loses power.
@@ -46,6 +55,7 @@ import contextlib
 import functools
 import math
 import os
+import secrets
 import threading
 import zlib
 from typing import Any, Callable, Iterator, Mapping, Sequence, cast, overload
@@ -55,7 +65,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._checks import check_flag, check_int
-from ._fs import OS_FS, OsFs, make_dirs_durable, write_file_atomic
+from ._fs import ASIDE_PREFIX, OS_FS, STAGING_PREFIX, OsFs, clean_leftovers, make_dirs_durable, swap_in, write_file_atomic
 from .converter import build_dense_store
 from .dataset import SCHEMA_FILE, DenseDataset, StrPath, _int_index, _is_int, _record_indices
 from ._errors import class_for_errno
@@ -74,6 +84,9 @@ NAME_BYTES_MAX = 200  # leaves room for the ".drop-" prefix within NAME_MAX (255
 STREAM_BYTES = 64 << 20  # stream_load's default chunk, in bytes of rows
 COMMIT_FILE = ".commit.msgpack"
 COMMIT_FORMAT = "loaderx-arraystore-commit"
+# Version 2 names each new directory by the generation id in its schema
+# file; version 1 (read still) by its inode number, which a copy changes.
+COMMIT_VERSION = 2
 _STAGING = (".new-", ".prev-", ".drop-", ".old-")
 _MARKER_BYTES_MAX = 1 << 16
 
@@ -144,6 +157,10 @@ class ArrayStore:
         self._closed = False
         self._unfinished = False  # a commit or cleanup of this writer still to finish
         self._cleanup: threading.Thread | None = None  # deleting the last commit's leftovers
+        # With durable=False: what one-array commits replaced, deleted only
+        # once their renames are durable (the next fsync of the root), since
+        # a power cut may keep a deletion and drop the rename before it.
+        self._deferred: list[str] = []
         _open_root(self.path, _fs)
         _replay_if_unlocked(self.path, _fs)
 
@@ -182,6 +199,36 @@ class ArrayStore:
         if not self._root_synced:
             self._fs.fsync_dir(self.path)  # the renames of one-array saves and drops
             self._root_synced = True
+        self._remove_deferred()
+
+    def _remove_deferred(self) -> None:
+        """Deletes what earlier one-array commits replaced (their renames are
+        durable now: the caller fsynced the root)."""
+        assert self._root_synced
+        paths, self._deferred = self._deferred, []
+        self._remove(paths)
+
+    def _before_drop(self, drops: Sequence[str]) -> None:
+        """Makes sure no ``.prev-<name>`` of a dropped name survives a power
+        cut that keeps the drop: the swap's leftover rule would take it for
+        a two-rename swap cut short and bring the old contents back."""
+        if not drops:
+            return
+        stale = [path for path in (os.path.join(self.path, ASIDE_PREFIX + name) for name in drops) if self._fs.exists(path)]
+        for path in stale:
+            self._fs.rmtree(path)
+        if stale or self._record_unlinked:
+            self._fs.fsync_dir(self.path)  # also the deletions of the last commit's leftovers
+            self._record_unlinked = False
+
+    def _flush_deferred(self, saves: Sequence[str], drops: Sequence[str]) -> None:
+        """Before a commit reuses a leftover name whose deletion waits for
+        durability: makes the root durable and deletes them all."""
+        leftovers = [STAGING_PREFIX + name for name in saves] + [ASIDE_PREFIX + name for name in [*saves, *drops]] + [".drop-" + name for name in drops]
+        if {os.path.join(self.path, leftover) for leftover in leftovers} & set(self._deferred):
+            self._fs.fsync_dir(self.path)
+            self._root_synced = True
+            self._remove_deferred()
 
     @property
     def closed(self) -> bool:
@@ -497,12 +544,17 @@ class ArrayStore:
             return
         what = _call_text(saves, drops)
         fs = self._fs
+        try:
+            self._flush_deferred(list(saves), drops)
+            self._before_drop(drops)
+        except OSError as exc:
+            raise ArrayStoreIOError(exc.errno, f"{what} failed, nothing changed: {exc}", "unchanged") from exc
         identities = self._stage(saves, codec, what)
         for name in [*saves, *drops]:
             self._forget(name)
         if len(saves) + len(drops) == 1 and self._commit_one(next(iter([*saves, *drops])), bool(saves), what):
             return
-        record = {"format": COMMIT_FORMAT, "version": 1, "save": identities, "drop": list(drops)}
+        record = {"format": COMMIT_FORMAT, "version": COMMIT_VERSION, "save": identities, "drop": list(drops)}
         try:
             _write_commit_record(self.path, fs, record, what, staged=list(saves))
         except ArrayStoreIOError as exc:
@@ -511,6 +563,8 @@ class ArrayStore:
         self._record_unlinked = True
         try:
             _roll_forward(self.path, fs, record)
+            self._root_synced = True  # its fsync made every earlier rename of the root durable too
+            self._remove_deferred()
         except OSError as exc:
             try:
                 _recover(self.path, fs)  # one more try from what the directory holds
@@ -529,10 +583,10 @@ class ArrayStore:
         try:
             for name, array in saves.items():
                 assert codec is not None  # only a drop, which saves nothing, commits without one
-                staging = os.path.join(self.path, ".new-" + name)
+                staging = os.path.join(self.path, STAGING_PREFIX + name)
                 fs.rmtree(staging)
-                fs.build_store(staging, functools.partial(_write_array, array=array, codec=codec))
-                identities[name] = fs.identity(staging)
+                identities[name] = secrets.token_hex(16)
+                fs.build_store(staging, functools.partial(_write_array, array=array, codec=codec, generation=identities[name]))
         except BaseException as exc:
             for name in saves:
                 with contextlib.suppress(OSError):
@@ -563,6 +617,7 @@ class ArrayStore:
             elif not fs.exists(target):
                 fs.rename(other, target)
                 undo = functools.partial(fs.rename, target, other)
+                leftover = ""  # a new name: nothing was replaced
             elif fs.exchange(other, target):
                 undo = functools.partial(fs.exchange, other, target)
             else:
@@ -573,7 +628,7 @@ class ArrayStore:
                     fs.rmtree(other)
             raise ArrayStoreIOError(exc.errno, f"{what} failed, nothing changed: {exc}", "unchanged") from exc
         self._sync_rename(undo, what)
-        self._remove_leftovers([leftover])
+        self._remove_leftovers([leftover] if leftover else [])
         return True
 
     def _sync_rename(self, undo: Callable[[], object], what: str) -> None:
@@ -597,6 +652,11 @@ class ArrayStore:
         first, so nothing races it for those names. On a failure the next
         call (or the next writer) deletes them."""
         paths = [os.path.join(self.path, leftover) for leftover in leftovers]
+        if not paths:
+            return
+        if not self._root_synced:
+            self._deferred.extend(paths)  # durable=False: the rename that made them garbage is not durable yet
+            return
         if not self._fs.removes_in_background:
             self._remove(paths)
             return
@@ -955,14 +1015,39 @@ def _read_scalar_marker(path: str, dataset: DenseDataset, fs: OsFs) -> bool:
     return True
 
 
-def _write_array(path: str, array: np.ndarray, codec: str) -> None:
+def _write_array(path: str, array: np.ndarray, codec: str, generation: str | None = None) -> None:
     """Writes ``array`` as a complete dense store at the new ``path``: data
     and schema durable when it returns (its entry in the root is synced by
-    the commit); a 0-d array as one row and a marker."""
+    the commit); a 0-d array as one row and a marker. ``generation`` goes
+    into its schema file: what a commit record names the directory by."""
     if array.ndim == 0:
-        build_dense_store(path, array.reshape(1), codec, {ARRAY_FILE: msgpack.packb({"shape": []})})
+        build_dense_store(path, array.reshape(1), codec, {ARRAY_FILE: msgpack.packb({"shape": []})}, generation)
     else:
-        build_dense_store(path, array, codec)
+        build_dense_store(path, array, codec, generation=generation)
+
+
+def _generation(fs: OsFs, path: str) -> str | None:
+    """The generation id in the schema file of the array directory ``path``
+    (None when it has none, or no schema file)."""
+    try:
+        payload = fs.read_file(os.path.join(path, SCHEMA_FILE), _MARKER_BYTES_MAX + 1)
+    except FileNotFoundError:
+        return None  # any other error of the disk is the caller's to report
+    try:
+        data = msgpack.unpackb(payload, raw=False)
+    except Exception:  # msgpack raises several types; a damaged schema names no generation, opening the array reports it
+        return None
+    generation = data.get("generation") if isinstance(data, dict) else None
+    return generation if isinstance(generation, str) else None
+
+
+def _is_directory(fs: OsFs, path: str, identity: str | int) -> bool:
+    """True when the directory at ``path`` is the one a commit record names:
+    by generation id (survives a copy), or by inode number (records of
+    loaderx before generation ids)."""
+    if isinstance(identity, str):
+        return _generation(fs, path) == identity
+    return fs.identity(path) == identity
 
 
 def _call_text(saves: dict[str, npt.NDArray[Any]], drops: list[str]) -> str:
@@ -1080,16 +1165,18 @@ def _read_commit_record(root: str, fs: OsFs) -> dict[str, Any] | None:
         record = msgpack.unpackb(body, raw=False)
     except Exception as exc:
         raise CorruptStoreError(f"{path} passes its checksum but does not decode ({exc}): it was not written by this loaderx") from exc
-    if not isinstance(record, dict) or record.get("format") != COMMIT_FORMAT or record.get("version") != 1:
-        raise CorruptStoreError(f"{path} is not a commit record of this loaderx (format {record.get('format') if isinstance(record, dict) else None!r}): upgrade loaderx")
+    if not isinstance(record, dict) or record.get("format") != COMMIT_FORMAT or record.get("version") not in (1, COMMIT_VERSION):
+        found = (record.get("format"), record.get("version")) if isinstance(record, dict) else (None, None)
+        raise CorruptStoreError(f"{path} is not a commit record of this loaderx (format {found[0]!r}, version {found[1]!r}): upgrade loaderx")
     saves, drops = record.get("save"), record.get("drop")
+    identity_type = int if record["version"] == 1 else str
     if (
         not isinstance(saves, dict)
         or not isinstance(drops, list)
-        or not all(_valid_name(name) and isinstance(identity, int) for name, identity in saves.items())
+        or not all(_valid_name(name) and type(identity) is identity_type for name, identity in saves.items())
         or not all(_valid_name(name) for name in drops)
     ):
-        raise CorruptStoreError(f"{path} passes its checksum but its names or inode numbers are invalid: it was not written by this loaderx")
+        raise CorruptStoreError(f"{path} passes its checksum but its names or directory ids are invalid: it was not written by this loaderx")
     return record
 
 
@@ -1111,25 +1198,20 @@ def _roll_forward(root: str, fs: OsFs, record: dict[str, Any]) -> None:
     fs.unlink(os.path.join(root, COMMIT_FILE))
 
 
-def _swap_in(root: str, fs: OsFs, name: str, identity: int) -> None:
-    """Puts the new directory of ``name`` (inode ``identity``) in place,
-    keeping the old one as ``.new-<name>`` or ``.prev-<name>``."""
+def _swap_in(root: str, fs: OsFs, name: str, identity: str | int) -> None:
+    """Puts the new directory of ``name`` (``identity``: see ``_is_directory``)
+    in place with the one swap of ``_fs``, keeping the old one as
+    ``.new-<name>`` or ``.prev-<name>``."""
     target = os.path.join(root, name)
-    staging = os.path.join(root, ".new-" + name)
-    if fs.identity(target) == identity:
+    staging = os.path.join(root, STAGING_PREFIX + name)
+    if _is_directory(fs, target, identity):
         return
-    if fs.identity(staging) != identity:
+    if not _is_directory(fs, staging, identity):
         raise CorruptStoreError(
-            f"the commit record of ArrayStore '{root}' names the new directory of '{name}' (inode {identity}), but neither "
-            f"'{name}' nor '.new-{name}' is it: the directory was copied or changed during a commit; restore it from a backup"
+            f"the commit record of ArrayStore '{root}' names the new directory of '{name}' ({identity!r}), but neither "
+            f"'{name}' nor '.new-{name}' is it: something other than loaderx changed the directory during a commit; restore it from a backup"
         )
-    if not fs.exists(target):
-        fs.rename(staging, target)
-    elif not fs.exchange(staging, target):
-        old = os.path.join(root, ".prev-" + name)
-        fs.rmtree(old)
-        fs.rename(target, old)
-        fs.rename(staging, target)
+    swap_in(staging, target, fs)
 
 
 def _recover(root: str, fs: OsFs) -> None:
@@ -1137,21 +1219,30 @@ def _recover(root: str, fs: OsFs) -> None:
     names = fs.listdir(root)  # one listing finds the record and the leftovers
     record = _read_commit_record(root, fs) if COMMIT_FILE in names else None
     if record is not None:
-        _roll_forward(root, fs, record)
+        _roll_forward(root, fs, record)  # fsyncs the root before it returns
         names = fs.listdir(root)
-    changed = record is not None
     temporaries = (MARKER_FILE + ".tmp", COMMIT_FILE + ".tmp")
-    for leftover in names:
-        if not leftover.startswith(_STAGING + temporaries):
-            continue
-        path = os.path.join(root, leftover)
-        changed = True
-        if leftover.startswith(".old-") and not fs.exists(os.path.join(root, leftover[len(".old-"):])):
-            fs.rename(path, os.path.join(root, leftover[len(".old-"):]))  # an older loaderx's swap cut short
-            continue
-        fs.rmtree(path)
-    if changed:
+    leftovers = [name for name in names if name.startswith(_STAGING + temporaries)]
+    if not leftovers:
+        return
+    if record is None:
+        # A swap of the writer that left these may not be durable yet
+        # (durable=False, or a kill before its fsync): durable before any
+        # deletion, which could otherwise leave a power cut nothing.
         fs.fsync_dir(root)
+    swapped = set()
+    for leftover in leftovers:
+        path = os.path.join(root, leftover)
+        if leftover.startswith((STAGING_PREFIX, ASIDE_PREFIX)):
+            name = leftover[leftover.index("-") + 1 :]
+            if name not in swapped:
+                swapped.add(name)
+                clean_leftovers(os.path.join(root, name), fs, sync_first=False)  # the one rule of _fs
+        elif leftover.startswith(".old-") and not fs.exists(os.path.join(root, leftover[len(".old-"):])):
+            fs.rename(path, os.path.join(root, leftover[len(".old-"):]))  # an older loaderx's swap cut short
+        else:
+            fs.rmtree(path)
+    fs.fsync_dir(root)
 
 
 def _tree_bytes(fs: OsFs, path: str) -> int:

@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterator, TextIO
 import msgpack
 import numpy as np
 
-from ._fs import write_file_atomic
+from ._fs import readable_path, write_file_atomic
 from .converter import (
     _RECORD_COST_BYTES, _SAMPLE_BUDGET_MAX, _TRIAL_BYTES_MAX, _TRIAL_RECORDS_MAX, CHUNK_BYTES, DICT_BYTES, _auto_codec, _codec_name,
     _packed_trial, check_chunk_bytes, check_progress, _Progress, _shuffled_samples, _Writer,
@@ -132,7 +132,7 @@ def from_arrow(
     if first is not None:
         plan = [_decide_codec(path, column, first.column(column.source)) for column in plan]
     with _fresh_directory(path), contextlib.ExitStack() as stack:
-        writers = [stack.enter_context(_Writer(os.path.join(path, column.name), column.schema, "x")) for column in plan]
+        writers = [stack.enter_context(_Writer(os.path.join(path, column.name), column.schema, new=True)) for column in plan]
         meter = _Progress(progress, "from_arrow", total_records=reader.rows)
         rows = written_bytes = 0
         for batch in itertools.chain([] if first is None else [first], batches):
@@ -151,7 +151,7 @@ def open_columns(path: StrPath, verify: bool | None = None) -> dict[str, DenseDa
     """The stores of the column directory at ``path`` as ``{name: DenseDataset
     | RaggedDataset}``, in the listing's order, all of its row count. Dense
     ones can be passed to the ``DataLoader`` as they are."""
-    path = os.fspath(path)
+    path = readable_path(os.fspath(path))  # the old directory, mid two-rename swap
     listing = _read_listing(path)
     opened: dict[str, DenseDataset | RaggedDataset] = {}
     try:

@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import signal
 import sys
 import tempfile
@@ -41,7 +40,7 @@ from typing import Any, Callable, NoReturn, Sequence
 import numpy as np
 
 from . import __version__
-from ._fs import OS_FS
+from ._fs import OS_FS, DirectorySwap, OsFs
 from .arraystore import MARKER_FILE, ArrayStore
 from .arrow import COLUMNS_FILE, _read_listing, from_arrow, open_columns
 from .converter import from_numpy
@@ -615,32 +614,25 @@ def _cli_words(message: str) -> str:
 
 
 def _convert_parquet(args: argparse.Namespace) -> int:
-    """Parquet through ``loaderx.arrow.from_arrow``: one store per column. An
-    existing column directory is replaced (``--mode w``) by writing a new one
-    beside it and swapping it in, so a failed conversion leaves the old one."""
+    """Parquet through ``loaderx.arrow.from_arrow``: one store per column,
+    written beside the target and swapped in (``_write_columns``), so an
+    existing column directory is replaced (``--mode w``) whole or not at all."""
     try:
         import pyarrow.parquet  # noqa: F401  (only to fail early with the remedy)
     except ImportError:
         raise CommandError("converting Parquet needs pyarrow: pip install 'loaderx[arrow]'") from None
     columns = [name.strip() for name in args.columns.split(",") if name.strip()] if args.columns else None
     target = args.target
-    replace = os.path.isdir(target) and bool(os.listdir(target))
-    if replace or (os.path.exists(target) and not os.path.isdir(target)):
-        _check_replaceable(target, args.mode)
     started = time.perf_counter()
-    staging = _staging_sibling(target) if replace else target
-    try:
+
+    def write(staging: str) -> int:
         try:
             codec = "zstd" if args.codec == "auto" else args.codec  # the Arrow converter does not try the shuffle filter
-            rows = from_arrow(staging, args.source, columns=columns, codec=codec,
-                              progress=sys.stderr if args.progress else True)
+            return from_arrow(staging, args.source, columns=columns, codec=codec, progress=sys.stderr if args.progress else True)
         except TypeError as exc:  # a column type loaderx cannot store
             raise CommandError(f"{exc} (pick the other columns with --columns)") from None
-        if replace:
-            _swap_directory(staging, target)
-    finally:
-        if replace:
-            shutil.rmtree(staging, ignore_errors=True)
+
+    rows = _write_columns(target, args.mode, write, OS_FS)
     seconds = time.perf_counter() - started
     info = _columns_info(target)
     result = {"source": args.source, "rows_written": rows, "seconds": round(seconds, 3), "columns": info}
@@ -648,34 +640,33 @@ def _convert_parquet(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _check_replaceable(target: str, mode: str) -> None:
+def _write_columns(target: str, mode: str, write: Callable[[str], int], fs: OsFs) -> int:
+    """Writes a column directory at ``target`` with ``write(path)`` (which
+    returns the rows) through the one directory swap of ``_fs``, for a first
+    conversion and a replacement alike: a killed or failed conversion leaves
+    the old directory whole, and a second one at once gets StoreLockedError."""
+    rows = 0
+    with DirectorySwap(target, fs, lambda message: StoreLockedError(f"cannot convert into {message}", 6)) as swap:
+        if fs.exists(target) and (not fs.isdir(target) or fs.listdir(target)):
+            _check_replaceable(target, mode, fs)
+
+        def build(staging: str) -> None:
+            nonlocal rows
+            rows = write(staging)
+
+        swap.build(build)
+        swap.commit()
+    return rows
+
+
+def _check_replaceable(target: str, mode: str, fs: OsFs) -> None:
     if mode == "a":
         raise CommandError(f"'{target}' exists and --mode a cannot append to a column directory: convert into a new directory")
     if mode == "x":
         raise CommandError(f"'{target}' exists and --mode x refuses to replace it: give a new path, or --mode w (the default) to replace it")
-    if not os.path.isfile(os.path.join(target, COLUMNS_FILE)):
+    if not fs.isfile(os.path.join(target, COLUMNS_FILE)):
         raise CommandError(f"'{target}' exists and is not a loaderx column directory (no {COLUMNS_FILE}): "
                            "give a new or empty directory; only a column directory is replaced")
-
-
-def _staging_sibling(target: str) -> str:
-    """A hidden sibling of ``target`` (same file system, so the swap is a rename)."""
-    parent, name = os.path.split(os.path.abspath(target))
-    staging = os.path.join(parent, f".{name}.loaderx-convert")
-    shutil.rmtree(staging, ignore_errors=True)  # left by a conversion that was killed
-    return staging
-
-
-def _swap_directory(staging: str, target: str) -> None:
-    """Puts the finished ``staging`` in place of ``target``; the old contents end in ``staging`` (removed by the caller)."""
-    parent = os.path.dirname(os.path.abspath(target))
-    if not OS_FS.exchange(staging, target):  # no atomic exchange here: three renames
-        old = staging + "-old"
-        shutil.rmtree(old, ignore_errors=True)
-        OS_FS.rename(target, old)
-        OS_FS.rename(staging, target)
-        OS_FS.rename(old, staging)
-    OS_FS.fsync_dir(parent)
 
 
 # ---- bench -----------------------------------------------------------------------

@@ -4,11 +4,15 @@ Both stream their input in bounded chunks (``chunk_bytes`` of record bytes,
 and at most ``chunk_bytes // 64`` records, per native append), so a
 memory-mapped array or an endless-looking generator is never held whole.
 
-A call is all or nothing. A new store gets its ``schema.msgpack`` only after
-its data is durable, so an interrupted conversion never looks like a finished
-store; when a call fails, the records it appended are deleted again (a store
-it created is removed). ``mode`` decides what an existing store gets: ``"w"``
-(the default) writes a new store beside it and swaps it in only when complete,
+A call is all or nothing. A new store (a first creation, or ``mode="w"``
+over an old one) is written whole into ``.new-<name>`` beside the path and
+swapped in with the one directory swap of ``_fs.DirectorySwap``, under the
+path's ``.lock-<name>``: a second writer gets ``StoreLockedError``, every open
+sees the old store whole or the new one whole, and a killed conversion leaves
+only a staging directory the next one deletes. When an append fails, the
+records it appended are deleted again. ``mode`` decides what an existing
+store gets: ``"w"`` (the default) writes a new store beside it and swaps it
+in only when complete,
 ``"a"`` appends after checking that the new data has the store's schema
 (kind, dtype, item shape and codec; a mismatch raises ``ValueError`` before
 anything is written), ``"x"`` refuses. So running a conversion twice never
@@ -25,12 +29,11 @@ source create an empty store, and the item shape must match the records.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import fcntl
 import itertools
 import math
 import os
-import shutil
 import sys
 import time
 from typing import Any, Callable, Iterable, Iterator, Literal, TextIO, cast
@@ -40,10 +43,10 @@ import numpy as np
 import numpy.typing as npt
 
 from ._checks import check_int
-from ._fs import OS_FS, write_file_durable
+from ._fs import OS_FS, DirectorySwap, OsFs, write_file_durable
 from ._native import LIMITS
 from .dataset import SCHEMA_FILE, Schema, StrPath, read_schema, write_schema
-from .zrecord import CODECS, SHUFFLE_ELEMENT_BYTES, StoreLockedError, Zrecord, ZrecordError, codec_id, encoded_bytes, shuffled_codec
+from .zrecord import CODECS, SHUFFLE_ELEMENT_BYTES, StoreLockedError, Zrecord, ZrecordError, codec_id, encoded_bytes, is_creation_leftover, shuffled_codec
 
 __all__ = ["from_iterator", "from_numpy", "CHUNK_BYTES_MAX"]
 
@@ -75,7 +78,7 @@ _SHUFFLE_GAIN_MIN = 0.03
 
 def from_numpy(
     path: StrPath, array: npt.ArrayLike, codec: str | int = "auto", chunk_bytes: int = CHUNK_BYTES, dict_size: int | None = None,
-    schema: Schema | dict[str, Any] | None = None, progress: bool | TextIO = True, mode: str = "w",
+    schema: Schema | dict[str, Any] | None = None, progress: bool | TextIO = True, mode: str = "w", *, _fs: OsFs = OS_FS, _staged: bool = False,
 ) -> int:
     """Writes one dense record per row of ``array`` (along axis 0) to the store
     at ``path``; returns the rows written.
@@ -129,7 +132,7 @@ def from_numpy(
 
     if codec == "auto":
         target = dataclasses.replace(target, codec=_auto_codec(path, mode, target, lambda: _dense_trial(rows, row_count, row_bytes)))
-    with _Writer(path, target, mode) as writer:
+    def fill(writer: _Writer) -> int:
         if _uses_dictionary(target.codec) and row_count and not writer.store.has_dict():
             samples = _dense_samples(rows, row_count, row_bytes, dict_size)
             writer.train_dictionary(_shuffled_samples(samples, row_bytes, target.codec), dict_size)
@@ -141,12 +144,14 @@ def from_numpy(
             meter.update(end, end * row_bytes)
         writer.commit()
         meter.finish(row_count, row_count * row_bytes)
-    return row_count
+        return row_count
+
+    return _convert(path, target, mode, fill, _fs, _staged)
 
 
 def from_iterator(
     path: StrPath, source: Iterable[npt.ArrayLike], codec: str | int = "auto", chunk_bytes: int = CHUNK_BYTES, dict_size: int | None = None,
-    schema: Schema | dict[str, Any] | None = None, progress: bool | TextIO = True, mode: str = "w",
+    schema: Schema | dict[str, Any] | None = None, progress: bool | TextIO = True, mode: str = "w", *, _fs: OsFs = OS_FS, _staged: bool = False,
 ) -> int:
     """Writes one ragged record per item of ``source`` to the store at
     ``path``; returns the records written. ``mode`` is as for ``from_numpy``
@@ -194,7 +199,7 @@ def from_iterator(
         head = [_copy_record(item) for item in head] + _peek_records(iterator, head)
         target = dataclasses.replace(target, codec=_auto_codec(path, mode, target, lambda: _ragged_trial(head, target, forced_dtype)))
 
-    with _Writer(path, target, mode) as writer:
+    def fill(writer: _Writer) -> int:
         meter = _Progress(progress, "from_iterator", total_records=total)
         packed = _PackedRecords(chunk_bytes, records_per_chunk)
         count = written_bytes = 0
@@ -224,7 +229,9 @@ def from_iterator(
             write(*packed.take())
         writer.commit()
         meter.finish(count, written_bytes)
-    return count
+        return count
+
+    return _convert(path, target, mode, fill, _fs, _staged)
 
 
 class _PackedRecords:
@@ -257,68 +264,37 @@ class _PackedRecords:
 
 
 class _Writer:
-    """One conversion into a store: checks the schema before any write, and
-    on failure takes back everything this call appended.
+    """One conversion's writes into one store: ``new`` a fresh store in a
+    directory nobody reads yet (the staging directory of a ``DirectorySwap``),
+    else the existing store at ``path`` appended to in place, whose records
+    this call appended are deleted again on failure."""
 
-    ``mode="w"`` over an existing store writes a new store into a staging
-    directory beside it and swaps it in at commit, so a failed overwrite
-    leaves the old store whole."""
-
-    def __init__(self, path: StrPath, schema: Schema, mode: str) -> None:
-        self.target = os.fspath(path)
-        self.staging = None
-        self.target_lock = None
-        if not _is_fresh(self.target):
-            if mode == "x":
-                raise FileExistsError(
-                    f"'{self.target}' exists and is not empty: pass mode='w' to overwrite the store there "
-                    "or mode='a' to append to it"
-                )
-            if mode == "w":
-                self.staging = _staging_path(self.target)
-                self.target_lock = _lock_store(self.target)
-        self.path = self.staging or self.target
+    def __init__(self, path: str, schema: Schema, new: bool) -> None:
+        self.path = path
         self.schema = schema
-        try:
-            self._open()
-        except BaseException:
-            self._unlock()
-            raise
-
-    def _open(self) -> None:
-        if self.staging:
-            _remove_tree(self.staging)  # what a crashed overwrite left behind
-        schema = self.schema
-        self.fresh = _is_fresh(self.path)
-        existing = None if self.fresh else _existing_schema(self.path)
+        existing = None if new else _existing_schema(path, OS_FS)
         if existing is not None and existing != schema:
-            raise ValueError(_mismatch(self.path, existing, schema))
-        self.new = existing is None
-        self.existed = os.path.isdir(self.path)
+            raise ValueError(_mismatch(path, existing, schema))
+        self.new = existing is None  # a new store, or a bare Zrecord store without a schema yet
         # Commits skip their fsyncs: commit() syncs once at the end. A crash
-        # before that leaves a new store without its schema, and an existing
-        # one at its last synced state, so the call stays all or nothing;
-        # each chunk's append no longer waits for its own three fsyncs.
-        self.store = Zrecord(self.path, codec=schema.codec, durable=False)
+        # before that leaves a new store without its schema (never swapped
+        # in), and an existing one at its last synced state, so the call
+        # stays all or nothing; each chunk's append no longer waits for its
+        # own three fsyncs.
+        self.store = Zrecord(path, codec=schema.codec, durable=False, create=new, _staged=new)
         self.first = len(self.store)
+        self.appending = not new
 
     def __enter__(self) -> _Writer:
         return self
 
     def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> Literal[False]:
         try:
-            if error is None:
-                self.store.close()
-            else:
+            if error is not None and self.appending:
                 self._roll_back()
         finally:
-            self._unlock()
+            self.store.close()
         return False
-
-    def _unlock(self) -> None:
-        if self.target_lock is not None:
-            os.close(self.target_lock)  # releases the flock
-            self.target_lock = None
 
     def append(self, buffer: np.ndarray, offsets: np.ndarray) -> None:
         self.store.append(buffer, offsets)
@@ -327,83 +303,122 @@ class _Writer:
         _train_dictionary(self.store, samples, dict_size)
 
     def commit(self) -> None:
-        """Data durable first, then the schema that makes it a loaderx store,
-        then (for an overwrite) the swap that puts it in place of the old one."""
+        """Data durable first, then the schema that makes it a loaderx store."""
         self.store.sync()
         if self.new:
             write_schema(self.path, self.schema)
-        if self.staging:
-            self.store.close()
-            parent, name = os.path.split(os.path.abspath(self.target))
-            old = _swap_in(parent, name, self.staging, self.target)
-            OS_FS.fsync_dir(parent)
-            if old is not None:
-                _remove_tree(old)
 
     def _roll_back(self) -> None:
+        """Deletes what this call appended to an existing store (a new one is
+        its owner's to delete)."""
         try:
-            if self.fresh:
-                self.store.close()
-                shutil.rmtree(self.path, ignore_errors=True)
-                if self.existed:
-                    os.makedirs(self.path, exist_ok=True)
-                return
             end = len(self.store)
             if end > self.first:
                 self.store.delete(np.arange(self.first, end, dtype=np.uint64), keep_order=True)
                 self.store.sync()
         except Exception:
             pass  # the error that stopped the conversion is the one to report
+
+
+def _convert(path: StrPath, schema: Schema, mode: str, fill: Callable[[_Writer], int], fs: OsFs, staged: bool) -> int:
+    """Runs ``fill`` (the conversion's writes, ending with ``commit``) into
+    the store ``mode`` asks for at ``path``: appended to in place (``"a"``
+    on an existing store), or a new store built beside it and swapped in
+    (a first creation, or ``"w"`` over an old store) under the path's lock,
+    so that every open sees the old store whole or the new one whole.
+    ``staged``: ``path`` is the new staging directory of a swap its caller
+    runs (a shard's), written directly."""
+    target = os.fspath(path)
+    if staged:
+        with _Writer(target, schema, new=True) as writer:
+            return fill(writer)
+    if mode == "a" and _store_state(target, fs) == "store":
+        return _append_in_place(fs.real_path(target), schema, fill)
+    if fs.exists(target) and not fs.replaceable(target) and _store_state(target, fs) == "fresh":
+        return _create_in_place(target, schema, fill)
+    count = 0
+    with DirectorySwap(target, fs, _locked) as swap:
+        state = _store_state(target, fs)  # again, under the lock: another writer may have finished meanwhile
+        if state == "store" and mode == "x":
+            raise FileExistsError(
+                f"'{target}' exists and is not empty: pass mode='w' to overwrite the store there or mode='a' to append to it"
+            )
+        if state == "store" and mode == "a":
+            return _append_in_place(fs.real_path(target), schema, fill)
+        old_lock = _lock_store(target, fs) if state == "store" else None
+        try:
+            def build(staging: str) -> None:
+                nonlocal count
+                with _Writer(staging, schema, new=True) as writer:
+                    count = fill(writer)
+
+            swap.build(build)
+            swap.commit()
         finally:
-            self.store.close()
+            if old_lock is not None:
+                fs.unlock(old_lock)
+    return count
 
 
-def _staging_path(target: str) -> str:
-    """Where an overwrite of the store ``target`` is written first: a hidden
-    sibling (same file system, so the swap is a rename). Only a store is
-    overwritten; any other non-empty directory is refused."""
-    if not os.path.exists(os.path.join(target, "superblock")):
-        raise ValueError(f"'{target}' is a non-empty directory that is not a loaderx store: give a new or empty directory, or an existing store")
-    parent, name = os.path.split(os.path.abspath(target))
-    return os.path.join(parent, f".{name}.loaderx-overwrite")
-
-
-def _lock_store(target: str) -> int:
-    """Takes the write lock of the store ``target`` (zrecord's ``flock`` on its
-    ``lock`` file), so no other writer appends to a store being replaced."""
-    descriptor = os.open(os.path.join(target, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+def _create_in_place(target: str, schema: Schema, fill: Callable[[_Writer], int]) -> int:
+    """A first creation in an empty directory that cannot be swapped away (a
+    mount point, or a parent this process may not write): the store is
+    written in place, as before the one swap, and a failure deletes what it
+    wrote (the directory held nothing else, or only a killed creation's
+    leftovers), as loaderx did before the one swap."""
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with _Writer(target, schema, new=True) as writer:
+            return fill(writer)
+    except BaseException:
+        for name in os.listdir(target):
+            with contextlib.suppress(OSError):
+                OS_FS.rmtree(os.path.join(target, name))
+        raise
+
+
+def _append_in_place(target: str, schema: Schema, fill: Callable[[_Writer], int]) -> int:
+    with _Writer(target, schema, new=False) as writer:
+        return fill(writer)
+
+
+def _locked(message: str) -> StoreLockedError:
+    return StoreLockedError(f"cannot write {message}", 6)
+
+
+def _store_state(path: str, fs: OsFs) -> str:
+    """``"fresh"`` (absent, empty, or only a killed creation's leftovers:
+    ours to replace) or ``"store"``; ValueError for anything else, which is
+    never replaced or deleted."""
+    if not fs.exists(path):
+        return "fresh"
+    if not fs.isdir(path):
+        raise ValueError(f"'{path}' exists and is not a directory: give a new or empty directory for the store")
+    if fs.exists(os.path.join(path, "superblock")):
+        return "store"
+    names = fs.listdir(path)
+    if all(is_creation_leftover(name) for name in names):
+        return "fresh"
+    raise ValueError(f"'{path}' is a non-empty directory that is not a loaderx store: give a new or empty directory, or an existing store")
+
+
+def _lock_store(target: str, fs: OsFs) -> Any:  # Any: the seam's lock handle
+    """Takes the write lock of the store ``target`` (zrecord's ``flock`` on its
+    ``lock`` file), so no writer appends to a store being replaced."""
+    try:
+        return fs.lock(os.path.join(target, "lock"))
     except BlockingIOError:
-        os.close(descriptor)
         raise StoreLockedError(
             f"cannot overwrite '{target}': another process (or handle) is writing to it; retry when it is done", 6
         ) from None
-    return descriptor
 
 
-def _remove_tree(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _is_fresh(path: str) -> bool:
-    """True when ``path`` is absent or an empty directory: ours to remove on failure."""
-    if not os.path.exists(path):
-        return True
-    if not os.path.isdir(path):
-        raise ValueError(f"'{path}' exists and is not a directory: give a new or empty directory for the store")
-    return not os.listdir(path)
-
-
-def _existing_schema(path: str) -> Schema | None:
+def _existing_schema(path: str, fs: OsFs) -> Schema | None:
     """The schema of the store at ``path``, or None for an empty zrecord store
     without one; a clear error for anything else."""
-    schema = read_schema(path)
+    schema = read_schema(fs.real_path(path))
     if schema is not None:
         return schema
-    if not os.path.exists(os.path.join(path, "superblock")):
-        raise ValueError(f"'{path}' is a non-empty directory that is not a loaderx store: give a new or empty directory, or an existing store")
-    with Zrecord(path) as store:
+    with Zrecord(fs.real_path(path)) as store:
         count = len(store)
     if count:
         raise ValueError(
@@ -482,7 +497,7 @@ def _array_like(array: npt.ArrayLike) -> Any:  # Any: an array, or a lazily slic
     return np.asarray(array)
 
 
-def build_dense_store(path: str, array: np.ndarray, codec: str, files: dict[str, bytes] | None = None) -> None:
+def build_dense_store(path: str, array: np.ndarray, codec: str, files: dict[str, bytes] | None = None, generation: str | None = None) -> None:
     """Writes ``array`` (at least 1-d) as a dense store in the new directory
     ``path``, with ``files`` (name: bytes) beside it, for ArrayStore's staging.
 
@@ -493,10 +508,14 @@ def build_dense_store(path: str, array: np.ndarray, codec: str, files: dict[str,
     ``sync()`` make the store and the directory's entries durable. The
     directory's own entry in ``path``'s parent is the owner's to sync (its
     commit fsyncs the parent). A raw array goes in as few appends as the
-    per-call record bound allows (each append is one commit)."""
+    per-call record bound allows (each append is one commit). ``generation``
+    (an id its owner's commit record names it by, which survives a copy of
+    the directory) is recorded in the schema file, which readers of the
+    schema ignore."""
     schema = _forced_schema("dense", array.dtype, array.shape[1:], codec, None)
     os.mkdir(path)
-    for name, payload in {SCHEMA_FILE: msgpack.packb(schema.to_dict(), use_bin_type=True), **(files or {})}.items():
+    schema_fields = {**schema.to_dict(), **({"generation": generation} if generation is not None else {})}
+    for name, payload in {SCHEMA_FILE: msgpack.packb(schema_fields, use_bin_type=True), **(files or {})}.items():
         write_file_durable(os.path.join(path, name), payload)
     with Zrecord(path, codec=codec, create=True, _staged=True) as store:
         row_count, row_bytes = len(array), schema.item_bytes
@@ -786,16 +805,3 @@ class _Progress:
             self.stream.write("\n")
             self.stream.flush()
 
-
-def _swap_in(parent: str, name: str, staging: str, target: str) -> str | None:
-    """Moves the complete ``staging`` to ``target``; returns where the old
-    contents now are (to delete), or None when there were none."""
-    if not OS_FS.exists(target):
-        OS_FS.rename(staging, target)
-        return None
-    if OS_FS.exchange(staging, target):
-        return staging
-    old = os.path.join(parent, ".old-" + name)
-    OS_FS.rename(target, old)
-    OS_FS.rename(staging, target)
-    return old

@@ -29,8 +29,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ._checks import check_flag, check_int, check_verify
-from ._fs import read_at_most, write_file_atomic
-from .zrecord import CODECS, IndexOutOfRangeError, Zrecord, ZrecordError
+from ._fs import read_at_most, readable_path, write_file_atomic
+from .zrecord import CODECS, CorruptStoreError, IndexOutOfRangeError, Zrecord, ZrecordError, path_identity
 
 if TYPE_CHECKING:
     from .shards import ShardedStore
@@ -263,6 +263,14 @@ def _record_indices(key: Any, length: int) -> tuple[npt.NDArray[np.uint64], tupl
     return np.ascontiguousarray(flat, dtype=np.uint64), array.shape
 
 
+# An open that sees the store's directory swapped under it (an overwrite,
+# _fs.DirectorySwap) opens it again, at most this many times: each swap is a
+# whole conversion, so more than a few during one open means a writer in a
+# tight loop, which gets an error instead of an endless retry. (A damaged
+# store costs as many extra opens before its error.)
+_SWAPS_SEEN_MAX = 8
+
+
 class _Dataset:
     """The part dense and ragged datasets share: the store and its schema.
 
@@ -283,15 +291,31 @@ class _Dataset:
         self._store: Zrecord | ShardedStore
         # A sharded dataset has no schema at its top (write_shard refuses a
         # directory that has one): a store's schema is the one look-up.
-        schema = read_schema(self.path)
-        if schema is None and is_sharded(self.path):
-            # A sharded dataset reads like one store: ShardedStore has the
-            # read side of Zrecord, over one global index space.
-            self._store = ShardedStore(self.path, self._kind, verify=verify, threads=threads)
-            self._schema = self._store.schema
-        else:
-            self._schema = open_schema(self.path, self._kind, schema)
-            self._store = Zrecord(self.path, codec=self._schema.codec, verify=verify, threads=threads, durable=_durable, _existing=True)
+        for attempt in range(_SWAPS_SEEN_MAX + 1):
+            before = path_identity(self.path)
+            path = readable_path(self.path)  # the old directory, mid two-rename swap
+            try:
+                schema = read_schema(path)
+                if schema is None and is_sharded(self.path):
+                    # A sharded dataset reads like one store: ShardedStore has the
+                    # read side of Zrecord, over one global index space.
+                    self._store = ShardedStore(self.path, self._kind, verify=verify, threads=threads)
+                    self._schema = self._store.schema
+                    break
+                self._schema = open_schema(path, self._kind, schema)
+                self._store = Zrecord(path, codec=self._schema.codec, verify=verify, threads=threads, durable=_durable, _existing=True)
+            except (ZrecordError, OSError, ValueError) as exc:
+                # A file gone mid-open is what a swap does to a reader of the
+                # old directory (whose inode number the next swap may reuse,
+                # so an unchanged identity proves nothing): open it again.
+                if attempt < _SWAPS_SEEN_MAX and (path_identity(self.path) != before or isinstance(exc, (CorruptStoreError, FileNotFoundError))):
+                    continue
+                raise
+            if path_identity(self.path) == before:
+                break  # the schema and the store are of one directory
+            self._store.close()
+            if attempt == _SWAPS_SEEN_MAX:
+                raise ZrecordError(f"'{self.path}' was replaced {attempt + 1} times while it was being opened: open it again when its writer is done")
         self.dtype = self._schema.dtype
         self.item_shape = self._schema.item_shape
         self.codec = self._schema.codec

@@ -31,8 +31,6 @@ import hashlib
 import operator
 import os
 import re
-import shutil
-import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, TextIO
 
@@ -41,10 +39,10 @@ import numpy as np
 import numpy.typing as npt
 
 from ._checks import check_flag
-from ._fs import OS_FS, write_file_atomic
+from ._fs import ASIDE_PREFIX, LOCK_PREFIX, OS_FS, STAGING_PREFIX, DirectorySwap, OsFs, clean_leftovers, make_dirs_durable, sibling, write_file_atomic
 from ._native import check, ffi, lib
 from .dataset import SCHEMA_FILE, Schema, StrPath, read_schema
-from .zrecord import NativeHandle, Zrecord, _u64, gather_arguments
+from .zrecord import NativeHandle, StoreLockedError, Zrecord, _u64, gather_arguments
 
 __all__ = [
     "MANIFEST_FILE",
@@ -66,7 +64,7 @@ MANIFEST_VERSION = 1
 SHARD_COUNT_MAX = 1 << 20
 _MANIFEST_BYTES_MAX = 256 << 20
 _SHARD_PATTERN = re.compile(r"shard-(\d{5,})")
-_TEMPORARY_PREFIX = ".tmp-shard-"
+_LEGACY_TEMPORARY_PREFIX = ".tmp-shard-"  # the temporaries of loaderx before the one swap
 
 
 class ManifestError(ValueError):
@@ -78,9 +76,9 @@ def shard_name(k: int) -> str:
     return f"shard-{_shard_number(k):05d}"
 
 
-def is_sharded(path: StrPath) -> bool:
+def is_sharded(path: StrPath, *, _fs: OsFs = OS_FS) -> bool:
     """True when ``path`` is a committed sharded dataset (it has a manifest)."""
-    return os.path.isfile(os.path.join(os.fspath(path), MANIFEST_FILE))
+    return _fs.isfile(os.path.join(os.fspath(path), MANIFEST_FILE))
 
 
 # ---- writing ------------------------------------------------------------------
@@ -89,7 +87,7 @@ def is_sharded(path: StrPath) -> bool:
 def write_shard(
     dataset_dir: StrPath, k: int, data: Any, codec: str | int = "zstd",
     schema: Schema | dict[str, Any] | None = None, overwrite: bool = False, chunk_bytes: int | None = None,
-    dict_size: int | None = None, progress: bool | TextIO = False,
+    dict_size: int | None = None, progress: bool | TextIO = False, *, _fs: OsFs = OS_FS,
 ) -> int:
     """Writes shard ``k`` of the sharded dataset at ``dataset_dir``; returns its rows.
 
@@ -98,52 +96,61 @@ def write_shard(
     iterable of arrays or ``bytes`` (one ragged record each, as
     ``from_iterator``; an object array of arrays counts as one). ``codec``,
     ``schema``, ``chunk_bytes`` and ``dict_size`` are those converters'.
-    The shard is written to a temporary directory and renamed into place, so
-    ``shard-k`` is complete or absent. An existing shard raises
-    ``FileExistsError`` unless ``overwrite=True`` (a retried task); a shard
-    listed in the manifest is never overwritten. Safe to call from many
-    processes at once for different ``k``.
+    The shard is written whole into ``.new-shard-k`` and swapped into place
+    (the one directory swap of ``_fs``), so ``shard-k`` is complete or
+    absent. An existing shard raises ``FileExistsError`` unless
+    ``overwrite=True`` (a retried task); a shard listed in the manifest is
+    never overwritten. Safe to call from many processes at once for
+    different ``k``; a second writer of the same ``k``, and any writer while
+    ``commit`` runs, gets ``StoreLockedError``.
     """
     from .converter import CHUNK_BYTES, from_iterator, from_numpy
 
     dataset_dir = os.fspath(dataset_dir)
     name = shard_name(k)
     overwrite = check_flag("overwrite", overwrite)  # overwrite="no" is truthy: it replaced the shard
-    _prepare_directory(dataset_dir)
-    if is_sharded(dataset_dir) and name in read_manifest(dataset_dir).names:
-        raise FileExistsError(f"shard {k} of '{dataset_dir}' is committed in its manifest and cannot change: write new shards with higher numbers")
+    _prepare_directory(dataset_dir, _fs)
     final = os.path.join(dataset_dir, name)
-    if os.path.exists(final) and not overwrite:
-        raise FileExistsError(f"shard {k} of '{dataset_dir}' already exists: skip it (see written_shards) or pass overwrite=True")
-    temporary = os.path.join(dataset_dir, f"{_TEMPORARY_PREFIX}{name}-{uuid.uuid4().hex}")
     options: dict[str, Any] = dict(codec=codec, chunk_bytes=CHUNK_BYTES if chunk_bytes is None else chunk_bytes, dict_size=dict_size, schema=schema, progress=progress)
-    try:
+    rows = 0
+
+    def build(staging: str) -> None:
+        nonlocal rows
         if _is_dense_source(data):
-            rows = from_numpy(temporary, data, **options)
+            rows = from_numpy(staging, data, **options, _staged=True)
         else:
-            rows = from_iterator(temporary, iter(data), **options)
-        _move_into_place(temporary, final, overwrite)
+            rows = from_iterator(staging, iter(data), **options, _staged=True)
+
+    # Shared: many writers at once, but none while commit (exclusive) runs.
+    commit_lock = _lock(_fs, sibling(os.path.join(dataset_dir, MANIFEST_FILE), LOCK_PREFIX), "write a shard of", dataset_dir, shared=True)
+    try:
+        with DirectorySwap(final, _fs, lambda message: StoreLockedError(f"cannot write shard {k}: {message}", 6)) as swap:
+            if is_sharded(dataset_dir, _fs=_fs) and name in read_manifest(dataset_dir, _fs=_fs).names:
+                raise FileExistsError(f"shard {k} of '{dataset_dir}' is committed in its manifest and cannot change: write new shards with higher numbers")
+            if _fs.exists(final) and not overwrite:
+                raise FileExistsError(f"shard {k} of '{dataset_dir}' already exists: skip it (see written_shards) or pass overwrite=True")
+            swap.build(build)
+            swap.commit()
     finally:
-        shutil.rmtree(temporary, ignore_errors=True)
-    OS_FS.fsync_dir(dataset_dir)
+        _fs.unlock(commit_lock)
     return rows
 
 
-def written_shards(dataset_dir: StrPath) -> list[int]:
+def written_shards(dataset_dir: StrPath, *, _fs: OsFs = OS_FS) -> list[int]:
     """The shard numbers whose directories are complete (committed or not),
     sorted: what a resumed conversion can skip."""
     dataset_dir = os.fspath(dataset_dir)
-    if not os.path.isdir(dataset_dir):
+    if not _fs.isdir(dataset_dir):
         return []
     found = []
-    for entry in os.listdir(dataset_dir):
+    for entry in _fs.listdir(dataset_dir):
         match = _SHARD_PATTERN.fullmatch(entry)
-        if match and os.path.isfile(os.path.join(dataset_dir, entry, SCHEMA_FILE)):
+        if match and _fs.isfile(os.path.join(dataset_dir, entry, SCHEMA_FILE)):
             found.append(int(match.group(1)))
     return sorted(found)
 
 
-def commit(dataset_dir: StrPath, shard_count: int | None = None) -> int:
+def commit(dataset_dir: StrPath, shard_count: int | None = None, *, _fs: OsFs = OS_FS) -> int:
     """Makes shards ``0..shard_count-1`` of ``dataset_dir`` one dataset by
     writing its manifest last and atomically; returns the total rows.
 
@@ -151,58 +158,56 @@ def commit(dataset_dir: StrPath, shard_count: int | None = None) -> int:
     be numbered ``0..n-1`` without gaps. Every shard must have the first
     shard's schema (kind, dtype, item shape, codec). Committing again after
     writing more shards extends the dataset; committed shards keep their
-    place. A damaged manifest is rewritten from the shards. Leftover
-    temporary directories of failed writers are removed.
+    place. A damaged manifest is rewritten from the shards. Commit refuses
+    with ``StoreLockedError`` while any ``write_shard`` on the dataset runs
+    (so it never deletes a running writer's staging directory, nor commits a
+    shard being replaced); it deletes the leftovers of killed writers. The
+    manifest, and the dataset directory's entry in its parent, are durable
+    when it returns.
     """
     dataset_dir = os.fspath(dataset_dir)
-    if not os.path.isdir(dataset_dir):
+    if not _fs.isdir(dataset_dir):
         raise FileNotFoundError(f"no sharded dataset at '{dataset_dir}': write shards with loaderx.shards.write_shard first")
-    numbers = _numbers_to_commit(dataset_dir, written_shards(dataset_dir), shard_count)
-    names = [shard_name(number) for number in numbers]
-    schema, rows = _inspect_shards(dataset_dir, names)
-    if is_sharded(dataset_dir):
-        try:
-            old = read_manifest(dataset_dir)
-        except ManifestError:
-            old = None  # damaged: rewriting it from the shards is the remedy
-        if old is not None:
-            _check_extends(dataset_dir, old, names, rows)
-    _remove_temporaries(dataset_dir)
-    write_file_atomic(os.path.join(dataset_dir, MANIFEST_FILE), _pack_manifest(schema, names, rows))
+    handle = _lock(_fs, sibling(os.path.join(dataset_dir, MANIFEST_FILE), LOCK_PREFIX), "commit", dataset_dir, shared=False)
+    try:
+        _remove_leftovers(dataset_dir, _fs)
+        numbers = _numbers_to_commit(dataset_dir, written_shards(dataset_dir, _fs=_fs), shard_count)
+        names = [shard_name(number) for number in numbers]
+        schema, rows = _inspect_shards(dataset_dir, names, _fs)
+        if is_sharded(dataset_dir, _fs=_fs):
+            try:
+                old = read_manifest(dataset_dir, _fs=_fs)
+            except ManifestError:
+                old = None  # damaged: rewriting it from the shards is the remedy
+            if old is not None:
+                _check_extends(dataset_dir, old, names, rows)
+        write_file_atomic(os.path.join(dataset_dir, MANIFEST_FILE), _pack_manifest(schema, names, rows), _fs)
+        _fs.fsync_dir(os.path.dirname(os.path.abspath(dataset_dir)))  # the dataset's own entry, however it was made
+    finally:
+        _fs.unlock(handle)
     return sum(rows)
 
 
-def _prepare_directory(dataset_dir: str) -> None:
-    if os.path.exists(os.path.join(dataset_dir, SCHEMA_FILE)) or os.path.exists(os.path.join(dataset_dir, "superblock")):
+def _lock(fs: OsFs, path: str, what: str, dataset_dir: str, shared: bool) -> Any:  # Any: the seam's lock handle
+    try:
+        return fs.lock(path, shared=shared)
+    except BlockingIOError:
+        other = "commit is running on it" if shared else "write_shard is running on it"
+        raise StoreLockedError(f"cannot {what} '{dataset_dir}' now: {other}; retry when it is done", 6) from None
+
+
+def _prepare_directory(dataset_dir: str, fs: OsFs) -> None:
+    if fs.exists(os.path.join(dataset_dir, SCHEMA_FILE)) or fs.exists(os.path.join(dataset_dir, "superblock")):
         raise ValueError(f"'{dataset_dir}' is a single loaderx store, not a sharded dataset: give a new or empty directory for the shards")
-    if os.path.exists(dataset_dir) and not os.path.isdir(dataset_dir):
+    if fs.exists(dataset_dir) and not fs.isdir(dataset_dir):
         raise ValueError(f"'{dataset_dir}' exists and is not a directory: give a directory for the sharded dataset")
-    os.makedirs(dataset_dir, exist_ok=True)
+    make_dirs_durable(dataset_dir, fs)  # a new directory's entry is durable only after an fsync of its parent
 
 
 def _is_dense_source(data: object) -> bool:
     if isinstance(data, np.ndarray):
         return not data.dtype.hasobject
     return hasattr(data, "shape") and hasattr(data, "dtype") and hasattr(data, "__getitem__")
-
-
-def _move_into_place(temporary: str, final: str, overwrite: bool) -> None:
-    """Renames the finished shard to its name; an old one (overwrite) is
-    moved aside first and deleted after, so the name never holds a mix."""
-    aside = None
-    if overwrite and os.path.exists(final):
-        aside = f"{temporary}-old"
-        os.rename(final, aside)
-    try:
-        os.rename(temporary, final)
-    except OSError as exc:
-        if aside is not None:
-            os.rename(aside, final)
-        if os.path.exists(final):
-            raise FileExistsError(f"shard '{final}' was written by another writer at the same time: write each shard from one task") from exc
-        raise
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
 
 
 def _numbers_to_commit(dataset_dir: str, present: list[int], shard_count: int | None) -> list[int]:
@@ -223,13 +228,13 @@ def _numbers_to_commit(dataset_dir: str, present: list[int], shard_count: int | 
     return list(range(shard_count))
 
 
-def _inspect_shards(dataset_dir: str, names: list[str]) -> tuple[Schema, list[int]]:
+def _inspect_shards(dataset_dir: str, names: list[str], fs: OsFs) -> tuple[Schema, list[int]]:
     """The common schema of the shards and their row counts; ValueError
     naming the first shard that disagrees with shard 0."""
     schema = None
     rows = []
     for name in names:
-        path = os.path.join(dataset_dir, name)
+        path = fs.real_path(os.path.join(dataset_dir, name))
         shard_schema = read_schema(path)
         assert shard_schema is not None  # written_shards lists only shards with a schema file
         if schema is None:
@@ -251,10 +256,21 @@ def _check_extends(dataset_dir: str, old: Manifest, names: list[str], rows: list
         )
 
 
-def _remove_temporaries(dataset_dir: str) -> None:
-    for entry in os.listdir(dataset_dir):
-        if entry.startswith(_TEMPORARY_PREFIX):
-            shutil.rmtree(os.path.join(dataset_dir, entry), ignore_errors=True)
+def _remove_leftovers(dataset_dir: str, fs: OsFs) -> None:
+    """Applies the swap's leftover rule to every shard a killed writer left
+    a staging or old directory of (commit holds the dataset's lock
+    exclusively, so no writer runs), and deletes the temporaries of loaderx
+    before the one swap (``.tmp-shard-*``)."""
+    changed = False
+    for entry in fs.listdir(dataset_dir):
+        if entry.startswith(_LEGACY_TEMPORARY_PREFIX):
+            fs.rmtree(os.path.join(dataset_dir, entry))
+            changed = True
+        for prefix in (STAGING_PREFIX, ASIDE_PREFIX):
+            if entry.startswith(prefix) and _SHARD_PATTERN.fullmatch(entry[len(prefix):]):
+                changed = clean_leftovers(os.path.join(dataset_dir, entry[len(prefix):]), fs) or changed
+    if changed:
+        fs.fsync_dir(dataset_dir)
 
 
 def _shard_number(k: Any) -> int:  # Any: checked here
@@ -293,14 +309,13 @@ def _pack_manifest(schema: Schema, names: list[str], rows: list[int]) -> bytes:
     return envelope
 
 
-def read_manifest(dataset_dir: StrPath) -> Manifest:
+def read_manifest(dataset_dir: StrPath, *, _fs: OsFs = OS_FS) -> Manifest:
     """The manifest of ``dataset_dir``, checked: checksum, version, schema,
     shard names confined to the directory, no duplicates, row counts that add
     up. (The row counts are checked against the shards when they are opened.)"""
     dataset_dir = os.fspath(dataset_dir)
     file = os.path.join(dataset_dir, MANIFEST_FILE)
-    with open(file, "rb") as handle:
-        payload = handle.read(_MANIFEST_BYTES_MAX + 1)
+    payload = _fs.read_file(file, _MANIFEST_BYTES_MAX + 1)
     if len(payload) > _MANIFEST_BYTES_MAX:
         raise ManifestError(f"{file} is over {_MANIFEST_BYTES_MAX} bytes: not a loaderx manifest")
     body = _unpack_envelope(file, payload)

@@ -378,7 +378,7 @@ class Zrecord(NativeHandle):
         self._threads = threads
         # Which directory this handle opened, to tell "replaced since" apart
         # from damage when a refresh finds no superblock.
-        self._inode = _inode(self.path)
+        self._inode = path_identity(self.path)
         self._reopen_hint = "Zrecord(path)"
         self._init_lifetime()
 
@@ -423,13 +423,13 @@ class Zrecord(NativeHandle):
         try:
             self._call(lib.lx_store_refresh)
         except CorruptStoreError as exc:
-            if _inode(self.path) is None:  # nothing there: not damage, the directory went away
+            if path_identity(self.path) is None:  # nothing there: not damage, the directory went away
                 raise FileNotFoundError(
                     errno.ENOENT, f"'{self.path}' was deleted or moved since this handle opened it: "
                     "open the store at its new path (or write it again); this handle still reads what it had",
                     self.path,
                 ) from None
-            if _inode(self.path) not in (None, self._inode):
+            if path_identity(self.path) not in (None, self._inode):
                 raise StoreReplacedError(
                     f"'{self.path}' was replaced by a new store (e.g. ArrayStore.save overwrote the array) "
                     f"since this handle opened it; the data is fine: open it again with {self._reopen_hint}",
@@ -619,8 +619,9 @@ class Zrecord(NativeHandle):
         return f"Zrecord({self.path!r}, codec={self.codec!r}, {state})"
 
 
-def _inode(path: str) -> tuple[int, int] | None:
-    """The (device, inode) of ``path``, or None when it is gone."""
+def path_identity(path: str) -> tuple[int, int] | None:
+    """The (device, inode) of ``path``, or None when it is gone: which
+    directory a path names now (a swap gives it another)."""
     try:
         stat = os.stat(path)
     except OSError:
@@ -629,17 +630,27 @@ def _inode(path: str) -> tuple[int, int] | None:
 
 
 def _refuse_foreign_directory(path: str) -> None:
-    """A directory holding other files is not ours to turn into a store."""
+    """A directory holding other files is not ours to turn into a store. A
+    creation killed before its superblock was linked in place leaves only
+    the store's own ``lock`` and ``superblock.tmp-<pid>``: those never make
+    the path unusable (the store is created among them)."""
     if os.path.exists(os.path.join(path, "superblock")):
         return
     try:
         with os.scandir(path) as entries:
-            empty = next(entries, None) is None  # one entry decides: no full listing of a big directory
+            # The first foreign entry decides: no full listing of a big directory.
+            foreign = next((entry for entry in entries if not is_creation_leftover(entry.name)), None)
     except OSError:
         return  # a new store, a file, no permission: the native open says what is wrong
-    if not empty:
+    if foreign is not None:
         raise CorruptStoreError(
             f"'{path}' is a non-empty directory that is not a zrecord store (it has no superblock): "
             "give a new or empty directory, or pass create=True to make a store among its files",
             10,
         )
+
+
+def is_creation_leftover(name: str) -> bool:
+    """True for a file a store creation leaves before its superblock is in
+    place (a killed one leaves them behind): ``lock``, ``superblock.tmp-<pid>``."""
+    return name == "lock" or (name.startswith("superblock.tmp-") and name[len("superblock.tmp-"):].isdigit())
