@@ -111,6 +111,9 @@ def test_verify_clean_and_damaged(tmp_path):
     from_numpy(tmp_path / "clean", np.arange(100))
     status, out, _ = loaderx("verify", tmp_path / "clean")
     assert status == 0 and "ok, 100 records verified" in out
+    from_numpy(tmp_path / "one", np.arange(1))
+    status, out, _ = loaderx("verify", tmp_path / "one")
+    assert status == 0 and "ok, 1 record verified" in out  # not "1 records"
     damaged_store(tmp_path / "bad", 5)
     status, out, _ = loaderx("verify", tmp_path / "bad")
     assert status == 1

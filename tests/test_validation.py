@@ -45,6 +45,7 @@ SIZE_CASES = [
     ("Sampler(10, 2**62) (32 EiB at the first batch)", lambda d, t: Sampler(10, 2**62, "iid"), r"batch_size must be in 1\.\.2\*\*24"),
     ("DataLoader batch_size=2**40", lambda d, t: DataLoader({"x": d}, batch_size=2**40), r"batch_size must be in 1\.\.2\*\*24"),
     ("DenseDataset threads=10**6", lambda d, t: DenseDataset(d.path, threads=10**6), r"threads must be in 0\.\.1,024"),
+    ("Zrecord threads=2**40 (a cffi OverflowError)", lambda d, t: Zrecord(d.path, threads=2**40), r"threads must be in 0\.\.1,024"),
     ("from_numpy chunk_bytes=10**15", lambda d, t: from_numpy(t / "c", np.zeros(4), chunk_bytes=10**15, progress=False),
      r"chunk_bytes must be in 1\.\.4,294,967,296"),
     ("from_iterator chunk_bytes=10**15 (a petabyte buffer)", lambda d, t: from_iterator(t / "c", [np.zeros(2)], chunk_bytes=10**15, progress=False),

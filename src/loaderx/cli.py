@@ -484,7 +484,7 @@ def _verify_text(result: dict[str, Any]) -> str:
                          f"checksum: {shown}{more}")
         else:
             note = f" (note: {entry['note']})" if entry.get("note") else ""
-            lines.append(f"{where}: ok, {entry['records']:,} records verified{note}")
+            lines.append(f"{where}: ok, {_plural(entry['records'], 'record')} verified{note}")
     if "damaged" in result:
         shards = f"sharded dataset of {len(result['stores']):,} shards"
         damaged = result["damaged"]

@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from ._checks import check_flag, check_int, check_verify
 from ._fs import read_at_most, readable_path, write_file_atomic
-from .zrecord import CODECS, CorruptStoreError, IndexOutOfRangeError, Zrecord, ZrecordError, path_identity
+from .zrecord import CODECS, THREADS_MAX, CorruptStoreError, IndexOutOfRangeError, Zrecord, ZrecordError, path_identity
 
 if TYPE_CHECKING:
     from .shards import ShardedStore
@@ -46,10 +46,6 @@ FORMAT_NAME = "loaderx"
 FORMAT_VERSION = 1
 KINDS = ("dense", "ragged")
 _SCHEMA_BYTES_MAX = 1 << 20
-#: Native threads of one gather (0: one per core). The native pool has one
-#: thread per core, so a larger cap only splits a call into more hand-offs;
-#: 1024 is four times the cores of the largest common hosts.
-THREADS_MAX = 1024
 # Native ragged gathers of one batch before giving up on a store whose
 # records keep growing under it (see RaggedDataset.gather_packed).
 _GATHER_ATTEMPTS = 4

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, cast
 import numpy as np
 import numpy.typing as npt
 
-from ._checks import check_flag, check_verify
+from ._checks import check_flag, check_int, check_verify
 from ._errors import StoreFullError, StoreOSError, StoreReadOnlyError, ZrecordError
 from ._native import (
     LIMITS,
@@ -35,6 +35,7 @@ __all__ = [
     "CODECS",
     "MAX_RECORD_LEN",
     "SHUFFLE_ELEMENT_BYTES",
+    "THREADS_MAX",
     "ChecksumError",
     "CorruptStoreError",
     "IndexOutOfRangeError",
@@ -60,6 +61,10 @@ CODECS = {
 }
 SHUFFLE_ELEMENT_BYTES = (2, 4, 8)
 MAX_RECORD_LEN = LIMITS["record_bytes_max"]
+#: Native threads of one gather (0: one per core). The native pool has one
+#: thread per core, so a larger cap only splits a call into more hand-offs;
+#: 1024 is four times the cores of the largest common hosts.
+THREADS_MAX = 1024
 _VERIFY_CHUNK = 1 << 20
 
 _INFO_BYTES = ffi.sizeof("lx_store_info")
@@ -358,8 +363,7 @@ class Zrecord(NativeHandle):
         self._codec = codec_id(codec)
         verify = check_verify(verify)
         create, durable = check_flag("create", create), check_flag("durable", durable)
-        if not isinstance(threads, int) or threads < 0:
-            raise InvalidArgumentError(f"threads must be a non-negative int (0: one per core), got {threads!r}")
+        threads = check_int("threads", threads, 0, THREADS_MAX)
         # _existing: the caller knows a store is there (a dataset read its
         # schema): the native open creates nothing, so no look-up first.
         if not create and not _existing:
