@@ -147,12 +147,12 @@ def test_unstorable_columns_get_clear_errors(tmp_path):
 
 
 def test_readme_ray_block_runs(tmp_path, monkeypatch):
-    """The README's "Ray Data" example runs as written (on this module's cluster)."""
+    """The scaling guide's "Ray Data" example runs as written (on this module's cluster)."""
     import re
     from pathlib import Path
 
     monkeypatch.chdir(tmp_path)
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "guides" / "scaling.md").read_text()
     block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if 'write_dataset(ds, "converted")' in b)
-    exec(compile(block, "README Ray block", "exec"), {})
+    exec(compile(block, "scaling guide Ray block", "exec"), {})
     assert sorted(os.listdir(tmp_path / "converted")) == ["image", "label", "tokens"]
