@@ -171,7 +171,7 @@ def test_baseline_runs_on_a_cpu_without_avx():
 
 SDIST_NEEDS = ("LICENSE", "README.md", "pyproject.toml", "build.zig", "build_backend/loaderx_build.py",
                "zig/root.zig", "examples/quickstart.py", "tests/conftest.py", "src/loaderx/_abi.h",
-               "src/loaderx/py.typed")
+               "src/loaderx/py.typed", "mkdocs.yml", "docs/index.md")
 
 
 @pytest.fixture(scope="module")
