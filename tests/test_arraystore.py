@@ -521,6 +521,7 @@ def test_an_array_whose_schema_is_gone_is_damage_not_absence(root, capsys):
     assert main(["verify", root]) == 1
     out = capsys.readouterr().out
     assert "x: DAMAGED" in out and "ok, 3 records verified" in out
+    assert "no readable schema.msgpack; restore the array from a copy" in out and "from_numpy" not in out
 
 
 def test_a_closed_store_refuses_calls(root):

@@ -1,6 +1,6 @@
 """loaderx: feed ML training from local disk."""
 
-from .arraystore import ArrayStore, ArrayStoreIOError
+from .arraystore import ArrayStore, ArrayStoreFullError, ArrayStoreIOError, ArrayStoreReadOnlyError
 from .converter import from_iterator, from_numpy
 from .dataloader import DataLoader, LoaderError
 from .dataset import DenseDataset, RaggedDataset, pad
@@ -31,7 +31,9 @@ __version__ = "1.0.0.dev0"
 
 __all__ = [
     "ArrayStore",
+    "ArrayStoreFullError",
     "ArrayStoreIOError",
+    "ArrayStoreReadOnlyError",
     "ChecksumError",
     "CorruptStoreError",
     "DataLoader",

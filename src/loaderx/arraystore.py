@@ -73,7 +73,7 @@ from .zrecord import (
     CODECS, CorruptStoreError, StoreClosedError, StoreFullError, StoreLockedError, StoreOSError, StoreReadOnlyError, Zrecord,
 )
 
-__all__ = ["ArrayStore", "ArrayStoreIOError", "LazyArray"]
+__all__ = ["ArrayStore", "ArrayStoreFullError", "ArrayStoreIOError", "ArrayStoreReadOnlyError", "LazyArray"]
 
 FORMAT_NAME = "loaderx-arraystore"
 FORMAT_VERSION = 1

@@ -408,6 +408,17 @@ def _unreadable(path: str, exc: Exception) -> dict[str, Any]:
     return {"path": path, "records": None, "damaged": [], "error": f"{type(exc).__name__}: {exc}"}
 
 
+def _verify_array(store: ArrayStore, name: str) -> dict[str, Any]:
+    """One array of an ArrayStore: opened through the store first, so an
+    array it lists but cannot read gets the store's own diagnosis."""
+    path = os.path.join(store.path, name)
+    try:
+        store.load(name, lazy=True)
+    except CorruptStoreError as exc:
+        return dict(_unreadable(path, exc), name=name)
+    return dict(_verify_store(path, "dense"), name=name)
+
+
 def _verify_member(path: str, name: str, kind: str, expected: int, listed_in: str) -> dict[str, Any]:
     """One shard or column: its checksums, and its record count against the listing's."""
     entry = dict(_verify_store(os.path.join(path, name), kind), name=name)
@@ -451,8 +462,7 @@ def _run_verify(args: argparse.Namespace) -> int:
         stores = [{"path": args.path, "records": None, "damaged": [], "error": f"{type(exc).__name__}: {exc}"}]
     if kind == "arraystore":
         with ArrayStore(args.path) as store:
-            names = store.get_member_list()
-        stores = [dict(_verify_store(os.path.join(args.path, name), "dense"), name=name) for name in names]
+            stores = [_verify_array(store, name) for name in store.get_member_list()]
     elif kind == "sharded":
         stores = _verify_sharded(args.path)
     elif kind == "columns":
@@ -646,7 +656,7 @@ def _write_columns(target: str, mode: str, write: Callable[[str], int], fs: OsFs
     conversion and a replacement alike: a killed or failed conversion leaves
     the old directory whole, and a second one at once gets StoreLockedError."""
     rows = 0
-    with DirectorySwap(target, fs, lambda message: StoreLockedError(f"cannot convert into {message}", 6)) as swap:
+    with DirectorySwap(target, fs, lambda message: StoreLockedError(f"cannot convert: {message}", 6)) as swap:
         if fs.exists(target) and (not fs.isdir(target) or fs.listdir(target)):
             _check_replaceable(target, mode, fs)
 

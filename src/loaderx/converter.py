@@ -382,7 +382,7 @@ def _append_in_place(target: str, schema: Schema, fill: Callable[[_Writer], int]
 
 
 def _locked(message: str) -> StoreLockedError:
-    return StoreLockedError(f"cannot write {message}", 6)
+    return StoreLockedError(f"cannot write the store: {message}", 6)
 
 
 def _store_state(path: str, fs: OsFs) -> str:
