@@ -4,8 +4,9 @@
 Every store error is a ``ZrecordError``. One that an OS call caused is also
 an ``OSError`` carrying its ``errno``: ``StoreFullError`` (no space, quota,
 file too large), ``StoreReadOnlyError`` (read-only file system, permission
-denied) and ``StoreOSError`` for every other errno. ``class_for_errno`` is
-the one place that picks the class an errno gets.
+denied) and, from the native core, ``StoreOSError`` for every other errno
+(the Python seam, ``_fs``, keeps the standard ``OSError`` subclass of those).
+``class_for_errno`` is the one place that picks the class an errno gets.
 """
 
 from __future__ import annotations

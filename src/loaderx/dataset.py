@@ -28,7 +28,7 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from ._checks import check_flag, check_int, check_verify
+from ._checks import check_int, check_verify
 from ._fs import read_at_most, readable_path, write_file_atomic
 from .zrecord import CODECS, THREADS_MAX, CorruptStoreError, IndexOutOfRangeError, Zrecord, ZrecordError, path_identity
 

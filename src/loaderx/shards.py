@@ -32,7 +32,7 @@ import operator
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, TextIO
+from typing import Any, TextIO
 
 import msgpack
 import numpy as np

@@ -427,13 +427,14 @@ class Zrecord(NativeHandle):
         try:
             self._call(lib.lx_store_refresh)
         except CorruptStoreError as exc:
-            if path_identity(self.path) is None:  # nothing there: not damage, the directory went away
+            identity = path_identity(self.path)
+            if identity is None:  # nothing there: not damage, the directory went away
                 raise FileNotFoundError(
                     errno.ENOENT, f"'{self.path}' was deleted or moved since this handle opened it: "
                     "open the store at its new path (or write it again); this handle still reads what it had",
                     self.path,
                 ) from None
-            if path_identity(self.path) not in (None, self._inode):
+            if identity != self._inode:
                 raise StoreReplacedError(
                     f"'{self.path}' was replaced by a new store (e.g. ArrayStore.save overwrote the array) "
                     f"since this handle opened it; the data is fine: open it again with {self._reopen_hint}",
