@@ -60,6 +60,7 @@ EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # what a shell reports for a command SI
 #: 2**18 records are 3 GiB of memory and 6 GiB of disk, past what a quick
 #: figure needs (scripts/bench.py measures larger sets).
 _BENCH_RECORDS_MAX = 1 << 18
+_JSON_HELP = "print one JSON object instead of text (errors too)"
 _LENGTHS_CHUNK = 1 << 20  # records per lengths() call when summing raw bytes
 _DAMAGED_SHOWN = 50  # damaged indices printed by name; --json lists them all
 
@@ -137,12 +138,12 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 done, 1 verify found damage, 2 error, 141 the reader closed the pipe. --json goes before or after the command.",
     )
     parser.add_argument("--version", action="version", version=f"loaderx {__version__}")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text (errors too)")
+    parser.add_argument("--json", action="store_true", help=_JSON_HELP)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     common = _Parser(add_help=False)
     # SUPPRESS: a --json before the command is not reset by the command's own default.
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                        help="print one JSON object instead of text (errors too)")
+                        help=_JSON_HELP)
 
     info = commands.add_parser("info", parents=[common], help="what a store, dataset or ArrayStore holds")
     info.add_argument("path", metavar="PATH")
