@@ -335,7 +335,7 @@ def _convert(path: StrPath, schema: Schema, mode: str, fill: Callable[[_Writer],
     if mode == "a" and _store_state(target, fs) == "store":
         return _append_in_place(fs.real_path(target), schema, fill)
     if fs.exists(target) and not fs.replaceable(target) and _store_state(target, fs) == "fresh":
-        return _create_in_place(target, schema, fill)
+        return _create_in_place(target, schema, fill, fs)
     count = 0
     with DirectorySwap(target, fs, _locked) as swap:
         state = _store_state(target, fs)  # again, under the lock: another writer may have finished meanwhile
@@ -360,7 +360,7 @@ def _convert(path: StrPath, schema: Schema, mode: str, fill: Callable[[_Writer],
     return count
 
 
-def _create_in_place(target: str, schema: Schema, fill: Callable[[_Writer], int]) -> int:
+def _create_in_place(target: str, schema: Schema, fill: Callable[[_Writer], int], fs: OsFs) -> int:
     """A first creation in an empty directory that cannot be swapped away (a
     mount point, or a parent this process may not write): the store is
     written in place, as before the one swap, and a failure deletes what it
@@ -370,9 +370,9 @@ def _create_in_place(target: str, schema: Schema, fill: Callable[[_Writer], int]
         with _Writer(target, schema, new=True) as writer:
             return fill(writer)
     except BaseException:
-        for name in os.listdir(target):
+        for name in fs.listdir(target):
             with contextlib.suppress(OSError):
-                OS_FS.rmtree(os.path.join(target, name))
+                fs.rmtree(os.path.join(target, name))
         raise
 
 
