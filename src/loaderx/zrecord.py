@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from ._checks import check_flag, check_int, check_verify
 from ._errors import StoreFullError, StoreOSError, StoreReadOnlyError, ZrecordError
+from ._fs import OS_FS, OsFs
 from ._native import (
     LIMITS,
     ChecksumError,
@@ -659,3 +660,53 @@ def is_creation_leftover(name: str) -> bool:
     """True for a file a store creation leaves before its superblock is in
     place (a killed one leaves them behind): ``lock``, ``superblock.tmp-<pid>``."""
     return name == "lock" or (name.startswith("superblock.tmp-") and name[len("superblock.tmp-"):].isdigit())
+
+
+# ---- a store's files, for the layers above (nothing above this module names one)
+
+SUPERBLOCK_FILE = "superblock"  # zig/superblock.zig: its two slots; present once a store is created
+LOCK_FILE = "lock"  # zig/store.zig: the writer's flock, and the readers' shared page
+JOURNAL_PREFIX = "journal-"  # zig/journal.zig: an in-place replace commits here
+
+
+def is_store(path: str, fs: OsFs = OS_FS) -> bool:
+    """Whether ``path`` holds a created zrecord store (its superblock is in
+    place). A directory of a killed creation holds only `is_creation_leftover`
+    files and is not a store yet."""
+    return fs.exists(os.path.join(path, SUPERBLOCK_FILE))
+
+
+def lock_exclusive(path: str, what: str, fs: OsFs = OS_FS) -> int:
+    """Takes the write lock of the store at ``path`` (the one a `Zrecord`
+    writer holds) without waiting, so no writer appends while the caller
+    replaces or removes it; StoreLockedError names ``what`` was refused.
+    Release it with ``fs.unlock(handle)``."""
+    try:
+        return fs.lock(os.path.join(path, LOCK_FILE))
+    except BlockingIOError:
+        raise StoreLockedError(
+            f"cannot {what} '{path}': another process (or handle) is writing to it; retry when it is done"
+        ) from None
+
+
+def modified_ns(path: str, fs: OsFs = OS_FS) -> int:
+    """When the store at ``path`` last committed, in nanoseconds since the
+    epoch: its superblock's or, after an in-place replace, a journal's mtime."""
+    times = [fs.stat(os.path.join(path, SUPERBLOCK_FILE)).st_mtime_ns]
+    for name in fs.listdir(path):
+        if name.startswith(JOURNAL_PREFIX):
+            try:
+                times.append(fs.stat(os.path.join(path, name)).st_mtime_ns)
+            except FileNotFoundError:  # a layout change deleted it just now
+                pass
+    return max(times)
+
+
+def retire(path: str, fs: OsFs = OS_FS) -> None:
+    """Makes the store at ``path`` stop being one before its files are removed:
+    an open handle's ``refresh()`` then says it was replaced
+    (StoreReplacedError) at once, and no open finds half a store."""
+    try:
+        fs.unlink(os.path.join(path, SUPERBLOCK_FILE))
+    except FileNotFoundError:
+        pass
