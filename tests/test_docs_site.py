@@ -246,11 +246,16 @@ def test_troubleshooting_names_every_exception_class():
     import ast
 
     page = (ROOT / "docs" / "troubleshooting.md").read_text()
+    import loaderx
+
     classes = []
     for module in sorted((ROOT / "src" / "loaderx").glob("*.py")):
         for node in ast.walk(ast.parse(module.read_text())):
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and node.name.endswith(("Error", "Exception")):
-                classes.append(node.name)
+                # An internal module's class is public once loaderx exports it;
+                # until then its callers turn it into one of theirs.
+                if not module.name.startswith("_") or node.name in loaderx.__all__:
+                    classes.append(node.name)
     assert len(classes) >= 18
     missing = [name for name in classes if f"`{name}`" not in page]
     assert not missing, f"docs/troubleshooting.md does not explain {missing}"
