@@ -21,7 +21,8 @@ from loaderx._remote import (
 )
 from s3_fixture import s3, s3_endpoint  # noqa: F401 (fixtures)
 
-obstore = pytest.importorskip("obstore", reason="obstore is not installed: pip install 'loaderx[remote]'")
+obstore = pytest.importorskip(
+    "obstore", reason="obstore is not installed: pip install 'loaderx[remote]'")
 
 
 @pytest.mark.parametrize("url, scheme, bucket, prefix", [

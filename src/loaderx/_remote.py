@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, TypeVar, Union
+from typing import Any, Callable, Protocol, TypeVar, Union
 
 SCHEMES = ("s3", "gs", "az", "http", "https", "file")
 # Below this a put is one request; above it obstore uploads parts of this
@@ -503,7 +503,3 @@ class FaultySource:
     def delete(self, key: str) -> None:
         self._run("delete", key, lambda: self.inner.delete(key))
 
-
-def iter_keys(source: ObjectSource, prefix: str = "") -> Iterator[str]:
-    """The keys under ``prefix``, sorted (a convenience for the CLI and tests)."""
-    return (info.key for info in source.list(prefix))
