@@ -249,6 +249,36 @@ def test_prefetch_fetches_ahead_without_evicting_what_is_needed_sooner(tmp_path)
     assert Plan([[units[0]], [units[1]], [units[0]]]).next_use(units[0], 1) == 2
 
 
+class SlowSource(MemorySource):
+    """Gets take a little time, so prefetches overlap the reader."""
+
+    def get(self, key, etag=None):
+        time.sleep(0.002)
+        return super().get(key, etag)
+
+
+def test_prefetch_costs_no_fetch_over_belady(tmp_path):
+    """Shuffled epochs over a cache half the data: prefetching on two threads makes
+    exactly the fetches of demand-only Belady (a prefetch evicts only what MIN would,
+    and never past a missing unit), and LRU makes more."""
+    source = SlowSource({f"o{i}": bytes([i]) * 100 for i in range(20)})
+    units = [_cache.object_unit(source.head(f"o{i}")) for i in range(20)]
+    order, sequence = random.Random(0), []
+    for _ in range(2):
+        epoch = list(range(20))
+        order.shuffle(epoch)
+        sequence += epoch
+    demand = run(tmp_path, source, units, sequence, 1000, True, "demand")
+    plan = [[units[i]] for i in sequence]
+    with UnitCache(tmp_path / "p", 1000, source, plan=plan, prefetch_threads=2) as cache:
+        for step, index in enumerate(sequence):
+            cache.acquire(units[index], step).release()
+            time.sleep(0.002)  # the reader's own work, which prefetch overlaps
+        assert cache.stats.prefetches > 0
+        assert cache.stats.fetches == demand == 30  # 20, then the 10 that did not fit
+    assert run(tmp_path, source, units, sequence, 1000, False, "lru") > demand
+
+
 def test_leftover_of_a_dead_download_is_cleaned_at_open(tmp_path):
     """A .part no process holds (its writer died) is deleted when a cache opens."""
     source, units = uniform(2)

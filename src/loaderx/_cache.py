@@ -253,6 +253,7 @@ class UnitCache:
         self._last_use: dict[str, int] = {}
         self._tick = 0
         self._pinned: dict[Unit, int] = {}  # pins this process holds, by unit
+        self._read_now: set[Unit] = set()  # the units the current step has acquired
         self._in_flight: dict[str, threading.Event] = {}  # downloads of this process
         self._fetch_seconds = 0.0  # EWMA of one fetch's time: latency + bytes / bandwidth
         self._step_seconds = 0.0  # EWMA of the time between steps
@@ -338,8 +339,12 @@ class UnitCache:
                 self._names[unit.name(self.url)] = unit
 
     def next_use(self, unit: Unit) -> float:
-        """The next step that reads ``unit`` (NEVER without a plan)."""
-        return self.plan.next_use(unit, self.now) if self.plan is not None else NEVER
+        """The next step that reads ``unit`` (NEVER without a plan); a unit this
+        step already read is next needed after this step."""
+        if self.plan is None:
+            return NEVER
+        done = unit in self._read_now and unit not in self._pinned
+        return self.plan.next_use(unit, self.now + 1 if done else self.now)
 
     # ---- reading
 
@@ -384,6 +389,7 @@ class UnitCache:
                                       else (1 - EWMA) * self._step_seconds + EWMA * sample)
             if step != self.now or self._last_step_time is None:
                 self._last_step_time = now
+                self._read_now.clear()
             self.now = step
 
     def _wait_for(self, name: str, deadline: float, unit: Unit) -> None:
@@ -406,11 +412,13 @@ class UnitCache:
         descriptor of a fresh reservation (``.part``) when space could be made,
         else (None, None): someone is downloading it, or no space is free yet."""
         with self.locked():
-            pin = self._pin_resident(unit, name)
+            pin = self._pin_resident(unit, name, reader=demand)
             if pin is not None:
                 return pin, None
             part = os.path.join(self._tmp_dir, name + PART_SUFFIX)
             if self._part_alive(part):
+                return None, None
+            if not demand and not self._earlier_ones_coming(unit):
                 return None, None
             if not self._make_room(unit, demand):
                 if demand:
@@ -422,19 +430,41 @@ class UnitCache:
             self._in_flight[name] = threading.Event()
             return None, fd
 
-    def _pin_resident(self, unit: Unit, name: str) -> Pin | None:
+    def _earlier_ones_coming(self, unit: Unit) -> bool:
+        """Whether every unit read before ``unit`` from now on is resident or
+        being fetched: prefetches keep the plan's order, since one fetched
+        past a unit that is missing could be evicted to make room for it."""
+        assert self.plan is not None
+        first = self.next_use(unit)
+        if first == NEVER:
+            return False
+        for step in range(self.now, int(first)):
+            for earlier in self.plan.steps[step]:
+                name = earlier.name(self.url)
+                if not (os.path.exists(os.path.join(self._units_dir, name))
+                        or os.path.exists(os.path.join(self._tmp_dir, name + PART_SUFFIX))):
+                    return False
+        return True
+
+    def _pin_resident(self, unit: Unit, name: str, reader: bool) -> Pin | None:
         path = os.path.join(self._units_dir, name)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return None
         fcntl.flock(fd, fcntl.LOCK_SH)  # never blocks: evictors hold the directory lock
-        return self._pinned_at(unit, name, path, fd)
+        return self._pinned_at(unit, name, path, fd, reader)
 
-    def _pinned_at(self, unit: Unit, name: str, path: str, fd: int) -> Pin:
+    def _pinned_at(self, unit: Unit, name: str, path: str, fd: int, reader: bool = True
+                   ) -> Pin:
         self._tick += 1
         self._last_use[name] = self._tick
         self._pinned[unit] = self._pinned.get(unit, 0) + 1
+        if reader:
+            # Read at this step once released: only now, while it is pinned, so
+            # it is never both unpinned and counted as needed after this step
+            # before the reader had it.
+            self._read_now.add(unit)
         try:
             os.utime(fd)  # the recency other processes' LRU sees
         except OSError:
@@ -462,15 +492,20 @@ class UnitCache:
     # ---- eviction
 
     def _make_room(self, unit: Unit, demand: bool) -> bool:
-        """Evict until ``unit`` fits, or evict nothing: a prefetch only units
-        needed later than itself. Called under the directory lock."""
+        """Evict until ``unit`` fits, or evict nothing. A prefetch of a unit
+        first read at step t evicts only what MIN would evict at t: the
+        units of farthest next use from t, and none of them read before t
+        (else it waits: fetching early must not cost a fetch). Called under
+        the directory lock."""
         free = self.cache_bytes - self.usage()
         if free >= unit.length:
             return True
-        horizon = self.next_use(unit) if not demand else -1.0
-        held: list[tuple[str, int]] = []  # (path, descriptor holding LOCK_EX)
+        at = None if demand else self.next_use(unit)
+        held: list[tuple[str, int]] = []  # (name, descriptor holding LOCK_EX)
         try:
-            for name, size in self._victims(horizon):
+            for name, size, needed_sooner in self._victims(at):
+                if needed_sooner:
+                    return False
                 fd = self._lock_victim(name)
                 if fd is None:
                     continue
@@ -487,10 +522,11 @@ class UnitCache:
             for _, fd in held:
                 os.close(fd)
 
-    def _victims(self, horizon: float) -> list[tuple[str, int]]:
-        """(name, size) of the resident units in eviction order: farthest next
-        use first (NEVER first of all), ties least recently used first; only
-        those whose next use is beyond ``horizon``."""
+    def _victims(self, at: float | None) -> list[tuple[str, int, bool]]:
+        """(name, size, needed_sooner) of the unpinned resident units in
+        eviction order: farthest next use first (from now, or from step
+        ``at`` for a prefetch), NEVER first of all, ties least recently used
+        first. ``needed_sooner``: read before (or at) step ``at``."""
         ranked = []
         with os.scandir(self._units_dir) as entries:
             for entry in entries:
@@ -501,13 +537,19 @@ class UnitCache:
                 except FileNotFoundError:
                     continue
                 unit = self._names.get(entry.name)
-                next_use = self.next_use(unit) if unit is not None else NEVER
-                if next_use <= horizon or (unit is not None and unit in self._pinned):
+                if unit is not None and unit in self._pinned:
                     continue
+                soonest = self.next_use(unit) if unit is not None else NEVER
+                sooner = at is not None and soonest <= at
+                key = soonest
+                if at is not None and unit is not None and self.plan is not None:
+                    after = self.plan.next_use(unit, int(at))
+                    key = -1.0 if after == at else after  # read at ``at`` itself: keep
                 recency = self._last_use.get(entry.name, 0)
-                ranked.append((-next_use, recency, stat.st_mtime_ns, entry.name, stat.st_size))
+                ranked.append((-key, recency, stat.st_mtime_ns, entry.name, stat.st_size,
+                               sooner))
         ranked.sort()
-        return [(name, size) for _, _, _, name, size in ranked]
+        return [(name, size, sooner) for _, _, _, name, size, sooner in ranked]
 
     def _lock_victim(self, name: str) -> int | None:
         """A descriptor holding LOCK_EX on unit ``name``, or None when a reader
