@@ -52,7 +52,7 @@ def start_server() -> tuple[str, object]:
     return f"http://127.0.0.1:{server.server_address[1]}", server
 
 
-def run(source, units, sequence, budget, policy) -> tuple[int, int, float]:
+def run(source, units, sequence, budget, policy) -> tuple[int, int, float, str]:
     plan = [[units[i]] for i in sequence] if policy != "lru" else None
     threads = 2 if policy == "belady+prefetch" else 0
     with tempfile.TemporaryDirectory() as directory:
@@ -63,7 +63,10 @@ def run(source, units, sequence, budget, policy) -> tuple[int, int, float]:
                 with cache.acquire(units[index], step if plan else None) as pin:
                     pin.read(0, 1)
             stats = cache.stats
-        return stats.fetches, stats.bytes_fetched, time.perf_counter() - began
+            latency, bandwidth = cache.link.fit()
+            link = (f"fit L={latency * 1e3:.1f} ms B={bandwidth / 2**20:.0f} MiB/s "
+                    f"depth={cache.prefetch_depth()}") if threads else ""
+        return stats.fetches, stats.bytes_fetched, time.perf_counter() - began, link
 
 
 def measure_link(source) -> tuple[float, float]:
@@ -107,9 +110,10 @@ def main(argv=None) -> int:
     print("budget  policy           fetches  MiB fetched  x data  seconds")
     for fraction in (0.25, 0.50, 0.75):
         for policy in ("lru", "belady", "belady+prefetch"):
-            fetches, fetched, seconds = run(source, units, sequence, int(data * fraction), policy)
+            fetches, fetched, seconds, link = run(source, units, sequence,
+                                                  int(data * fraction), policy)
             print(f"{fraction:>5.0%}   {policy:<15} {fetches:>8} {fetched / 2**20:>12.1f} "
-                  f"{fetched / data:>7.2f} {seconds:>8.2f}")
+                  f"{fetched / data:>7.2f} {seconds:>8.2f}  {link}")
     latency, bandwidth = measure_link(source)
     print(f"server: latency {latency * 1e3:.2f} ms (median 1-byte get), "
           f"bandwidth {bandwidth / 2**20:.0f} MiB/s (one 16 MiB get)")

@@ -9,6 +9,7 @@ import fcntl
 import hashlib
 import itertools
 import json
+import math
 import os
 import random
 import signal
@@ -277,6 +278,26 @@ def test_prefetch_costs_no_fetch_over_belady(tmp_path):
         assert cache.stats.prefetches > 0
         assert cache.stats.fetches == demand == 30  # 20, then the 10 that did not fit
     assert run(tmp_path, source, units, sequence, 1000, False, "lru") > demand
+
+
+def test_prefetch_depth_follows_latency_bandwidth_and_pace(tmp_path):
+    """The link fit recovers latency and bandwidth; the depth is
+    ceil((L + S / B) / T) + 1, clamped, and the thread count before measurements."""
+    link = _cache.LinkEstimate()
+    for size in (1_000, 10_000, 100_000, 1_000_000):
+        link.add(size, 0.010 + size / 50e6)  # 10 ms latency, 50 MB/s
+    latency, bandwidth = link.fit()
+    assert latency == pytest.approx(0.010) and bandwidth == pytest.approx(50e6)
+    source, units = uniform(2)
+    with UnitCache(tmp_path / "c", 1000, source, prefetch_threads=3) as cache:
+        assert cache.prefetch_depth() == 3
+        cache.link = link
+        cache._step_seconds = 0.005
+        assert cache.prefetch_depth(1_000_000) == math.ceil((0.010 + 0.020) / 0.005) + 1
+        cache._step_seconds = 1.0
+        assert cache.prefetch_depth(1_000_000) == 2
+        cache._step_seconds = 1e-9
+        assert cache.prefetch_depth(1_000_000) == _cache.PREFETCH_DEPTH_MAX
 
 
 def test_leftover_of_a_dead_download_is_cleaned_at_open(tmp_path):

@@ -64,7 +64,7 @@ WAIT_SECONDS = 300.0  # the longest a reader waits for another's download or pin
 POLL_SECONDS = 0.005
 PREFETCH_THREADS = 2
 PREFETCH_DEPTH_MAX = 64  # units ahead of the reader, at most
-EWMA = 0.2  # weight of the newest sample in the fetch-time and step-time averages
+EWMA = 0.2  # weight of the newest sample in the average time per step
 
 
 class CacheTooSmallError(ValueError):
@@ -170,6 +170,41 @@ class CacheStats:
     fetch_seconds: float = 0.0
 
 
+class LinkEstimate:
+    """Latency and bandwidth of the store, fitted to the last SAMPLES fetches
+    as ``seconds = latency + bytes / bandwidth`` (least squares). With units
+    all of one size the two cannot be told apart; then ``seconds(n)`` is the
+    mean fetch time, which is what the depth needs."""
+
+    SAMPLES = 32
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[int, float]] = []
+
+    def add(self, size: int, seconds: float) -> None:
+        self.samples.append((size, seconds))
+        del self.samples[:-self.SAMPLES]
+
+    def fit(self) -> tuple[float, float]:
+        """(latency seconds, bandwidth bytes/s); bandwidth is inf when unknown."""
+        count = len(self.samples)
+        if count == 0:
+            return 0.0, math.inf
+        mean_n = sum(n for n, _ in self.samples) / count
+        mean_t = sum(t for _, t in self.samples) / count
+        spread = sum((n - mean_n) ** 2 for n, _ in self.samples)
+        slope = (sum((n - mean_n) * (t - mean_t) for n, t in self.samples) / spread
+                 if spread > 0 else 0.0)
+        if slope <= 0:
+            return mean_t, math.inf
+        return max(0.0, mean_t - slope * mean_n), 1.0 / slope
+
+    def seconds(self, size: int) -> float:
+        """The expected time of fetching ``size`` bytes (0 before any sample)."""
+        latency, bandwidth = self.fit()
+        return latency + (size / bandwidth if bandwidth != math.inf else 0.0)
+
+
 class Pin:
     """A reader's hold on a resident unit: its file cannot be evicted until
     ``release`` (or the end of a ``with`` block). ``read`` reads its bytes."""
@@ -255,7 +290,7 @@ class UnitCache:
         self._pinned: dict[Unit, int] = {}  # pins this process holds, by unit
         self._read_now: set[Unit] = set()  # the units the current step has acquired
         self._in_flight: dict[str, threading.Event] = {}  # downloads of this process
-        self._fetch_seconds = 0.0  # EWMA of one fetch's time: latency + bytes / bandwidth
+        self.link = LinkEstimate()
         self._step_seconds = 0.0  # EWMA of the time between steps
         self._last_step_time: float | None = None
         self._threads = max(0, prefetch_threads)
@@ -632,20 +667,24 @@ class UnitCache:
             self.stats.fetches += 1
             self.stats.bytes_fetched += size
             self.stats.fetch_seconds += seconds
-            self._fetch_seconds = (seconds if self._fetch_seconds == 0.0
-                                   else (1 - EWMA) * self._fetch_seconds + EWMA * seconds)
+            self.link.add(size, seconds)
 
     # ---- prefetch
 
-    def prefetch_depth(self) -> int:
-        """How many units ahead of the reader to keep fetching: by Little's law
-        the fetches in flight must cover one fetch's time (latency + bytes /
-        bandwidth, measured) at the reader's pace (time per step, measured),
-        plus one: ceil(fetch_seconds / step_seconds) + 1, at most
-        PREFETCH_DEPTH_MAX; the thread count before anything is measured."""
-        if self._fetch_seconds == 0.0 or self._step_seconds == 0.0:
+    def prefetch_depth(self, unit_bytes: int | None = None) -> int:
+        """How many units ahead of the reader to fetch. One fetch of S bytes
+        takes L + S / B (latency and bandwidth, fitted to the fetches made);
+        the reader takes T per step (measured). By Little's law the fetches
+        under way must cover one fetch's time at the reader's pace, so the
+        depth is ceil((L + S / B) / T) + 1, at least 1 and at most
+        PREFETCH_DEPTH_MAX; before anything is measured, the thread count.
+        The budget bounds it too, by reservation: a prefetch that finds no
+        room is not made."""
+        if not self.link.samples or self._step_seconds == 0.0:
             return max(1, self._threads)
-        depth = math.ceil(self._fetch_seconds / self._step_seconds) + 1
+        if unit_bytes is None:
+            unit_bytes = sum(n for n, _ in self.link.samples) // len(self.link.samples)
+        depth = math.ceil(self.link.seconds(unit_bytes) / self._step_seconds) + 1
         return int(min(PREFETCH_DEPTH_MAX, max(1, depth)))
 
     def _pump(self) -> None:
