@@ -300,6 +300,39 @@ def test_prefetch_depth_follows_latency_bandwidth_and_pace(tmp_path):
         assert cache.prefetch_depth(1_000_000) == _cache.PREFETCH_DEPTH_MAX
 
 
+def test_directory_unit_holds_a_store_that_opens_from_the_cache(tmp_path, s3):
+    """A loaderx store uploaded file by file to S3 comes back as one directory unit:
+    fetched whole, opened as a DenseDataset from the pinned directory, kept while
+    pinned, evicted as one, counted in the budget with its files."""
+    import numpy as np
+
+    from loaderx import DenseDataset, from_numpy
+
+    rows = np.arange(600, dtype=np.float32).reshape(100, 6)
+    from_numpy(tmp_path / "store", rows, progress=False)
+    source = _remote.open_source(s3.url("data"))
+    for path in sorted((tmp_path / "store").rglob("*")):
+        if path.is_file():
+            source.put("shard-0/" + path.relative_to(tmp_path / "store").as_posix(), path)
+    unit = _cache.directory_unit("shard-0", source.list("shard-0"))
+    other = _cache.object_unit(source.put("other", b"x" * unit.length))
+    budget = unit.length + 10
+    with UnitCache(tmp_path / "c", budget, source, prefetch_threads=0) as cache:
+        with cache.acquire(unit) as pin:
+            assert np.array_equal(DenseDataset(pin.path)[:], rows)
+            with pytest.raises(CacheBusyError):
+                cache.acquire(other)  # the pinned directory cannot make room
+            assert bytes_under(tmp_path / "c") <= budget
+        cache.acquire(other).release()
+        assert not cache.resident(unit) and cache.stats.evictions == 1
+        assert not any((tmp_path / "c" / "tmp").iterdir())  # no .dead left
+        with cache.acquire(unit) as pin:
+            assert np.array_equal(DenseDataset(pin.path)[:], rows)
+        assert cache.stats.fetches == 2 * len(unit.members) + 1
+    with pytest.raises(ValueError, match="not a file under"):
+        _cache.directory_unit("shard-0", [ObjectInfo("elsewhere/x", 1, None)])
+
+
 def test_leftover_of_a_dead_download_is_cleaned_at_open(tmp_path):
     """A .part no process holds (its writer died) is deleted when a cache opens."""
     source, units = uniform(2)
@@ -307,10 +340,16 @@ def test_leftover_of_a_dead_download_is_cleaned_at_open(tmp_path):
     UnitCache(directory, 1000, source).close()
     stale = directory / "tmp" / (units[0].name(source.url) + ".part")
     stale.write_bytes(b"\0" * 100)
+    stale_dir = directory / "tmp" / (units[1].name(source.url) + ".part")
+    (stale_dir / "sub").mkdir(parents=True)
+    (stale_dir / "sub" / "data").write_bytes(b"\0" * 100)
+    dead = directory / "tmp" / (units[1].name(source.url) + ".dead")
+    dead.mkdir()
     foreign = directory / "keep-me"
     foreign.write_bytes(b"x")
     with UnitCache(directory, 1000, source) as cache:
-        assert not stale.exists() and foreign.exists()  # nothing outside its own names
+        assert not stale.exists() and not stale_dir.exists() and not dead.exists()
+        assert foreign.exists()  # nothing outside its own names
         assert cache.acquire(units[0]).read() == source.objects["o0"]
 
 

@@ -1,6 +1,7 @@
-"""The unit cache: a local directory holding units (whole objects, or byte
-ranges of one) fetched through an ``ObjectSource``, under a hard byte budget,
-evicting by the schedule (Belady's MIN) when the future is known.
+"""The unit cache: a local directory holding units (whole objects, byte
+ranges of one, or directories of objects such as a shard's files) fetched
+through an ``ObjectSource``, under a hard byte budget, evicting by the
+schedule (Belady's MIN) when the future is known.
 
 Invariants, each kept by the code named:
 
@@ -25,8 +26,13 @@ Invariants, each kept by the code named:
   object's version (etag, else size and mtime) and the range, so a changed
   object is a different unit; reads pass the etag, so a change mid-read
   fails (RemoteChangedError) rather than mixing versions.
+- **Directory units** follow the same rules: the ``.part`` is a directory
+  of sparse member files, locked and pinned through the directory's own
+  descriptor, renamed into place as one; eviction renames it to
+  ``tmp/<name>.dead`` (atomic) before deleting it, so a crash mid-deletion
+  leaves no half unit in ``units/``.
 - **Nothing outside.** The cache deletes only ``units/u-*`` and
-  ``tmp/u-*.part`` files of its own directory.
+  ``tmp/u-*.part`` / ``tmp/u-*.dead`` entries of its own directory.
 
 Eviction: with a plan (the steps to come, each the units it reads together),
 evict the unpinned unit whose next use is farthest (Belady's MIN: the fewest
@@ -47,6 +53,7 @@ import fcntl
 import hashlib
 import math
 import os
+import shutil
 import threading
 import time
 from typing import Iterator, Sequence
@@ -58,6 +65,7 @@ TMP_DIR = "tmp"
 LOCK_FILE = "lock"
 UNIT_PREFIX = "u-"
 PART_SUFFIX = ".part"
+DEAD_SUFFIX = ".dead"  # an evicted directory unit, renamed out of units/ before deletion
 NEVER = math.inf  # the next use of a unit the plan does not read again
 FETCH_ATTEMPTS = 3  # a short or corrupt body is fetched again this often in all
 WAIT_SECONDS = 300.0  # the longest a reader waits for another's download or pin
@@ -79,7 +87,10 @@ class CacheBusyError(TimeoutError):
 class Unit:
     """What the cache holds: ``length`` bytes of object ``key`` from
     ``start`` (``whole``: the whole object, fetched by one get), of the
-    object's version ``version``; ``sha256`` (hex), when known, is checked."""
+    object's version ``version``; ``sha256`` (hex), when known, is checked.
+    With ``members`` it is a directory: the whole objects under the prefix
+    ``key``, each at its path below it (a shard's files, for a store that
+    opens a directory), fetched, kept and evicted as one."""
 
     key: str
     length: int
@@ -88,6 +99,7 @@ class Unit:
     whole: bool = True
     etag: str | None = None
     sha256: str | None = None
+    members: tuple[Unit, ...] = ()
 
     def name(self, url: str) -> str:
         """The unit's file name: a hash of everything that identifies its bytes."""
@@ -107,6 +119,26 @@ def range_unit(info: ObjectInfo, start: int, length: int, sha256: str | None = N
         raise ValueError(f"range {start}+{length} is not inside {info.key} "
                          f"({info.size} bytes): give a non-empty range inside it")
     return Unit(info.key, length, info.version, start, False, info.etag, sha256)
+
+
+def directory_unit(prefix: str, infos: Sequence[ObjectInfo],
+                   sha256: dict[str, str] | None = None) -> Unit:
+    """The directory unit of the objects ``infos``, all under ``prefix``
+    (their keys relative to the source); ``sha256`` maps keys to digests."""
+    prefix = prefix.strip("/")
+    members = []
+    for info in sorted(infos, key=lambda i: i.key):
+        relative = info.key[len(prefix) + 1:] if info.key.startswith(prefix + "/") else ""
+        parts = relative.split("/")
+        if not relative or any(part in ("", ".", "..") for part in parts):
+            raise ValueError(f"object {info.key!r} is not a file under {prefix!r}: a "
+                             "directory unit holds only the objects below its prefix")
+        members.append(object_unit(info, (sha256 or {}).get(info.key)))
+    if not members:
+        raise ValueError(f"directory unit {prefix!r} has no objects: list its prefix first")
+    version = hashlib.sha256("\0".join(f"{m.key}\0{m.version}" for m in members)
+                             .encode()).hexdigest()
+    return Unit(prefix, sum(m.length for m in members), version, members=tuple(members))
 
 
 class Plan:
@@ -219,6 +251,9 @@ class Pin:
         """``length`` bytes of the unit from ``offset`` (default: to its end)."""
         if self.fd < 0:
             raise ValueError(f"the pin of {self.unit.key} was released: acquire it again")
+        if self.unit.members:
+            raise ValueError(f"{self.unit.key} is a directory unit: read its files under "
+                             f"{self.path}")
         count = self.unit.length - offset if length is None else length
         data = os.pread(self.fd, count, offset)
         if len(data) != count:
@@ -249,6 +284,65 @@ def _try_lock(fd: int, mode: int) -> bool:
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
             return False
         raise
+
+
+def _bytes_under(folder: str) -> int:
+    """The sizes of the files under ``folder``, recursively (a file or
+    directory deleted meanwhile by another process counts as gone)."""
+    total = 0
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        total += _bytes_under(entry.path)
+                    else:
+                        total += entry.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    continue
+    except FileNotFoundError:
+        return 0
+    return total
+
+
+def _remove(path: str) -> None:
+    """Delete a file or a directory tree of the cache; gone already is fine."""
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _reserve(part: str, unit: Unit) -> int:
+    """Create the ``.part`` of ``unit`` at its full size (sparse) and return
+    its descriptor holding LOCK_EX: a file, or for a directory unit a
+    directory of its member files. Called under the directory lock, so no
+    one sees it before it is locked."""
+    if not unit.members:
+        fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, unit.length)
+        return fd
+    os.mkdir(part)
+    fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    for member, target in _targets(unit, fd, part):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as f:
+            f.truncate(member.length)
+    return fd
+
+
+def _targets(unit: Unit, fd: int, part: str) -> list[tuple[Unit, str]]:
+    """(member, its path in the ``.part``) of a directory unit; for a file
+    unit [(unit, "")], meaning its bytes go to ``fd`` itself."""
+    if not unit.members:
+        return [(unit, "")]
+    offset = len(unit.key) + 1
+    return [(m, os.path.join(part, *m.key[offset:].split("/"))) for m in unit.members]
 
 
 class UnitCache:
@@ -321,23 +415,30 @@ class UnitCache:
 
     def usage(self) -> int:
         """Bytes of the files under the directory (units and reservations)."""
-        total = 0
-        for folder in (self._units_dir, self._tmp_dir):
-            with os.scandir(folder) as entries:
-                for entry in entries:
-                    try:
-                        total += entry.stat(follow_symlinks=False).st_size
-                    except FileNotFoundError:
-                        continue  # evicted or renamed by another process meanwhile
-        return total
+        return _bytes_under(self._units_dir) + _bytes_under(self._tmp_dir)
 
     def _clean_leftovers(self) -> None:
-        """Delete the ``.part`` files no live process holds (a killed download)."""
+        """Delete the ``.part`` files no live process holds (a killed download)
+        and the directory units an evictor renamed away but did not finish deleting."""
         with os.scandir(self._tmp_dir) as entries:
-            names = [e.name for e in entries
-                     if e.name.startswith(UNIT_PREFIX) and e.name.endswith(PART_SUFFIX)]
+            names = [e.name for e in entries if e.name.startswith(UNIT_PREFIX)]
         for name in names:
-            self._part_alive(os.path.join(self._tmp_dir, name))
+            path = os.path.join(self._tmp_dir, name)
+            if name.endswith(PART_SUFFIX):
+                self._part_alive(path)
+            elif name.endswith(DEAD_SUFFIX) and self._unheld(path):
+                _remove(path)
+
+    @staticmethod
+    def _unheld(path: str) -> bool:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            return _try_lock(fd, fcntl.LOCK_EX)
+        finally:
+            os.close(fd)
 
     def _part_alive(self, path: str) -> bool:
         """Whether a live downloader holds the ``.part`` at ``path``; a dead
@@ -349,7 +450,7 @@ class UnitCache:
         try:
             if not _try_lock(fd, fcntl.LOCK_EX):
                 return True
-            os.unlink(path)
+            _remove(path)
             return False
         finally:
             os.close(fd)
@@ -459,9 +560,7 @@ class UnitCache:
                 if demand:
                     self._raise_if_self_blocked(unit)
                 return None, None
-            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            os.ftruncate(fd, unit.length)
+            fd = _reserve(part, unit)
             self._in_flight[name] = threading.Event()
             return None, fd
 
@@ -548,9 +647,7 @@ class UnitCache:
                 free += size
                 if free >= unit.length:
                     for victim, _ in held:
-                        os.unlink(os.path.join(self._units_dir, victim))
-                        self._last_use.pop(victim, None)
-                        self.stats.evictions += 1
+                        self._delete_unit(victim)
                     return True
             return False
         finally:
@@ -581,10 +678,25 @@ class UnitCache:
                     after = self.plan.next_use(unit, int(at))
                     key = -1.0 if after == at else after  # read at ``at`` itself: keep
                 recency = self._last_use.get(entry.name, 0)
-                ranked.append((-key, recency, stat.st_mtime_ns, entry.name, stat.st_size,
-                               sooner))
+                size = (_bytes_under(entry.path) if entry.is_dir(follow_symlinks=False)
+                        else stat.st_size)
+                ranked.append((-key, recency, stat.st_mtime_ns, entry.name, size, sooner))
         ranked.sort()
         return [(name, size, sooner) for _, _, _, name, size, sooner in ranked]
+
+    def _delete_unit(self, name: str) -> None:
+        """Delete resident unit ``name`` (its LOCK_EX held). A directory is
+        first renamed out of ``units/`` (atomic), so a crash mid-deletion
+        leaves no half unit there, only a ``.dead`` leftover in ``tmp/``."""
+        path = os.path.join(self._units_dir, name)
+        if os.path.isdir(path):
+            dead = os.path.join(self._tmp_dir, name + DEAD_SUFFIX)
+            os.rename(path, dead)
+            shutil.rmtree(dead)
+        else:
+            os.unlink(path)
+        self._last_use.pop(name, None)
+        self.stats.evictions += 1
 
     def _lock_victim(self, name: str) -> int | None:
         """A descriptor holding LOCK_EX on unit ``name``, or None when a reader
@@ -607,10 +719,16 @@ class UnitCache:
         part = os.path.join(self._tmp_dir, name + PART_SUFFIX)
         path = os.path.join(self._units_dir, name)
         try:
-            data = self._fetch_checked(unit)
-            os.pwrite(fd, data, 0)
-            if self.durable:
-                os.fdatasync(fd)
+            for member, target in _targets(unit, fd, part):
+                data = self._fetch_checked(member)
+                written = os.open(target, os.O_WRONLY) if target else fd
+                try:
+                    os.pwrite(written, data, 0)
+                    if self.durable:
+                        os.fdatasync(written)
+                finally:
+                    if target:
+                        os.close(written)
             with self.locked():
                 os.rename(part, path)
                 if not keep:
@@ -621,10 +739,7 @@ class UnitCache:
                 return self._pinned_at(unit, name, path, fd)
         except BaseException:
             with self.locked():
-                try:
-                    os.unlink(part)
-                except FileNotFoundError:
-                    pass
+                _remove(part)
                 try:
                     os.close(fd)
                 except OSError:
