@@ -222,6 +222,25 @@ def test_truncated_or_flipped_body_is_fetched_again_then_refused(tmp_path):
     assert bytes_under(tmp_path / "d") == 0
 
 
+def test_network_fault_is_retried_or_fails_clean(tmp_path):
+    """A failed call under RetryingSource is retried inside acquire; when every
+    attempt fails, acquire raises RemoteNetworkError, the reservation is given
+    back, and the next acquire fetches the unit."""
+    inner = MemorySource({"k": b"z" * 500})
+    unit = _cache.object_unit(inner.head("k"))
+    once = _remote.RetryingSource(FaultySource(inner, [Fault(0, "fail")]), sleep=lambda _: None)
+    with UnitCache(tmp_path / "a", 1000, once, prefetch_threads=0) as cache:
+        assert cache.acquire(unit).read() == b"z" * 500
+        assert once.retries == 1
+    down = _remote.RetryingSource(FaultySource(inner, [Fault(n, "fail") for n in range(3)]),
+                                  sleep=lambda _: None)
+    with UnitCache(tmp_path / "b", 1000, down, prefetch_threads=0) as cache:
+        with pytest.raises(_remote.RemoteNetworkError, match="gave up after 3 attempts"):
+            cache.acquire(unit)
+        assert bytes_under(tmp_path / "b") == 0
+        assert cache.acquire(unit).read() == b"z" * 500
+
+
 def test_ranges_of_one_object_are_separate_units(tmp_path):
     """Byte-range units are fetched by range, each its own file, all checked."""
     data = os.urandom(10_000)
@@ -410,9 +429,19 @@ def test_killed_download_leaves_nothing_that_breaks_the_next(tmp_path, data_dir)
     while not (parts.exists() and any(parts.iterdir())):
         assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
         time.sleep(0.01)
+    source = _remote.open_source(f"file://{data}")
+    stalled = next(p.name for p in parts.iterdir())
+    infos = {info.key: info for info in source.list()}
+    unit = next(_cache.object_unit(infos[f"unit-{i}"]) for i in range(cache_worker.UNIT_COUNT)
+                if _cache.object_unit(infos[f"unit-{i}"]).name(source.url) + ".part" == stalled)
+    began = time.monotonic()
+    with UnitCache(tmp_path / "c", 10**6, source, wait_seconds=0.5) as waiting:
+        with pytest.raises(CacheBusyError, match="another process is downloading it"):
+            waiting.acquire(unit)  # the live downloader's .part: wait, bounded, no second fetch
+        assert waiting.stats.fetches == 0
+    assert time.monotonic() - began < 5
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=WORKER_SECONDS)
-    source = _remote.open_source(f"file://{data}")
     unit = _cache.object_unit(source.head("unit-3"))
     with UnitCache(tmp_path / "c", 10**6, source) as cache:
         assert not any(parts.iterdir())
