@@ -391,10 +391,14 @@ class UnitCache:
         self._pool = (concurrent.futures.ThreadPoolExecutor(self._threads, "loaderx-prefetch")
                       if self._threads else None)
         self._closed = False
-        if plan is not None:
-            self.set_plan(plan)
-        with self.locked():
-            self._clean_leftovers()
+        try:
+            if plan is not None:
+                self.set_plan(plan)
+            with self.locked():
+                self._clean_leftovers()
+        except BaseException:
+            self.close()  # the lock file and the pool of a cache that never opened
+            raise
 
     # ---- the directory lock and the ledger
 
