@@ -1,5 +1,15 @@
 """loaderx: feed ML training from local disk."""
 
+from ._cache import CacheBusyError, CacheTooSmallError
+from ._remote import (
+    RemoteChangedError,
+    RemoteConfigError,
+    RemoteError,
+    RemoteIntegrityError,
+    RemoteNetworkError,
+    RemoteNotFoundError,
+    RemotePermissionError,
+)
 from .arraystore import ArrayStore, ArrayStoreFullError, ArrayStoreIOError, ArrayStoreReadOnlyError
 from .converter import from_iterator, from_numpy
 from .dataloader import DataLoader, LoaderError
@@ -34,6 +44,8 @@ __all__ = [
     "ArrayStoreFullError",
     "ArrayStoreIOError",
     "ArrayStoreReadOnlyError",
+    "CacheBusyError",
+    "CacheTooSmallError",
     "ChecksumError",
     "CorruptStoreError",
     "DataLoader",
@@ -48,6 +60,13 @@ __all__ = [
     "Packing",
     "RaggedBatch",
     "RaggedDataset",
+    "RemoteChangedError",
+    "RemoteConfigError",
+    "RemoteError",
+    "RemoteIntegrityError",
+    "RemoteNetworkError",
+    "RemoteNotFoundError",
+    "RemotePermissionError",
     "Sampler",
     "StoreClosedError",
     "StoreFullError",

@@ -1,0 +1,95 @@
+"""A local S3-compatible server for the tests: moto's server app on
+127.0.0.1 at a free port, in a thread of the test process, started once per
+session and stopped at its end; ``s3`` gives each test a fresh bucket and
+the standard AWS environment variables pointing at the server.
+
+Every wait is bounded: the socket is bound before the thread starts (so
+there is nothing to wait for), bucket creation has a timeout, and stopping
+joins the thread for at most STOP_SECONDS. Without moto the tests that use
+these fixtures skip and say why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import urllib.request
+
+import pytest
+
+STOP_SECONDS = 10.0
+REQUEST_SECONDS = 10.0
+_buckets = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class S3:
+    endpoint: str
+    bucket: str
+
+    def url(self, prefix: str = "") -> str:
+        return f"s3://{self.bucket}/{prefix}".rstrip("/")
+
+
+def _moto_app():
+    try:
+        from moto.moto_server.werkzeug_app import (
+            DomainDispatcherApplication,
+            MotoRequestHandler,
+            create_backend_app,
+        )
+    except ImportError:
+        pytest.skip("moto[server] is not installed: pip install 'loaderx[test]'")
+
+    class QuietHandler(MotoRequestHandler):
+        def log(self, type, message, *args):  # noqa: A002 (werkzeug's names)
+            pass  # one line per request would drown the test output
+
+    return DomainDispatcherApplication(create_backend_app), QuietHandler
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """The server's endpoint URL, http://127.0.0.1:<port>."""
+    from werkzeug.serving import make_server
+
+    app, handler = _moto_app()
+    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=handler)
+    thread = threading.Thread(target=server.serve_forever, name="moto-s3", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(STOP_SECONDS)
+
+
+def create_bucket(endpoint: str, bucket: str) -> None:
+    request = urllib.request.Request(f"{endpoint}/{bucket}", method="PUT")
+    with urllib.request.urlopen(request, timeout=REQUEST_SECONDS) as response:
+        response.read()
+
+
+def s3_environment(endpoint: str) -> dict[str, str]:
+    """The variables obstore (and boto3) read for this server."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+    }
+
+
+@pytest.fixture
+def s3(s3_endpoint, monkeypatch):
+    """A new empty bucket on the server, with the AWS_* variables set for this test."""
+    pytest.importorskip("obstore", reason="obstore is not installed: pip install 'loaderx[remote]'")
+    for name, value in s3_environment(s3_endpoint).items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    bucket = f"loaderx-test-{next(_buckets)}"
+    create_bucket(s3_endpoint, bucket)
+    return S3(s3_endpoint, bucket)
