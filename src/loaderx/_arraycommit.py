@@ -48,7 +48,8 @@ import os
 import secrets
 import threading
 import zlib
-from typing import Any, Callable, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable
 
 from . import _envelope, zrecord
 from ._envelope import EnvelopeError
@@ -106,7 +107,7 @@ class ArrayStoreIOError(StoreOSError):
     commits it failed and taking it back failed too: after a reopen the call
     is applied entirely or not at all)."""
 
-    def __new__(cls, code: int | None, message: str, outcome: str) -> "ArrayStoreIOError":
+    def __new__(cls, code: int | None, message: str, outcome: str) -> ArrayStoreIOError:
         if cls is ArrayStoreIOError:
             cls = _IO_ERROR_CLASSES.get(class_for_errno(code), cls)
         return OSError.__new__(cls, message)
@@ -677,8 +678,7 @@ def _check_record(content: dict[str, Any], identity_type: type, path: str) -> No
         not isinstance(saves, dict)
         or not isinstance(drops, list)
         or not all(
-            valid_name(name) and type(identity) is identity_type
-            for name, identity in saves.items()
+            valid_name(name) and type(identity) is identity_type for name, identity in saves.items()
         )
         or not all(valid_name(name) for name in drops)
     ):

@@ -13,7 +13,8 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import Any, Iterator, cast
+from collections.abc import Iterator
+from typing import Any, cast
 
 import msgpack
 import numpy as np
@@ -261,8 +262,10 @@ def _cast(
     if source == dtype:
         return array
     numeric = source.kind in "biuf" and dtype.kind in "biuf"
-    rule = "same_kind" if numeric else "safe"
-    allowed = np.can_cast(source, dtype, rule)
+    if numeric:
+        allowed = np.can_cast(source, dtype, "same_kind")
+    else:
+        allowed = np.can_cast(source, dtype, "safe")
     allowed = allowed or (from_python and source.kind in "iu" and dtype.kind in "iu")
     if not allowed:
         raise ValueError(

@@ -23,7 +23,8 @@ import functools
 import math
 import os
 import threading
-from typing import Any, Callable, Iterator, Mapping, overload
+from collections.abc import Iterator, Mapping
+from typing import Any, Callable, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -120,7 +121,6 @@ class ArrayStore:
                 entry.edited = False
         self._commits.sync_root()  # the renames of one-array saves and drops
 
-
     @property
     def closed(self) -> bool:
         """True once ``close()`` ran."""
@@ -204,9 +204,7 @@ class ArrayStore:
     @overload
     def get_shape(self, name: str) -> tuple[int, ...]: ...
 
-    def get_shape(
-        self, name: str | None = None
-    ) -> tuple[int, ...] | dict[str, tuple[int, ...]]:
+    def get_shape(self, name: str | None = None) -> tuple[int, ...] | dict[str, tuple[int, ...]]:
         """The shape of ``name``, or a dict of the shapes of all arrays."""
         if name is not None:
             return self._entry(name).shape
@@ -216,7 +214,6 @@ class ArrayStore:
         """When ``name`` last changed, in seconds since the epoch (its last commit)."""
         self._require(name)
         return zrecord.modified_ns(os.path.join(self.path, name), self._fs) / 1e9
-
 
     def get_metadata(self) -> dict[str, Any]:
         """The format, and for each array its shape, dtype, codec, logical and
@@ -235,9 +232,7 @@ class ArrayStore:
         format_fields = {"format": FORMAT_NAME, "version": FORMAT_VERSION}
         return {**format_fields, "path": self.path, "arrays": arrays}
 
-    def stream_load(
-        self, name: str, buffer_size: int | None = None
-    ) -> Iterator[npt.NDArray[Any]]:
+    def stream_load(self, name: str, buffer_size: int | None = None) -> Iterator[npt.NDArray[Any]]:
         """Iterates over ``name`` in chunks of at most ``buffer_size`` rows
         (default: 64 MiB of rows), each read with one gather."""
         entry = self._entry(name)
@@ -271,7 +266,7 @@ class ArrayStore:
         items = {name: _array_to_save(name, value) for name, value in _named(arrays, "save")}
         with self._lock:
             self._begin_write()
-            self._commit(items, [], codec)
+            self._commit(_builds(items, codec), [])
 
     # idx: as for DenseDataset[idx]
     def replace(self, arrays: Mapping[str, npt.ArrayLike], idx: Any) -> None:
@@ -318,7 +313,7 @@ class ArrayStore:
             if rows is None:
                 for member in names:
                     self._require(member)  # KeyError before any change
-                self._commit({}, names, None)
+                self._commit({}, names)
                 return
             plans = []
             for entry in [self._entry(member) for member in names]:
@@ -344,7 +339,7 @@ class ArrayStore:
         """Drops every array."""
         with self._lock:
             self._begin_write()
-            self._commit({}, self.get_member_list(), None)
+            self._commit({}, self.get_member_list())
 
     # ---- internals
 
@@ -438,15 +433,9 @@ class ArrayStore:
             except KeyError:
                 pass  # dropped by another writer: _entry forgot it
 
-    def _commit(
-        self, saves: dict[str, npt.NDArray[Any]], drops: list[str], codec: str | None
-    ) -> None:
-        """Saves ``saves`` and drops ``drops`` as one commit (see
-        `_arraycommit`); ArrayStoreIOError on a file-system error."""
-        builds: dict[str, Callable[..., None]] = {
-            name: functools.partial(write_array, array=array, codec=codec)
-            for name, array in saves.items()
-        }
+    def _commit(self, builds: dict[str, Callable[..., None]], drops: list[str]) -> None:
+        """Saves the arrays ``builds`` write and drops ``drops`` as one commit
+        (see `_arraycommit`); ArrayStoreIOError on a file-system error."""
         self._commits.commit(builds, drops, self._forget_all)
 
 
@@ -503,6 +492,15 @@ def _check_name(name: object) -> None:
             f"invalid array name {name!r}: a name is a non-empty str of at most "
             f"{NAME_BYTES_MAX} bytes, without '/', '\\' or NUL, not starting with '.'"
         )
+
+
+def _builds(arrays: dict[str, np.ndarray], codec: str) -> dict[str, Callable[..., None]]:
+    """The writer of each array's directory, for the commit to stage: a
+    ``functools.partial``, which the simulated disk memoises by its arguments."""
+    return {
+        name: functools.partial(write_array, array=array, codec=codec)
+        for name, array in arrays.items()
+    }
 
 
 def _codec_name(codec: str) -> str:
