@@ -620,6 +620,86 @@ def test_a_commit_record_left_by_a_crash_is_replayed_on_open(root):
     assert sorted(os.listdir(root)) == [".arraystore.msgpack", ".lock", "a", "b"]
 
 
+def _commit_record_replays(root, record_payload) -> None:
+    """Saves a, b, c; puts a copy of b at .new-a and the record; reopening
+    replays it: a holds b's rows, c is dropped, nothing is left over."""
+    with ArrayStore(root) as store:
+        store.save({"a": np.arange(3), "b": np.arange(4), "c": np.arange(5)})
+    shutil.copytree(os.path.join(root, "b"), os.path.join(root, ".new-a"))
+    with open(os.path.join(root, ".new-a", "schema.msgpack"), "rb") as handle:
+        generation = msgpack.unpackb(handle.read())["generation"]
+    with open(os.path.join(root, ".commit.msgpack"), "wb") as handle:
+        handle.write(record_payload(generation))
+    with ArrayStore(root) as store:
+        assert store.get_member_list() == ["a", "b"]
+        assert same(store.load("a"), np.arange(4))
+    assert sorted(os.listdir(root)) == [".arraystore.msgpack", ".lock", "a", "b"]
+
+
+def test_a_version_2_commit_record_with_a_crc_trailer_is_replayed(root):
+    """The commit record of loaderx before the envelope (version 2: msgpack
+    and a CRC32 trailer, directories named by generation id) still replays."""
+
+    def payload(generation):
+        record = {"format": "loaderx-arraystore-commit", "version": 2}
+        body = msgpack.packb({**record, "save": {"a": generation}, "drop": ["c"]})
+        return body + zlib.crc32(body).to_bytes(4, "little")
+
+    _commit_record_replays(root, payload)
+
+
+def test_a_sealed_commit_record_replays_and_a_bad_one_is_refused(root):
+    """The commit record this loaderx writes (an envelope, version 3)
+    replays; one that fails its checksum, or of a newer loaderx, raises
+    CorruptStoreError with the messages of the older layout."""
+    from loaderx import _envelope
+    from loaderx.zrecord import CorruptStoreError
+
+    def payload(generation):
+        content = {"save": {"a": generation}, "drop": ["c"]}
+        return _envelope.seal("loaderx-arraystore-commit", 3, content)
+
+    _commit_record_replays(root, payload)
+    record = os.path.join(root, ".commit.msgpack")
+    empty = {"save": {}, "drop": []}
+    sealed = msgpack.unpackb(_envelope.seal("loaderx-arraystore-commit", 3, empty))
+    with open(record, "wb") as handle:
+        handle.write(msgpack.packb({**sealed, "crc32": sealed["crc32"] ^ 1}))
+    with pytest.raises(CorruptStoreError, match="checksum does not match"):
+        ArrayStore(root)
+    with open(record, "wb") as handle:
+        handle.write(_envelope.seal("loaderx-arraystore-commit", 4, empty))
+    with pytest.raises(CorruptStoreError, match="version 4.*upgrade loaderx"):
+        ArrayStore(root)
+
+
+def test_the_marker_of_version_1_opens_and_new_markers_are_sealed(tmp_path):
+    """A root whose marker is the plain map of loaderx before the envelope
+    (version 1) opens and takes writes; a new root's marker is an envelope
+    of version 2; a damaged envelope is refused."""
+    from loaderx import _envelope
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    with ArrayStore(old) as store:
+        store.save({"x": np.arange(3)})
+    legacy = {"format": "loaderx-arraystore", "version": 1}
+    (old / ".arraystore.msgpack").write_bytes(msgpack.packb(legacy))
+    with ArrayStore(old) as store:
+        store.save({"y": np.arange(2)})
+        assert same(store.load("x"), np.arange(3)) and store.get_member_list() == ["x", "y"]
+    ArrayStore(new).close()
+    payload = (new / ".arraystore.msgpack").read_bytes()
+    assert _envelope.unseal(payload, "loaderx-arraystore", 2) == (2, {})
+    sealed = msgpack.unpackb(payload)
+    torn = {**sealed, "crc32": sealed["crc32"] ^ 1}
+    (new / ".arraystore.msgpack").write_bytes(msgpack.packb(torn))
+    with pytest.raises(ValueError, match="damaged"):
+        ArrayStore(new)
+    (new / ".arraystore.msgpack").write_bytes(msgpack.packb({"format": "numpack", "version": 1}))
+    with pytest.raises(ValueError, match="not an ArrayStore"):
+        ArrayStore(new)
+
+
 def test_overwrite_without_rename_exchange(root, monkeypatch):
     """Where renameat2(RENAME_EXCHANGE) is missing, the two-rename swap
     overwrites correctly and leaves nothing behind."""

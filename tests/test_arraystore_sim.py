@@ -42,6 +42,8 @@ import msgpack
 import numpy as np
 import pytest
 
+import loaderx._arraycommit as arraycommit_module
+import loaderx._arrayview as arrayview_module
 import loaderx.arraystore as arraystore_module
 from loaderx import ArrayStore
 from loaderx.arraystore import COMMIT_FILE, LOCK_FILE, MARKER_FILE, ArrayStoreIOError
@@ -401,9 +403,11 @@ def test_a_damaged_commit_record_is_refused(workdir, memo):
 
 
 def test_arraystore_makes_no_file_system_call_outside_the_seam():
-    """arraystore.py reaches the disk only through loaderx._fs (a direct os,
-    shutil or fcntl call would bypass the simulated disk and its tests)."""
-    source = Path(arraystore_module.__file__).read_text()
+    """arraystore.py and its modules reach the disk only through loaderx._fs
+    (a direct os, shutil or fcntl call would bypass the simulated disk and
+    its tests)."""
+    modules = (arraystore_module, arraycommit_module, arrayview_module)
+    source = "\n".join(Path(module.__file__).read_text() for module in modules)
     calls = re.findall(r"\b(?:os\.(?!path\.join|fspath|getpid)\w+|shutil\.\w+|fcntl\.\w+|(?<![.\w])(?<!def )open\()", source)
     assert calls == [], f"file-system calls outside the seam: {calls}"
 

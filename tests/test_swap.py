@@ -117,13 +117,13 @@ _KILLED_SAVE = textwrap.dedent(
     """
     import os, sys
     import numpy as np
-    import loaderx.arraystore as arraystore
+    import loaderx._arraycommit as arraycommit
     from loaderx import ArrayStore
 
     def killed(*args):
         os._exit(9)  # as SIGKILL: the commit record is durable, no swap done
 
-    arraystore._roll_forward = killed
+    arraycommit.roll_forward = killed
     store = ArrayStore(sys.argv[1])
     store.save({"x": np.arange(5), "y": np.ones(3)})
     """

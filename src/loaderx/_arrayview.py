@@ -1,0 +1,282 @@
+"""One array of an ArrayStore, open: its directory, its reads, and the lazy view.
+
+An array directory is a dense loaderx store, one record per row along axis
+0; a 0-d array is one scalar row and ``array.msgpack`` (``{"shape": []}``).
+Invariant: an `OpenArray` reads and edits exactly the directory it opened
+(a `LazyArray` of it raises once it is closed, never reads another), and
+rows given for an edit are coerced to the array's dtype and row shape
+before any byte is written.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections.abc import Iterator
+from typing import Any, cast
+
+import msgpack
+import numpy as np
+import numpy.typing as npt
+
+from ._fs import OsFs
+from .converter import build_dense_store
+from .dataset import DenseDataset
+from .zrecord import Zrecord
+
+ARRAY_FILE = "array.msgpack"  # only in the directory of a 0-d array
+ARRAY_FILE_BYTES_MAX = 1 << 16
+STREAM_BYTES = 64 << 20  # a stream's default chunk, in bytes of rows
+OFFSETS_CACHED_MAX = 1 << 20  # rows: a cached offsets array holds at most 8 MiB, four 32 MiB
+
+
+class OpenArray:
+    """One open array: its dataset (reads) and the dataset's store (writes)."""
+
+    def __init__(self, name: str, path: str, inode: int, dataset: DenseDataset, scalar: bool):
+        self.name = name
+        self.path = path
+        self.inode = inode
+        self.dataset = dataset
+        self.store = cast(Zrecord, dataset.store)  # an ArrayStore array is one store, never sharded
+        self.scalar = scalar
+        self.row_bytes = dataset.dtype.itemsize * math.prod(dataset.item_shape)
+        self.edited = False  # a row edit since the last sync()
+
+    @classmethod
+    def open(cls, name: str, path: str, inode: int, fs: OsFs, durable: bool) -> OpenArray:
+        # Row edits go through the dataset's store handle, so with
+        # durable=False that one handle defers its fsyncs.
+        dataset = DenseDataset(fs.real_path(path), _durable=durable)
+        try:
+            scalar = _read_scalar_marker(path, dataset, fs)
+        except BaseException:
+            dataset.close()
+            raise
+        return cls(name, path, inode, dataset, scalar)
+
+    @property
+    def closed(self) -> bool:
+        return self.dataset.closed
+
+    def close(self) -> None:
+        self.dataset.close()
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return () if self.scalar else (len(self.dataset), *self.dataset.item_shape)
+
+    def read_all(self) -> np.ndarray:
+        """The whole array: one gather into a fresh array of its shape."""
+        out = self.read_rows(0, len(self.dataset))
+        return out.reshape(()) if self.scalar else out
+
+    def read_rows(self, start: int, end: int) -> np.ndarray:
+        """Rows ``start..end`` with one gather (equal-length records need no
+        offsets: row k lands at k times the row size)."""
+        out = np.empty((end - start, *self.dataset.item_shape), dtype=self.dataset.dtype)
+        if end > start and self.row_bytes:
+            self.store.gather(np.arange(start, end, dtype=np.uint64), out)
+        return out
+
+    def offsets(self, count: int) -> np.ndarray:
+        """Byte offsets of ``count`` packed rows (shared by every array with
+        this row size: a fresh handle's first edit of a batch size seen
+        before builds nothing)."""
+        if count > OFFSETS_CACHED_MAX:
+            return np.arange(count, dtype=np.uint64) * np.uint64(self.row_bytes)
+        return _row_offsets(count, self.row_bytes)
+
+    def rows(self, rows: npt.ArrayLike, count: int | None, what: str) -> np.ndarray:
+        """``rows`` as a C-contiguous ``(n, *item_shape)`` array of this
+        array's dtype (``n == count`` when given); ValueError otherwise."""
+        item_shape = self.dataset.item_shape
+        array = np.asarray(rows)
+        if array.shape == item_shape and count in (None, 1):
+            array = array.reshape(1, *item_shape)  # one row given without its row axis
+        if (
+            array.ndim != len(item_shape) + 1
+            or array.shape[1:] != item_shape
+            or (count is not None and len(array) != count)
+        ):
+            expected = _shape_text("n" if count is None else str(count), item_shape)
+            raise ValueError(
+                f"cannot {what} rows of '{self.name}': got shape {array.shape}, expected "
+                f"{expected} (rows of shape {item_shape})"
+            )
+        from_python = not isinstance(rows, (np.ndarray, np.generic))
+        context = f"cannot {what} rows of '{self.name}'"
+        return np.ascontiguousarray(_cast(array, self.dataset.dtype, context, from_python))
+
+    def stream(self, rows: int) -> Iterator[npt.NDArray[Any]]:
+        """The array in chunks of at most ``rows`` rows, each one gather."""
+        start = 0
+        while True:
+            end = min(start + rows, len(self.dataset))
+            if end <= start:
+                return
+            yield self.read_rows(start, end)
+            start = end
+
+    def default_stream_rows(self) -> int:
+        """The rows of a stream's default chunk (``STREAM_BYTES`` of rows)."""
+        return max(1, STREAM_BYTES // max(self.row_bytes, 1))
+
+
+class LazyArray:
+    """An array of an ArrayStore that reads only the rows asked for.
+
+    ``shape``, ``dtype``, ``ndim``, ``len``; ``lazy[i]`` is one row,
+    ``lazy[slice | list | int array | bool mask]`` (with optional trailing
+    indices) an array read with one gather; ``np.asarray(lazy)`` loads all.
+    It shows the array's current rows, edits included, and stops working
+    (ValueError) once the array is overwritten or dropped or its ArrayStore
+    closed.
+    """
+
+    def __init__(self, entry: OpenArray):
+        self._entry = entry
+
+    def _live(self) -> OpenArray:
+        if self._entry.closed:
+            raise ValueError(
+                f"this lazy array of '{self._entry.name}' is gone: the array was overwritten "
+                "or dropped, or its ArrayStore closed; load it again"
+            )
+        return self._entry
+
+    @property
+    def name(self) -> str:
+        """The array's name in its ArrayStore."""
+        return self._entry.name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The array's current shape."""
+        return self._live().shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The array's dtype."""
+        return self._entry.dataset.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        shape = self.shape
+        if not shape:
+            raise TypeError("len() of a 0-d array")
+        return shape[0]
+
+    def __getitem__(self, key: Any) -> Any:  # key and the result: as for DenseDataset[key]
+        entry = self._live()
+        if entry.scalar:
+            if key is Ellipsis or (isinstance(key, tuple) and key == ()):
+                return entry.read_all()
+            raise IndexError(f"array '{entry.name}' is 0-d: index it with [()] or [...]")
+        return entry.dataset[key]
+
+    def __array__(
+        self, dtype: npt.DTypeLike | None = None, copy: bool | None = None
+    ) -> npt.NDArray[Any]:
+        array = self._live().read_all()
+        return array if dtype is None else array.astype(dtype, copy=False)
+
+    def __iter__(self) -> Iterator[Any]:
+        entry = self._live()
+        if entry.scalar:
+            raise TypeError("iteration over a 0-d array")
+        for chunk in entry.stream(entry.default_stream_rows()):
+            yield from chunk
+
+    def __repr__(self) -> str:
+        if self._entry.closed:
+            return f"LazyArray({self._entry.name!r}, gone)"
+        return f"LazyArray({self._entry.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+
+def write_array(path: str, array: np.ndarray, codec: str, generation: str | None = None) -> None:
+    """Writes ``array`` as a complete dense store at the new ``path``: data
+    and schema durable when it returns (its entry in the root is synced by
+    the commit); a 0-d array as one row and a marker. ``generation`` goes
+    into its schema file: what a commit record names the directory by."""
+    if array.ndim == 0:
+        marker = {ARRAY_FILE: msgpack.packb({"shape": []})}
+        build_dense_store(path, array.reshape(1), codec, marker, generation)
+    else:
+        build_dense_store(path, array, codec, generation=generation)
+
+
+def _read_scalar_marker(path: str, dataset: DenseDataset, fs: OsFs) -> bool:
+    if dataset.item_shape != () or len(dataset) != 1:
+        return False  # only a one-row array of scalars can be a 0-d array: no open to find out
+    file = os.path.join(path, ARRAY_FILE)
+    try:
+        payload = fs.read_file(file, ARRAY_FILE_BYTES_MAX + 1)
+    except FileNotFoundError:
+        return False
+    try:
+        data = msgpack.unpackb(payload, raw=False)
+    except Exception as exc:
+        raise ValueError(f"{file} is damaged: {exc}") from exc
+    if not isinstance(data, dict) or data.get("shape") != []:
+        raise ValueError(
+            f"{file} says a 0-d array, but the store holds {len(dataset)} rows of shape "
+            f"{dataset.item_shape}: the array is damaged"
+        )
+    return True
+
+
+@functools.lru_cache(maxsize=4)
+def _row_offsets(count: int, row_bytes: int) -> npt.NDArray[np.uint64]:
+    """Read-only byte offsets of ``count`` rows of ``row_bytes`` packed back to back."""
+    offsets = np.arange(count, dtype=np.uint64) * np.uint64(row_bytes)
+    offsets.flags.writeable = False
+    return offsets
+
+
+def _shape_text(first: str, item_shape: tuple[int, ...]) -> str:
+    parts = [first, *map(str, item_shape)]
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def _cast(
+    array: np.ndarray, dtype: np.dtype, context: str, from_python: bool = False
+) -> np.ndarray:
+    """``array`` as ``dtype``: equal, or a ``same_kind`` cast of numbers whose
+    integer values fit; ValueError otherwise. Python ints (``from_python``)
+    go into any integer dtype they fit: NumPy types them int64, which is not
+    ``same_kind`` with unsigned dtypes."""
+    source = array.dtype
+    if source == dtype:
+        return array
+    numeric = source.kind in "biuf" and dtype.kind in "biuf"
+    if numeric:
+        allowed = np.can_cast(source, dtype, "same_kind")
+    else:
+        allowed = np.can_cast(source, dtype, "safe")
+    allowed = allowed or (from_python and source.kind in "iu" and dtype.kind in "iu")
+    if not allowed:
+        raise ValueError(
+            f"{context}: dtype {source} does not cast to the array's {dtype} (same_kind "
+            "casting): convert it first"
+        )
+    integers = dtype.kind in "iu" and source.kind in "iu"
+    if integers and not np.can_cast(source, dtype, "safe") and array.size:
+        limits = np.iinfo(dtype)
+        low, high = int(array.min()), int(array.max())
+        if low < limits.min or high > limits.max:
+            bad = low if low < limits.min else high
+            raise ValueError(f"{context}: value {bad} does not fit in the array's {dtype}")
+    return array.astype(dtype)
