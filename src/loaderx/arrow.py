@@ -63,7 +63,8 @@ from .converter import (
     _RECORD_COST_BYTES, _SAMPLE_BUDGET_MAX, _TRIAL_BYTES_MAX, _TRIAL_RECORDS_MAX, CHUNK_BYTES, DICT_BYTES, _auto_codec, _codec_name,
     _packed_trial, check_chunk_bytes, check_progress, _Progress, _shuffled_samples, _Writer,
 )
-from .dataset import DenseDataset, RaggedDataset, Schema, StrPath
+from .dataset import DenseDataset, RaggedDataset
+from .schema import Schema, StrPath
 
 __all__ = ["COLUMNS_FILE", "from_arrow", "open_columns"]
 

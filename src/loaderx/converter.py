@@ -45,7 +45,7 @@ import numpy.typing as npt
 from ._checks import check_int
 from ._fs import OS_FS, DirectorySwap, OsFs, write_file_durable
 from ._native import LIMITS
-from .dataset import SCHEMA_FILE, Schema, StrPath, read_schema, write_schema
+from .schema import SCHEMA_FILE, Schema, StrPath, read_schema, write_schema
 from .zrecord import CODECS, SHUFFLE_ELEMENT_BYTES, StoreLockedError, Zrecord, ZrecordError, codec_id, encoded_bytes, is_creation_leftover, shuffled_codec
 
 __all__ = ["from_iterator", "from_numpy", "CHUNK_BYTES_MAX"]

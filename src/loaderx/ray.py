@@ -23,7 +23,6 @@ contiguous row ranges and gather them natively.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -39,7 +38,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from . import shards
 from ._checks import check_flag
-from .dataset import DenseDataset, RaggedDataset, StrPath, read_schema
+from .dataset import DenseDataset, RaggedDataset
+from .schema import StrPath, read_schema
 
 __all__ = ["LoaderxDatasink", "LoaderxDatasource", "read_dataset", "write_dataset"]
 

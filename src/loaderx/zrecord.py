@@ -119,7 +119,7 @@ def encoded_bytes(src: Any, offsets: npt.ArrayLike, codec: str | int) -> int:
     source, source_bytes = _read_buffer(src, "src")
     starts = _offsets(offsets, source_bytes)
     out = ffi.new("uint64_t *")
-    check(lib.lx_encoded_bytes(ffi.cast("uint8_t *", source), source_bytes, _u64(starts), starts.size, codec_id(codec), 0, out))
+    check(lib.lx_encoded_bytes(ffi.cast("uint8_t *", source), source_bytes, u64_pointer(starts), starts.size, codec_id(codec), 0, out))
     return int(out[0])
 
 
@@ -239,7 +239,7 @@ def _check_disjoint(
         )
 
 
-def _u64(array: npt.NDArray[np.uint64]) -> Any:
+def u64_pointer(array: npt.NDArray[np.uint64]) -> Any:
     return ffi.cast("uint64_t *", ffi.from_buffer(array)) if array.size else ffi.NULL
 
 
@@ -284,7 +284,7 @@ class NativeHandle:
             return out
         handle = self._enter()
         try:
-            status = function(handle, _u64(indices), indices.size, _u64(out))
+            status = function(handle, u64_pointer(indices), indices.size, u64_pointer(out))
         finally:
             self._leave()
         check(status)
@@ -304,7 +304,7 @@ class NativeHandle:
         pointer = ffi.NULL if target is None else ffi.cast("uint8_t *", ffi.from_buffer(target))
         handle = self._enter()
         try:
-            status = function(handle, _u64(indices), indices.size, row_bytes, pointer,
+            status = function(handle, u64_pointer(indices), indices.size, row_bytes, pointer,
                               0 if target is None else target.nbytes,
                               ffi.cast("uint64_t *", ffi.from_buffer(offsets)), needed)
         finally:
@@ -453,10 +453,10 @@ class Zrecord(NativeHandle):
         indices, target, target_bytes, target_offsets = gather_arguments(idxs, dst, offsets, self.lengths)
         if indices.size == 0:
             return
-        offsets_pointer = ffi.NULL if target_offsets is None else _u64(target_offsets)
+        offsets_pointer = ffi.NULL if target_offsets is None else u64_pointer(target_offsets)
         handle = self._enter()
         try:
-            status = lib.lx_store_gather(handle, _u64(indices), indices.size, target, target_bytes, offsets_pointer)
+            status = lib.lx_store_gather(handle, u64_pointer(indices), indices.size, target, target_bytes, offsets_pointer)
         finally:
             self._leave()
         if status:
@@ -541,7 +541,7 @@ class Zrecord(NativeHandle):
         found = ffi.new("uint64_t *")
         for start in range(0, total, _VERIFY_CHUNK):
             end = min(total, start + _VERIFY_CHUNK)
-            self._call(lib.lx_store_verify, start, end, _u64(out), found)
+            self._call(lib.lx_store_verify, start, end, u64_pointer(out), found)
             damaged.extend(int(i) for i in out[: found[0]])
         return damaged
 
@@ -556,7 +556,7 @@ class Zrecord(NativeHandle):
         first = ffi.new("uint64_t *")
         self._call(
             lib.lx_store_append, ffi.cast("uint8_t *", source), source_bytes,
-            _u64(starts), starts.size, codec_value, first,
+            u64_pointer(starts), starts.size, codec_value, first,
         )
         return int(first[0])
 
@@ -573,8 +573,8 @@ class Zrecord(NativeHandle):
         handle = self._enter()
         try:
             status = lib.lx_store_replace(
-                handle, _u64(indices), indices.size, ffi.cast("uint8_t *", source),
-                source_bytes, _u64(starts), codec_value,
+                handle, u64_pointer(indices), indices.size, ffi.cast("uint8_t *", source),
+                source_bytes, u64_pointer(starts), codec_value,
             )
         finally:
             self._leave()
@@ -589,7 +589,7 @@ class Zrecord(NativeHandle):
             raise InvalidArgumentError("delete got no indices")
         handle = self._enter()
         try:
-            status = lib.lx_store_delete(handle, _u64(indices), indices.size, int(bool(keep_order)))
+            status = lib.lx_store_delete(handle, u64_pointer(indices), indices.size, int(bool(keep_order)))
         finally:
             self._leave()
         check(status)
@@ -615,7 +615,7 @@ class Zrecord(NativeHandle):
             raise InvalidArgumentError(f"sample sizes sum to {int(sample_sizes.sum())} but samples hold {source_bytes} bytes")
         out = ffi.new("uint64_t *")
         self._call(
-            lib.lx_store_train_dict, ffi.cast("uint8_t *", source), _u64(sample_sizes),
+            lib.lx_store_train_dict, ffi.cast("uint8_t *", source), u64_pointer(sample_sizes),
             sample_sizes.size, int(target), out,
         )
         return int(out[0])
