@@ -28,8 +28,8 @@ numeric, list and binary data). Peak memory does not grow with the source:
 about two batches plus what the reader holds (Parquet decodes in batches of
 ``chunk_bytes / 8``, see ``_PARQUET_DECODE_FACTOR``).
 
-All or nothing, like ``from_numpy``, whose write session (``_Writer``) each
-column uses: every column store gets its schema only after its data is
+All or nothing, like ``from_numpy``: each column is one ``Writer`` of the
+converters' write session (loaderx._writing): every column store gets its schema only after its data is
 durable, ``columns.msgpack`` is written last (atomically, with a checksum),
 and a failure removes everything the call wrote. The target must be a new or
 empty directory. ``open_columns(path)`` opens the stores as
@@ -59,9 +59,21 @@ import msgpack
 import numpy as np
 
 from ._fs import readable_path, write_file_atomic
-from .converter import (
-    _RECORD_COST_BYTES, _SAMPLE_BUDGET_MAX, _TRIAL_BYTES_MAX, _TRIAL_RECORDS_MAX, CHUNK_BYTES, DICT_BYTES, _auto_codec, _codec_name,
-    _packed_trial, check_chunk_bytes, check_progress, _Progress, _shuffled_samples, _Writer,
+from ._writing import (
+    CHUNK_BYTES,
+    DICT_BYTES,
+    RECORD_COST_BYTES,
+    SAMPLE_BUDGET_MAX,
+    TRIAL_BYTES_MAX,
+    TRIAL_RECORDS_MAX,
+    Progress,
+    Writer,
+    auto_codec,
+    check_chunk_bytes,
+    check_progress,
+    codec_name,
+    packed_trial,
+    shuffled_samples,
 )
 from .dataset import DenseDataset, RaggedDataset
 from .schema import Schema, StrPath
@@ -133,8 +145,8 @@ def from_arrow(
     if first is not None:
         plan = [_decide_codec(path, column, first.column(column.source)) for column in plan]
     with _fresh_directory(path), contextlib.ExitStack() as stack:
-        writers = [stack.enter_context(_Writer(os.path.join(path, column.name), column.schema, new=True)) for column in plan]
-        meter = _Progress(progress, "from_arrow", total_records=reader.rows)
+        writers = [stack.enter_context(Writer(os.path.join(path, column.name), column.schema, new=True)) for column in plan]
+        meter = Progress(progress, "from_arrow", total_records=reader.rows)
         rows = written_bytes = 0
         for batch in itertools.chain([] if first is None else [first], batches):
             for column, writer in zip(plan, writers):
@@ -153,7 +165,7 @@ def open_columns(path: StrPath, verify: bool | None = None) -> dict[str, DenseDa
     | RaggedDataset}``, in the listing's order, all of its row count. Dense
     ones can be passed to the ``DataLoader`` as they are."""
     path = readable_path(os.fspath(path))  # the old directory, mid two-rename swap
-    listing = _read_listing(path)
+    listing = read_listing(path)
     opened: dict[str, DenseDataset | RaggedDataset] = {}
     try:
         for entry in listing["columns"]:
@@ -339,8 +351,8 @@ def _codecs(codec: Any, stores: list[str]) -> dict[str, str]:
         unknown = sorted(set(codec) - set(stores))
         if unknown:
             raise ValueError(f"codec names stores {unknown} that are not converted; the stores are {stores}")
-        return {name: _codec_name(codec.get(name, "auto"), allow_auto=True) for name in stores}
-    return {name: _codec_name(codec, allow_auto=True) for name in stores}
+        return {name: codec_name(codec.get(name, "auto"), allow_auto=True) for name in stores}
+    return {name: codec_name(codec, allow_auto=True) for name in stores}
 
 
 def _check_store_name(name: object, column: str) -> None:
@@ -441,19 +453,19 @@ def _decide_codec(path: str, column: _Column, array: Any) -> _Column:
         data, starts = _column_bytes(column, array)
         ends = np.append(starts[1:], np.uint64(data.size)).tolist()
         pieces, total = [], 0
-        for start, end in zip(starts[:_TRIAL_RECORDS_MAX].tolist(), ends):
-            if total >= _TRIAL_BYTES_MAX:
+        for start, end in zip(starts[:TRIAL_RECORDS_MAX].tolist(), ends):
+            if total >= TRIAL_BYTES_MAX:
                 break
-            piece = data[start : min(end, start + _TRIAL_BYTES_MAX)]
+            piece = data[start : min(end, start + TRIAL_BYTES_MAX)]
             pieces.append(piece)
             total += piece.size
-        return _packed_trial(pieces)
+        return packed_trial(pieces)
 
-    codec = _auto_codec(os.path.join(path, column.name), "x", column.schema, trial)
+    codec = auto_codec(os.path.join(path, column.name), "x", column.schema, trial)
     return dataclasses.replace(column, schema=dataclasses.replace(column.schema, codec=codec), auto=False)
 
 
-def _write_column(writer: _Writer, column: _Column, array: Any, chunk_bytes: int) -> int:
+def _write_column(writer: Writer, column: _Column, array: Any, chunk_bytes: int) -> int:
     """Appends one batch's part of a column; returns the bytes appended."""
     data, starts = _column_bytes(column, array)
     if not starts.size:
@@ -461,7 +473,7 @@ def _write_column(writer: _Writer, column: _Column, array: Any, chunk_bytes: int
     if column.schema.codec.startswith("zstd_dict") and not writer.store.has_dict():
         writer.train_dictionary(_dictionary_samples(column.schema.codec, data, starts), DICT_BYTES)
     ends = np.append(starts[1:], np.uint64(data.size))
-    records_max = max(1, chunk_bytes // _RECORD_COST_BYTES)
+    records_max = max(1, chunk_bytes // RECORD_COST_BYTES)
     first = 0
     while first < starts.size:
         # Records ending within chunk_bytes of the first; one at least.
@@ -484,9 +496,9 @@ def _dictionary_samples(codec: str, data: np.ndarray, starts: np.ndarray) -> lis
     for start, end in zip(starts.tolist(), ends.tolist()):
         records.append(data[start:end])
         taken += end - start
-        if taken >= _SAMPLE_BUDGET_MAX:
+        if taken >= SAMPLE_BUDGET_MAX:
             break
-    return _shuffled_samples(records, None, codec)
+    return shuffled_samples(records, None, codec)
 
 
 def _dense_values(column: _Column, array: Any) -> np.ndarray:
@@ -586,7 +598,7 @@ def _write_listing(path: str, plan: list[_Column], rows: int) -> None:
     write_file_atomic(os.path.join(path, COLUMNS_FILE), msgpack.packb({"body": body, "crc32": zlib.crc32(body)}, use_bin_type=True))
 
 
-def _read_listing(path: str) -> dict[str, Any]:
+def read_listing(path: str) -> dict[str, Any]:
     """``columns.msgpack`` checked field by field: every name a plain
     directory inside ``path``, no duplicates, a known kind, a sane count."""
     file = os.path.join(path, COLUMNS_FILE)

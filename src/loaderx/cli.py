@@ -42,7 +42,7 @@ import numpy as np
 from . import __version__
 from ._fs import OS_FS, DirectorySwap, OsFs
 from .arraystore import MARKER_FILE, ArrayStore
-from .arrow import COLUMNS_FILE, _read_listing, from_arrow, open_columns
+from .arrow import COLUMNS_FILE, read_listing, from_arrow, open_columns
 from .converter import from_numpy
 from .dataloader import DataLoader
 from .dataset import DenseDataset, RaggedDataset, read_schema
@@ -449,7 +449,7 @@ def _verify_sharded(path: str) -> list[dict[str, Any]]:
 
 def _verify_columns(path: str) -> list[dict[str, Any]]:
     try:
-        listing = _read_listing(path)
+        listing = read_listing(path)
     except (ValueError, OSError) as exc:
         return [_unreadable(path, exc)]
     return [_verify_member(path, entry["name"], entry["kind"], listing["rows"], COLUMNS_FILE) for entry in listing["columns"]]
