@@ -167,6 +167,15 @@ CODES = {
     16: ("buffer_too_small", InvalidArgumentError),
     17: ("not_found", ZrecordError),
 }
+#: The code of each status name: how the rest of loaderx names a code.
+STATUS = {name: code for code, (name, _) in CODES.items()}
+# Each error class carries the first code the table gives it when raised
+# without one (StoreLockedError("...") has code 6); ZrecordError stands for
+# several unrelated codes and keeps 0, StoreOSError is an io failure.
+for _code, (_name, _class) in CODES.items():
+    if _class is not ZrecordError and "status" not in vars(_class):
+        _class.status = _code
+StoreOSError.status = STATUS["io"]
 
 def last_message() -> str:
     """The native message of this thread's last failure."""
@@ -178,7 +187,7 @@ def last_message() -> str:
 
 # The codes an OS error maps to (zig/status.zig `fromOs`): with an errno,
 # they raise the OSError class the errno names.
-_OS_CODES = frozenset({3, 7, 8, 9, 17})
+_OS_CODES = frozenset(STATUS[name] for name in ("io", "read_only", "no_space", "out_of_memory", "not_found"))
 
 
 def error_for(status: int, message: str, errno: int = 0) -> ZrecordError:

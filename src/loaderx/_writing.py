@@ -43,8 +43,12 @@ from .zrecord import (
     Zrecord,
     ZrecordError,
     codec_id,
+    codec_parts,
     encoded_bytes,
     is_creation_leftover,
+    is_store,
+    lock_exclusive,
+    shuffle_bytes,
     shuffled_codec,
 )
 
@@ -171,7 +175,7 @@ def write_store(path: StrPath, schema: Schema, mode: str, fill: Callable[[Writer
             )
         if state == "store" and mode == "a":
             return _append_in_place(fs.real_path(target), schema, fill)
-        old_lock = _lock_store(target, fs) if state == "store" else None
+        old_lock = lock_exclusive(target, "overwrite", fs) if state == "store" else None
         try:
             def build(staging: str) -> None:
                 nonlocal count
@@ -208,7 +212,7 @@ def _append_in_place(target: str, schema: Schema, fill: Callable[[Writer], int])
 
 
 def _locked(message: str) -> StoreLockedError:
-    return StoreLockedError(f"cannot write the store: {message}", 6)
+    return StoreLockedError(f"cannot write the store: {message}")
 
 
 def _store_state(path: str, fs: OsFs) -> str:
@@ -219,23 +223,12 @@ def _store_state(path: str, fs: OsFs) -> str:
         return "fresh"
     if not fs.isdir(path):
         raise ValueError(f"'{path}' exists and is not a directory: give a new or empty directory for the store")
-    if fs.exists(os.path.join(path, "superblock")):
+    if is_store(path, fs):
         return "store"
     names = fs.listdir(path)
     if all(is_creation_leftover(name) for name in names):
         return "fresh"
     raise ValueError(f"'{path}' is a non-empty directory that is not a loaderx store: give a new or empty directory, or an existing store")
-
-
-def _lock_store(target: str, fs: OsFs) -> Any:  # Any: the seam's lock handle
-    """Takes the write lock of the store ``target`` (zrecord's ``flock`` on its
-    ``lock`` file), so no writer appends to a store being replaced."""
-    try:
-        return fs.lock(os.path.join(target, "lock"))
-    except BlockingIOError:
-        raise StoreLockedError(
-            f"cannot overwrite '{target}': another process (or handle) is writing to it; retry when it is done", 6
-        ) from None
 
 
 def _existing_schema(path: str, fs: OsFs) -> Schema | None:
@@ -295,7 +288,8 @@ def check_progress(progress: Any) -> None:  # Any: checked here
 
 
 def uses_dictionary(codec: str) -> bool:
-    return codec.startswith("zstd_dict")
+    """Whether ``codec`` trains a dictionary (not yet known for ``"auto"``)."""
+    return codec != "auto" and codec_parts(codec).uses_dictionary
 
 
 def _shuffle_element_bytes(dtype: np.dtype) -> int | None:
@@ -340,25 +334,17 @@ def packed_trial(pieces: list[npt.NDArray[np.uint8]]) -> tuple[np.ndarray, np.nd
     return np.concatenate(pieces), np.cumsum(sizes) - sizes
 
 
-def _shuffle_record(record: npt.NDArray[np.uint8], element_bytes: int) -> npt.NDArray[np.uint8]:
-    """``record`` byte-shuffled as zrecord stores it (bytes past the last whole
-    element stay at the end)."""
-    whole = record.size // element_bytes * element_bytes
-    planes = record[:whole].reshape(-1, element_bytes).T.reshape(-1)
-    return np.concatenate([planes, record[whole:]])
-
-
 def shuffled_samples(samples: list[npt.NDArray[np.uint8]], record_bytes: int | None, codec: str) -> list[npt.NDArray[np.uint8]]:
     """Dictionary samples as the shuffled codec compresses them: each record
     shuffled (``record_bytes``: the samples hold whole records of that length;
     None: each sample is one record)."""
-    if "_shuffle" not in codec:
+    element_bytes = codec_parts(codec).element_bytes
+    if element_bytes == 1:
         return samples
-    element_bytes = int(codec.rsplit("_shuffle", 1)[1])
     shuffled = []
     for sample in samples:
         records = [sample] if record_bytes is None else np.split(sample, max(1, sample.size // max(record_bytes, 1)))
-        shuffled.append(np.concatenate([_shuffle_record(record, element_bytes) for record in records]))
+        shuffled.append(np.concatenate([shuffle_bytes(record, element_bytes) for record in records]))
     return shuffled
 
 

@@ -74,9 +74,11 @@ from ._writing import (
     codec_name,
     packed_trial,
     shuffled_samples,
+    uses_dictionary,
 )
 from .dataset import DenseDataset, RaggedDataset
 from .schema import Schema, StrPath
+from .zrecord import codec_parts
 
 __all__ = ["COLUMNS_FILE", "from_arrow", "open_columns"]
 
@@ -470,7 +472,7 @@ def _write_column(writer: Writer, column: _Column, array: Any, chunk_bytes: int)
     data, starts = _column_bytes(column, array)
     if not starts.size:
         return 0
-    if column.schema.codec.startswith("zstd_dict") and not writer.store.has_dict():
+    if uses_dictionary(column.schema.codec) and not writer.store.has_dict():
         writer.train_dictionary(_dictionary_samples(column.schema.codec, data, starts), DICT_BYTES)
     ends = np.append(starts[1:], np.uint64(data.size))
     records_max = max(1, chunk_bytes // RECORD_COST_BYTES)
@@ -489,7 +491,7 @@ def _dictionary_samples(codec: str, data: np.ndarray, starts: np.ndarray) -> lis
     """A first batch's bytes as dictionary samples: whole for ``zstd_dict``;
     for a shuffled dictionary codec its records (as many as training reads)
     each shuffled as that codec compresses them, as the other converters do."""
-    if "_shuffle" not in codec:
+    if codec_parts(codec).element_bytes == 1:
         return [data]
     ends = np.append(starts[1:], np.uint64(data.size))
     records, taken = [], 0

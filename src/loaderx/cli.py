@@ -48,7 +48,7 @@ from .dataloader import DataLoader
 from .dataset import DenseDataset, RaggedDataset, read_schema
 from .sampler import Sampler
 from .shards import MANIFEST_FILE, is_sharded, read_manifest, written_shards
-from .zrecord import CODECS, CorruptStoreError, StoreLockedError, Zrecord, ZrecordError
+from .zrecord import CODECS, CorruptStoreError, StoreLockedError, Zrecord, ZrecordError, is_store
 
 __all__ = ["main"]
 
@@ -201,11 +201,11 @@ def _kind(path: str) -> str:
         return "sharded"
     if os.path.exists(os.path.join(path, COLUMNS_FILE)):
         return "columns"
-    if written_shards(path) and not os.path.exists(os.path.join(path, "superblock")):
+    if written_shards(path) and not is_store(path):
         raise CommandError(f"'{path}' holds shards but no {MANIFEST_FILE}: an unfinished sharded conversion; "
                            "finish it and run loaderx.shards.commit")
     schema = read_schema(path)  # a dataset that lost its superblock is still one, a damaged one
-    if schema is None and not os.path.exists(os.path.join(path, "superblock")):
+    if schema is None and not is_store(path):
         raise CommandError(f"'{path}' is not a loaderx store, dataset or ArrayStore (it has no superblock or {MARKER_FILE})")
     return "zrecord" if schema is None else schema.kind
 
@@ -657,7 +657,7 @@ def _write_columns(target: str, mode: str, write: Callable[[str], int], fs: OsFs
     conversion and a replacement alike: a killed or failed conversion leaves
     the old directory whole, and a second one at once gets StoreLockedError."""
     rows = 0
-    with DirectorySwap(target, fs, lambda message: StoreLockedError(f"cannot convert: {message}", 6)) as swap:
+    with DirectorySwap(target, fs, lambda message: StoreLockedError(f"cannot convert: {message}")) as swap:
         if fs.exists(target) and (not fs.isdir(target) or fs.listdir(target)):
             _check_replaceable(target, mode, fs)
 

@@ -121,7 +121,7 @@ def write_shard(
     # Shared: many writers at once, but none while commit (exclusive) runs.
     commit_lock = _lock(_fs, sibling(os.path.join(dataset_dir, MANIFEST_FILE), LOCK_PREFIX), "write a shard of", dataset_dir, shared=True)
     try:
-        with DirectorySwap(final, _fs, lambda message: StoreLockedError(f"cannot write shard {k}: {message}", 6)) as swap:
+        with DirectorySwap(final, _fs, lambda message: StoreLockedError(f"cannot write shard {k}: {message}")) as swap:
             if is_sharded(dataset_dir, _fs=_fs) and name in read_manifest(dataset_dir, _fs=_fs).names:
                 raise FileExistsError(f"shard {k} of '{dataset_dir}' is committed in its manifest and cannot change: write new shards with higher numbers")
             if _fs.exists(final) and not overwrite:
@@ -190,7 +190,7 @@ def _lock(fs: OsFs, path: str, what: str, dataset_dir: str, shared: bool) -> Any
         return fs.lock(path, shared=shared)
     except BlockingIOError:
         other = "commit is running on it" if shared else "write_shard is running on it"
-        raise StoreLockedError(f"cannot {what} '{dataset_dir}' now: {other}; retry when it is done", 6) from None
+        raise StoreLockedError(f"cannot {what} '{dataset_dir}' now: {other}; retry when it is done") from None
 
 
 def _prepare_directory(dataset_dir: str, fs: OsFs) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from typing import Any, Callable, Iterable, cast
+from typing import Any, Callable, Iterable, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +25,7 @@ from ._native import (
     CorruptStoreError,
     IndexOutOfRangeError,
     InvalidArgumentError,
+    STATUS,
     NoDictionaryError,
     StoreLockedError,
     check,
@@ -53,14 +54,40 @@ __all__ = [
     "ZrecordError",
 ]
 
-# A codec id's low nibble is the coder, its high nibble n (when not 0) says
-# the record is byte-shuffled by 2^n-byte elements before compression.
-CODECS = {
-    "raw": 0x00, "zstd": 0x01, "zstd_dict": 0x02,
-    "zstd_shuffle2": 0x11, "zstd_shuffle4": 0x21, "zstd_shuffle8": 0x31,
-    "zstd_dict_shuffle2": 0x12, "zstd_dict_shuffle4": 0x22, "zstd_dict_shuffle8": 0x32,
-}
-SHUFFLE_ELEMENT_BYTES = (2, 4, 8)
+
+
+class Codec(NamedTuple):
+    """One codec of the core's table (zig/format.zig): its name and id, the
+    element bytes it byte-shuffles records by (1: none), and whether it
+    compresses with the store's trained dictionary."""
+
+    name: str
+    id: int
+    element_bytes: int
+    uses_dictionary: bool
+
+
+def _codec_table() -> dict[str, Codec]:
+    """The core's codecs, read once at import: the one definition is Zig's."""
+    try:
+        count = int(lib.lx_codec_count())
+    except AttributeError:  # pragma: no cover - a stale build
+        raise ImportError("loaderx's native library has no codec table: rebuild loaderx with `pip install -e .`") from None
+    table = {}
+    name = ffi.new("char[64]")
+    numbers = [ffi.new("uint32_t *") for _ in range(3)]
+    for index in range(count):
+        check(lib.lx_codec_get(index, name, len(name), *numbers))
+        codec = Codec(ffi.string(name).decode(), int(numbers[0][0]), int(numbers[1][0]), bool(numbers[2][0]))
+        table[codec.name] = codec
+    return table
+
+
+CODEC_TABLE = _codec_table()
+#: Codec names and their ids: ``raw``, ``zstd``, ``zstd_dict`` and the
+#: byte-shuffled ``zstd_shuffleN`` / ``zstd_dict_shuffleN``.
+CODECS = {codec.name: codec.id for codec in CODEC_TABLE.values()}
+SHUFFLE_ELEMENT_BYTES = tuple(sorted({codec.element_bytes for codec in CODEC_TABLE.values()} - {1}))
 MAX_RECORD_LEN = LIMITS["record_bytes_max"]
 #: Native threads of one gather (0: one per core). The native pool has one
 #: thread per core, so a larger cap only splits a call into more hand-offs;
@@ -101,15 +128,39 @@ def codec_id(codec: str | int | np.integer[Any]) -> int:
     raise InvalidArgumentError(f"unknown codec {codec!r}: use one of {sorted(CODECS)}")
 
 
+def codec_parts(codec: str | int | np.integer[Any]) -> Codec:
+    """The table entry of a codec name (or id); InvalidArgumentError if unknown."""
+    value = codec_id(codec)
+    return next(entry for entry in CODEC_TABLE.values() if entry.id == value)
+
+
 def shuffled_codec(codec: str, element_bytes: int) -> str:
     """The name of ``codec`` ("zstd" or "zstd_dict") with the byte-shuffle
     filter for ``element_bytes``-byte elements (2, 4 or 8)."""
-    if codec not in ("zstd", "zstd_dict") or element_bytes not in SHUFFLE_ELEMENT_BYTES:
+    base = CODEC_TABLE.get(codec)
+    found = None
+    if base is not None and base.name != "raw" and base.element_bytes == 1:
+        found = next((entry.name for entry in CODEC_TABLE.values()
+                      if entry.uses_dictionary == base.uses_dictionary
+                      and entry.element_bytes == element_bytes != 1), None)
+    if found is None:
         raise InvalidArgumentError(
             f"the shuffle filter applies to 'zstd' and 'zstd_dict' with 2, 4 or 8-byte elements, "
             f"not {codec!r} with {element_bytes}-byte elements"
         )
-    return f"{codec}_shuffle{element_bytes}"
+    return found
+
+
+def shuffle_bytes(record: npt.NDArray[np.uint8], element_bytes: int) -> npt.NDArray[np.uint8]:
+    """``record`` (contiguous bytes) byte-shuffled by ``element_bytes`` as a
+    shuffled codec compresses it (zig/shuffle.zig; bytes past the last whole
+    element stay at the end)."""
+    source = np.ascontiguousarray(record, dtype=np.uint8).reshape(-1)
+    target = np.empty_like(source)
+    pointer = ffi.cast("uint8_t *", ffi.from_buffer(source)) if source.size else ffi.NULL
+    out = ffi.cast("uint8_t *", ffi.from_buffer(target, require_writable=True)) if source.size else ffi.NULL
+    check(lib.lx_codec_shuffle(pointer, source.size, element_bytes, out))
+    return target
 
 
 def encoded_bytes(src: Any, offsets: npt.ArrayLike, codec: str | int) -> int:
@@ -234,8 +285,7 @@ def _check_disjoint(
         raise DestinationOverlapError(
             f"gather destination ranges overlap: record {int(indices[first])} goes to bytes "
             f"[{int(starts[clashes[0]])}, {int(ends[clashes[0]])}) and record {int(indices[second])} to "
-            f"[{int(starts[clashes[0] + 1])}, {int(ends[clashes[0] + 1])}) of dst: give each record its own range",
-            1,  # invalid_argument
+            f"[{int(starts[clashes[0] + 1])}, {int(ends[clashes[0] + 1])}) of dst: give each record its own range"
         )
 
 
@@ -373,8 +423,9 @@ class Zrecord(NativeHandle):
         # _staged: a new store in a directory nobody opens until its owner
         # renames it into place (ArrayStore's saves) is created without
         # syncs; sync() makes it durable (the owner syncs the parent).
-        checks = 16 if verify is None else int(bool(verify))
-        flags = checks | (0 if durable else 2) | (4 if _staged else 0) | (8 if _existing else 0)
+        checks = lib.LX_OPEN_VERIFY_INDEXED if verify is None else lib.LX_OPEN_VERIFY_ALL if verify else 0
+        flags = (checks | (0 if durable else lib.LX_OPEN_DEFER_SYNC) | (lib.LX_OPEN_STAGED if _staged else 0)
+                 | (lib.LX_OPEN_EXISTING if _existing else 0))
         check(lib.lx_store_open(self.path.encode(), threads, flags, handle), f"cannot open store '{self.path}'")
         self._handle = handle[0]
         # None: the default checks (indexed layout); True/False: every read or none.
@@ -640,7 +691,7 @@ def _refuse_foreign_directory(path: str) -> None:
     creation killed before its superblock was linked in place leaves only
     the store's own ``lock`` and ``superblock.tmp-<pid>``: those never make
     the path unusable (the store is created among them)."""
-    if os.path.exists(os.path.join(path, "superblock")):
+    if is_store(path):
         return
     try:
         with os.scandir(path) as entries:
@@ -652,14 +703,15 @@ def _refuse_foreign_directory(path: str) -> None:
         raise CorruptStoreError(
             f"'{path}' is a non-empty directory that is not a zrecord store (it has no superblock): "
             "give a new or empty directory, or pass create=True to make a store among its files",
-            10,
+            STATUS["not_a_store"],
         )
 
 
 def is_creation_leftover(name: str) -> bool:
     """True for a file a store creation leaves before its superblock is in
     place (a killed one leaves them behind): ``lock``, ``superblock.tmp-<pid>``."""
-    return name == "lock" or (name.startswith("superblock.tmp-") and name[len("superblock.tmp-"):].isdigit())
+    temporary = SUPERBLOCK_FILE + ".tmp-"
+    return name == LOCK_FILE or (name.startswith(temporary) and name[len(temporary):].isdigit())
 
 
 # ---- a store's files, for the layers above (nothing above this module names one)
