@@ -33,6 +33,18 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
+from ._envelope import (
+    CHECKSUM,
+    FORMAT,
+    NEWER,
+    UNREADABLE,
+    VERSION,
+    EnvelopeError,
+    check_header,
+    checked_body,
+    is_sealed,
+    unpack_map,
+)
 from ._fs import OS_FS, OsFs
 from ._native import check, ffi, lib
 from .schema import Schema, StrPath, read_schema
@@ -55,7 +67,10 @@ __all__ = [
 
 MANIFEST_FILE = "manifest.msgpack"
 MANIFEST_FORMAT = "loaderx-shards"
-MANIFEST_VERSION = 1
+# Version 2 is the envelope of loaderx._envelope (CRC32); version 1, which
+# loaderx wrote before it, carried its body's SHA-256 and is still read.
+MANIFEST_VERSION = 2
+_SHA256_VERSION = 1
 # Bounds what a damaged manifest can make us allocate or open: 2^20 shards
 # (zig/shards.zig refuses more) at well under 256 bytes an entry.
 SHARD_COUNT_MAX = 1 << 20
@@ -130,21 +145,39 @@ def read_manifest(dataset_dir: StrPath, *, _fs: OsFs = OS_FS) -> Manifest:
 
 
 def _unpack_envelope(file: str, payload: bytes) -> bytes:
+    """The manifest's body, its envelope checked (either layout)."""
+    limit = MANIFEST_VERSION
     try:
-        envelope = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types for bad bytes
-        raise ManifestError(f"{file} is damaged or not a loaderx manifest ({exc}): run loaderx.shards.commit again to rewrite it from the shards") from exc
-    if not isinstance(envelope, dict) or envelope.get("format") != MANIFEST_FORMAT:
-        raise ManifestError(f"{file} is not a loaderx manifest (no format {MANIFEST_FORMAT!r})")
-    version = envelope.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ManifestError(f"{file} has an invalid version {version!r}")
-    if version > MANIFEST_VERSION:
-        raise ManifestError(f"{file} has version {version}, newer than this loaderx reads ({MANIFEST_VERSION}): upgrade loaderx")
-    body, digest = envelope.get("body"), envelope.get("sha256")
+        data = unpack_map(payload)
+        legacy = "sha256" in data and not is_sealed(data)
+        limit = _SHA256_VERSION if legacy else MANIFEST_VERSION
+        version = check_header(data, MANIFEST_FORMAT, limit)
+        if not legacy and version < MANIFEST_VERSION:  # no sealed layout had it
+            raise EnvelopeError(VERSION, f"sealed with version {version}", version)
+        return _sha256_body(data) if legacy else checked_body(data)
+    except EnvelopeError as exc:
+        raise ManifestError(_refusal(file, exc, limit)) from exc
+
+
+def _sha256_body(data: dict[str, Any]) -> bytes:
+    body, digest = data.get("body"), data.get("sha256")
     if not isinstance(body, bytes) or not isinstance(digest, bytes) or hashlib.sha256(body).digest() != digest:
-        raise ManifestError(f"{file} fails its checksum: the manifest is damaged; run loaderx.shards.commit again to rewrite it from the shards")
+        raise EnvelopeError(CHECKSUM, "the body fails its SHA-256")
     return body
+
+
+def _refusal(file: str, exc: EnvelopeError, limit: int) -> str:
+    """What a refused envelope means for a manifest, and what to do about it."""
+    remedy = "run loaderx.shards.commit again to rewrite it from the shards"
+    if exc.reason == UNREADABLE and exc.__cause__ is not None:  # not msgpack at all
+        return f"{file} is damaged or not a loaderx manifest ({exc}): {remedy}"
+    if exc.reason in (UNREADABLE, FORMAT):
+        return f"{file} is not a loaderx manifest (no format {MANIFEST_FORMAT!r})"
+    if exc.reason == VERSION:
+        return f"{file} has an invalid version {exc.found!r}"
+    if exc.reason == NEWER:
+        return f"{file} has version {exc.found}, newer than this loaderx reads ({limit}): upgrade loaderx"
+    return f"{file} fails its checksum: the manifest is damaged; {remedy}"
 
 
 def _check_entries(dataset_dir: str, file: str, entries: list[Any]) -> tuple[list[str], list[int]]:

@@ -27,15 +27,14 @@ store; a batch that spans shards is one native call (zig/shards.zig).
 
 from __future__ import annotations
 
-import hashlib
 import operator
 import os
 from typing import Any, TextIO
 
-import msgpack
 import numpy as np
 
 from ._checks import check_flag
+from ._envelope import seal
 from ._fs import (
     ASIDE_PREFIX,
     LOCK_PREFIX,
@@ -272,11 +271,7 @@ def _remove_leftovers(dataset_dir: str, fs: OsFs) -> None:
 
 def _pack_manifest(schema: Schema, names: list[str], rows: list[int]) -> bytes:
     shards = [{"name": name, "rows": int(count)} for name, count in zip(names, rows)]
-    body = msgpack.packb({"schema": schema.to_dict(), "shards": shards, "rows": int(sum(rows))}, use_bin_type=True)
-    envelope: bytes = msgpack.packb(
-        {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "body": body, "sha256": hashlib.sha256(body).digest()},
-        use_bin_type=True,
-    )
-    return envelope
+    content = {"schema": schema.to_dict(), "shards": shards, "rows": int(sum(rows))}
+    return seal(MANIFEST_FORMAT, MANIFEST_VERSION, content)
 
 
