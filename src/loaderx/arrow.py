@@ -58,6 +58,7 @@ from typing import Any, Callable, Iterator, TextIO
 import msgpack
 import numpy as np
 
+from ._envelope import NEWER, UNREADABLE, VERSION, EnvelopeError, check_header, checked_body, unpack_map
 from ._fs import readable_path, write_file_atomic
 from ._writing import (
     CHUNK_BYTES,
@@ -611,17 +612,16 @@ def read_listing(path: str) -> dict[str, Any]:
         payload = handle.read(_COLUMNS_BYTES_MAX + 1)
     damaged = f"{file} is damaged: convert again"
     try:
-        outer: Any = msgpack.unpackb(payload, raw=False, strict_map_key=False) if len(payload) <= _COLUMNS_BYTES_MAX else None
-        body = outer["body"]
-        if not isinstance(body, bytes) or zlib.crc32(body) != outer["crc32"]:
-            raise ValueError("checksum mismatch")
-        listing: dict[str, Any] = msgpack.unpackb(body, raw=False, strict_map_key=False)
-        if listing["format"] != COLUMNS_FORMAT:
-            raise ValueError(f"format {listing['format']!r}")
-    except Exception as exc:
+        if len(payload) > _COLUMNS_BYTES_MAX:
+            raise EnvelopeError(UNREADABLE, f"over {_COLUMNS_BYTES_MAX} bytes")
+        listing = unpack_map(checked_body(unpack_map(payload)))
+        check_header(listing, COLUMNS_FORMAT, COLUMNS_VERSION)
+    except EnvelopeError as exc:
+        if exc.reason in (VERSION, NEWER):
+            raise ValueError(
+                f"{file} has version {exc.found!r}; this loaderx reads version {COLUMNS_VERSION}: upgrade loaderx"
+            ) from None
         raise ValueError(f"{damaged} ({exc})") from exc
-    if not isinstance(listing.get("version"), int) or listing["version"] > COLUMNS_VERSION:
-        raise ValueError(f"{file} has version {listing.get('version')!r}; this loaderx reads version {COLUMNS_VERSION}: upgrade loaderx")
     rows, columns = listing.get("rows"), listing.get("columns")
     if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0 or not isinstance(columns, list) or not columns:
         raise ValueError(f"{damaged} (rows or columns invalid)")

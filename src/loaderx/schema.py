@@ -24,6 +24,7 @@ from typing import Any, NoReturn, Union
 import msgpack
 import numpy as np
 
+from ._envelope import FORMAT, NEWER, EnvelopeError, check_header
 from ._fs import read_at_most, write_file_atomic
 from .zrecord import CODECS
 
@@ -83,17 +84,15 @@ class Schema:
 
     @classmethod
     def from_dict(cls, data: object, where: str = "schema") -> "Schema":
+        """The schema of a map `to_dict` wrote (a schema file's, or the one a
+        manifest embeds), its format and version checked as every metadata
+        file's are (loaderx._envelope)."""
         if not isinstance(data, dict):
             raise ValueError(f"{where} is not a loaderx schema (expected a map, got {type(data).__name__})")
-        if data.get("format") != FORMAT_NAME:
-            raise ValueError(f"{where} is not a loaderx schema (format is {data.get('format')!r})")
-        version = data.get("version")
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise ValueError(f"{where} has no valid version ({version!r})")
-        if version > FORMAT_VERSION:
-            raise ValueError(f"{where} has version {version}, newer than this loaderx understands ({FORMAT_VERSION}): upgrade loaderx")
-        if version < 1:
-            raise ValueError(f"{where} has an invalid version {version}")
+        try:
+            check_header(data, FORMAT_NAME, FORMAT_VERSION)
+        except EnvelopeError as exc:
+            raise ValueError(_refusal(where, exc)) from None
         missing = [key for key in ("kind", "dtype", "item_shape", "codec") if key not in data]
         if missing:
             raise ValueError(f"{where} lacks {', '.join(missing)}")
@@ -108,6 +107,17 @@ class Schema:
 
     def describe(self) -> str:
         return f"{self.kind} {self.dtype} items of shape {self.item_shape}, codec {self.codec!r}"
+
+
+def _refusal(where: str, exc: EnvelopeError) -> str:
+    """What a schema's refused format or version means, and what to do."""
+    if exc.reason == FORMAT:
+        return f"{where} is not a loaderx schema (format is {exc.found!r})"
+    if exc.reason == NEWER:
+        return f"{where} has version {exc.found}, newer than this loaderx understands ({FORMAT_VERSION}): upgrade loaderx"
+    if isinstance(exc.found, int) and not isinstance(exc.found, bool):
+        return f"{where} has an invalid version {exc.found}"
+    return f"{where} has no valid version ({exc.found!r})"
 
 
 def _descr_to_lists(descr: list[Any]) -> list[Any]:
