@@ -72,7 +72,9 @@ MANIFEST_FORMAT = "loaderx-shards"
 MANIFEST_VERSION = 2
 _SHA256_VERSION = 1
 # Bounds what a damaged manifest can make us allocate or open: 2^20 shards
-# (zig/shards.zig refuses more) at well under 256 bytes an entry.
+# at well under 256 bytes an entry. The bound is zig/shards.zig's (which
+# refuses more); this is its one Python copy, to read from LIMITS once the
+# core exports it.
 SHARD_COUNT_MAX = 1 << 20
 _MANIFEST_BYTES_MAX = 256 << 20
 SHARD_PATTERN = re.compile(r"shard-(\d{5,})")
