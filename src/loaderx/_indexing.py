@@ -32,7 +32,9 @@ def int_index(key: Any, length: int) -> int:
     index = operator.index(key)
     position = index + length if index < 0 else index
     if not 0 <= position < length:
-        raise IndexOutOfRangeError(f"index {index} is out of range for a dataset of {length} records")
+        raise IndexOutOfRangeError(
+            f"index {index} is out of range for a dataset of {length} records"
+        )
     return position
 
 
@@ -56,20 +58,28 @@ def record_indices(key: Any, length: int) -> tuple[npt.NDArray[np.uint64], tuple
         else:
             indices = np.arange(start, stop, step, dtype=np.int64).astype(np.uint64)
         return indices, indices.shape
-    if type(key) is list and 0 < len(key) <= _SHORT_LIST_MAX and all(type(item) is int for item in key):
+    if (
+        type(key) is list
+        and 0 < len(key) <= _SHORT_LIST_MAX
+        and all(type(item) is int for item in key)
+    ):
         # Checked in Python: on the cold caches of a first call, the four
         # NumPy calls below took 75-95 us for one index, this 45-60.
         return np.array([int_index(item, length) for item in key], dtype=np.uint64), (len(key),)
     array = np.asarray(key)
     if array.dtype == np.bool_:
         if array.shape != (length,):
-            raise IndexError(f"boolean mask has shape {array.shape} but the dataset has {length} records")
+            raise IndexError(
+                f"boolean mask has shape {array.shape} but the dataset has {length} records"
+            )
         indices = np.flatnonzero(array).astype(np.uint64)
         return indices, indices.shape
     if array.size == 0:
         return np.empty(0, dtype=np.uint64), array.shape
     if array.dtype.kind not in "iu":
-        raise IndexError(f"record indices must be integers or a boolean mask, got dtype {array.dtype}")
+        raise IndexError(
+            f"record indices must be integers or a boolean mask, got dtype {array.dtype}"
+        )
     flat = array.reshape(-1)
     if flat.dtype.kind == "i":
         low = int(flat.min())
@@ -77,9 +87,12 @@ def record_indices(key: Any, length: int) -> tuple[npt.NDArray[np.uint64], tuple
             flat = np.where(flat < 0, flat + length, flat)
             low = int(flat.min())
             if low < 0:
-                raise IndexOutOfRangeError(f"index {low - length} is out of range for a dataset of {length} records")
+                raise IndexOutOfRangeError(
+                    f"index {low - length} is out of range for a dataset of {length} records"
+                )
     high = int(flat.max())
     if high >= length:
-        raise IndexOutOfRangeError(f"index {high} is out of range for a dataset of {length} records")
+        raise IndexOutOfRangeError(
+            f"index {high} is out of range for a dataset of {length} records"
+        )
     return np.ascontiguousarray(flat, dtype=np.uint64), array.shape
-

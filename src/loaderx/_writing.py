@@ -118,7 +118,9 @@ class Writer:
     def __enter__(self) -> Writer:
         return self
 
-    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> Literal[False]:
+    def __exit__(
+        self, kind: object, error: BaseException | None, traceback: object
+    ) -> Literal[False]:
         try:
             if error is not None and self.appending:
                 self._roll_back()
@@ -150,7 +152,9 @@ class Writer:
             pass  # the error that stopped the conversion is the one to report
 
 
-def write_store(path: StrPath, schema: Schema, mode: str, fill: Callable[[Writer], int], fs: OsFs, staged: bool) -> int:
+def write_store(
+    path: StrPath, schema: Schema, mode: str, fill: Callable[[Writer], int], fs: OsFs, staged: bool
+) -> int:
     """Runs ``fill`` (the conversion's writes, ending with ``commit``) into
     the store ``mode`` asks for at ``path``: appended to in place (``"a"``
     on an existing store), or a new store built beside it and swapped in
@@ -168,15 +172,19 @@ def write_store(path: StrPath, schema: Schema, mode: str, fill: Callable[[Writer
         return _create_in_place(target, schema, fill, fs)
     count = 0
     with DirectorySwap(target, fs, _locked) as swap:
-        state = _store_state(target, fs)  # again, under the lock: another writer may have finished meanwhile
+        state = _store_state(
+            target, fs
+        )  # again, under the lock: another writer may have finished meanwhile
         if state == "store" and mode == "x":
             raise FileExistsError(
-                f"'{target}' exists and is not empty: pass mode='w' to overwrite the store there or mode='a' to append to it"
+                f"'{target}' exists and is not empty: pass mode='w' to overwrite the store there "
+                "or mode='a' to append to it"
             )
         if state == "store" and mode == "a":
             return _append_in_place(fs.real_path(target), schema, fill)
         old_lock = lock_exclusive(target, "overwrite", fs) if state == "store" else None
         try:
+
             def build(staging: str) -> None:
                 nonlocal count
                 with Writer(staging, schema, new=True) as writer:
@@ -222,13 +230,18 @@ def _store_state(path: str, fs: OsFs) -> str:
     if not fs.exists(path):
         return "fresh"
     if not fs.isdir(path):
-        raise ValueError(f"'{path}' exists and is not a directory: give a new or empty directory for the store")
+        raise ValueError(
+            f"'{path}' exists and is not a directory: give a new or empty directory for the store"
+        )
     if is_store(path, fs):
         return "store"
     names = fs.listdir(path)
     if all(is_creation_leftover(name) for name in names):
         return "fresh"
-    raise ValueError(f"'{path}' is a non-empty directory that is not a loaderx store: give a new or empty directory, or an existing store")
+    raise ValueError(
+        f"'{path}' is a non-empty directory that is not a loaderx store: give a new or empty "
+        "directory, or an existing store"
+    )
 
 
 def _existing_schema(path: str, fs: OsFs) -> Schema | None:
@@ -241,7 +254,8 @@ def _existing_schema(path: str, fs: OsFs) -> Schema | None:
         count = len(store)
     if count:
         raise ValueError(
-            f"'{path}' holds {count} records but no schema.msgpack (an interrupted conversion, or a bare Zrecord "
+            f"'{path}' holds {count} records but no schema.msgpack (an interrupted conversion, or "
+            "a bare Zrecord "
             "store): delete the directory and convert again, or read it with loaderx.Zrecord"
         )
     return None
@@ -250,14 +264,26 @@ def _existing_schema(path: str, fs: OsFs) -> Schema | None:
 def _mismatch(path: str, existing: Schema, new: Schema) -> str:
     hints = []
     if existing.kind != new.kind:
-        hints.append(f"it is a {existing.kind} store (write it with {'from_numpy' if existing.kind == 'dense' else 'from_iterator'})")
+        hints.append(
+            f"it is a {existing.kind} store (write it with "
+            f"{'from_numpy' if existing.kind == 'dense' else 'from_iterator'})"
+        )
     if existing.dtype != new.dtype:
-        hints.append(f"its dtype is {existing.dtype.str}, the data's is {new.dtype.str} (pass schema={{'dtype': '{existing.dtype.str}'}} to convert)")
+        hints.append(
+            f"its dtype is {existing.dtype.str}, the data's is {new.dtype.str} (pass "
+            f"schema={{'dtype': '{existing.dtype.str}'}} to convert)"
+        )
     if existing.item_shape != new.item_shape:
         hints.append(f"its item shape is {existing.item_shape}, the data's is {new.item_shape}")
     if existing.codec != new.codec:
-        hints.append(f"it was written with codec={existing.codec!r}, this call uses {new.codec!r} (pass codec={existing.codec!r})")
-    return f"cannot append to '{path}': the schema does not match, nothing was written: " + "; ".join(hints)
+        hints.append(
+            f"it was written with codec={existing.codec!r}, this call uses {new.codec!r} (pass "
+            f"codec={existing.codec!r})"
+        )
+    return (
+        f"cannot append to '{path}': the schema does not match, nothing was written: "
+        + "; ".join(hints)
+    )
 
 
 # ---- shared argument checks --------------------------------------------------
@@ -280,8 +306,13 @@ def check_chunk_bytes(value: Any) -> int:  # Any: checked here
 def check_progress(progress: Any) -> None:  # Any: checked here
     """``progress`` is True, False or a text stream (anything with ``write``):
     a string such as ``"yes"`` is refused, not taken as a truthy flag."""
-    if not isinstance(progress, (bool, np.bool_)) and not callable(getattr(progress, "write", None)):
-        raise TypeError(f"progress must be True, False or a text stream such as sys.stderr, got {type(progress).__name__} {progress!r}")
+    if not isinstance(progress, (bool, np.bool_)) and not callable(
+        getattr(progress, "write", None)
+    ):
+        raise TypeError(
+            "progress must be True, False or a text stream such as sys.stderr, got "
+            f"{type(progress).__name__} {progress!r}"
+        )
 
 
 # ---- the codec "auto" picks --------------------------------------------------
@@ -302,7 +333,9 @@ def _shuffle_element_bytes(dtype: np.dtype) -> int | None:
     return element_bytes if element_bytes in SHUFFLE_ELEMENT_BYTES else None
 
 
-def auto_codec(path: StrPath, mode: str, target: Schema, trial: Callable[[], tuple[np.ndarray, np.ndarray]]) -> str:
+def auto_codec(
+    path: StrPath, mode: str, target: Schema, trial: Callable[[], tuple[np.ndarray, np.ndarray]]
+) -> str:
     """The codec ``codec="auto"`` picks: an existing store's own when
     appending to it; else ``zstd_shuffleN`` when the dtype has N-byte
     elements and shuffled records of the ``trial`` sample (packed bytes and
@@ -334,7 +367,9 @@ def packed_trial(pieces: list[npt.NDArray[np.uint8]]) -> tuple[np.ndarray, np.nd
     return np.concatenate(pieces), np.cumsum(sizes) - sizes
 
 
-def shuffled_samples(samples: list[npt.NDArray[np.uint8]], record_bytes: int | None, codec: str) -> list[npt.NDArray[np.uint8]]:
+def shuffled_samples(
+    samples: list[npt.NDArray[np.uint8]], record_bytes: int | None, codec: str
+) -> list[npt.NDArray[np.uint8]]:
     """Dictionary samples as the shuffled codec compresses them: each record
     shuffled (``record_bytes``: the samples hold whole records of that length;
     None: each sample is one record)."""
@@ -343,8 +378,14 @@ def shuffled_samples(samples: list[npt.NDArray[np.uint8]], record_bytes: int | N
         return samples
     shuffled = []
     for sample in samples:
-        records = [sample] if record_bytes is None else np.split(sample, max(1, sample.size // max(record_bytes, 1)))
-        shuffled.append(np.concatenate([shuffle_bytes(record, element_bytes) for record in records]))
+        records = (
+            [sample]
+            if record_bytes is None
+            else np.split(sample, max(1, sample.size // max(record_bytes, 1)))
+        )
+        shuffled.append(
+            np.concatenate([shuffle_bytes(record, element_bytes) for record in records])
+        )
     return shuffled
 
 
@@ -352,7 +393,10 @@ def shuffled_samples(samples: list[npt.NDArray[np.uint8]], record_bytes: int | N
 
 
 def dense_samples(
-    rows: Callable[[int, int], npt.NDArray[Any]], row_count: int, row_bytes: int, dict_size: int,
+    rows: Callable[[int, int], npt.NDArray[Any]],
+    row_count: int,
+    row_bytes: int,
+    dict_size: int,
 ) -> list[npt.NDArray[np.uint8]]:
     """Rows spread evenly over the array, about 100x ``dict_size`` bytes."""
     budget = min(100 * dict_size, SAMPLE_BUDGET_MAX)
@@ -360,7 +404,10 @@ def dense_samples(
     blocks = min(64, wanted)
     per_block = max(1, wanted // blocks)
     starts = np.linspace(0, row_count - per_block, blocks).astype(np.int64)
-    return [rows(int(start), int(start) + per_block).reshape(-1).view(np.uint8) for start in np.unique(starts)]
+    return [
+        rows(int(start), int(start) + per_block).reshape(-1).view(np.uint8)
+        for start in np.unique(starts)
+    ]
 
 
 def train_dictionary(store: Zrecord, samples: list[npt.NDArray[np.uint8]], dict_size: int) -> None:
@@ -389,7 +436,10 @@ def train_dictionary(store: Zrecord, samples: list[npt.NDArray[np.uint8]], dict_
     try:
         store.train_dict(np.concatenate(pieces), sizes, target)
     except ZrecordError as exc:
-        raise ValueError(f"could not train a zstd dictionary from {used} bytes in {len(pieces)} samples ({exc}); use codec='zstd', or convert more varied rows") from exc
+        raise ValueError(
+            f"could not train a zstd dictionary from {used} bytes in {len(pieces)} samples "
+            f"({exc}); use codec='zstd', or convert more varied rows"
+        ) from exc
 
 
 # ---- progress ----------------------------------------------------------------
@@ -404,14 +454,22 @@ class Progress:
     interval_seconds = 0.2
 
     def __init__(
-        self, enabled: bool | TextIO, label: str, total_bytes: int | None = None, total_records: int | None = None,
+        self,
+        enabled: bool | TextIO,
+        label: str,
+        total_bytes: int | None = None,
+        total_records: int | None = None,
     ) -> None:
         forced = hasattr(enabled, "write")
-        self.stream: TextIO = cast(TextIO, enabled) if forced else sys.stderr  # forced: it has write()
+        self.stream: TextIO = (
+            cast(TextIO, enabled) if forced else sys.stderr
+        )  # forced: it has write()
         if forced:
             self.delay_seconds = 0.0
         try:
-            self.enabled = forced or (bool(enabled) and self.stream is not None and self.stream.isatty())
+            self.enabled = forced or (
+                bool(enabled) and self.stream is not None and self.stream.isatty()
+            )
         except (AttributeError, ValueError):
             self.enabled = False
         self.label = label
@@ -425,7 +483,9 @@ class Progress:
         if not self.enabled:
             return
         now = time.monotonic()
-        if not force and (now - self.started < self.delay_seconds or now - self.last < self.interval_seconds):
+        if not force and (
+            now - self.started < self.delay_seconds or now - self.last < self.interval_seconds
+        ):
             return
         self.last = now
         self.shown = True
@@ -433,10 +493,17 @@ class Progress:
         if self.total_bytes:
             fraction = min(1.0, done_bytes / self.total_bytes)
             filled = int(fraction * 30)
-            text = f"{self.label} [{'#' * filled}{'.' * (30 - filled)}] {fraction:4.0%} {done_bytes / MiB:,.0f}/{self.total_bytes / MiB:,.0f} MiB {rate:,.0f} MiB/s"
+            bar = "#" * filled + "." * (30 - filled)
+            text = (
+                f"{self.label} [{bar}] {fraction:4.0%} "
+                f"{done_bytes / MiB:,.0f}/{self.total_bytes / MiB:,.0f} MiB {rate:,.0f} MiB/s"
+            )
         else:
             of = f"/{self.total_records:,}" if self.total_records is not None else ""
-            text = f"{self.label}: {records:,}{of} records, {done_bytes / MiB:,.0f} MiB, {rate:,.0f} MiB/s"
+            text = (
+                f"{self.label}: {records:,}{of} records, "
+                f"{done_bytes / MiB:,.0f} MiB, {rate:,.0f} MiB/s"
+            )
         self.stream.write("\r" + text)
         self.stream.flush()
 

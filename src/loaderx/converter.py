@@ -70,8 +70,17 @@ __all__ = ["from_iterator", "from_numpy", "CHUNK_BYTES_MAX"]
 
 
 def from_numpy(
-    path: StrPath, array: npt.ArrayLike, codec: str | int = "auto", chunk_bytes: int = CHUNK_BYTES, dict_size: int | None = None,
-    schema: Schema | dict[str, Any] | None = None, progress: bool | TextIO = True, mode: str = "w", *, _fs: OsFs = OS_FS, _staged: bool = False,
+    path: StrPath,
+    array: npt.ArrayLike,
+    codec: str | int = "auto",
+    chunk_bytes: int = CHUNK_BYTES,
+    dict_size: int | None = None,
+    schema: Schema | dict[str, Any] | None = None,
+    progress: bool | TextIO = True,
+    mode: str = "w",
+    *,
+    _fs: OsFs = OS_FS,
+    _staged: bool = False,
 ) -> int:
     """Writes one dense record per row of ``array`` (along axis 0) to the store
     at ``path``; returns the rows written.
@@ -105,14 +114,23 @@ def from_numpy(
     source = _array_like(array)
     shape = tuple(int(size) for size in source.shape)
     if not shape:
-        raise ValueError("from_numpy writes one record per row along axis 0, so it needs an array of at least one dimension, got a 0-d array")
+        raise ValueError(
+            "from_numpy writes one record per row along axis 0, so it needs an array of at least "
+            "one dimension, got a 0-d array"
+        )
     dtype = np.dtype(source.dtype)
     _check_dtype(dtype, "array")
     target = _forced_schema("dense", dtype, shape[1:], "zstd" if codec == "auto" else codec, schema)
     if target.dtype != dtype and not np.can_cast(dtype, target.dtype, casting="same_kind"):
-        raise ValueError(f"cannot convert {dtype} to the schema's {target.dtype} (only same-kind casts, e.g. float64 to float32)")
+        raise ValueError(
+            f"cannot convert {dtype} to the schema's {target.dtype} (only same-kind casts, e.g. "
+            "float64 to float32)"
+        )
     if math.prod(target.item_shape) != math.prod(shape[1:]):
-        raise ValueError(f"rows of shape {shape[1:]} cannot be reshaped to the schema's item_shape {target.item_shape}")
+        raise ValueError(
+            f"rows of shape {shape[1:]} cannot be reshaped to the schema's item_shape "
+            f"{target.item_shape}"
+        )
     row_count = shape[0]
     row_bytes = target.item_bytes
     rows_per_chunk = max(1, min(chunk_bytes // max(row_bytes, 1), chunk_bytes // RECORD_COST_BYTES))
@@ -124,7 +142,11 @@ def from_numpy(
         return np.ascontiguousarray(block).reshape(end - start, *target.item_shape)
 
     if codec == "auto":
-        target = dataclasses.replace(target, codec=auto_codec(path, mode, target, lambda: _dense_trial(rows, row_count, row_bytes)))
+        target = dataclasses.replace(
+            target,
+            codec=auto_codec(path, mode, target, lambda: _dense_trial(rows, row_count, row_bytes)),
+        )
+
     def fill(writer: Writer) -> int:
         if uses_dictionary(target.codec) and row_count and not writer.store.has_dict():
             samples = dense_samples(rows, row_count, row_bytes, dict_size)
@@ -143,8 +165,17 @@ def from_numpy(
 
 
 def from_iterator(
-    path: StrPath, source: Iterable[npt.ArrayLike], codec: str | int = "auto", chunk_bytes: int = CHUNK_BYTES, dict_size: int | None = None,
-    schema: Schema | dict[str, Any] | None = None, progress: bool | TextIO = True, mode: str = "w", *, _fs: OsFs = OS_FS, _staged: bool = False,
+    path: StrPath,
+    source: Iterable[npt.ArrayLike],
+    codec: str | int = "auto",
+    chunk_bytes: int = CHUNK_BYTES,
+    dict_size: int | None = None,
+    schema: Schema | dict[str, Any] | None = None,
+    progress: bool | TextIO = True,
+    mode: str = "w",
+    *,
+    _fs: OsFs = OS_FS,
+    _staged: bool = False,
 ) -> int:
     """Writes one ragged record per item of ``source`` to the store at
     ``path``; returns the records written. ``mode`` is as for ``from_numpy``
@@ -167,7 +198,8 @@ def from_iterator(
     dict_size = _dict_size(dict_size, codec)
     check_progress(progress)
     try:
-        total: int | None = len(source)  # type: ignore[arg-type]  # sized sources only: the others raise TypeError
+        # Sized sources only: the others raise TypeError.
+        total: int | None = len(source)  # type: ignore[arg-type]
     except TypeError:
         total = None
     iterator = iter(source)
@@ -177,20 +209,34 @@ def from_iterator(
             existing = read_schema(path) if os.path.isdir(os.fspath(path)) else None
             if existing is not None and existing.kind == "ragged" and mode == "a":
                 return 0
-            raise ValueError("from_iterator got an empty source, so there is no record to infer the dtype and item shape from: pass schema={'dtype': ..., 'item_shape': ...} to create an empty store")
+            raise ValueError(
+                "from_iterator got an empty source, so there is no record to infer the dtype and "
+                "item shape from: pass schema={'dtype': ..., 'item_shape': ...} to create an empty "
+                "store"
+            )
         target = _forced_schema("ragged", None, None, "zstd" if codec == "auto" else codec, schema)
         forced_dtype = True
     else:
         record = _record_array(first, 0, None)
-        target = _forced_schema("ragged", record.dtype, record.shape[1:], "zstd" if codec == "auto" else codec, schema)
-        forced_dtype = isinstance(schema, Schema) or (isinstance(schema, dict) and "dtype" in schema)
+        target = _forced_schema(
+            "ragged", record.dtype, record.shape[1:], "zstd" if codec == "auto" else codec, schema
+        )
+        forced_dtype = isinstance(schema, Schema) or (
+            isinstance(schema, dict) and "dtype" in schema
+        )
     if target.item_bytes == 0:
-        raise ValueError(f"rows of shape {target.item_shape} hold no bytes, so a ragged record could not tell its row count: give rows at least one element")
+        raise ValueError(
+            f"rows of shape {target.item_shape} hold no bytes, so a ragged record could not tell "
+            "its row count: give rows at least one element"
+        )
     records_per_chunk = max(1, chunk_bytes // RECORD_COST_BYTES)
     head: list[Any] = [] if first is _END else [first]
     if codec == "auto":
         head = [_copy_record(item) for item in head] + _peek_records(iterator, head)
-        target = dataclasses.replace(target, codec=auto_codec(path, mode, target, lambda: _ragged_trial(head, target, forced_dtype)))
+        target = dataclasses.replace(
+            target,
+            codec=auto_codec(path, mode, target, lambda: _ragged_trial(head, target, forced_dtype)),
+        )
 
     def fill(writer: Writer) -> int:
         meter = Progress(progress, "from_iterator", total_records=total)
@@ -260,7 +306,10 @@ _END = object()
 
 def _mode(mode: object) -> str:
     if mode not in ("w", "a", "x"):
-        raise ValueError(f"mode must be 'w' (create or overwrite), 'a' (create or append) or 'x' (create only), got {mode!r}")
+        raise ValueError(
+            "mode must be 'w' (create or overwrite), 'a' (create or append) or 'x' (create only), "
+            f"got {mode!r}"
+        )
     return mode
 
 
@@ -268,14 +317,20 @@ def _dict_size(dict_size: int | None, codec: str) -> int:
     if dict_size is None:
         return DICT_BYTES
     if not uses_dictionary(codec):
-        raise ValueError(f"dict_size only applies to codec='zstd_dict' (or a zstd_dict_shuffle codec), not {codec!r}")
+        raise ValueError(
+            "dict_size only applies to codec='zstd_dict' (or a zstd_dict_shuffle codec), not "
+            f"{codec!r}"
+        )
     # The bounds are the core's (zig/format.zig): zstd cannot train below 256 B.
     return check_int("dict_size", dict_size, DICT_BYTES_MIN, DICT_BYTES_MAX)
 
 
 def _check_dtype(dtype: np.dtype, what: str) -> None:
     if dtype.hasobject:
-        raise TypeError(f"{what} has dtype {dtype}, which holds Python objects a store cannot hold: convert it to a numeric, string or bytes dtype first")
+        raise TypeError(
+            f"{what} has dtype {dtype}, which holds Python objects a store cannot hold: convert it "
+            "to a numeric, string or bytes dtype first"
+        )
 
 
 def _array_like(array: npt.ArrayLike) -> Any:  # Any: an array, or a lazily sliced array-like
@@ -288,7 +343,13 @@ def _array_like(array: npt.ArrayLike) -> Any:  # Any: an array, or a lazily slic
     return np.asarray(array)
 
 
-def build_dense_store(path: str, array: np.ndarray, codec: str, files: dict[str, bytes] | None = None, generation: str | None = None) -> None:
+def build_dense_store(
+    path: str,
+    array: np.ndarray,
+    codec: str,
+    files: dict[str, bytes] | None = None,
+    generation: str | None = None,
+) -> None:
     """Writes ``array`` (at least 1-d) as a dense store in the new directory
     ``path``, with ``files`` (name: bytes) beside it, for ArrayStore's staging.
 
@@ -305,8 +366,14 @@ def build_dense_store(path: str, array: np.ndarray, codec: str, files: dict[str,
     schema ignore."""
     schema = _forced_schema("dense", array.dtype, array.shape[1:], codec, None)
     os.mkdir(path)
-    schema_fields = {**schema.to_dict(), **({"generation": generation} if generation is not None else {})}
-    for name, payload in {SCHEMA_FILE: msgpack.packb(schema_fields, use_bin_type=True), **(files or {})}.items():
+    schema_fields = {
+        **schema.to_dict(),
+        **({"generation": generation} if generation is not None else {}),
+    }
+    for name, payload in {
+        SCHEMA_FILE: msgpack.packb(schema_fields, use_bin_type=True),
+        **(files or {}),
+    }.items():
         write_file_durable(os.path.join(path, name), payload)
     with Zrecord(path, codec=codec, create=True, _staged=True) as store:
         row_count, row_bytes = len(array), schema.item_bytes
@@ -315,10 +382,14 @@ def build_dense_store(path: str, array: np.ndarray, codec: str, files: dict[str,
             return np.ascontiguousarray(array[start:end])
 
         if codec == "zstd_dict" and row_count:
-            train_dictionary(store, dense_samples(rows, row_count, row_bytes, DICT_BYTES), DICT_BYTES)
+            train_dictionary(
+                store, dense_samples(rows, row_count, row_bytes, DICT_BYTES), DICT_BYTES
+            )
         per_append = CHUNK_BYTES // RECORD_COST_BYTES
         if codec != "raw" or not array.flags.c_contiguous:
-            per_append = max(1, min(per_append, CHUNK_BYTES // max(row_bytes, 1)))  # bounds the encoded or copied chunk
+            per_append = max(
+                1, min(per_append, CHUNK_BYTES // max(row_bytes, 1))
+            )  # bounds the encoded or copied chunk
         offsets = np.arange(min(per_append, row_count), dtype=np.uint64) * np.uint64(row_bytes)
         for start in range(0, row_count, per_append):
             end = min(row_count, start + per_append)
@@ -327,7 +398,10 @@ def build_dense_store(path: str, array: np.ndarray, codec: str, files: dict[str,
 
 
 def _forced_schema(
-    kind: str, dtype: npt.DTypeLike | None, item_shape: Iterable[int] | None, codec: str,
+    kind: str,
+    dtype: npt.DTypeLike | None,
+    item_shape: Iterable[int] | None,
+    codec: str,
     schema: Schema | dict[str, Any] | None,
 ) -> Schema:
     """The schema of the data, with the fields ``schema`` forces."""
@@ -335,25 +409,40 @@ def _forced_schema(
         if isinstance(schema, Schema):
             schema = {"kind": schema.kind, "dtype": schema.dtype, "item_shape": schema.item_shape}
         if not isinstance(schema, dict):
-            raise TypeError(f"schema must be a dict with 'dtype' and/or 'item_shape', got {type(schema).__name__}")
+            raise TypeError(
+                "schema must be a dict with 'dtype' and/or 'item_shape', got "
+                f"{type(schema).__name__}"
+            )
         unknown = set(schema) - {"kind", "dtype", "item_shape", "codec"}
         if unknown:
-            raise ValueError(f"schema has unknown keys {sorted(unknown)}: it takes 'dtype' and 'item_shape'")
+            raise ValueError(
+                f"schema has unknown keys {sorted(unknown)}: it takes 'dtype' and 'item_shape'"
+            )
         if schema.get("kind", kind) != kind:
-            raise ValueError(f"schema kind {schema['kind']!r} does not fit: {'from_numpy' if kind == 'dense' else 'from_iterator'} writes {kind} stores")
+            raise ValueError(
+                f"schema kind {schema['kind']!r} does not fit: "
+                f"{'from_numpy' if kind == 'dense' else 'from_iterator'} writes {kind} stores"
+            )
         if schema.get("codec", codec) != codec:
-            raise ValueError(f"schema codec {schema['codec']!r} differs from codec={codec!r}: give the codec once")
+            raise ValueError(
+                f"schema codec {schema['codec']!r} differs from codec={codec!r}: give the codec "
+                "once"
+            )
         if "dtype" in schema:
             dtype = np.dtype(schema["dtype"])
         if "item_shape" in schema:
             item_shape = tuple(schema["item_shape"])
     if dtype is None or item_shape is None:
-        raise ValueError("schema must give both 'dtype' and 'item_shape' when there is no data to take them from")
+        raise ValueError(
+            "schema must give both 'dtype' and 'item_shape' when there is no data to take them from"
+        )
     _check_dtype(np.dtype(dtype), "schema")
     return Schema(kind, np.dtype(dtype), tuple(item_shape), codec)
 
 
-def _record_array(item: object, position: int, target: Schema | None, cast: bool = False) -> npt.NDArray[Any]:
+def _record_array(
+    item: object, position: int, target: Schema | None, cast: bool = False
+) -> npt.NDArray[Any]:
     """Record ``position`` of a ragged source as an array of rows; checked
     against ``target`` (the store's schema) when given."""
     if isinstance(item, (bytes, bytearray, memoryview)):
@@ -361,19 +450,32 @@ def _record_array(item: object, position: int, target: Schema | None, cast: bool
         if target is None or (target.dtype == np.uint8 and target.item_shape == ()):
             return raw
         if raw.size % target.item_bytes:
-            raise ValueError(f"record {position} is {raw.size} bytes, not a whole number of {target.item_bytes}-byte rows ({target.dtype} items of shape {target.item_shape})")
+            raise ValueError(
+                f"record {position} is {raw.size} bytes, not a whole number of "
+                f"{target.item_bytes}-byte rows ({target.dtype} items of shape "
+                f"{target.item_shape})"
+            )
         return raw.view(target.dtype).reshape(-1, *target.item_shape)
     record = item if isinstance(item, np.ndarray) else np.asarray(item)
     if record.ndim == 0:
-        raise ValueError(f"record {position} is a scalar ({record.dtype}): a ragged record needs a leading row axis, e.g. np.atleast_1d(x)")
+        raise ValueError(
+            f"record {position} is a scalar ({record.dtype}): a ragged record needs a leading row "
+            "axis, e.g. np.atleast_1d(x)"
+        )
     _check_dtype(record.dtype, f"record {position}")
     if target is None:
         return record
     if record.shape[1:] != target.item_shape:
-        raise ValueError(f"record {position} has rows of shape {record.shape[1:]}, but the store's rows have shape {target.item_shape}")
+        raise ValueError(
+            f"record {position} has rows of shape {record.shape[1:]}, but the store's rows have "
+            f"shape {target.item_shape}"
+        )
     if record.dtype != target.dtype:
         if not cast or not np.can_cast(record.dtype, target.dtype, casting="same_kind"):
-            raise ValueError(f"record {position} has dtype {record.dtype}, but the store's dtype is {target.dtype}")
+            raise ValueError(
+                f"record {position} has dtype {record.dtype}, but the store's dtype is "
+                f"{target.dtype}"
+            )
         record = record.astype(target.dtype, casting="same_kind")
     return record
 
@@ -387,13 +489,17 @@ def _trial_rows(row_count: int, row_bytes: int) -> tuple[int, int]:
     return min(row_count, TRIAL_RECORDS_MAX, max(1, TRIAL_BYTES_MAX // max(per_row, 1))), per_row
 
 
-def _dense_trial(rows: Callable[[int, int], np.ndarray], row_count: int, row_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+def _dense_trial(
+    rows: Callable[[int, int], np.ndarray], row_count: int, row_bytes: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Rows spread evenly over the array (a long row: its first 4 MiB), packed."""
     count, per_row = _trial_rows(row_count, row_bytes)
     if count == 0 or per_row == 0:
         return np.empty(0, dtype=np.uint8), np.zeros(1, dtype=np.uint64)
     picks = np.unique(np.linspace(0, row_count - 1, count).astype(np.int64))
-    packed = np.concatenate([rows(int(row), int(row) + 1).reshape(-1).view(np.uint8)[:per_row] for row in picks])
+    packed = np.concatenate(
+        [rows(int(row), int(row) + 1).reshape(-1).view(np.uint8)[:per_row] for row in picks]
+    )
     return packed, np.arange(picks.size, dtype=np.uint64) * np.uint64(per_row)
 
 
@@ -419,14 +525,20 @@ def _copy_record(item: Any) -> Any:
 
 
 def _record_bytes(item: Any) -> int:
-    return len(item) if isinstance(item, (bytes, bytearray, memoryview)) else int(np.asarray(item).nbytes)
+    return (
+        len(item)
+        if isinstance(item, (bytes, bytearray, memoryview))
+        else int(np.asarray(item).nbytes)
+    )
 
 
 def _ragged_trial(head: list[Any], target: Schema, cast: bool) -> tuple[np.ndarray, np.ndarray]:
     """The first records of a ragged source, packed (each cut to 4 MiB)."""
-    return packed_trial([
-        np.ascontiguousarray(_record_array(item, position, target, cast=cast)).reshape(-1).view(np.uint8)[:TRIAL_BYTES_MAX]
-        for position, item in enumerate(head)
-    ])
-
-
+    return packed_trial(
+        [
+            np.ascontiguousarray(_record_array(item, position, target, cast=cast))
+            .reshape(-1)
+            .view(np.uint8)[:TRIAL_BYTES_MAX]
+            for position, item in enumerate(head)
+        ]
+    )

@@ -67,7 +67,9 @@ class _Dataset:
 
     _kind = ""
 
-    def __init__(self, path: StrPath, verify: bool | None = None, threads: int = 0, *, _durable: bool = True) -> None:
+    def __init__(
+        self, path: StrPath, verify: bool | None = None, threads: int = 0, *, _durable: bool = True
+    ) -> None:
         # ``_durable=False`` is for ArrayStore, which writes through the
         # dataset's store: one native open instead of a second handle.
         self.path = os.fspath(path)
@@ -84,23 +86,38 @@ class _Dataset:
                 if schema is None and is_sharded(self.path):
                     # A sharded dataset reads like one store: ShardedStore has the
                     # read side of Zrecord, over one global index space.
-                    self._store = ShardedStore(self.path, self._kind, verify=verify, threads=threads)
+                    self._store = ShardedStore(
+                        self.path, self._kind, verify=verify, threads=threads
+                    )
                     self._schema = self._store.schema
                     break
                 self._schema = open_schema(path, self._kind, schema)
-                self._store = Zrecord(path, codec=self._schema.codec, verify=verify, threads=threads, durable=_durable, _existing=True)
+                self._store = Zrecord(
+                    path,
+                    codec=self._schema.codec,
+                    verify=verify,
+                    threads=threads,
+                    durable=_durable,
+                    _existing=True,
+                )
             except (ZrecordError, OSError, ValueError) as exc:
                 # A file gone mid-open is what a swap does to a reader of the
                 # old directory (whose inode number the next swap may reuse,
                 # so an unchanged identity proves nothing): open it again.
-                if attempt < _SWAPS_SEEN_MAX and (path_identity(self.path) != before or isinstance(exc, (CorruptStoreError, FileNotFoundError))):
+                if attempt < _SWAPS_SEEN_MAX and (
+                    path_identity(self.path) != before
+                    or isinstance(exc, (CorruptStoreError, FileNotFoundError))
+                ):
                     continue
                 raise
             if path_identity(self.path) == before:
                 break  # the schema and the store are of one directory
             self._store.close()
             if attempt == _SWAPS_SEEN_MAX:
-                raise ZrecordError(f"'{self.path}' was replaced {attempt + 1} times while it was being opened: open it again when its writer is done")
+                raise ZrecordError(
+                    f"'{self.path}' was replaced {attempt + 1} times while it was being opened: "
+                    "open it again when its writer is done"
+                )
         self.dtype = self._schema.dtype
         self.item_shape = self._schema.item_shape
         self.codec = self._schema.codec
@@ -110,7 +127,10 @@ class _Dataset:
 
     def __reduce__(self) -> tuple[type[_Dataset], tuple[str, bool | None, int]]:
         if self.closed:
-            raise TypeError(f"cannot pickle the closed {type(self).__name__} '{self.path}': pickle it while open")
+            raise TypeError(
+                f"cannot pickle the closed {type(self).__name__} '{self.path}': pickle it while "
+                "open"
+            )
         return (type(self), (self.path, *self._options))
 
     @property
@@ -146,23 +166,28 @@ class _Dataset:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self)} records"
-        return f"{type(self).__name__}({self.path!r}, dtype={self.dtype}, item_shape={self.item_shape}, codec={self.codec!r}, {state})"
+        return (
+            f"{type(self).__name__}({self.path!r}, dtype={self.dtype}, "
+            f"item_shape={self.item_shape}, codec={self.codec!r}, {state})"
+        )
 
 
 class DenseDataset(_Dataset):
     """A dense store: every record is one item of ``item_shape`` and ``dtype``.
 
-    ``ds[i]`` is one item; ``ds[slice | int array | list | bool mask]`` and
-    ``ds.__getitems__(idxs)`` are arrays ``(n, *item_shape)`` gathered with
-    one native call. Reads check record checksums where that costs little
-(compressed and ragged stores: ``Zrecord``'s default); ``verify=True``
-checks every read, ``verify=False`` none;
-    ``threads`` caps the native threads of a gather (0: one per core).
+        ``ds[i]`` is one item; ``ds[slice | int array | list | bool mask]`` and
+        ``ds.__getitems__(idxs)`` are arrays ``(n, *item_shape)`` gathered with
+        one native call. Reads check record checksums where that costs little
+    (compressed and ragged stores: ``Zrecord``'s default); ``verify=True``
+    checks every read, ``verify=False`` none;
+        ``threads`` caps the native threads of a gather (0: one per core).
     """
 
     _kind = "dense"
 
-    def __init__(self, path: StrPath, verify: bool | None = None, threads: int = 0, *, _durable: bool = True) -> None:
+    def __init__(
+        self, path: StrPath, verify: bool | None = None, threads: int = 0, *, _durable: bool = True
+    ) -> None:
         super().__init__(path, verify=verify, threads=threads, _durable=_durable)
         try:
             self._check_record_bytes()
@@ -184,7 +209,8 @@ checks every read, ``verify=False`` none;
         if sizes != {self._item_bytes}:
             raise ValueError(
                 f"'{self.path}' holds records of {sorted(sizes)} bytes, but its schema says "
-                f"{self._item_bytes} bytes ({self.dtype} items of shape {self.item_shape}): the store does not match its schema"
+                f"{self._item_bytes} bytes ({self.dtype} items of shape {self.item_shape}): the "
+                "store does not match its schema"
             )
 
     @property
@@ -192,13 +218,18 @@ checks every read, ``verify=False`` none;
         """``(len(self), *item_shape)``: the shape of the whole dataset as one array."""
         return (len(self), *self.item_shape)
 
-    def gather_into(self, indices: Sequence[int] | npt.NDArray[np.integer[Any]], out: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    def gather_into(
+        self, indices: Sequence[int] | npt.NDArray[np.integer[Any]], out: npt.NDArray[Any]
+    ) -> npt.NDArray[Any]:
         """Decodes records ``indices`` (in range, non-negative) into ``out``, a
         writable C-contiguous array of shape ``(n, *item_shape)`` and this
         dataset's dtype, with one native call; returns ``out``."""
         count = len(indices)
         if not isinstance(out, np.ndarray):
-            raise TypeError(f"out must be a NumPy array of dtype {self.dtype} and shape {(count, *self.item_shape)}, got {type(out).__name__}")
+            raise TypeError(
+                f"out must be a NumPy array of dtype {self.dtype} and shape "
+                f"{(count, *self.item_shape)}, got {type(out).__name__}"
+            )
         if out.dtype != self.dtype or out.shape != (count, *self.item_shape):
             raise ValueError(
                 f"out must have dtype {self.dtype} and shape {(count, *self.item_shape)}, "
@@ -261,8 +292,10 @@ class RaggedDataset(_Dataset):
         if np.any(remainder):
             bad = int(indices[np.flatnonzero(remainder)[0]])
             raise ValueError(
-                f"record {bad} of '{self.path}' is {int(byte_lengths[np.flatnonzero(remainder)[0]])} bytes, "
-                f"not a whole number of {self._item_bytes}-byte rows: the store does not match its schema"
+                f"record {bad} of '{self.path}' is "
+                f"{int(byte_lengths[np.flatnonzero(remainder)[0]])} bytes, "
+                f"not a whole number of {self._item_bytes}-byte rows: the store does not match its "
+                "schema"
             )
         return rows
 
@@ -272,7 +305,9 @@ class RaggedDataset(_Dataset):
         return [values[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
 
     def gather_packed(
-        self, indices: npt.NDArray[np.uint64], buffer: npt.NDArray[np.uint8] | None = None,
+        self,
+        indices: npt.NDArray[np.uint64],
+        buffer: npt.NDArray[np.uint8] | None = None,
     ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
         """Records ``indices`` (a contiguous uint64 array, in range) back to
         back: ``values`` ``(total_rows, *item_shape)`` and int64 row
@@ -294,7 +329,9 @@ class RaggedDataset(_Dataset):
             capacity = needed
             needed, offsets = self._store.gather_rows(indices, self._item_bytes, buffer)
         else:
-            raise ZrecordError(f"'{self.path}': the records kept growing while they were gathered; try again")
+            raise ZrecordError(
+                f"'{self.path}': the records kept growing while they were gathered; try again"
+            )
         assert buffer is not None or needed == 0
         front = buffer[:needed] if buffer is not None else np.empty(0, dtype=np.uint8)
         return front.view(self.dtype).reshape(int(offsets[-1]), *self.item_shape), offsets
@@ -302,20 +339,29 @@ class RaggedDataset(_Dataset):
     @overload
     def __getitem__(self, key: int | np.integer[Any]) -> npt.NDArray[Any]: ...
     @overload
-    def __getitem__(self, key: slice | Sequence[int] | npt.NDArray[Any]) -> list[npt.NDArray[Any]]: ...
+    def __getitem__(
+        self, key: slice | Sequence[int] | npt.NDArray[Any]
+    ) -> list[npt.NDArray[Any]]: ...
 
     def __getitem__(self, key: Any) -> npt.NDArray[Any] | list[npt.NDArray[Any]]:
         if is_int(key):
             index = int_index(key, len(self))
             return self._gather(np.array([index], dtype=np.uint64))[0]
         if isinstance(key, tuple) or key is Ellipsis:
-            raise TypeError("a RaggedDataset is indexed by records only (int, slice, int array, list or bool mask)")
+            raise TypeError(
+                "a RaggedDataset is indexed by records only (int, slice, int array, list or bool "
+                "mask)"
+            )
         indices, shape = record_indices(key, len(self))
         if len(shape) > 1:
-            raise IndexError(f"a RaggedDataset takes a flat selector, got an index array of shape {shape}")
+            raise IndexError(
+                f"a RaggedDataset takes a flat selector, got an index array of shape {shape}"
+            )
         return self._gather(indices)
 
-    def __getitems__(self, idxs: Iterable[int] | npt.NDArray[np.integer[Any]]) -> list[npt.NDArray[Any]]:
+    def __getitems__(
+        self, idxs: Iterable[int] | npt.NDArray[np.integer[Any]]
+    ) -> list[npt.NDArray[Any]]:
         return self[list(idxs) if not isinstance(idxs, np.ndarray) else idxs]
 
 
@@ -324,14 +370,22 @@ def _check_buffer(buffer: object) -> None:
     C-contiguous 1-D uint8 array (any other dtype used to fail in a reshape)."""
     if not isinstance(buffer, np.ndarray) or buffer.dtype != np.uint8:
         what = f"dtype {buffer.dtype}" if isinstance(buffer, np.ndarray) else type(buffer).__name__
-        raise TypeError(f"buffer must be a 1-D uint8 NumPy array (raw bytes), got {what}: allocate it with np.empty(nbytes, np.uint8)")
+        raise TypeError(
+            f"buffer must be a 1-D uint8 NumPy array (raw bytes), got {what}: allocate it with "
+            "np.empty(nbytes, np.uint8)"
+        )
     if buffer.ndim != 1 or not buffer.flags.c_contiguous or not buffer.flags.writeable:
-        raise ValueError(f"buffer must be a writable, C-contiguous 1-D uint8 array, got shape {buffer.shape}"
-                         f"{'' if buffer.flags.c_contiguous else ', not contiguous'}{'' if buffer.flags.writeable else ', read-only'}")
+        raise ValueError(
+            f"buffer must be a writable, C-contiguous 1-D uint8 array, got shape {buffer.shape}"
+            f"{'' if buffer.flags.c_contiguous else ', not contiguous'}"
+            f"{'' if buffer.flags.writeable else ', read-only'}"
+        )
 
 
 def pad(
-    records: Iterable[npt.ArrayLike], max_len: int | None = None, pad_value: object = 0,
+    records: Iterable[npt.ArrayLike],
+    max_len: int | None = None,
+    pad_value: object = 0,
 ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
     """Pads variable-length records into one dense array.
 
@@ -346,11 +400,15 @@ def pad(
         raise ValueError("pad got no records: give at least one")
     for position, array in enumerate(arrays):
         if array.ndim == 0:
-            raise ValueError(f"record {position} is a scalar: pad takes arrays with a leading row axis")
+            raise ValueError(
+                f"record {position} is a scalar: pad takes arrays with a leading row axis"
+            )
     tail = arrays[0].shape[1:]
     for position, array in enumerate(arrays):
         if array.shape[1:] != tail:
-            raise ValueError(f"record {position} has rows of shape {array.shape[1:]}, but record 0 has {tail}")
+            raise ValueError(
+                f"record {position} has rows of shape {array.shape[1:]}, but record 0 has {tail}"
+            )
     row_counts = np.array([array.shape[0] for array in arrays], dtype=np.int64)
     if max_len is None:
         width = int(row_counts.max())
@@ -373,8 +431,10 @@ def _common_dtype(arrays: list[npt.NDArray[Any]]) -> np.dtype[Any]:
     for position, array in enumerate(arrays):
         if array.size and array.dtype != dtype:
             raise ValueError(
-                f"record {position} has dtype {array.dtype} but the others {dtype}: pad does not convert "
-                f"records silently; cast them to one dtype first (e.g. [r.astype(np.{array.dtype.name}) for r in records])"
+                f"record {position} has dtype {array.dtype} but the others {dtype}: pad does not "
+                "convert "
+                "records silently; cast them to one dtype first (e.g. "
+                f"[r.astype(np.{array.dtype.name}) for r in records])"
             )
     return dtype
 
@@ -387,10 +447,14 @@ def _pad_fill(pad_value: Any, dtype: np.dtype[Any]) -> npt.NDArray[Any]:  # Any:
         with np.errstate(invalid="ignore", over="ignore"):  # checked below
             fill = np.array(pad_value).astype(dtype, casting="unsafe")
     except (TypeError, ValueError, OverflowError) as exc:
-        raise ValueError(f"pad_value {pad_value!r} cannot be stored in the records' dtype {dtype}: {exc}") from None
+        raise ValueError(
+            f"pad_value {pad_value!r} cannot be stored in the records' dtype {dtype}: {exc}"
+        ) from None
     if dtype.kind in "biu":
         try:
-            holds = fill.shape == () and bool(fill == pad_value) and float(pad_value) == int(pad_value)
+            holds = (
+                fill.shape == () and bool(fill == pad_value) and float(pad_value) == int(pad_value)
+            )
         except (TypeError, ValueError, OverflowError):
             holds = False
         if not holds:

@@ -29,8 +29,16 @@ from ._fs import read_at_most, write_file_atomic
 from .zrecord import CODECS
 
 __all__ = [
-    "FORMAT_NAME", "FORMAT_VERSION", "KINDS", "SCHEMA_FILE", "Schema", "StrPath",
-    "open_schema", "read_schema", "schema_path", "write_schema",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "KINDS",
+    "SCHEMA_FILE",
+    "Schema",
+    "StrPath",
+    "open_schema",
+    "read_schema",
+    "schema_path",
+    "write_schema",
 ]
 
 #: A file system path, as the public functions take it.
@@ -57,11 +65,19 @@ class Schema:
             raise ValueError(f"schema kind must be one of {KINDS}, got {self.kind!r}")
         dtype = np.dtype(self.dtype)
         if dtype.hasobject:
-            raise TypeError(f"dtype {dtype} holds Python objects, which a store cannot hold: convert to a numeric, string or bytes dtype")
+            raise TypeError(
+                f"dtype {dtype} holds Python objects, which a store cannot hold: convert to a "
+                "numeric, string or bytes dtype"
+            )
         object.__setattr__(self, "dtype", dtype)
         shape = tuple(self.item_shape)
-        if not all(isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size >= 0 for size in shape):
-            raise ValueError(f"item_shape must be a tuple of non-negative ints, got {self.item_shape!r}")
+        if not all(
+            isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size >= 0
+            for size in shape
+        ):
+            raise ValueError(
+                f"item_shape must be a tuple of non-negative ints, got {self.item_shape!r}"
+            )
         object.__setattr__(self, "item_shape", tuple(int(size) for size in shape))
         if self.codec not in CODECS:
             raise ValueError(f"unknown codec {self.codec!r}: use one of {sorted(CODECS)}")
@@ -88,7 +104,9 @@ class Schema:
         manifest embeds), its format and version checked as every metadata
         file's are (loaderx._envelope)."""
         if not isinstance(data, dict):
-            raise ValueError(f"{where} is not a loaderx schema (expected a map, got {type(data).__name__})")
+            raise ValueError(
+                f"{where} is not a loaderx schema (expected a map, got {type(data).__name__})"
+            )
         try:
             check_header(data, FORMAT_NAME, FORMAT_VERSION)
         except EnvelopeError as exc:
@@ -114,14 +132,20 @@ def _refusal(where: str, exc: EnvelopeError) -> str:
     if exc.reason == FORMAT:
         return f"{where} is not a loaderx schema (format is {exc.found!r})"
     if exc.reason == NEWER:
-        return f"{where} has version {exc.found}, newer than this loaderx understands ({FORMAT_VERSION}): upgrade loaderx"
+        return (
+            f"{where} has version {exc.found}, newer than this loaderx understands "
+            f"({FORMAT_VERSION}): upgrade loaderx"
+        )
     if isinstance(exc.found, int) and not isinstance(exc.found, bool):
         return f"{where} has an invalid version {exc.found}"
     return f"{where} has no valid version ({exc.found!r})"
 
 
 def _descr_to_lists(descr: list[Any]) -> list[Any]:
-    return [[name, _descr_to_lists(kind) if isinstance(kind, list) else kind, *map(list, rest)] for name, kind, *rest in descr]
+    return [
+        [name, _descr_to_lists(kind) if isinstance(kind, list) else kind, *map(list, rest)]
+        for name, kind, *rest in descr
+    ]
 
 
 def _lists_to_descr(lists: object) -> list[tuple[Any, ...]]:
@@ -157,7 +181,9 @@ def read_schema(path: StrPath) -> Schema | None:
 
 def write_schema(path: StrPath, schema: Schema) -> None:
     """Writes ``schema.msgpack`` atomically and durably."""
-    write_file_atomic(schema_path(os.fspath(path)), msgpack.packb(schema.to_dict(), use_bin_type=True))
+    write_file_atomic(
+        schema_path(os.fspath(path)), msgpack.packb(schema.to_dict(), use_bin_type=True)
+    )
 
 
 def open_schema(path: StrPath, kind: str, schema: Schema | None = None) -> Schema:
@@ -183,9 +209,12 @@ def _refuse_schemaless(path: str) -> NoReturn:
             "loaderx.from_numpy or loaderx.from_iterator): give the store's directory"
         )
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"no loaderx store at '{path}': write one with loaderx.from_numpy or loaderx.from_iterator")
+        raise FileNotFoundError(
+            f"no loaderx store at '{path}': write one with loaderx.from_numpy or "
+            "loaderx.from_iterator"
+        )
     raise FileNotFoundError(
         f"'{path}' is not a loaderx store (it has no {SCHEMA_FILE}): write one with "
-        "loaderx.from_numpy or loaderx.from_iterator, or open a bare record store with loaderx.Zrecord"
+        "loaderx.from_numpy or loaderx.from_iterator, or open a bare record store with "
+        "loaderx.Zrecord"
     )
-

@@ -133,7 +133,10 @@ def read_manifest(dataset_dir: StrPath, *, _fs: OsFs = OS_FS) -> Manifest:
     try:
         data = msgpack.unpackb(body, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types for bad bytes
-        raise ManifestError(f"{file} has a valid checksum but an unreadable body ({exc}): it was not written by loaderx") from exc
+        raise ManifestError(
+            f"{file} has a valid checksum but an unreadable body ({exc}): it was not written by "
+            "loaderx"
+        ) from exc
     if not isinstance(data, dict) or not isinstance(data.get("shards"), list):
         raise ManifestError(f"{file} lists no shards: it was not written by loaderx")
     try:
@@ -142,7 +145,10 @@ def read_manifest(dataset_dir: StrPath, *, _fs: OsFs = OS_FS) -> Manifest:
         raise ManifestError(str(exc)) from exc
     names, rows = _check_entries(dataset_dir, file, data["shards"])
     if data.get("rows") != sum(rows):
-        raise ManifestError(f"{file} says {data.get('rows')!r} rows in total but its shards add up to {sum(rows)}: the manifest is damaged; run loaderx.shards.commit again")
+        raise ManifestError(
+            f"{file} says {data.get('rows')!r} rows in total but its shards add up to {sum(rows)}: "
+            "the manifest is damaged; run loaderx.shards.commit again"
+        )
     return Manifest(schema, tuple(names), tuple(rows))
 
 
@@ -163,7 +169,11 @@ def _unpack_envelope(file: str, payload: bytes) -> bytes:
 
 def _sha256_body(data: dict[str, Any]) -> bytes:
     body, digest = data.get("body"), data.get("sha256")
-    if not isinstance(body, bytes) or not isinstance(digest, bytes) or hashlib.sha256(body).digest() != digest:
+    if (
+        not isinstance(body, bytes)
+        or not isinstance(digest, bytes)
+        or hashlib.sha256(body).digest() != digest
+    ):
         raise EnvelopeError(CHECKSUM, "the body fails its SHA-256")
     return body
 
@@ -178,13 +188,18 @@ def _refusal(file: str, exc: EnvelopeError, limit: int) -> str:
     if exc.reason == VERSION:
         return f"{file} has an invalid version {exc.found!r}"
     if exc.reason == NEWER:
-        return f"{file} has version {exc.found}, newer than this loaderx reads ({limit}): upgrade loaderx"
+        return (
+            f"{file} has version {exc.found}, newer than this loaderx reads ({limit}): "
+            "upgrade loaderx"
+        )
     return f"{file} fails its checksum: the manifest is damaged; {remedy}"
 
 
 def _check_entries(dataset_dir: str, file: str, entries: list[Any]) -> tuple[list[str], list[int]]:
     if not 1 <= len(entries) <= SHARD_COUNT_MAX:
-        raise ManifestError(f"{file} lists {len(entries)} shards; a dataset has 1 to {SHARD_COUNT_MAX}")
+        raise ManifestError(
+            f"{file} lists {len(entries)} shards; a dataset has 1 to {SHARD_COUNT_MAX}"
+        )
     root = os.path.realpath(dataset_dir)
     names: list[str] = []
     rows: list[int] = []
@@ -195,10 +210,15 @@ def _check_entries(dataset_dir: str, file: str, entries: list[Any]) -> tuple[lis
         name, count = entry.get("name"), entry.get("rows")
         resolved = _confined(root, file, position, name)
         if resolved in seen:
-            raise ManifestError(f"{file}: shard entry {position} ({name!r}) is the same directory as entry {seen[resolved]}: a shard may be listed once")
+            raise ManifestError(
+                f"{file}: shard entry {position} ({name!r}) is the same directory as entry "
+                f"{seen[resolved]}: a shard may be listed once"
+            )
         seen[resolved] = position
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            raise ManifestError(f"{file}: shard entry {position} ({name!r}) has an invalid row count {count!r}")
+            raise ManifestError(
+                f"{file}: shard entry {position} ({name!r}) has an invalid row count {count!r}"
+            )
         assert isinstance(name, str)  # _confined refused anything else
         names.append(name)
         rows.append(count)
@@ -211,12 +231,21 @@ def _confined(root: str, file: str, position: int, name: object) -> str:
     if not isinstance(name, str) or not name or "\x00" in name:
         raise ManifestError(f"{file}: shard entry {position} has an invalid name {name!r}")
     if os.path.isabs(name) or name.startswith("\\"):
-        raise ManifestError(f"{file}: shard entry {position} names an absolute path {name!r}; shard names are relative to the dataset directory")
+        raise ManifestError(
+            f"{file}: shard entry {position} names an absolute path {name!r}; shard names are "
+            "relative to the dataset directory"
+        )
     if any(part in ("", ".", "..") for part in name.split("/")):
-        raise ManifestError(f"{file}: shard entry {position} name {name!r} has an empty, '.' or '..' component; shard names stay inside the dataset directory")
+        raise ManifestError(
+            f"{file}: shard entry {position} name {name!r} has an empty, '.' or '..' component; "
+            "shard names stay inside the dataset directory"
+        )
     resolved = os.path.realpath(os.path.join(root, name))
     if not resolved.startswith(root + os.sep):
-        raise ManifestError(f"{file}: shard entry {position} ({name!r}) resolves to '{resolved}', outside the dataset directory (a symlink out?): refused")
+        raise ManifestError(
+            f"{file}: shard entry {position} ({name!r}) resolves to '{resolved}', outside the "
+            "dataset directory (a symlink out?): refused"
+        )
     return resolved
 
 
@@ -236,7 +265,9 @@ class ShardedStore(NativeHandle):
     #: What a closed dataset's error message tells the user to open again.
     _reopen_hint: str
 
-    def __init__(self, path: StrPath, kind: str, verify: bool | None = None, threads: int = 0) -> None:
+    def __init__(
+        self, path: StrPath, kind: str, verify: bool | None = None, threads: int = 0
+    ) -> None:
         self.path = os.fspath(path)
         self._verify = verify
         self._threads = threads
@@ -252,7 +283,9 @@ class ShardedStore(NativeHandle):
     def _open(self, manifest: Manifest, kind: str) -> None:
         if manifest.schema.kind != kind:
             other = "RaggedDataset" if manifest.schema.kind == "ragged" else "DenseDataset"
-            raise ValueError(f"'{self.path}' is a sharded {manifest.schema.kind} dataset: open it with {other}")
+            raise ValueError(
+                f"'{self.path}' is a sharded {manifest.schema.kind} dataset: open it with {other}"
+            )
         self.schema = manifest.schema
         self.manifest = manifest
         for name, count in zip(manifest.names, manifest.rows):
@@ -261,22 +294,39 @@ class ShardedStore(NativeHandle):
         np.cumsum(np.asarray(manifest.rows, dtype=np.uint64), out=self._row_starts[1:])
         handles = ffi.new("lx_store *[]", [shard._handle for shard in self.shards])
         out = ffi.new("lx_shards **")
-        check(lib.lx_shards_open(handles, ffi.cast("uint64_t *", ffi.from_buffer(self._row_starts)),
-                                 len(self.shards), self._threads, out), f"cannot open sharded dataset '{self.path}'")
+        check(
+            lib.lx_shards_open(
+                handles,
+                ffi.cast("uint64_t *", ffi.from_buffer(self._row_starts)),
+                len(self.shards),
+                self._threads,
+                out,
+            ),
+            f"cannot open sharded dataset '{self.path}'",
+        )
         self._handle = out[0]
 
     def _open_shard(self, name: str, count: int) -> Zrecord:
         path = os.path.join(self.path, name)
         shard_schema = read_schema(path) if os.path.isdir(path) else None
         if shard_schema is None:
-            raise ManifestError(f"'{self.path}': shard {name!r} listed in the manifest is missing or not a loaderx store: the dataset is incomplete")
+            raise ManifestError(
+                f"'{self.path}': shard {name!r} listed in the manifest is missing or not a loaderx "
+                "store: the dataset is incomplete"
+            )
         if shard_schema != self.schema:
-            raise ManifestError(f"'{self.path}': shard {name!r} holds {shard_schema.describe()}, but the manifest says {self.schema.describe()}")
+            raise ManifestError(
+                f"'{self.path}': shard {name!r} holds {shard_schema.describe()}, but the manifest "
+                f"says {self.schema.describe()}"
+            )
         store = Zrecord(path, codec=self.schema.codec, verify=self._verify, threads=self._threads)
         held = len(store)
         if held != count:
             store.close()
-            raise ManifestError(f"'{self.path}': shard {name!r} holds {held} records but the manifest says {count}: the shard or the manifest was changed after commit")
+            raise ManifestError(
+                f"'{self.path}': shard {name!r} holds {held} records but the manifest says "
+                f"{count}: the shard or the manifest was changed after commit"
+            )
         return store
 
     def _closed_message(self) -> str:
@@ -300,14 +350,23 @@ class ShardedStore(NativeHandle):
     def gather(self, idxs: npt.ArrayLike, dst: Any, offsets: npt.ArrayLike | None = None) -> None:
         """Decodes global records ``idxs`` into ``dst`` at byte ``offsets[k]``,
         or at ``k * L`` when all records are ``L`` bytes long (dense)."""
-        indices, target, target_bytes, target_offsets = gather_arguments(idxs, dst, offsets, self.lengths)
+        indices, target, target_bytes, target_offsets = gather_arguments(
+            idxs, dst, offsets, self.lengths
+        )
         offsets_pointer = ffi.NULL if target_offsets is None else u64_pointer(target_offsets)
         if indices.size == 0:
             return
         handle = self._enter()
         try:
-            status = lib.lx_shards_gather(handle, u64_pointer(indices), indices.size, target, target_bytes,
-                                          offsets_pointer, self.schema.item_bytes)
+            status = lib.lx_shards_gather(
+                handle,
+                u64_pointer(indices),
+                indices.size,
+                target,
+                target_bytes,
+                offsets_pointer,
+                self.schema.item_bytes,
+            )
         finally:
             self._leave()
         if status:
@@ -318,7 +377,10 @@ class ShardedStore(NativeHandle):
         return self._lengths_with(lib.lx_shards_lengths, idxs)
 
     def gather_rows(
-        self, indices: npt.NDArray[np.uint64], row_bytes: int, target: npt.NDArray[np.uint8] | None,
+        self,
+        indices: npt.NDArray[np.uint64],
+        row_bytes: int,
+        target: npt.NDArray[np.uint8] | None,
     ) -> tuple[int, npt.NDArray[np.int64]]:
         """``Zrecord.gather_rows`` over global records, one native call."""
         return self._gather_rows_with(lib.lx_shards_gather_rows, indices, row_bytes, target)
@@ -327,9 +389,16 @@ class ShardedStore(NativeHandle):
         """The shards' stats added up; ``layout`` is ``fixed`` only when every
         non-empty shard is fixed with one record size."""
         parts = [shard.stats() for shard in self.shards]
-        layouts = {(part["layout"], part["record_bytes"]) for part in parts if part["layout"] != "empty"}
-        layout, record_bytes = layouts.pop() if len(layouts) == 1 else (("indexed", 0) if layouts else ("empty", 0))
-        totals = {key: sum(part[key] for part in parts) for key in ("records", "live_bytes", "chunk_bytes", "reclaimable")}
+        layouts = {
+            (part["layout"], part["record_bytes"]) for part in parts if part["layout"] != "empty"
+        }
+        layout, record_bytes = (
+            layouts.pop() if len(layouts) == 1 else (("indexed", 0) if layouts else ("empty", 0))
+        )
+        totals = {
+            key: sum(part[key] for part in parts)
+            for key in ("records", "live_bytes", "chunk_bytes", "reclaimable")
+        }
         return {**totals, "layout": layout, "record_bytes": record_bytes, "shards": len(parts)}
 
     def verify(self) -> list[int]:

@@ -83,9 +83,17 @@ _LEGACY_TEMPORARY_PREFIX = ".tmp-shard-"  # the temporaries of loaderx before th
 
 
 def write_shard(
-    dataset_dir: StrPath, k: int, data: Any, codec: str | int = "zstd",
-    schema: Schema | dict[str, Any] | None = None, overwrite: bool = False, chunk_bytes: int | None = None,
-    dict_size: int | None = None, progress: bool | TextIO = False, *, _fs: OsFs = OS_FS,
+    dataset_dir: StrPath,
+    k: int,
+    data: Any,
+    codec: str | int = "zstd",
+    schema: Schema | dict[str, Any] | None = None,
+    overwrite: bool = False,
+    chunk_bytes: int | None = None,
+    dict_size: int | None = None,
+    progress: bool | TextIO = False,
+    *,
+    _fs: OsFs = OS_FS,
 ) -> int:
     """Writes shard ``k`` of the sharded dataset at ``dataset_dir``; returns its rows.
 
@@ -104,10 +112,18 @@ def write_shard(
     """
     dataset_dir = os.fspath(dataset_dir)
     name = shard_name(k)
-    overwrite = check_flag("overwrite", overwrite)  # overwrite="no" is truthy: it replaced the shard
+    overwrite = check_flag(
+        "overwrite", overwrite
+    )  # overwrite="no" is truthy: it replaced the shard
     _prepare_directory(dataset_dir, _fs)
     final = os.path.join(dataset_dir, name)
-    options: dict[str, Any] = dict(codec=codec, chunk_bytes=CHUNK_BYTES if chunk_bytes is None else chunk_bytes, dict_size=dict_size, schema=schema, progress=progress)
+    options: dict[str, Any] = dict(
+        codec=codec,
+        chunk_bytes=CHUNK_BYTES if chunk_bytes is None else chunk_bytes,
+        dict_size=dict_size,
+        schema=schema,
+        progress=progress,
+    )
     rows = 0
 
     def build(staging: str) -> None:
@@ -118,13 +134,30 @@ def write_shard(
             rows = from_iterator(staging, iter(data), **options, _staged=True)
 
     # Shared: many writers at once, but none while commit (exclusive) runs.
-    commit_lock = _lock(_fs, sibling(os.path.join(dataset_dir, MANIFEST_FILE), LOCK_PREFIX), "write a shard of", dataset_dir, shared=True)
+    commit_lock = _lock(
+        _fs,
+        sibling(os.path.join(dataset_dir, MANIFEST_FILE), LOCK_PREFIX),
+        "write a shard of",
+        dataset_dir,
+        shared=True,
+    )
     try:
-        with DirectorySwap(final, _fs, lambda message: StoreLockedError(f"cannot write shard {k}: {message}")) as swap:
-            if is_sharded(dataset_dir, _fs=_fs) and name in read_manifest(dataset_dir, _fs=_fs).names:
-                raise FileExistsError(f"shard {k} of '{dataset_dir}' is committed in its manifest and cannot change: write new shards with higher numbers")
+        with DirectorySwap(
+            final, _fs, lambda message: StoreLockedError(f"cannot write shard {k}: {message}")
+        ) as swap:
+            if (
+                is_sharded(dataset_dir, _fs=_fs)
+                and name in read_manifest(dataset_dir, _fs=_fs).names
+            ):
+                raise FileExistsError(
+                    f"shard {k} of '{dataset_dir}' is committed in its manifest and cannot change: "
+                    "write new shards with higher numbers"
+                )
             if _fs.exists(final) and not overwrite:
-                raise FileExistsError(f"shard {k} of '{dataset_dir}' already exists: skip it (see written_shards) or pass overwrite=True")
+                raise FileExistsError(
+                    f"shard {k} of '{dataset_dir}' already exists: skip it (see written_shards) or "
+                    "pass overwrite=True"
+                )
             swap.build(build)
             swap.commit()
     finally:
@@ -163,8 +196,17 @@ def commit(dataset_dir: StrPath, shard_count: int | None = None, *, _fs: OsFs = 
     """
     dataset_dir = os.fspath(dataset_dir)
     if not _fs.isdir(dataset_dir):
-        raise FileNotFoundError(f"no sharded dataset at '{dataset_dir}': write shards with loaderx.shards.write_shard first")
-    handle = _lock(_fs, sibling(os.path.join(dataset_dir, MANIFEST_FILE), LOCK_PREFIX), "commit", dataset_dir, shared=False)
+        raise FileNotFoundError(
+            f"no sharded dataset at '{dataset_dir}': write shards with loaderx.shards.write_shard "
+            "first"
+        )
+    handle = _lock(
+        _fs,
+        sibling(os.path.join(dataset_dir, MANIFEST_FILE), LOCK_PREFIX),
+        "commit",
+        dataset_dir,
+        shared=False,
+    )
     try:
         _remove_leftovers(dataset_dir, _fs)
         numbers = _numbers_to_commit(dataset_dir, written_shards(dataset_dir, _fs=_fs), shard_count)
@@ -177,27 +219,43 @@ def commit(dataset_dir: StrPath, shard_count: int | None = None, *, _fs: OsFs = 
                 old = None  # damaged: rewriting it from the shards is the remedy
             if old is not None:
                 _check_extends(dataset_dir, old, names, rows)
-        write_file_atomic(os.path.join(dataset_dir, MANIFEST_FILE), _pack_manifest(schema, names, rows), _fs)
-        _fs.fsync_dir(os.path.dirname(os.path.abspath(dataset_dir)))  # the dataset's own entry, however it was made
+        write_file_atomic(
+            os.path.join(dataset_dir, MANIFEST_FILE), _pack_manifest(schema, names, rows), _fs
+        )
+        _fs.fsync_dir(
+            os.path.dirname(os.path.abspath(dataset_dir))
+        )  # the dataset's own entry, however it was made
     finally:
         _fs.unlock(handle)
     return sum(rows)
 
 
-def _lock(fs: OsFs, path: str, what: str, dataset_dir: str, shared: bool) -> Any:  # Any: the seam's lock handle
+def _lock(
+    fs: OsFs, path: str, what: str, dataset_dir: str, shared: bool
+) -> Any:  # Any: the seam's lock handle
     try:
         return fs.lock(path, shared=shared)
     except BlockingIOError:
         other = "commit is running on it" if shared else "write_shard is running on it"
-        raise StoreLockedError(f"cannot {what} '{dataset_dir}' now: {other}; retry when it is done") from None
+        raise StoreLockedError(
+            f"cannot {what} '{dataset_dir}' now: {other}; retry when it is done"
+        ) from None
 
 
 def _prepare_directory(dataset_dir: str, fs: OsFs) -> None:
     if fs.exists(os.path.join(dataset_dir, SCHEMA_FILE)) or is_store(dataset_dir, fs):
-        raise ValueError(f"'{dataset_dir}' is a single loaderx store, not a sharded dataset: give a new or empty directory for the shards")
+        raise ValueError(
+            f"'{dataset_dir}' is a single loaderx store, not a sharded dataset: give a new or "
+            "empty directory for the shards"
+        )
     if fs.exists(dataset_dir) and not fs.isdir(dataset_dir):
-        raise ValueError(f"'{dataset_dir}' exists and is not a directory: give a directory for the sharded dataset")
-    make_dirs_durable(dataset_dir, fs)  # a new directory's entry is durable only after an fsync of its parent
+        raise ValueError(
+            f"'{dataset_dir}' exists and is not a directory: give a directory for the sharded "
+            "dataset"
+        )
+    make_dirs_durable(
+        dataset_dir, fs
+    )  # a new directory's entry is durable only after an fsync of its parent
 
 
 def _is_dense_source(data: object) -> bool:
@@ -209,7 +267,10 @@ def _is_dense_source(data: object) -> bool:
 def _numbers_to_commit(dataset_dir: str, present: list[int], shard_count: int | None) -> list[int]:
     if shard_count is None:
         if not present:
-            raise ValueError(f"'{dataset_dir}' has no complete shards to commit: write shards with write_shard first")
+            raise ValueError(
+                f"'{dataset_dir}' has no complete shards to commit: write shards with write_shard "
+                "first"
+            )
         shard_count = present[-1] + 1
     shard_count = operator.index(shard_count)
     if not 1 <= shard_count <= SHARD_COUNT_MAX:
@@ -217,10 +278,16 @@ def _numbers_to_commit(dataset_dir: str, present: list[int], shard_count: int | 
     missing = sorted(set(range(shard_count)) - set(present))
     if missing:
         shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
-        raise ValueError(f"cannot commit '{dataset_dir}': shards {shown} are missing or unfinished: write them (write_shard) and commit again")
+        raise ValueError(
+            f"cannot commit '{dataset_dir}': shards {shown} are missing or unfinished: write them "
+            "(write_shard) and commit again"
+        )
     extra = [number for number in present if number >= shard_count]
     if extra:
-        raise ValueError(f"cannot commit '{dataset_dir}': shard {extra[0]} exists beyond shard_count={shard_count}: delete it or commit with a larger shard_count")
+        raise ValueError(
+            f"cannot commit '{dataset_dir}': shard {extra[0]} exists beyond "
+            f"shard_count={shard_count}: delete it or commit with a larger shard_count"
+        )
     return list(range(shard_count))
 
 
@@ -236,7 +303,10 @@ def _inspect_shards(dataset_dir: str, names: list[str], fs: OsFs) -> tuple[Schem
         if schema is None:
             schema = shard_schema
         elif shard_schema != schema:
-            raise ValueError(f"cannot commit '{dataset_dir}': {name} holds {shard_schema.describe()}, but {names[0]} holds {schema.describe()}: rewrite {name} with the same schema")
+            raise ValueError(
+                f"cannot commit '{dataset_dir}': {name} holds {shard_schema.describe()}, but "
+                f"{names[0]} holds {schema.describe()}: rewrite {name} with the same schema"
+            )
         with Zrecord(path, codec=shard_schema.codec) as store:
             rows.append(len(store))
     assert schema is not None  # names is never empty
@@ -263,8 +333,10 @@ def _remove_leftovers(dataset_dir: str, fs: OsFs) -> None:
             fs.rmtree(os.path.join(dataset_dir, entry))
             changed = True
         for prefix in (STAGING_PREFIX, ASIDE_PREFIX):
-            if entry.startswith(prefix) and SHARD_PATTERN.fullmatch(entry[len(prefix):]):
-                changed = clean_leftovers(os.path.join(dataset_dir, entry[len(prefix):]), fs) or changed
+            if entry.startswith(prefix) and SHARD_PATTERN.fullmatch(entry[len(prefix) :]):
+                changed = (
+                    clean_leftovers(os.path.join(dataset_dir, entry[len(prefix) :]), fs) or changed
+                )
     if changed:
         fs.fsync_dir(dataset_dir)
 
@@ -273,5 +345,3 @@ def _pack_manifest(schema: Schema, names: list[str], rows: list[int]) -> bytes:
     shards = [{"name": name, "rows": int(count)} for name, count in zip(names, rows)]
     content = {"schema": schema.to_dict(), "shards": shards, "rows": int(sum(rows))}
     return seal(MANIFEST_FORMAT, MANIFEST_VERSION, content)
-
-
