@@ -171,6 +171,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     compact.add_argument("path", metavar="PATH")
     compact.set_defaults(run=_run_compact)
+    _add_convert(commands, common)
+    bench = commands.add_parser(
+        "bench", parents=[common], help="quick sampler, store and loader figures for this machine"
+    )
+    bench.add_argument(
+        "--records", type=int, default=4000, help="12 KiB records in the store test (default 4000)"
+    )
+    bench.add_argument(
+        "--dir",
+        default=None,
+        help="where to write the test stores (default: a temporary directory)",
+    )
+    bench.set_defaults(run=_run_bench)
+    return parser
+
+
+def _add_convert(commands: Any, common: argparse.ArgumentParser) -> None:
+    """The ``convert`` command and its options."""
     convert = commands.add_parser(
         "convert",
         parents=[common],
@@ -207,19 +225,6 @@ def _parser() -> argparse.ArgumentParser:
         help="show the progress bar on stderr even when it is not a terminal",
     )
     convert.set_defaults(run=_run_convert)
-    bench = commands.add_parser(
-        "bench", parents=[common], help="quick sampler, store and loader figures for this machine"
-    )
-    bench.add_argument(
-        "--records", type=int, default=4000, help="12 KiB records in the store test (default 4000)"
-    )
-    bench.add_argument(
-        "--dir",
-        default=None,
-        help="where to write the test stores (default: a temporary directory)",
-    )
-    bench.set_defaults(run=_run_bench)
-    return parser
 
 
 def _emit(

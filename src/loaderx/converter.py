@@ -104,35 +104,12 @@ def from_numpy(
     progress bar on a terminal when writing takes more than a second; a text
     stream (``progress=sys.stderr``) gets the bar whether or not it is one.
     """
-    codec = codec_name(codec, allow_auto=True)
-    if codec == "auto" and isinstance(schema, dict) and "codec" in schema:
-        codec = codec_name(schema["codec"])  # a schema that names its codec is followed
-    mode = _mode(mode)
-    chunk_bytes = check_chunk_bytes(chunk_bytes)
-    dict_size = _dict_size(dict_size, codec)
-    check_progress(progress)
+    codec, mode, chunk_bytes, dict_size = _checked_options(
+        codec, schema, mode, chunk_bytes, dict_size, progress
+    )
     source = _array_like(array)
-    shape = tuple(int(size) for size in source.shape)
-    if not shape:
-        raise ValueError(
-            "from_numpy writes one record per row along axis 0, so it needs an array of at least "
-            "one dimension, got a 0-d array"
-        )
-    dtype = np.dtype(source.dtype)
-    _check_dtype(dtype, "array")
-    target = _forced_schema("dense", dtype, shape[1:], "zstd" if codec == "auto" else codec, schema)
-    if target.dtype != dtype and not np.can_cast(dtype, target.dtype, casting="same_kind"):
-        raise ValueError(
-            f"cannot convert {dtype} to the schema's {target.dtype} (only same-kind casts, e.g. "
-            "float64 to float32)"
-        )
-    if math.prod(target.item_shape) != math.prod(shape[1:]):
-        raise ValueError(
-            f"rows of shape {shape[1:]} cannot be reshaped to the schema's item_shape "
-            f"{target.item_shape}"
-        )
-    row_count = shape[0]
-    row_bytes = target.item_bytes
+    target = _dense_target(source, codec, schema)
+    row_count, row_bytes = int(source.shape[0]), target.item_bytes
     rows_per_chunk = max(1, min(chunk_bytes // max(row_bytes, 1), chunk_bytes // RECORD_COST_BYTES))
 
     def rows(start: int, end: int) -> np.ndarray:
@@ -148,18 +125,7 @@ def from_numpy(
         )
 
     def fill(writer: Writer) -> int:
-        if uses_dictionary(target.codec) and row_count and not writer.store.has_dict():
-            samples = dense_samples(rows, row_count, row_bytes, dict_size)
-            writer.train_dictionary(shuffled_samples(samples, row_bytes, target.codec), dict_size)
-        meter = Progress(progress, "from_numpy", total_bytes=row_count * row_bytes)
-        offsets = np.arange(min(rows_per_chunk, row_count), dtype=np.uint64) * np.uint64(row_bytes)
-        for start in range(0, row_count, rows_per_chunk):
-            end = min(row_count, start + rows_per_chunk)
-            writer.append(rows(start, end), offsets[: end - start])
-            meter.update(end, end * row_bytes)
-        writer.commit()
-        meter.finish(row_count, row_count * row_bytes)
-        return row_count
+        return _write_dense(writer, rows, row_count, rows_per_chunk, dict_size, progress)
 
     return write_store(path, target, mode, fill, _fs, _staged)
 
@@ -190,13 +156,9 @@ def from_iterator(
     ``from_numpy`` (the dictionary is trained from the first chunk; ``"auto"``
     tries the shuffle filter on the first records, up to 64 or 4 MiB).
     """
-    codec = codec_name(codec, allow_auto=True)
-    if codec == "auto" and isinstance(schema, dict) and "codec" in schema:
-        codec = codec_name(schema["codec"])  # a schema that names its codec is followed
-    mode = _mode(mode)
-    chunk_bytes = check_chunk_bytes(chunk_bytes)
-    dict_size = _dict_size(dict_size, codec)
-    check_progress(progress)
+    codec, mode, chunk_bytes, dict_size = _checked_options(
+        codec, schema, mode, chunk_bytes, dict_size, progress
+    )
     try:
         # Sized sources only: the others raise TypeError.
         total: int | None = len(source)  # type: ignore[arg-type]
@@ -204,32 +166,10 @@ def from_iterator(
         total = None
     iterator = iter(source)
     first = next(iterator, _END)
-    if first is _END:
-        if schema is None:
-            existing = read_schema(path) if os.path.isdir(os.fspath(path)) else None
-            if existing is not None and existing.kind == "ragged" and mode == "a":
-                return 0
-            raise ValueError(
-                "from_iterator got an empty source, so there is no record to infer the dtype and "
-                "item shape from: pass schema={'dtype': ..., 'item_shape': ...} to create an empty "
-                "store"
-            )
-        target = _forced_schema("ragged", None, None, "zstd" if codec == "auto" else codec, schema)
-        forced_dtype = True
-    else:
-        record = _record_array(first, 0, None)
-        target = _forced_schema(
-            "ragged", record.dtype, record.shape[1:], "zstd" if codec == "auto" else codec, schema
-        )
-        forced_dtype = isinstance(schema, Schema) or (
-            isinstance(schema, dict) and "dtype" in schema
-        )
-    if target.item_bytes == 0:
-        raise ValueError(
-            f"rows of shape {target.item_shape} hold no bytes, so a ragged record could not tell "
-            "its row count: give rows at least one element"
-        )
-    records_per_chunk = max(1, chunk_bytes // RECORD_COST_BYTES)
+    decided = _ragged_target(path, first, codec, schema, mode)
+    if decided is None:
+        return 0  # an empty source appended to a ragged store
+    target, forced_dtype = decided
     head: list[Any] = [] if first is _END else [first]
     if codec == "auto":
         head = [_copy_record(item) for item in head] + _peek_records(iterator, head)
@@ -239,38 +179,156 @@ def from_iterator(
         )
 
     def fill(writer: Writer) -> int:
+        records = itertools.chain(head, iterator)
         meter = Progress(progress, "from_iterator", total_records=total)
-        packed = _PackedRecords(chunk_bytes, records_per_chunk)
-        count = written_bytes = 0
-
-        def write(buffer: npt.NDArray[np.uint8], sizes: list[int]) -> None:
-            nonlocal written_bytes
-            if uses_dictionary(target.codec) and not writer.store.has_dict():
-                ends = np.cumsum(sizes)
-                samples = [buffer[end - size : end] for size, end in zip(sizes, ends.tolist())]
-                writer.train_dictionary(shuffled_samples(samples, None, target.codec), dict_size)
-            sizes_array = np.asarray(sizes, dtype=np.uint64)
-            writer.append(buffer, np.cumsum(sizes_array) - sizes_array)
-            written_bytes += buffer.size
-            meter.update(count, written_bytes)
-
-        for position, item in enumerate(itertools.chain(head, iterator)):
-            record = _record_array(item, position, target, cast=forced_dtype)
-            data = np.ascontiguousarray(record).reshape(-1).view(np.uint8)
-            count += 1
-            if packed.sizes and not packed.fits(data.size):
-                write(*packed.take())
-            if data.size >= chunk_bytes:
-                write(data, [data.size])  # appended at once, so the source may reuse its buffer
-            else:
-                packed.add(data)  # copied, so the source may reuse its buffer
-        if packed.sizes:
-            write(*packed.take())
-        writer.commit()
-        meter.finish(count, written_bytes)
-        return count
+        return _write_ragged(writer, records, target, forced_dtype, chunk_bytes, dict_size, meter)
 
     return write_store(path, target, mode, fill, _fs, _staged)
+
+
+def _checked_options(
+    codec: str | int,
+    schema: Schema | dict[str, Any] | None,
+    mode: str,
+    chunk_bytes: int,
+    dict_size: int | None,
+    progress: bool | TextIO,
+) -> tuple[str, str, int, int]:
+    """A converter's codec (a schema that names its codec is followed),
+    mode, chunk bytes and dictionary size, checked before anything is read."""
+    codec = codec_name(codec, allow_auto=True)
+    if codec == "auto" and isinstance(schema, dict) and "codec" in schema:
+        codec = codec_name(schema["codec"])
+    check_progress(progress)
+    return codec, _mode(mode), check_chunk_bytes(chunk_bytes), _dict_size(dict_size, codec)
+
+
+def _dense_target(source: Any, codec: str, schema: Schema | dict[str, Any] | None) -> Schema:
+    """The schema ``from_numpy`` writes ``source`` with (``"zstd"`` stands in
+    for ``"auto"`` until the trial decides)."""
+    shape = tuple(int(size) for size in source.shape)
+    if not shape:
+        raise ValueError(
+            "from_numpy writes one record per row along axis 0, so it needs an array of at least "
+            "one dimension, got a 0-d array"
+        )
+    dtype = np.dtype(source.dtype)
+    _check_dtype(dtype, "array")
+    target = _forced_schema("dense", dtype, shape[1:], "zstd" if codec == "auto" else codec, schema)
+    if target.dtype != dtype and not np.can_cast(dtype, target.dtype, casting="same_kind"):
+        raise ValueError(
+            f"cannot convert {dtype} to the schema's {target.dtype} (only same-kind casts, e.g. "
+            "float64 to float32)"
+        )
+    if math.prod(target.item_shape) != math.prod(shape[1:]):
+        raise ValueError(
+            f"rows of shape {shape[1:]} cannot be reshaped to the schema's item_shape "
+            f"{target.item_shape}"
+        )
+    return target
+
+
+def _write_dense(
+    writer: Writer,
+    rows: Callable[[int, int], np.ndarray],
+    row_count: int,
+    rows_per_chunk: int,
+    dict_size: int,
+    progress: bool | TextIO,
+) -> int:
+    """``from_numpy``'s writes: the dictionary first, then the rows chunk by chunk."""
+    codec, row_bytes = writer.schema.codec, writer.schema.item_bytes
+    if uses_dictionary(codec) and row_count and not writer.store.has_dict():
+        samples = dense_samples(rows, row_count, row_bytes, dict_size)
+        writer.train_dictionary(shuffled_samples(samples, row_bytes, codec), dict_size)
+    meter = Progress(progress, "from_numpy", total_bytes=row_count * row_bytes)
+    offsets = np.arange(min(rows_per_chunk, row_count), dtype=np.uint64) * np.uint64(row_bytes)
+    for start in range(0, row_count, rows_per_chunk):
+        end = min(row_count, start + rows_per_chunk)
+        writer.append(rows(start, end), offsets[: end - start])
+        meter.update(end, end * row_bytes)
+    writer.commit()
+    meter.finish(row_count, row_count * row_bytes)
+    return row_count
+
+
+def _ragged_target(
+    path: StrPath,
+    first: Any,
+    codec: str,
+    schema: Schema | dict[str, Any] | None,
+    mode: str,
+) -> tuple[Schema, bool] | None:
+    """The schema ``from_iterator`` writes with, from its first record (``_END``
+    for an empty source), and whether records are cast to its dtype; None
+    when an empty source appends to a ragged store (nothing to write)."""
+    stand_in = "zstd" if codec == "auto" else codec
+    if first is _END:
+        if schema is None:
+            existing = read_schema(path) if os.path.isdir(os.fspath(path)) else None
+            if existing is not None and existing.kind == "ragged" and mode == "a":
+                return None
+            raise ValueError(
+                "from_iterator got an empty source, so there is no record to infer the dtype and "
+                "item shape from: pass schema={'dtype': ..., 'item_shape': ...} to create an empty "
+                "store"
+            )
+        target = _forced_schema("ragged", None, None, stand_in, schema)
+        forced_dtype = True
+    else:
+        record = _record_array(first, 0, None)
+        target = _forced_schema("ragged", record.dtype, record.shape[1:], stand_in, schema)
+        forced_dtype = isinstance(schema, Schema) or (
+            isinstance(schema, dict) and "dtype" in schema
+        )
+    if target.item_bytes == 0:
+        raise ValueError(
+            f"rows of shape {target.item_shape} hold no bytes, so a ragged record could not tell "
+            "its row count: give rows at least one element"
+        )
+    return target, forced_dtype
+
+
+def _write_ragged(
+    writer: Writer,
+    records: Iterable[Any],
+    target: Schema,
+    cast: bool,
+    chunk_bytes: int,
+    dict_size: int,
+    meter: Progress,
+) -> int:
+    """``from_iterator``'s writes: records packed into chunks (one that fills
+    a chunk alone appended at once), the dictionary trained on the first."""
+    packed = _PackedRecords(chunk_bytes, max(1, chunk_bytes // RECORD_COST_BYTES))
+    count = written_bytes = 0
+
+    def write(buffer: npt.NDArray[np.uint8], sizes: list[int]) -> None:
+        nonlocal written_bytes
+        if uses_dictionary(target.codec) and not writer.store.has_dict():
+            ends = np.cumsum(sizes)
+            samples = [buffer[end - size : end] for size, end in zip(sizes, ends.tolist())]
+            writer.train_dictionary(shuffled_samples(samples, None, target.codec), dict_size)
+        sizes_array = np.asarray(sizes, dtype=np.uint64)
+        writer.append(buffer, np.cumsum(sizes_array) - sizes_array)
+        written_bytes += buffer.size
+        meter.update(count, written_bytes)
+
+    for position, item in enumerate(records):
+        record = _record_array(item, position, target, cast=cast)
+        data = np.ascontiguousarray(record).reshape(-1).view(np.uint8)
+        count += 1
+        if packed.sizes and not packed.fits(data.size):
+            write(*packed.take())
+        if data.size >= chunk_bytes:
+            write(data, [data.size])  # appended at once, so the source may reuse its buffer
+        else:
+            packed.add(data)  # copied, so the source may reuse its buffer
+    if packed.sizes:
+        write(*packed.take())
+    writer.commit()
+    meter.finish(count, written_bytes)
+    return count
 
 
 class _PackedRecords:

@@ -112,18 +112,17 @@ def write_shard(
     """
     dataset_dir = os.fspath(dataset_dir)
     name = shard_name(k)
-    overwrite = check_flag(
-        "overwrite", overwrite
-    )  # overwrite="no" is truthy: it replaced the shard
+    # overwrite="no" is truthy: it replaced the shard.
+    overwrite = check_flag("overwrite", overwrite)
     _prepare_directory(dataset_dir, _fs)
     final = os.path.join(dataset_dir, name)
-    options: dict[str, Any] = dict(
-        codec=codec,
-        chunk_bytes=CHUNK_BYTES if chunk_bytes is None else chunk_bytes,
-        dict_size=dict_size,
-        schema=schema,
-        progress=progress,
-    )
+    options: dict[str, Any] = {
+        "codec": codec,
+        "chunk_bytes": CHUNK_BYTES if chunk_bytes is None else chunk_bytes,
+        "dict_size": dict_size,
+        "schema": schema,
+        "progress": progress,
+    }
     rows = 0
 
     def build(staging: str) -> None:
@@ -145,24 +144,29 @@ def write_shard(
         with DirectorySwap(
             final, _fs, lambda message: StoreLockedError(f"cannot write shard {k}: {message}")
         ) as swap:
-            if (
-                is_sharded(dataset_dir, _fs=_fs)
-                and name in read_manifest(dataset_dir, _fs=_fs).names
-            ):
-                raise FileExistsError(
-                    f"shard {k} of '{dataset_dir}' is committed in its manifest and cannot change: "
-                    "write new shards with higher numbers"
-                )
-            if _fs.exists(final) and not overwrite:
-                raise FileExistsError(
-                    f"shard {k} of '{dataset_dir}' already exists: skip it (see written_shards) or "
-                    "pass overwrite=True"
-                )
+            _check_writable(dataset_dir, k, name, final, overwrite, _fs)
             swap.build(build)
             swap.commit()
     finally:
         _fs.unlock(commit_lock)
     return rows
+
+
+def _check_writable(
+    dataset_dir: str, k: int, name: str, final: str, overwrite: bool, fs: OsFs
+) -> None:
+    """Refuses to write shard ``k`` over a committed one, or over a written
+    one without ``overwrite`` (under the swap's lock, so no writer races it)."""
+    if is_sharded(dataset_dir, _fs=fs) and name in read_manifest(dataset_dir, _fs=fs).names:
+        raise FileExistsError(
+            f"shard {k} of '{dataset_dir}' is committed in its manifest and cannot change: "
+            "write new shards with higher numbers"
+        )
+    if fs.exists(final) and not overwrite:
+        raise FileExistsError(
+            f"shard {k} of '{dataset_dir}' already exists: skip it (see written_shards) or "
+            "pass overwrite=True"
+        )
 
 
 def written_shards(dataset_dir: StrPath, *, _fs: OsFs = OS_FS) -> list[int]:
