@@ -15,7 +15,7 @@ from loaderx.zrecord import Zrecord
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaderx import DataLoader, DenseDataset, RaggedDataset, converter, from_iterator, from_numpy
+from loaderx import DataLoader, DenseDataset, RaggedDataset, _writing, from_iterator, from_numpy
 
 
 def _require(name: str):
@@ -367,8 +367,8 @@ def test_progress_bar_on_a_terminal(tmp_path, monkeypatch):
     """from_arrow reports rows on a terminal like the other converters."""
     terminal = type("Terminal", (io.StringIO,), {"isatty": lambda self: True})()
     monkeypatch.setattr(sys, "stderr", terminal)
-    monkeypatch.setattr(converter._Progress, "delay_seconds", 0.0)
-    monkeypatch.setattr(converter._Progress, "interval_seconds", 0.0)
+    monkeypatch.setattr(_writing.Progress, "delay_seconds", 0.0)
+    monkeypatch.setattr(_writing.Progress, "interval_seconds", 0.0)
     from_arrow(tmp_path / "out", pa.table({"a": np.arange(100)}), chunk_bytes=80)
     assert "from_arrow: 100/100 records" in terminal.getvalue()
     assert terminal.getvalue().endswith("\n")

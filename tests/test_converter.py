@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from loaderx import DenseDataset, RaggedDataset, Zrecord, from_iterator, from_numpy
-from loaderx import converter
+from loaderx import _writing
 from loaderx.dataset import read_schema, write_schema
 
 
@@ -229,7 +229,7 @@ def test_failed_append_is_rolled_back(tmp_path, monkeypatch):
     """When a later chunk fails, the chunks this call appended are taken back."""
     from_numpy(tmp_path / "store", np.arange(10, dtype=np.int64), codec="raw")
     calls = []
-    original = converter._Writer.append
+    original = _writing.Writer.append
 
     def failing(self, buffer, offsets):
         calls.append(len(offsets))
@@ -237,7 +237,7 @@ def test_failed_append_is_rolled_back(tmp_path, monkeypatch):
             raise OSError("disk on fire")
         original(self, buffer, offsets)
 
-    monkeypatch.setattr(converter._Writer, "append", failing)
+    monkeypatch.setattr(_writing.Writer, "append", failing)
     with pytest.raises(OSError, match="disk on fire"):
         from_numpy(tmp_path / "store", np.arange(100, dtype=np.int64), codec="raw", chunk_bytes=80)
     calls.clear()
@@ -273,8 +273,8 @@ def test_conversion_syncs_once_before_its_schema(tmp_path, monkeypatch, mode):
         events.append("schema")
         return write_schema(*args, **kwargs)
 
-    monkeypatch.setattr(converter, "Zrecord", Spy)
-    monkeypatch.setattr(converter, "write_schema", schema)
+    monkeypatch.setattr(_writing, "Zrecord", Spy)
+    monkeypatch.setattr(_writing, "write_schema", schema)
     from_numpy(tmp_path / "store", np.arange(100, dtype=np.float32), codec="zstd", chunk_bytes=1280, mode=mode)  # 20 rows a chunk
     assert opened == [False]
     assert events == ["append"] * 5 + (["sync", "schema"] if mode == "w" else ["sync"])
@@ -516,8 +516,8 @@ def test_progress_bar_only_on_a_terminal(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == ""
     terminal = FakeTerminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    monkeypatch.setattr(converter._Progress, "delay_seconds", 0.0)
-    monkeypatch.setattr(converter._Progress, "interval_seconds", 0.0)
+    monkeypatch.setattr(_writing.Progress, "delay_seconds", 0.0)
+    monkeypatch.setattr(_writing.Progress, "interval_seconds", 0.0)
     from_numpy(tmp_path / "loud", np.zeros((64, 16)), chunk_bytes=128)
     assert "100%" in terminal.getvalue() and terminal.getvalue().endswith("\n")
     quiet = FakeTerminal()
@@ -567,13 +567,13 @@ def test_failed_overwrite_keeps_the_old_store(tmp_path, monkeypatch):
     """An overwrite that fails midway leaves the old store whole, and no staging directory."""
     old = np.arange(10, dtype=np.int64)
     from_numpy(tmp_path / "store", old)
-    original = converter._Writer.append
+    original = _writing.Writer.append
 
     def failing(self, buffer, offsets):
         original(self, buffer, offsets)
         raise OSError("disk on fire")
 
-    monkeypatch.setattr(converter._Writer, "append", failing)
+    monkeypatch.setattr(_writing.Writer, "append", failing)
     with pytest.raises(OSError, match="disk on fire"):
         from_numpy(tmp_path / "store", np.arange(5, dtype=np.int64))
     with DenseDataset(tmp_path / "store") as dataset:

@@ -196,6 +196,14 @@ def test_malformed_bodies_are_refused(dataset, edit, message):
         DenseDataset(dataset)
 
 
+def test_the_sha256_layout_of_version_1_still_opens(dataset):
+    """A manifest as loaderx wrote it before the shared envelope (version 1,
+    the body's SHA-256) opens with its rows; new commits write version 2."""
+    assert msgpack.unpackb((dataset / MANIFEST_FILE).read_bytes())["version"] == 2
+    seal(dataset, body_of(dataset), version=1)
+    assert outcome(dataset) == "ok"
+
+
 def test_a_newer_manifest_version_asks_for_an_upgrade(dataset):
     """A manifest from a newer loaderx is refused with what to do."""
     seal(dataset, body_of(dataset), version=2)

@@ -459,12 +459,12 @@ def test_an_index_out_of_range_raises_the_same_class_from_either_layer(tmp_path)
 def test_short_index_lists_are_checked_like_arrays(length, key):
     """A list of at most 32 Python ints takes a path of its own (no NumPy
     checks); it must give what the NumPy path gives, or the same error."""
-    from loaderx.dataset import _record_indices
+    from loaderx._indexing import record_indices
     from loaderx.zrecord import IndexOutOfRangeError
 
     def outcome(selector):
         try:
-            indices, shape = _record_indices(selector, length)
+            indices, shape = record_indices(selector, length)
         except IndexOutOfRangeError as exc:
             return "error", str(exc)
         assert indices.dtype == np.uint64 and indices.flags.c_contiguous

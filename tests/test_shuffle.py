@@ -196,13 +196,13 @@ def test_auto_picks_the_shuffle_only_for_numbers_it_shrinks(tmp_path, name, arra
 def test_auto_follows_the_measurement_not_the_dtype(tmp_path, monkeypatch):
     """The same float32 rows keep plain zstd when the shuffle must win by more
     than it does: the pick is the sample's sizes, compared."""
-    import loaderx.converter as converter
+    import loaderx._writing as writing
 
     rows = smooth(20)
     plain = encoded_bytes(rows, np.arange(20, dtype=np.uint64) * rows[0].nbytes, "zstd")
     shuffled = encoded_bytes(rows, np.arange(20, dtype=np.uint64) * rows[0].nbytes, "zstd_shuffle4")
     assert shuffled < plain
-    monkeypatch.setattr(converter, "_SHUFFLE_GAIN_MIN", 1 - shuffled / plain + 0.01)
+    monkeypatch.setattr(writing, "SHUFFLE_GAIN_MIN", 1 - shuffled / plain + 0.01)
     from_numpy(tmp_path / "d", rows, progress=False)
     with DenseDataset(tmp_path / "d") as dataset:
         assert dataset.codec == "zstd"

@@ -648,3 +648,24 @@ def test_reads_check_checksums_by_default_where_it_costs_little(tmp_path):
             store.read(1)
     with pytest.raises(TypeError, match="verify must be"):
         Zrecord(path, verify="yes")
+
+
+def test_codec_table_comes_from_the_core():
+    """CODECS is read from zig/format.zig (lx_codec_get), with the ids the
+    store format has always had; shuffle_bytes is the core's shuffle."""
+    from loaderx.zrecord import CODECS, SHUFFLE_ELEMENT_BYTES, codec_parts, shuffle_bytes
+
+    assert CODECS == {
+        "raw": 0x00, "zstd": 0x01, "zstd_dict": 0x02,
+        "zstd_shuffle2": 0x11, "zstd_shuffle4": 0x21, "zstd_shuffle8": 0x31,
+        "zstd_dict_shuffle2": 0x12, "zstd_dict_shuffle4": 0x22, "zstd_dict_shuffle8": 0x32,
+    }
+    assert SHUFFLE_ELEMENT_BYTES == (2, 4, 8)
+    assert codec_parts("zstd_dict_shuffle4")[2:] == (4, True)
+    assert codec_parts(0x01)[2:] == (1, False)
+    record = np.random.default_rng(0).integers(0, 256, 4 * 1000 + 3, dtype=np.uint8)
+    for element_bytes in SHUFFLE_ELEMENT_BYTES:
+        whole = record.size // element_bytes * element_bytes
+        planes = record[:whole].reshape(-1, element_bytes).T.reshape(-1)
+        np.testing.assert_array_equal(shuffle_bytes(record, element_bytes), np.concatenate([planes, record[whole:]]))
+    assert shuffle_bytes(np.empty(0, np.uint8), 4).size == 0

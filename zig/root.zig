@@ -257,6 +257,52 @@ export fn lx_encoded_bytes(
     return 0;
 }
 
+// ---- codecs ---------------------------------------------------------------
+
+const shuffle = @import("shuffle.zig");
+
+/// How many codecs format.Codec has: Python builds its codec table from
+/// `lx_codec_get`, so the table has one definition.
+export fn lx_codec_count() u32 {
+    return @intCast(std.enums.values(format.Codec).len);
+}
+
+/// Codec `index` (0..lx_codec_count()): its name (NUL-terminated, cut to fit
+/// as in lx_error_message), its id, the element bytes it shuffles by (1: not
+/// shuffled) and whether it compresses with the store's dictionary.
+export fn lx_codec_get(
+    index: u32,
+    name: [*]u8,
+    capacity: usize,
+    id_out: *u32,
+    element_bytes_out: *u32,
+    uses_dictionary_out: *u32,
+) c_int {
+    status.clear();
+    const codecs = std.enums.values(format.Codec);
+    if (index >= codecs.len) {
+        return result(status.fail(error.InvalidArgument, "codec index {d} is past the {d} codecs", .{ index, codecs.len }));
+    }
+    const codec = codecs[index];
+    _ = copyText(@tagName(codec), name, capacity);
+    id_out.* = @intFromEnum(codec);
+    element_bytes_out.* = codec.elementBytes();
+    uses_dictionary_out.* = @intFromBool(codec.usesDictionary());
+    return 0;
+}
+
+/// Writes `bytes` of `source` byte-shuffled by `element_bytes` (2, 4 or 8)
+/// into `target` (as many bytes, not overlapping `source`): a record as a
+/// shuffled codec compresses it, for Python's dictionary samples.
+export fn lx_codec_shuffle(source: ?[*]const u8, bytes: u64, element_bytes: u32, target: ?[*]u8) c_int {
+    status.clear();
+    if (!shuffle.supported(element_bytes)) {
+        return result(status.fail(error.InvalidArgument, "the byte shuffle takes 2, 4 or 8-byte elements, not {d}", .{element_bytes}));
+    }
+    shuffle.shuffle(element_bytes, slice(u8, source, bytes), sliceMut(u8, target, bytes));
+    return 0;
+}
+
 // ---- zsampler ------------------------------------------------------------
 
 const sampler = @import("sampler.zig");

@@ -38,6 +38,13 @@ typedef struct {
 } lx_limits_t;
 
 void lx_limits(lx_limits_t *out);
+/* The flags of lx_store_open (zig/root.zig). */
+#define LX_OPEN_VERIFY_ALL 1       /* check every read against its checksum */
+#define LX_OPEN_DEFER_SYNC 2       /* durable=False: fsyncs wait for sync() and close() */
+#define LX_OPEN_STAGED 4           /* a new store is not durable until sync() */
+#define LX_OPEN_EXISTING 8         /* open an existing store only: create nothing */
+#define LX_OPEN_VERIFY_INDEXED 16  /* check the reads of the indexed layout */
+
 int lx_store_open(const char *path, uint32_t threads, uint32_t flags, lx_store **out);
 void lx_store_close(lx_store *store);
 int lx_store_refresh(lx_store *store);
@@ -76,6 +83,18 @@ int lx_store_verify(lx_store *store, uint64_t start, uint64_t end,
 int lx_encoded_bytes(const uint8_t *source, uint64_t source_bytes,
                      const uint64_t *offsets, uint64_t count, uint32_t codec,
                      uint32_t threads, uint64_t *stored_bytes_out);
+
+/* ---- codecs (zig/format.zig) ----------------------------------------- */
+
+/* How many codecs there are; lx_codec_get(index) for 0 <= index < count
+ * gives one's name (NUL-terminated, cut to capacity), id, shuffle element
+ * bytes (1: not shuffled) and whether it uses the store's dictionary. */
+uint32_t lx_codec_count(void);
+int lx_codec_get(uint32_t index, char *name, size_t capacity, uint32_t *id_out,
+                 uint32_t *element_bytes_out, uint32_t *uses_dictionary_out);
+/* `bytes` of source byte-shuffled by element_bytes (2, 4, 8) into target. */
+int lx_codec_shuffle(const uint8_t *source, uint64_t bytes, uint32_t element_bytes,
+                     uint8_t *target);
 
 /* ---- zsampler --------------------------------------------------------- */
 

@@ -76,13 +76,20 @@ def check_header(data: dict[str, Any], format_name: str, version_max: int) -> in
     return version
 
 
+def checked_body(data: dict[str, Any]) -> bytes:
+    """The body of a decoded envelope whose CRC32 checks (its header is the
+    caller's to check first, with `check_header`)."""
+    body, crc = data.get("body"), data.get("crc32")
+    if not isinstance(body, bytes) or not isinstance(crc, int) or zlib.crc32(body) != crc:
+        raise EnvelopeError(CHECKSUM, "the body fails its CRC32")
+    return body
+
+
 def unseal(payload: bytes, format_name: str, version_max: int) -> tuple[int, dict[str, Any]]:
     """The version and content of a file `seal` wrote, every field checked."""
     data = unpack_map(payload)
     version = check_header(data, format_name, version_max)
-    body, crc = data.get("body"), data.get("crc32")
-    if not isinstance(body, bytes) or not isinstance(crc, int) or zlib.crc32(body) != crc:
-        raise EnvelopeError(CHECKSUM, "the body fails its CRC32")
+    body = checked_body(data)
     try:
         content = unpack_map(body)
     except EnvelopeError as exc:

@@ -18,9 +18,13 @@ import os
 class ZrecordError(RuntimeError):
     """A zrecord store operation failed; ``code`` is the native status code."""
 
-    def __init__(self, message: str, code: int = 0):
+    #: The status code an error of this class carries when none is given:
+    #: ``_native`` sets it from the one table of codes (0: none).
+    status = 0
+
+    def __init__(self, message: str, code: int | None = None):
         super().__init__(message)
-        self.code = code
+        self.code = type(self).status if code is None else code
 
 
 class StoreOSError(ZrecordError, OSError):
@@ -30,7 +34,7 @@ class StoreOSError(ZrecordError, OSError):
 
     default_errno = errno_codes.EIO
 
-    def __init__(self, message: str, code: int = 3, errno: int | None = None):
+    def __init__(self, message: str, code: int | None = None, errno: int | None = None):
         ZrecordError.__init__(self, message, code)
         self.errno = self.default_errno if errno is None else errno
         self.strerror = os.strerror(self.errno)
@@ -48,18 +52,12 @@ class StoreReadOnlyError(StoreOSError):
 
     default_errno = errno_codes.EROFS
 
-    def __init__(self, message: str, code: int = 7, errno: int | None = None):
-        super().__init__(message, code, errno)
-
 
 class StoreFullError(StoreOSError):
     """The disk, a quota or a file-size limit ran out while writing (ENOSPC,
     EDQUOT, EFBIG); the store keeps its committed data: free space, retry."""
 
     default_errno = errno_codes.ENOSPC
-
-    def __init__(self, message: str, code: int = 8, errno: int | None = None):
-        super().__init__(message, code, errno)
 
 
 _FULL = frozenset({errno_codes.ENOSPC, errno_codes.EDQUOT, errno_codes.EFBIG})

@@ -140,7 +140,12 @@ class OsFs:
         False where the kernel or file system cannot."""
         if not self.exchange_works:
             return False
-        if self._renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_EXCHANGE) == 0:
+        if (
+            self._renameat2(
+                _AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_EXCHANGE
+            )
+            == 0
+        ):
             return True
         code = ctypes.get_errno()
         if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
@@ -406,7 +411,10 @@ class DirectorySwap:
         try:
             self._handle = fs.lock(sibling(self.target, LOCK_PREFIX))
         except BlockingIOError:
-            raise locked(f"'{target}' is being written by another process (or handle) right now; retry when it is done") from None
+            raise locked(
+                f"'{target}' is being written by another process (or handle) right now; retry when "
+                "it is done"
+            ) from None
         try:
             if clean_leftovers(self.target, fs):
                 fs.fsync_dir(self.parent)

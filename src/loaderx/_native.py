@@ -59,7 +59,8 @@ def cpu_flags() -> frozenset[str]:
 
 
 def pick_variant(flags: frozenset[str], requested: str | None) -> str:
-    """The build to load: `requested` (LOADERX_CPU) if set, else the best bundled one the CPU runs."""
+    """The build to load: `requested` (LOADERX_CPU) if set, else the best
+    bundled one the CPU runs."""
     if requested:
         missing = sorted(CPU_LEVELS.get(requested, set()) - flags)
         if missing:
@@ -86,6 +87,7 @@ VARIANT = pick_variant(cpu_flags(), os.environ.get("LOADERX_CPU"))
 # LOADERX_LIBRARY loads another build of the same source (the tests run the
 # crash and corruption suites against a ReleaseSafe build this way).
 _LIBRARY = Path(os.environ.get("LOADERX_LIBRARY") or library_path(VARIANT))
+
 
 def _load_ffi() -> Any:
     """The C declarations of ``_abi.h``: pre-parsed by the build into
@@ -115,7 +117,9 @@ try:
     # teardown, so the library must stay mapped until the process exits.
     lib = ffi.dlopen(str(_LIBRARY), ffi.RTLD_NOW | ffi.RTLD_NODELETE)
 except OSError as exc:
-    raise ImportError(f"loaderx could not load its native library {_LIBRARY}: {exc}. {_REBUILD}") from exc
+    raise ImportError(
+        f"loaderx could not load its native library {_LIBRARY}: {exc}. {_REBUILD}"
+    ) from exc
 if lib.lx_version() != ABI_VERSION:
     raise ImportError(
         f"loaderx's native library {_LIBRARY} has ABI version {lib.lx_version()}, "
@@ -167,6 +171,16 @@ CODES = {
     16: ("buffer_too_small", InvalidArgumentError),
     17: ("not_found", ZrecordError),
 }
+#: The code of each status name: how the rest of loaderx names a code.
+STATUS = {name: code for code, (name, _) in CODES.items()}
+# Each error class carries the first code the table gives it when raised
+# without one (StoreLockedError("...") has code 6); ZrecordError stands for
+# several unrelated codes and keeps 0, StoreOSError is an io failure.
+for _code, (_name, _class) in CODES.items():
+    if _class is not ZrecordError and "status" not in vars(_class):
+        _class.status = _code
+StoreOSError.status = STATUS["io"]
+
 
 def last_message() -> str:
     """The native message of this thread's last failure."""
@@ -178,7 +192,9 @@ def last_message() -> str:
 
 # The codes an OS error maps to (zig/status.zig `fromOs`): with an errno,
 # they raise the OSError class the errno names.
-_OS_CODES = frozenset({3, 7, 8, 9, 17})
+_OS_CODES = frozenset(
+    STATUS[name] for name in ("io", "read_only", "no_space", "out_of_memory", "not_found")
+)
 
 
 def error_for(status: int, message: str, errno: int = 0) -> ZrecordError:
@@ -202,8 +218,16 @@ def check(status: int, context: str = "") -> None:
 def _limits() -> dict[str, int]:
     out = ffi.new("lx_limits_t *")
     lib.lx_limits(out)
-    return {name: int(getattr(out, name)) for name in
-            ("record_bytes_max", "record_count_max", "dict_bytes_min", "dict_bytes_max", "sampler_length_max")}
+    return {
+        name: int(getattr(out, name))
+        for name in (
+            "record_bytes_max",
+            "record_count_max",
+            "dict_bytes_min",
+            "dict_bytes_max",
+            "sampler_length_max",
+        )
+    }
 
 
 # The core's limits (zig/format.zig, zig/sampler.zig): one definition.

@@ -50,7 +50,8 @@ from ._arraycommit import MARKER_FILE as MARKER_FILE
 from ._arrayview import LazyArray, OpenArray, write_array
 from ._checks import check_flag, check_int
 from ._fs import OS_FS, OsFs
-from .dataset import SCHEMA_FILE, DenseDataset, StrPath, _int_index, _is_int, _record_indices
+from ._indexing import int_index, is_int, record_indices
+from .dataset import SCHEMA_FILE, DenseDataset, StrPath
 from .zrecord import CODECS, CorruptStoreError, StoreClosedError
 
 __all__ = [
@@ -531,9 +532,9 @@ def _row_indices(key: Any, length: int, name: str) -> npt.NDArray[np.uint64]:
     """Row selector (int, slice, list, int array, bool mask; negative counts
     from the end) as flat uint64 indices; IndexError when out of range."""
     try:
-        if _is_int(key):
-            return np.array([_int_index(key, length)], dtype=np.uint64)
-        indices, shape = _record_indices(key, length)
+        if is_int(key):
+            return np.array([int_index(key, length)], dtype=np.uint64)
+        indices, shape = record_indices(key, length)
     except IndexError as exc:
         raise IndexError(f"array '{name}': {exc}") from None
     if len(shape) != 1:

@@ -28,11 +28,11 @@ numeric, list and binary data). Peak memory does not grow with the source:
 about two batches plus what the reader holds (Parquet decodes in batches of
 ``chunk_bytes / 8``, see ``_PARQUET_DECODE_FACTOR``).
 
-All or nothing, like ``from_numpy``, whose write session (``_Writer``) each
-column uses: every column store gets its schema only after its data is
-durable, ``columns.msgpack`` is written last (atomically, with a checksum),
-and a failure removes everything the call wrote. The target must be a new or
-empty directory. ``open_columns(path)`` opens the stores as
+All or nothing, like ``from_numpy``: each column is one ``Writer`` of the
+converters' write session (loaderx._writing): every column store gets its
+schema only after its data is durable, ``columns.msgpack`` is written last
+(atomically, with a checksum), and a failure removes everything the call
+wrote. The target must be a new or empty directory. ``open_columns(path)`` opens the stores as
 ``{name: DenseDataset | RaggedDataset}`` after checking the listing against
 the directory: it never trusts ``columns.msgpack``.
 
@@ -58,12 +58,36 @@ from typing import Any, Callable, Iterator, TextIO
 import msgpack
 import numpy as np
 
-from ._fs import readable_path, write_file_atomic
-from .converter import (
-    _RECORD_COST_BYTES, _SAMPLE_BUDGET_MAX, _TRIAL_BYTES_MAX, _TRIAL_RECORDS_MAX, CHUNK_BYTES, DICT_BYTES, _auto_codec, _codec_name,
-    _packed_trial, check_chunk_bytes, check_progress, _Progress, _shuffled_samples, _Writer,
+from ._envelope import (
+    NEWER,
+    UNREADABLE,
+    VERSION,
+    EnvelopeError,
+    check_header,
+    checked_body,
+    unpack_map,
 )
-from .dataset import DenseDataset, RaggedDataset, Schema, StrPath
+from ._fs import readable_path, write_file_atomic
+from ._writing import (
+    CHUNK_BYTES,
+    DICT_BYTES,
+    RECORD_COST_BYTES,
+    SAMPLE_BUDGET_MAX,
+    TRIAL_BYTES_MAX,
+    TRIAL_RECORDS_MAX,
+    Progress,
+    Writer,
+    auto_codec,
+    check_chunk_bytes,
+    check_progress,
+    codec_name,
+    packed_trial,
+    shuffled_samples,
+    uses_dictionary,
+)
+from .dataset import DenseDataset, RaggedDataset
+from .schema import Schema, StrPath
+from .zrecord import codec_parts
 
 __all__ = ["COLUMNS_FILE", "from_arrow", "open_columns"]
 
@@ -101,8 +125,12 @@ class _Column:
 
 
 def from_arrow(
-    path: StrPath, source: Any, columns: Mapping[str, str] | list[str] | tuple[str, ...] | None = None,
-    codec: str | int | Mapping[str, str | int] = "auto", chunk_bytes: int = CHUNK_BYTES, progress: bool | TextIO = True,
+    path: StrPath,
+    source: Any,
+    columns: Mapping[str, str] | list[str] | tuple[str, ...] | None = None,
+    codec: str | int | Mapping[str, str | int] = "auto",
+    chunk_bytes: int = CHUNK_BYTES,
+    progress: bool | TextIO = True,
 ) -> int:
     """Writes the table ``source`` to a new column directory at ``path`` (one
     store per column, see the module doc); returns the rows written.
@@ -132,12 +160,17 @@ def from_arrow(
     if first is not None:
         plan = [_decide_codec(path, column, first.column(column.source)) for column in plan]
     with _fresh_directory(path), contextlib.ExitStack() as stack:
-        writers = [stack.enter_context(_Writer(os.path.join(path, column.name), column.schema, new=True)) for column in plan]
-        meter = _Progress(progress, "from_arrow", total_records=reader.rows)
+        writers = [
+            stack.enter_context(Writer(os.path.join(path, column.name), column.schema, new=True))
+            for column in plan
+        ]
+        meter = Progress(progress, "from_arrow", total_records=reader.rows)
         rows = written_bytes = 0
         for batch in itertools.chain([] if first is None else [first], batches):
             for column, writer in zip(plan, writers):
-                written_bytes += _write_column(writer, column, batch.column(column.source), chunk_bytes)
+                written_bytes += _write_column(
+                    writer, column, batch.column(column.source), chunk_bytes
+                )
             rows += batch.num_rows
             meter.update(rows, written_bytes)
         for writer in writers:
@@ -147,12 +180,14 @@ def from_arrow(
     return rows
 
 
-def open_columns(path: StrPath, verify: bool | None = None) -> dict[str, DenseDataset | RaggedDataset]:
+def open_columns(
+    path: StrPath, verify: bool | None = None
+) -> dict[str, DenseDataset | RaggedDataset]:
     """The stores of the column directory at ``path`` as ``{name: DenseDataset
     | RaggedDataset}``, in the listing's order, all of its row count. Dense
     ones can be passed to the ``DataLoader`` as they are."""
     path = readable_path(os.fspath(path))  # the old directory, mid two-rename swap
-    listing = _read_listing(path)
+    listing = read_listing(path)
     opened: dict[str, DenseDataset | RaggedDataset] = {}
     try:
         for entry in listing["columns"]:
@@ -161,7 +196,8 @@ def open_columns(path: StrPath, verify: bool | None = None) -> dict[str, DenseDa
             opened[entry["name"]] = dataset
             if len(dataset) != listing["rows"]:
                 raise ValueError(
-                    f"'{path}' is damaged: store {entry['name']!r} holds {len(dataset)} records but {COLUMNS_FILE} "
+                    f"'{path}' is damaged: store {entry['name']!r} holds {len(dataset)} records "
+                    f"but {COLUMNS_FILE} "
                     f"says {listing['rows']}: convert again"
                 )
     except BaseException:
@@ -179,7 +215,10 @@ class _Reader:
     batches of about ``chunk_bytes`` each, holding at least the planned columns."""
 
     def __init__(
-        self, schema: Any, rows: int | None, batches_of: Callable[[int, list[_Column]], Iterator[Any]],
+        self,
+        schema: Any,
+        rows: int | None,
+        batches_of: Callable[[int, list[_Column]], Iterator[Any]],
     ) -> None:  # schema: a pyarrow.Schema; batches: pyarrow.RecordBatch
         self.schema = schema
         self.rows = rows
@@ -198,13 +237,20 @@ def _open_source(source: Any) -> _Reader:
         source = pa.Table.from_batches([source])
     if isinstance(source, pa.Table):
         table = source
-        return _Reader(table.schema, table.num_rows, lambda chunk_bytes, plan: table.to_batches(_rows_per_batch(table.nbytes, table.num_rows, chunk_bytes)))
+        return _Reader(
+            table.schema,
+            table.num_rows,
+            lambda chunk_bytes, plan: table.to_batches(
+                _rows_per_batch(table.nbytes, table.num_rows, chunk_bytes)
+            ),
+        )
     if isinstance(source, pa.RecordBatchReader):
         return _Reader(source.schema, None, lambda chunk_bytes, plan: source)
     if type(source).__module__.startswith("datasets"):
         return _hugging_face_reader(source)
     raise TypeError(
-        f"from_arrow reads a pyarrow Table, RecordBatch or RecordBatchReader, a Hugging Face Dataset, "
+        "from_arrow reads a pyarrow Table, RecordBatch or RecordBatchReader, a Hugging Face "
+        "Dataset, "
         f"or a Parquet path or glob; got {type(source).__name__}"
     )
 
@@ -219,13 +265,18 @@ def _parquet_reader(pattern: str) -> _Reader:
     else:
         files = sorted(glob.glob(pattern))
     if not files:
-        raise FileNotFoundError(f"no Parquet file at '{pattern}': give a .parquet file, a directory of them or a glob")
+        raise FileNotFoundError(
+            f"no Parquet file at '{pattern}': give a .parquet file, a directory of them or a glob"
+        )
     schema = pq.read_schema(files[0])
     rows = 0
     for file in files:
         metadata = pq.read_metadata(file)
         if not metadata.schema.to_arrow_schema().equals(schema, check_metadata=False):
-            raise ValueError(f"'{file}' has another schema than '{files[0]}': convert files of one schema together")
+            raise ValueError(
+                f"'{file}' has another schema than '{files[0]}': convert files of one schema "
+                "together"
+            )
         rows += metadata.num_rows
 
     def batches(chunk_bytes: int, plan: list[_Column]) -> Iterator[Any]:
@@ -235,9 +286,17 @@ def _parquet_reader(pattern: str) -> _Reader:
         for file in files:
             with pq.ParquetFile(file) as parquet:
                 for group in range(parquet.metadata.num_row_groups):
-                    row_bytes = max(seen_bytes, fixed_bytes + _encoded_row_bytes(parquet.metadata.row_group(group), plan))
+                    row_bytes = max(
+                        seen_bytes,
+                        fixed_bytes + _encoded_row_bytes(parquet.metadata.row_group(group), plan),
+                    )
                     batch_rows = max(1, chunk_bytes // _PARQUET_DECODE_FACTOR // max(1, row_bytes))
-                    for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=[group], columns=columns, use_threads=False):
+                    for batch in parquet.iter_batches(
+                        batch_size=batch_rows,
+                        row_groups=[group],
+                        columns=columns,
+                        use_threads=False,
+                    ):
                         seen_bytes = max(seen_bytes, batch.nbytes // max(1, batch.num_rows))
                         yield batch
 
@@ -246,11 +305,19 @@ def _parquet_reader(pattern: str) -> _Reader:
 
 def _hugging_face_reader(dataset: Any) -> _Reader:
     if not hasattr(dataset, "with_format") or not hasattr(dataset, "features"):
-        raise TypeError(f"from_arrow reads a Hugging Face Dataset or IterableDataset, got {type(dataset).__name__}: pick a split, e.g. dataset['train']")
+        raise TypeError(
+            "from_arrow reads a Hugging Face Dataset or IterableDataset, got "
+            f"{type(dataset).__name__}: pick a split, e.g. dataset['train']"
+        )
     if dataset.features is None:
-        raise TypeError("this Hugging Face IterableDataset does not know its features yet: pass features= when building it, or call .cast(features)")
+        raise TypeError(
+            "this Hugging Face IterableDataset does not know its features yet: pass features= when "
+            "building it, or call .cast(features)"
+        )
     arrow = dataset.with_format("arrow")
-    rows = len(dataset) if hasattr(dataset, "__len__") and not hasattr(dataset, "n_shards") else None
+    rows = (
+        len(dataset) if hasattr(dataset, "__len__") and not hasattr(dataset, "n_shards") else None
+    )
     schema = dataset.features.arrow_schema
 
     def batches(chunk_bytes: int, plan: list[_Column]) -> Iterator[Any]:
@@ -259,7 +326,10 @@ def _hugging_face_reader(dataset: Any) -> _Reader:
         if nbytes and rows:
             batch_rows = _rows_per_batch(nbytes, rows, chunk_bytes)
         else:  # a stream: the fixed columns' size, and a guess for the others
-            row_bytes = sum(column.schema.item_bytes if not column.ragged else _RAGGED_ROW_GUESS_BYTES for column in plan)
+            row_bytes = sum(
+                column.schema.item_bytes if not column.ragged else _RAGGED_ROW_GUESS_BYTES
+                for column in plan
+            )
             batch_rows = max(1, chunk_bytes // max(1, row_bytes))
         for table in arrow.iter(batch_size=batch_rows):
             yield from table.to_batches()
@@ -311,11 +381,17 @@ def _plan(schema: Any, columns: Any, codec: Any) -> list[_Column]:  # columns, c
     elif isinstance(columns, (list, tuple)):
         chosen = {name: name for name in columns}
     else:
-        raise TypeError(f"columns must be a list of column names or a dict {{column: store_name}}, got {type(columns).__name__}")
+        raise TypeError(
+            f"columns must be a list of column names or a dict {{column: store_name}}, got "
+            f"{type(columns).__name__}"
+        )
     if not chosen:
         raise ValueError("no columns to convert: give at least one")
     if len(set(names)) != len(names):
-        raise ValueError(f"the source has duplicate column names {sorted(n for n in set(names) if names.count(n) > 1)}: rename them first")
+        raise ValueError(
+            "the source has duplicate column names "
+            f"{sorted(n for n in set(names) if names.count(n) > 1)}: rename them first"
+        )
     missing = [name for name in chosen if name not in names]
     if missing:
         raise ValueError(f"no column {missing[0]!r} in the source; it has {names}")
@@ -329,7 +405,15 @@ def _plan(schema: Any, columns: Any, codec: Any) -> list[_Column]:  # columns, c
         arrow_type = schema.field(column).type
         kind, dtype, item_shape = _store_layout(column, arrow_type)
         auto = codecs[name] == "auto"
-        plan.append(_Column(column, name, str(arrow_type), Schema(kind, dtype, item_shape, "zstd" if auto else codecs[name]), auto))
+        plan.append(
+            _Column(
+                column,
+                name,
+                str(arrow_type),
+                Schema(kind, dtype, item_shape, "zstd" if auto else codecs[name]),
+                auto,
+            )
+        )
     return plan
 
 
@@ -337,16 +421,20 @@ def _codecs(codec: Any, stores: list[str]) -> dict[str, str]:
     if isinstance(codec, Mapping):
         unknown = sorted(set(codec) - set(stores))
         if unknown:
-            raise ValueError(f"codec names stores {unknown} that are not converted; the stores are {stores}")
-        return {name: _codec_name(codec.get(name, "auto"), allow_auto=True) for name in stores}
-    return {name: _codec_name(codec, allow_auto=True) for name in stores}
+            raise ValueError(
+                f"codec names stores {unknown} that are not converted; the stores are {stores}"
+            )
+        return {name: codec_name(codec.get(name, "auto"), allow_auto=True) for name in stores}
+    return {name: codec_name(codec, allow_auto=True) for name in stores}
 
 
 def _check_store_name(name: object, column: str) -> None:
     if not isinstance(name, str) or not _STORE_NAME.fullmatch(name) or name == COLUMNS_FILE:
         raise ValueError(
-            f"column {column!r} would be stored as {name!r}, which is not a plain file name (letters, digits, '_', '.', '-', "
-            f"not starting with '.', at most 200 characters): rename it with columns={{{column!r}: 'a_name'}}"
+            f"column {column!r} would be stored as {name!r}, which is not a plain file name "
+            "(letters, digits, '_', '.', '-', "
+            f"not starting with '.', at most 200 characters): rename it with columns={{{column!r}: "
+            f"'a_name'}}"
         )
 
 
@@ -369,7 +457,8 @@ def _store_layout(column: str, arrow_type: Any) -> tuple[str, np.dtype[Any], tup
         if inner is not None:
             return ("ragged", *inner)
     raise TypeError(
-        f"column {column!r} has Arrow type {arrow_type}, which loaderx cannot store: numbers, booleans, fixed-size "
+        f"column {column!r} has Arrow type {arrow_type}, which loaderx cannot store: numbers, "
+        "booleans, fixed-size "
         "lists and tensors (dense), lists of those and binary or string (ragged) convert; cast it "
         "(e.g. pyarrow.compute.cast) or leave it out with columns=[...]"
     )
@@ -379,7 +468,11 @@ def _fixed_layout(arrow_type: Any) -> tuple[np.dtype[Any], tuple[int, ...]] | No
     """(dtype, item_shape) when every value of ``arrow_type`` has one fixed
     shape, else None."""
     pa = _pyarrow()
-    if pa.types.is_boolean(arrow_type) or pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type):
+    if (
+        pa.types.is_boolean(arrow_type)
+        or pa.types.is_integer(arrow_type)
+        or pa.types.is_floating(arrow_type)
+    ):
         return np.dtype(arrow_type.to_pandas_dtype()), ()
     if pa.types.is_fixed_size_binary(arrow_type):
         return np.dtype(np.uint8), (arrow_type.byte_width,)
@@ -402,7 +495,10 @@ def _extension_layout(arrow_type: Any) -> tuple[np.dtype[Any], tuple[int, ...]] 
         return None
     permutation = getattr(arrow_type, "permutation", None)
     if permutation is not None and list(permutation) != sorted(permutation):
-        raise TypeError(f"tensor type {arrow_type} stores its dimensions permuted ({list(permutation)}): cast it to a row-major tensor first")
+        raise TypeError(
+            f"tensor type {arrow_type} stores its dimensions permuted ({list(permutation)}): cast "
+            "it to a row-major tensor first"
+        )
     inner = _fixed_layout(_value_type(arrow_type))
     return None if inner is None else (inner[0], (*(int(size) for size in shape), *inner[1]))
 
@@ -415,7 +511,15 @@ def _value_type(arrow_type: Any) -> Any:
 
 def _is_bytes(arrow_type: Any) -> bool:
     pa = _pyarrow()
-    return any(check(arrow_type) for check in (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_string, pa.types.is_large_string))
+    return any(
+        check(arrow_type)
+        for check in (
+            pa.types.is_binary,
+            pa.types.is_large_binary,
+            pa.types.is_string,
+            pa.types.is_large_string,
+        )
+    )
 
 
 # ---- writing a batch -----------------------------------------------------------------
@@ -426,7 +530,9 @@ def _column_bytes(column: _Column, array: Any) -> tuple[np.ndarray, np.ndarray]:
     if column.ragged:
         return _ragged_parts(column, array)
     values = _dense_values(column, array)
-    return values.reshape(-1).view(np.uint8), np.arange(len(values), dtype=np.uint64) * np.uint64(column.schema.item_bytes)
+    return values.reshape(-1).view(np.uint8), np.arange(len(values), dtype=np.uint64) * np.uint64(
+        column.schema.item_bytes
+    )
 
 
 def _decide_codec(path: str, column: _Column, array: Any) -> _Column:
@@ -440,27 +546,29 @@ def _decide_codec(path: str, column: _Column, array: Any) -> _Column:
         data, starts = _column_bytes(column, array)
         ends = np.append(starts[1:], np.uint64(data.size)).tolist()
         pieces, total = [], 0
-        for start, end in zip(starts[:_TRIAL_RECORDS_MAX].tolist(), ends):
-            if total >= _TRIAL_BYTES_MAX:
+        for start, end in zip(starts[:TRIAL_RECORDS_MAX].tolist(), ends):
+            if total >= TRIAL_BYTES_MAX:
                 break
-            piece = data[start : min(end, start + _TRIAL_BYTES_MAX)]
+            piece = data[start : min(end, start + TRIAL_BYTES_MAX)]
             pieces.append(piece)
             total += piece.size
-        return _packed_trial(pieces)
+        return packed_trial(pieces)
 
-    codec = _auto_codec(os.path.join(path, column.name), "x", column.schema, trial)
-    return dataclasses.replace(column, schema=dataclasses.replace(column.schema, codec=codec), auto=False)
+    codec = auto_codec(os.path.join(path, column.name), "x", column.schema, trial)
+    return dataclasses.replace(
+        column, schema=dataclasses.replace(column.schema, codec=codec), auto=False
+    )
 
 
-def _write_column(writer: _Writer, column: _Column, array: Any, chunk_bytes: int) -> int:
+def _write_column(writer: Writer, column: _Column, array: Any, chunk_bytes: int) -> int:
     """Appends one batch's part of a column; returns the bytes appended."""
     data, starts = _column_bytes(column, array)
     if not starts.size:
         return 0
-    if column.schema.codec.startswith("zstd_dict") and not writer.store.has_dict():
+    if uses_dictionary(column.schema.codec) and not writer.store.has_dict():
         writer.train_dictionary(_dictionary_samples(column.schema.codec, data, starts), DICT_BYTES)
     ends = np.append(starts[1:], np.uint64(data.size))
-    records_max = max(1, chunk_bytes // _RECORD_COST_BYTES)
+    records_max = max(1, chunk_bytes // RECORD_COST_BYTES)
     first = 0
     while first < starts.size:
         # Records ending within chunk_bytes of the first; one at least.
@@ -476,16 +584,16 @@ def _dictionary_samples(codec: str, data: np.ndarray, starts: np.ndarray) -> lis
     """A first batch's bytes as dictionary samples: whole for ``zstd_dict``;
     for a shuffled dictionary codec its records (as many as training reads)
     each shuffled as that codec compresses them, as the other converters do."""
-    if "_shuffle" not in codec:
+    if codec_parts(codec).element_bytes == 1:
         return [data]
     ends = np.append(starts[1:], np.uint64(data.size))
     records, taken = [], 0
     for start, end in zip(starts.tolist(), ends.tolist()):
         records.append(data[start:end])
         taken += end - start
-        if taken >= _SAMPLE_BUDGET_MAX:
+        if taken >= SAMPLE_BUDGET_MAX:
             break
-    return _shuffled_samples(records, None, codec)
+    return shuffled_samples(records, None, codec)
 
 
 def _dense_values(column: _Column, array: Any) -> np.ndarray:
@@ -503,19 +611,33 @@ def _dense_values(column: _Column, array: Any) -> np.ndarray:
         elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
             lengths = np.diff(leaf.offsets.to_numpy())
             if lengths.size and np.any(lengths != lengths[0]):
-                raise ValueError(f"column {column.source!r} has rows of different lengths where its type promises shape {column.schema.item_shape}")
+                raise ValueError(
+                    f"column {column.source!r} has rows of different lengths where its type "
+                    f"promises shape {column.schema.item_shape}"
+                )
             leaf = leaf.flatten()
         else:
             break
     if pa.types.is_fixed_size_binary(leaf.type):
         width = leaf.type.byte_width
         buffer = leaf.buffers()[1]
-        values = np.frombuffer(buffer, dtype=np.uint8)[leaf.offset * width : (leaf.offset + len(leaf)) * width] if buffer else np.empty(0, np.uint8)
+        values = (
+            np.frombuffer(buffer, dtype=np.uint8)[
+                leaf.offset * width : (leaf.offset + len(leaf)) * width
+            ]
+            if buffer
+            else np.empty(0, np.uint8)
+        )
     else:
         values = leaf.to_numpy(zero_copy_only=False)
     if values.size != rows * math.prod(column.schema.item_shape):
-        raise ValueError(f"column {column.source!r} holds {values.size} values for {rows} rows of shape {column.schema.item_shape}")
-    return np.ascontiguousarray(values, dtype=column.schema.dtype).reshape(rows, *column.schema.item_shape)
+        raise ValueError(
+            f"column {column.source!r} holds {values.size} values for {rows} rows of shape "
+            f"{column.schema.item_shape}"
+        )
+    return np.ascontiguousarray(values, dtype=column.schema.dtype).reshape(
+        rows, *column.schema.item_shape
+    )
 
 
 def _ragged_parts(column: _Column, array: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -525,15 +647,28 @@ def _ragged_parts(column: _Column, array: Any) -> tuple[np.ndarray, np.ndarray]:
     _check_no_nulls(column, array)
     if _is_bytes(array.type):
         buffers = array.buffers()
-        large = _pyarrow().types.is_large_binary(array.type) or _pyarrow().types.is_large_string(array.type)
-        offsets = np.frombuffer(buffers[1], dtype=np.int64 if large else np.int32)[array.offset : array.offset + len(array) + 1]
-        data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.empty(0, np.uint8)
+        large = _pyarrow().types.is_large_binary(array.type) or _pyarrow().types.is_large_string(
+            array.type
+        )
+        offsets = np.frombuffer(buffers[1], dtype=np.int64 if large else np.int32)[
+            array.offset : array.offset + len(array) + 1
+        ]
+        data = (
+            np.frombuffer(buffers[2], dtype=np.uint8)
+            if buffers[2] is not None
+            else np.empty(0, np.uint8)
+        )
         data = data[int(offsets[0]) : int(offsets[-1])]
         row_bytes = 1
     else:
         offsets = array.offsets.to_numpy()
         child = array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-        inner = _Column(column.source, column.name, column.arrow_type, Schema("dense", column.schema.dtype, column.schema.item_shape, column.schema.codec))
+        inner = _Column(
+            column.source,
+            column.name,
+            column.arrow_type,
+            Schema("dense", column.schema.dtype, column.schema.item_shape, column.schema.codec),
+        )
         data = _dense_values(inner, child).reshape(-1).view(np.uint8)
         row_bytes = column.schema.item_bytes
     starts = (offsets[:-1] - offsets[0]).astype(np.uint64) * np.uint64(row_bytes)
@@ -548,8 +683,10 @@ def _storage(array: Any) -> Any:
 def _check_no_nulls(column: _Column, array: Any) -> None:
     if array.null_count:
         raise ValueError(
-            f"column {column.source!r} has {array.null_count} null values, and a store has no missing values: fill them "
-            "(pyarrow.compute.fill_null, datasets' map) or filter those rows out first; nothing was written"
+            f"column {column.source!r} has {array.null_count} null values, and a store has no "
+            "missing values: fill them "
+            "(pyarrow.compute.fill_null, datasets' map) or filter those rows out first; nothing "
+            "was written"
         )
 
 
@@ -561,7 +698,10 @@ def _fresh_directory(path: str) -> Iterator[None]:
     """Creates the target directory; on failure removes what this call wrote."""
     existed = os.path.isdir(path)
     if os.path.exists(path) and (not existed or os.listdir(path)):
-        raise ValueError(f"'{path}' exists and is not an empty directory: from_arrow writes a new column directory, give a new path")
+        raise ValueError(
+            f"'{path}' exists and is not an empty directory: from_arrow writes a new column "
+            "directory, give a new path"
+        )
     os.makedirs(path, exist_ok=True)
     try:
         yield
@@ -578,42 +718,67 @@ def _write_listing(path: str, plan: list[_Column], rows: int) -> None:
             "format": COLUMNS_FORMAT,
             "version": COLUMNS_VERSION,
             "rows": rows,
-            "columns": [{"name": column.name, "source": column.source, "kind": column.schema.kind, "arrow_type": column.arrow_type} for column in plan],
+            "columns": [
+                {
+                    "name": column.name,
+                    "source": column.source,
+                    "kind": column.schema.kind,
+                    "arrow_type": column.arrow_type,
+                }
+                for column in plan
+            ],
         },
         use_bin_type=True,
     )
-    write_file_atomic(os.path.join(path, COLUMNS_FILE), msgpack.packb({"body": body, "crc32": zlib.crc32(body)}, use_bin_type=True))
+    write_file_atomic(
+        os.path.join(path, COLUMNS_FILE),
+        msgpack.packb({"body": body, "crc32": zlib.crc32(body)}, use_bin_type=True),
+    )
 
 
-def _read_listing(path: str) -> dict[str, Any]:
+def read_listing(path: str) -> dict[str, Any]:
     """``columns.msgpack`` checked field by field: every name a plain
     directory inside ``path``, no duplicates, a known kind, a sane count."""
     file = os.path.join(path, COLUMNS_FILE)
     if not os.path.isfile(file):
         what = "an unfinished or failed conversion" if os.path.isdir(path) else "missing"
-        raise FileNotFoundError(f"'{path}' is not a loaderx column directory (no {COLUMNS_FILE}; {what}): convert with loaderx.arrow.from_arrow")
+        raise FileNotFoundError(
+            f"'{path}' is not a loaderx column directory (no {COLUMNS_FILE}; {what}): convert with "
+            "loaderx.arrow.from_arrow"
+        )
     with open(file, "rb") as handle:
         payload = handle.read(_COLUMNS_BYTES_MAX + 1)
     damaged = f"{file} is damaged: convert again"
     try:
-        outer: Any = msgpack.unpackb(payload, raw=False, strict_map_key=False) if len(payload) <= _COLUMNS_BYTES_MAX else None
-        body = outer["body"]
-        if not isinstance(body, bytes) or zlib.crc32(body) != outer["crc32"]:
-            raise ValueError("checksum mismatch")
-        listing: dict[str, Any] = msgpack.unpackb(body, raw=False, strict_map_key=False)
-        if listing["format"] != COLUMNS_FORMAT:
-            raise ValueError(f"format {listing['format']!r}")
-    except Exception as exc:
+        if len(payload) > _COLUMNS_BYTES_MAX:
+            raise EnvelopeError(UNREADABLE, f"over {_COLUMNS_BYTES_MAX} bytes")
+        listing = unpack_map(checked_body(unpack_map(payload)))
+        check_header(listing, COLUMNS_FORMAT, COLUMNS_VERSION)
+    except EnvelopeError as exc:
+        if exc.reason in (VERSION, NEWER):
+            raise ValueError(
+                f"{file} has version {exc.found!r}; this loaderx reads version {COLUMNS_VERSION}: "
+                "upgrade loaderx"
+            ) from None
         raise ValueError(f"{damaged} ({exc})") from exc
-    if not isinstance(listing.get("version"), int) or listing["version"] > COLUMNS_VERSION:
-        raise ValueError(f"{file} has version {listing.get('version')!r}; this loaderx reads version {COLUMNS_VERSION}: upgrade loaderx")
     rows, columns = listing.get("rows"), listing.get("columns")
-    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0 or not isinstance(columns, list) or not columns:
+    if (
+        not isinstance(rows, int)
+        or isinstance(rows, bool)
+        or rows < 0
+        or not isinstance(columns, list)
+        or not columns
+    ):
         raise ValueError(f"{damaged} (rows or columns invalid)")
     seen = set()
     for entry in columns:
         name = entry.get("name") if isinstance(entry, dict) else None
-        if not isinstance(name, str) or not _STORE_NAME.fullmatch(name) or name in seen or entry.get("kind") not in ("dense", "ragged"):
+        if (
+            not isinstance(name, str)
+            or not _STORE_NAME.fullmatch(name)
+            or name in seen
+            or entry.get("kind") not in ("dense", "ragged")
+        ):
             raise ValueError(f"{damaged} (bad column entry {entry!r})")
         directory = os.path.join(path, name)
         if os.path.islink(directory) or not os.path.isdir(directory):

@@ -42,13 +42,13 @@ import numpy as np
 from . import __version__
 from ._fs import OS_FS, DirectorySwap, OsFs
 from .arraystore import MARKER_FILE, ArrayStore
-from .arrow import COLUMNS_FILE, _read_listing, from_arrow, open_columns
+from .arrow import COLUMNS_FILE, read_listing, from_arrow, open_columns
 from .converter import from_numpy
 from .dataloader import DataLoader
 from .dataset import DenseDataset, RaggedDataset, read_schema
 from .sampler import Sampler
 from .shards import MANIFEST_FILE, is_sharded, read_manifest, written_shards
-from .zrecord import CODECS, CorruptStoreError, StoreLockedError, Zrecord, ZrecordError
+from .zrecord import CODECS, CorruptStoreError, StoreLockedError, Zrecord, ZrecordError, is_store
 
 __all__ = ["main"]
 
@@ -86,7 +86,7 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    as_json = "--json" in argv[:argv.index("--")] if "--" in argv else "--json" in argv
+    as_json = "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
     try:
         try:
             args = _parser().parse_args(argv)
@@ -96,7 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _fail(str(exc), as_json, "UsageError")
         if args.command is None:
             _parser().print_help(sys.stderr)
-            return _fail("give a command: info, verify, compact, convert or bench", as_json, "UsageError")
+            return _fail(
+                "give a command: info, verify, compact, convert or bench", as_json, "UsageError"
+            )
         return _run(args)
     except BrokenPipeError:
         # The reader went away (`loaderx bench --json | head`): nothing more
@@ -113,7 +115,11 @@ def _run(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         raise
     except StoreLockedError as exc:
-        advice = "" if "another process" in str(exc) else " (another process is writing to this store: retry when it is done)"
+        advice = (
+            ""
+            if "another process" in str(exc)
+            else " (another process is writing to this store: retry when it is done)"
+        )
         return _fail(f"{exc}{advice}", args.json, type(exc).__name__)
     except (CommandError, ZrecordError, ValueError, OSError) as exc:
         return _fail(str(exc), args.json, type(exc).__name__)
@@ -126,7 +132,12 @@ def _fail(message: str, as_json: bool = False, kind: str = "CommandError") -> in
     object on stdout, for scripts that read only that."""
     print(f"loaderx: error: {message}", file=sys.stderr)
     if as_json:
-        print(json.dumps({"ok": False, "error": message, "error_type": kind, "exit_status": EXIT_ERROR}, indent=2))
+        print(
+            json.dumps(
+                {"ok": False, "error": message, "error_type": kind, "exit_status": EXIT_ERROR},
+                indent=2,
+            )
+        )
         sys.stdout.flush()
     return EXIT_ERROR
 
@@ -135,47 +146,90 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="loaderx",
         description="Inspect, verify, compact, convert and benchmark loaderx stores.",
-        epilog="Exit status: 0 done, 1 verify found damage, 2 error, 141 the reader closed the pipe. --json goes before or after the command.",
+        epilog="Exit status: 0 done, 1 verify found damage, 2 error, 141 the reader closed the "
+        "pipe. --json goes before or after the command.",
     )
     parser.add_argument("--version", action="version", version=f"loaderx {__version__}")
     parser.add_argument("--json", action="store_true", help=_JSON_HELP)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     common = _Parser(add_help=False)
     # SUPPRESS: a --json before the command is not reset by the command's own default.
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                        help=_JSON_HELP)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=_JSON_HELP)
 
-    info = commands.add_parser("info", parents=[common], help="what a store, dataset or ArrayStore holds")
+    info = commands.add_parser(
+        "info", parents=[common], help="what a store, dataset or ArrayStore holds"
+    )
     info.add_argument("path", metavar="PATH")
     info.set_defaults(run=_run_info)
-    verify = commands.add_parser("verify", parents=[common], help="check every record's checksum (exit 1 on damage)")
+    verify = commands.add_parser(
+        "verify", parents=[common], help="check every record's checksum (exit 1 on damage)"
+    )
     verify.add_argument("path", metavar="PATH")
     verify.set_defaults(run=_run_verify)
-    compact = commands.add_parser("compact", parents=[common], help="reclaim the bytes of deleted and replaced records")
+    compact = commands.add_parser(
+        "compact", parents=[common], help="reclaim the bytes of deleted and replaced records"
+    )
     compact.add_argument("path", metavar="PATH")
     compact.set_defaults(run=_run_compact)
-    convert = commands.add_parser("convert", parents=[common],
-                                  help="convert a .npy file into a dense dataset, or Parquet files into a column directory")
-    convert.add_argument("source", metavar="SRC",
-                         help="a .npy file, or a .parquet file, a directory of them or a quoted glob ('dir/*.parquet')")
-    convert.add_argument("target", metavar="DST")
-    convert.add_argument("--codec", choices=["auto", *sorted(CODECS)], default="auto",
-                         help="record codec (default auto: .npy picks zstd or the byte-shuffled zstd_shuffleN, Parquet zstd)")
-    convert.add_argument("--mode", choices=["w", "a", "x"], default="w",
-                         help="an existing DST: w replaces it (default), a appends (.npy only), x refuses")
-    convert.add_argument("--columns", default=None,
-                         help="Parquet only: the columns to convert, comma separated (default: all)")
-    convert.add_argument("--progress", action="store_true",
-                         help="show the progress bar on stderr even when it is not a terminal")
-    convert.set_defaults(run=_run_convert)
-    bench = commands.add_parser("bench", parents=[common], help="quick sampler, store and loader figures for this machine")
-    bench.add_argument("--records", type=int, default=4000, help="12 KiB records in the store test (default 4000)")
-    bench.add_argument("--dir", default=None, help="where to write the test stores (default: a temporary directory)")
+    _add_convert(commands, common)
+    bench = commands.add_parser(
+        "bench", parents=[common], help="quick sampler, store and loader figures for this machine"
+    )
+    bench.add_argument(
+        "--records", type=int, default=4000, help="12 KiB records in the store test (default 4000)"
+    )
+    bench.add_argument(
+        "--dir",
+        default=None,
+        help="where to write the test stores (default: a temporary directory)",
+    )
     bench.set_defaults(run=_run_bench)
     return parser
 
 
-def _emit(args: argparse.Namespace, result: dict[str, Any], text: Callable[[dict[str, Any]], str]) -> None:
+def _add_convert(commands: Any, common: argparse.ArgumentParser) -> None:
+    """The ``convert`` command and its options."""
+    convert = commands.add_parser(
+        "convert",
+        parents=[common],
+        help="convert a .npy file into a dense dataset, or Parquet files into a column directory",
+    )
+    convert.add_argument(
+        "source",
+        metavar="SRC",
+        help="a .npy file, or a .parquet file, a directory of them or a quoted glob "
+        "('dir/*.parquet')",
+    )
+    convert.add_argument("target", metavar="DST")
+    convert.add_argument(
+        "--codec",
+        choices=["auto", *sorted(CODECS)],
+        default="auto",
+        help="record codec (default auto: .npy picks zstd or the byte-shuffled zstd_shuffleN, "
+        "Parquet zstd)",
+    )
+    convert.add_argument(
+        "--mode",
+        choices=["w", "a", "x"],
+        default="w",
+        help="an existing DST: w replaces it (default), a appends (.npy only), x refuses",
+    )
+    convert.add_argument(
+        "--columns",
+        default=None,
+        help="Parquet only: the columns to convert, comma separated (default: all)",
+    )
+    convert.add_argument(
+        "--progress",
+        action="store_true",
+        help="show the progress bar on stderr even when it is not a terminal",
+    )
+    convert.set_defaults(run=_run_convert)
+
+
+def _emit(
+    args: argparse.Namespace, result: dict[str, Any], text: Callable[[dict[str, Any]], str]
+) -> None:
     print(json.dumps(result, indent=2) if args.json else text(result))
     sys.stdout.flush()  # a closed pipe raises here, inside main, not at the interpreter's exit
 
@@ -194,19 +248,27 @@ def _kind(path: str) -> str:
     if not os.path.exists(path):
         raise CommandError(f"'{path}' does not exist")
     if not os.path.isdir(path):
-        raise CommandError(f"'{path}' is a file: a store is a directory (convert a .npy file with `loaderx convert`)")
+        raise CommandError(
+            f"'{path}' is a file: a store is a directory (convert a .npy file with `loaderx "
+            "convert`)"
+        )
     if os.path.exists(os.path.join(path, MARKER_FILE)):
         return "arraystore"
     if is_sharded(path):
         return "sharded"
     if os.path.exists(os.path.join(path, COLUMNS_FILE)):
         return "columns"
-    if written_shards(path) and not os.path.exists(os.path.join(path, "superblock")):
-        raise CommandError(f"'{path}' holds shards but no {MANIFEST_FILE}: an unfinished sharded conversion; "
-                           "finish it and run loaderx.shards.commit")
+    if written_shards(path) and not is_store(path):
+        raise CommandError(
+            f"'{path}' holds shards but no {MANIFEST_FILE}: an unfinished sharded conversion; "
+            "finish it and run loaderx.shards.commit"
+        )
     schema = read_schema(path)  # a dataset that lost its superblock is still one, a damaged one
-    if schema is None and not os.path.exists(os.path.join(path, "superblock")):
-        raise CommandError(f"'{path}' is not a loaderx store, dataset or ArrayStore (it has no superblock or {MARKER_FILE})")
+    if schema is None and not is_store(path):
+        raise CommandError(
+            f"'{path}' is not a loaderx store, dataset or ArrayStore (it has no superblock or "
+            f"{MARKER_FILE})"
+        )
     return "zrecord" if schema is None else schema.kind
 
 
@@ -230,7 +292,11 @@ def _raw_bytes(store: Zrecord, item_bytes: int | None) -> int:
         return count * item_bytes
     total = 0
     for start in range(0, count, _LENGTHS_CHUNK):
-        total += int(store.lengths(np.arange(start, min(count, start + _LENGTHS_CHUNK), dtype=np.uint64)).sum())
+        total += int(
+            store.lengths(
+                np.arange(start, min(count, start + _LENGTHS_CHUNK), dtype=np.uint64)
+            ).sum()
+        )
     return total
 
 
@@ -239,7 +305,9 @@ def _store_info(path: str, kind: str) -> dict[str, Any]:
     with Zrecord(path) as store:
         stats = store.stats()
         dictionary = store.has_dict()
-        raw = _raw_bytes(store, schema.item_bytes if schema is not None and kind == "dense" else None)
+        raw = _raw_bytes(
+            store, schema.item_bytes if schema is not None and kind == "dense" else None
+        )
     disk = _disk_bytes(path)
     info: dict[str, Any] = {"path": path, "kind": kind}
     if schema is not None:
@@ -247,8 +315,13 @@ def _store_info(path: str, kind: str) -> dict[str, Any]:
         if kind == "dense":
             info["shape"] = [stats["records"], *schema.item_shape]
     info.update(
-        records=stats["records"], raw_bytes=raw, disk_bytes=disk, ratio=round(raw / disk, 4) if disk else None,
-        layout=stats["layout"], generation=stats["generation"], reclaimable_bytes=stats["reclaimable"],
+        records=stats["records"],
+        raw_bytes=raw,
+        disk_bytes=disk,
+        ratio=round(raw / disk, 4) if disk else None,
+        layout=stats["layout"],
+        generation=stats["generation"],
+        reclaimable_bytes=stats["reclaimable"],
         dictionary=dictionary,
     )
     return info
@@ -264,8 +337,14 @@ def _arraystore_info(path: str) -> dict[str, Any]:
         arrays.append(entry)
     disk = _disk_bytes(path)
     raw = sum(entry["raw_bytes"] for entry in arrays)
-    return {"path": path, "kind": "arraystore", "arrays": arrays, "raw_bytes": raw, "disk_bytes": disk,
-            "ratio": round(raw / disk, 4) if disk else None}
+    return {
+        "path": path,
+        "kind": "arraystore",
+        "arrays": arrays,
+        "raw_bytes": raw,
+        "disk_bytes": disk,
+        "ratio": round(raw / disk, 4) if disk else None,
+    }
 
 
 def _dataset_class(kind: str) -> type:
@@ -281,12 +360,26 @@ def _sharded_info(path: str) -> dict[str, Any]:
         dictionary = any(shard.has_dict() for shard in store.shards)
         raw = _raw_bytes(store, schema.item_bytes if schema.kind == "dense" else None)
     disk = _disk_bytes(path)
-    info: dict[str, Any] = {"path": path, "kind": schema.kind, "sharded": True, "shards": stats["shards"],
-                            "dtype": str(schema.dtype), "item_shape": list(schema.item_shape), "codec": schema.codec}
+    info: dict[str, Any] = {
+        "path": path,
+        "kind": schema.kind,
+        "sharded": True,
+        "shards": stats["shards"],
+        "dtype": str(schema.dtype),
+        "item_shape": list(schema.item_shape),
+        "codec": schema.codec,
+    }
     if schema.kind == "dense":
         info["shape"] = [stats["records"], *schema.item_shape]
-    info.update(records=stats["records"], raw_bytes=raw, disk_bytes=disk, ratio=round(raw / disk, 4) if disk else None,
-                layout=stats["layout"], reclaimable_bytes=stats["reclaimable"], dictionary=dictionary)
+    info.update(
+        records=stats["records"],
+        raw_bytes=raw,
+        disk_bytes=disk,
+        ratio=round(raw / disk, 4) if disk else None,
+        layout=stats["layout"],
+        reclaimable_bytes=stats["reclaimable"],
+        dictionary=dictionary,
+    )
     return info
 
 
@@ -297,11 +390,20 @@ def _columns_info(path: str) -> dict[str, Any]:
     rows = len(next(iter(opened.values())))
     for dataset in opened.values():
         dataset.close()
-    columns = [dict(_store_info(os.path.join(path, name), kind), name=name) for name, kind in kinds.items()]
+    columns = [
+        dict(_store_info(os.path.join(path, name), kind), name=name) for name, kind in kinds.items()
+    ]
     disk = _disk_bytes(path)
     raw = sum(entry["raw_bytes"] for entry in columns)
-    return {"path": path, "kind": "columns", "records": rows, "columns": columns, "raw_bytes": raw,
-            "disk_bytes": disk, "ratio": round(raw / disk, 4) if disk else None}
+    return {
+        "path": path,
+        "kind": "columns",
+        "records": rows,
+        "columns": columns,
+        "raw_bytes": raw,
+        "disk_bytes": disk,
+        "ratio": round(raw / disk, 4) if disk else None,
+    }
 
 
 _INFO = {"arraystore": _arraystore_info, "sharded": _sharded_info, "columns": _columns_info}
@@ -332,16 +434,27 @@ def _ratio(info: dict[str, Any]) -> str:
 
 def _info_text(info: dict[str, Any]) -> str:
     if info["kind"] == "arraystore":
-        lines = [f"{info['path']}: ArrayStore, {_plural(len(info['arrays']), 'array')}, {_size(info['disk_bytes'])} on disk "
-                 f"({_ratio(info)})"]
+        lines = [
+            f"{info['path']}: ArrayStore, {_plural(len(info['arrays']), 'array')}, "
+            f"{_size(info['disk_bytes'])} on disk "
+            f"({_ratio(info)})"
+        ]
         for entry in info["arrays"]:
-            lines.append(f"  {entry['name']}: {entry['dtype']} {tuple(entry['shape'])}, codec {entry['codec']}, "
-                         f"{_size(entry['disk_bytes'])} on disk ({_ratio(entry)}), {entry['layout']} layout, "
-                         f"generation {entry['generation']}")
+            lines.append(
+                f"  {entry['name']}: {entry['dtype']} {tuple(entry['shape'])}, codec "
+                f"{entry['codec']}, "
+                f"{_size(entry['disk_bytes'])} on disk ({_ratio(entry)}), {entry['layout']} "
+                "layout, "
+                f"generation {entry['generation']}"
+            )
         return "\n".join(lines)
     if info["kind"] == "columns":
         return _columns_text(info)
-    title = {"dense": "loaderx dense dataset", "ragged": "loaderx ragged dataset", "zrecord": "zrecord store (no schema)"}
+    title = {
+        "dense": "loaderx dense dataset",
+        "ragged": "loaderx ragged dataset",
+        "zrecord": "zrecord store (no schema)",
+    }
     rows = [("kind", info["kind"])]
     if info.get("sharded"):
         title = {kind: f"{name}, sharded" for kind, name in title.items()}
@@ -359,21 +472,36 @@ def _info_text(info: dict[str, Any]) -> str:
     ]
     if "generation" in info:  # a sharded dataset has one per shard
         rows.append(("generation", str(info["generation"])))
-    rows.append(("reclaimable", f"{_size(info['reclaimable_bytes'])} (loaderx compact)" if info["reclaimable_bytes"] else "0 B"))
-    return f"{info['path']}: {title[info['kind']]}\n" + "\n".join(f"  {key:<12} {value}" for key, value in rows)
+    rows.append(
+        (
+            "reclaimable",
+            f"{_size(info['reclaimable_bytes'])} (loaderx compact)"
+            if info["reclaimable_bytes"]
+            else "0 B",
+        )
+    )
+    return f"{info['path']}: {title[info['kind']]}\n" + "\n".join(
+        f"  {key:<12} {value}" for key, value in rows
+    )
 
 
 def _columns_text(info: dict[str, Any]) -> str:
-    lines = [f"{info['path']}: loaderx column directory, {_plural(len(info['columns']), 'column')} of "
-             f"{_plural(info['records'], 'record')}, "
-             f"{_size(info['disk_bytes'])} on disk ({_ratio(info)})"]
+    lines = [
+        f"{info['path']}: loaderx column directory, {_plural(len(info['columns']), 'column')} of "
+        f"{_plural(info['records'], 'record')}, "
+        f"{_size(info['disk_bytes'])} on disk ({_ratio(info)})"
+    ]
     for entry in info["columns"]:
         if "shape" in entry:
             shape = f"{entry['dtype']} {tuple(entry['shape'])}"
         else:
-            shape = f"ragged, records of {entry['dtype']}" + (f" items {tuple(entry['item_shape'])}" if entry["item_shape"] else "")
-        lines.append(f"  {entry['name']}: {shape}, codec {entry['codec']}, "
-                     f"{_size(entry['disk_bytes'])} on disk ({_ratio(entry)})")
+            shape = f"ragged, records of {entry['dtype']}" + (
+                f" items {tuple(entry['item_shape'])}" if entry["item_shape"] else ""
+            )
+        lines.append(
+            f"  {entry['name']}: {shape}, codec {entry['codec']}, "
+            f"{_size(entry['disk_bytes'])} on disk ({_ratio(entry)})"
+        )
     return "\n".join(lines)
 
 
@@ -401,7 +529,13 @@ def _verified(path: str, store: Any) -> dict[str, Any]:
     try:
         damaged = store.verify()
     except CorruptStoreError as exc:  # a damaged superblock: no record index names what is lost
-        return {"path": path, "records": len(store), "damaged": [], "error": str(exc), "superblock_damaged": True}
+        return {
+            "path": path,
+            "records": len(store),
+            "damaged": [],
+            "error": str(exc),
+            "superblock_damaged": True,
+        }
     return {"path": path, "records": len(store), "damaged": damaged, "error": None, "note": note}
 
 
@@ -420,7 +554,9 @@ def _verify_array(store: ArrayStore, name: str) -> dict[str, Any]:
     return dict(_verify_store(path, "dense"), name=name)
 
 
-def _verify_member(path: str, name: str, kind: str, expected: int, listed_in: str) -> dict[str, Any]:
+def _verify_member(
+    path: str, name: str, kind: str, expected: int, listed_in: str
+) -> dict[str, Any]:
     """One shard or column: its checksums, and its record count against the listing's."""
     entry = dict(_verify_store(os.path.join(path, name), kind), name=name)
     if entry["error"] is None and entry["records"] != expected:
@@ -440,7 +576,10 @@ def _verify_sharded(path: str) -> list[dict[str, Any]]:
         entry = _verify_member(path, name, manifest.schema.kind, count, MANIFEST_FILE)
         shard_schema = read_schema(os.path.join(path, name)) if entry["error"] is None else None
         if shard_schema is not None and shard_schema != manifest.schema:
-            entry["error"] = f"it holds {shard_schema.describe()} but {MANIFEST_FILE} says {manifest.schema.describe()}"
+            entry["error"] = (
+                f"it holds {shard_schema.describe()} but {MANIFEST_FILE} says "
+                f"{manifest.schema.describe()}"
+            )
         entry.update(first_record=start, damaged=[start + index for index in entry["damaged"]])
         stores.append(entry)
         start += count
@@ -449,10 +588,13 @@ def _verify_sharded(path: str) -> list[dict[str, Any]]:
 
 def _verify_columns(path: str) -> list[dict[str, Any]]:
     try:
-        listing = _read_listing(path)
+        listing = read_listing(path)
     except (ValueError, OSError) as exc:
         return [_unreadable(path, exc)]
-    return [_verify_member(path, entry["name"], entry["kind"], listing["rows"], COLUMNS_FILE) for entry in listing["columns"]]
+    return [
+        _verify_member(path, entry["name"], entry["kind"], listing["rows"], COLUMNS_FILE)
+        for entry in listing["columns"]
+    ]
 
 
 def _run_verify(args: argparse.Namespace) -> int:
@@ -460,7 +602,14 @@ def _run_verify(args: argparse.Namespace) -> int:
         kind = _kind(args.path)
     except ValueError as exc:  # a schema.msgpack that does not parse: damage, not a usage error
         kind = "damaged"
-        stores = [{"path": args.path, "records": None, "damaged": [], "error": f"{type(exc).__name__}: {exc}"}]
+        stores = [
+            {
+                "path": args.path,
+                "records": None,
+                "damaged": [],
+                "error": f"{type(exc).__name__}: {exc}",
+            }
+        ]
     if kind == "arraystore":
         with ArrayStore(args.path) as store:
             stores = [_verify_array(store, name) for name in store.get_member_list()]
@@ -483,25 +632,44 @@ def _verify_text(result: dict[str, Any]) -> str:
     for entry in result["stores"]:
         where = entry["path"]
         if "first_record" in entry and entry["records"]:
-            where += f" (global records {entry['first_record']:,}..{entry['first_record'] + entry['records'] - 1:,})"
+            last = entry["first_record"] + entry["records"] - 1
+            where += f" (global records {entry['first_record']:,}..{last:,})"
         if entry.get("superblock_damaged"):
-            lines.append(f"{where}: DAMAGED, opened at an older state than it committed: {entry['error']}")
+            lines.append(
+                f"{where}: DAMAGED, opened at an older state than it committed: {entry['error']}"
+            )
         elif entry["error"] is not None:
             lines.append(f"{where}: DAMAGED, cannot be read: {entry['error']}")
         elif entry["damaged"]:
             shown = ", ".join(map(str, entry["damaged"][:_DAMAGED_SHOWN]))
-            more = f" and {len(entry['damaged']) - _DAMAGED_SHOWN:,} more" if len(entry["damaged"]) > _DAMAGED_SHOWN else ""
-            lines.append(f"{where}: DAMAGED, {len(entry['damaged']):,} of {entry['records']:,} records fail their "
-                         f"checksum: {shown}{more}")
+            more = (
+                f" and {len(entry['damaged']) - _DAMAGED_SHOWN:,} more"
+                if len(entry["damaged"]) > _DAMAGED_SHOWN
+                else ""
+            )
+            lines.append(
+                f"{where}: DAMAGED, {len(entry['damaged']):,} of {entry['records']:,} records fail "
+                "their "
+                f"checksum: {shown}{more}"
+            )
         else:
             note = f" (note: {entry['note']})" if entry.get("note") else ""
             lines.append(f"{where}: ok, {_plural(entry['records'], 'record')} verified{note}")
     if "damaged" in result:
         shards = f"sharded dataset of {len(result['stores']):,} shards"
         damaged = result["damaged"]
-        shown = ", ".join(map(str, damaged[:_DAMAGED_SHOWN])) + (" ..." if len(damaged) > _DAMAGED_SHOWN else "")
-        lines.append(f"{result['path']}: {shards}, " + ("ok" if result["ok"] else
-                     f"DAMAGED: {len(damaged):,} damaged records, global indices: {shown or 'none (see above)'}"))
+        shown = ", ".join(map(str, damaged[:_DAMAGED_SHOWN])) + (
+            " ..." if len(damaged) > _DAMAGED_SHOWN else ""
+        )
+        lines.append(
+            f"{result['path']}: {shards}, "
+            + (
+                "ok"
+                if result["ok"]
+                else f"DAMAGED: {len(damaged):,} damaged records, global indices: "
+                f"{shown or 'none (see above)'}"
+            )
+        )
     return "\n".join(lines)
 
 
@@ -522,9 +690,20 @@ def _run_compact(args: argparse.Namespace) -> int:
         with Zrecord(args.path) as store:
             store.compact()
     after = _disk_bytes(args.path)
-    result = {"path": args.path, "disk_bytes_before": before, "disk_bytes_after": after, "reclaimed_bytes": max(0, before - after)}
-    _emit(args, result, lambda r: f"{r['path']}: compacted, {_size(r['disk_bytes_before'])} -> "
-                                  f"{_size(r['disk_bytes_after'])} on disk ({_size(r['reclaimed_bytes'])} reclaimed)")
+    result = {
+        "path": args.path,
+        "disk_bytes_before": before,
+        "disk_bytes_after": after,
+        "reclaimed_bytes": max(0, before - after),
+    }
+    _emit(
+        args,
+        result,
+        lambda r: (
+            f"{r['path']}: compacted, {_size(r['disk_bytes_before'])} -> "
+            f"{_size(r['disk_bytes_after'])} on disk ({_size(r['reclaimed_bytes'])} reclaimed)"
+        ),
+    )
     return EXIT_OK
 
 
@@ -560,7 +739,11 @@ def _is_parquet_source(source: str) -> bool:
     (an existing file is never taken for a glob, whatever characters its name has)."""
     if os.path.isfile(source):
         return source.lower().endswith(".parquet")
-    return source.lower().endswith(".parquet") or os.path.isdir(source) or any(char in source for char in "*?[")
+    return (
+        source.lower().endswith(".parquet")
+        or os.path.isdir(source)
+        or any(char in source for char in "*?[")
+    )
 
 
 _NPY_MAGIC = b"\x93NUMPY"
@@ -577,15 +760,19 @@ def _load_npy(source: str) -> Any:  # Any: an array, or the NpzFile the caller r
     except OSError as exc:
         raise CommandError(f"cannot read '{source}': {exc.strerror or exc}") from None
     if not head.startswith((_NPY_MAGIC, _ZIP_MAGIC)):
-        raise CommandError(f"'{source}' is not a .npy file (it does not start with NumPy's header): "
-                           "give an array saved with np.save, or Parquet files")
+        raise CommandError(
+            f"'{source}' is not a .npy file (it does not start with NumPy's header): "
+            "give an array saved with np.save, or Parquet files"
+        )
     try:
         return np.load(source, mmap_mode="r", allow_pickle=False)
     except ValueError as exc:
         if "pickle" not in str(exc) and "Python objects" not in str(exc):
             raise CommandError(f"cannot read '{source}' as a .npy file: {exc}") from None
-        raise CommandError(f"'{source}' holds Python objects (pickled), which loaderx never loads: "
-                           "save a numeric, string or bytes array with np.save and convert that") from None
+        raise CommandError(
+            f"'{source}' holds Python objects (pickled), which loaderx never loads: "
+            "save a numeric, string or bytes array with np.save and convert that"
+        ) from None
     except OSError as exc:
         raise CommandError(f"cannot read '{source}' as a .npy file: {exc}") from None
 
@@ -594,25 +781,47 @@ def _convert_npy(args: argparse.Namespace) -> int:
     source = _load_npy(args.source)
     if not isinstance(source, np.ndarray):
         source.close()
-        raise CommandError(f"'{args.source}' is an .npz archive: convert one of its arrays, saved with np.save, at a time")
+        raise CommandError(
+            f"'{args.source}' is an .npz archive: convert one of its arrays, saved with np.save, "
+            "at a time"
+        )
     started = time.perf_counter()
     try:
-        rows = from_numpy(args.target, source, codec=args.codec, mode=args.mode, progress=sys.stderr if args.progress else True)
+        rows = from_numpy(
+            args.target,
+            source,
+            codec=args.codec,
+            mode=args.mode,
+            progress=sys.stderr if args.progress else True,
+        )
     except FileExistsError:  # the library's advice names its keyword: a CLI user needs the flag
-        raise CommandError(f"'{args.target}' exists and --mode x refuses to replace it: give a new path, "
-                           "--mode w (the default) to replace it or --mode a to append to it") from None
+        raise CommandError(
+            f"'{args.target}' exists and --mode x refuses to replace it: give a new path, "
+            "--mode w (the default) to replace it or --mode a to append to it"
+        ) from None
     except ValueError as exc:
         if not str(exc).startswith("cannot append to"):
             raise
         raise CommandError(_cli_words(str(exc))) from None
     seconds = time.perf_counter() - started
     info = _store_info(args.target, "dense")
-    result = {"source": args.source, "rows_written": rows, "seconds": round(seconds, 3), "store": info}
-    _emit(args, result, lambda r: (
-        f"{r['source']} -> {info['path']}: {_plural(rows, 'row')} written in {seconds:.1f} s; the dataset holds "
-        f"{_plural(info['records'], str(info['dtype']) + ' item')} of shape {tuple(info['item_shape'])}, codec {info['codec']}, "
-        f"{_size(info['raw_bytes'])} in {_size(info['disk_bytes'])} on disk ({_ratio(info)})"
-    ))
+    result = {
+        "source": args.source,
+        "rows_written": rows,
+        "seconds": round(seconds, 3),
+        "store": info,
+    }
+    _emit(
+        args,
+        result,
+        lambda r: (
+            f"{r['source']} -> {info['path']}: {_plural(rows, 'row')} written in {seconds:.1f} s; "
+            "the dataset holds "
+            f"{_plural(info['records'], str(info['dtype']) + ' item')} of shape "
+            f"{tuple(info['item_shape'])}, codec {info['codec']}, "
+            f"{_size(info['raw_bytes'])} in {_size(info['disk_bytes'])} on disk ({_ratio(info)})"
+        ),
+    )
     return EXIT_OK
 
 
@@ -621,7 +830,11 @@ def _cli_words(message: str) -> str:
     ``pass codec='x'`` is ``--codec x`` here, and the schema= keyword has no
     flag (convert the array first)."""
     message = re.sub(r"pass codec='([a-z0-9_]+)'", r"pass --codec \1", message)
-    return re.sub(r"\(pass schema=\{'dtype': '([^']+)'\} to convert\)", r"(save the array as \1 first)", message)
+    return re.sub(
+        r"\(pass schema=\{'dtype': '([^']+)'\} to convert\)",
+        r"(save the array as \1 first)",
+        message,
+    )
 
 
 def _convert_parquet(args: argparse.Namespace) -> int:
@@ -631,23 +844,47 @@ def _convert_parquet(args: argparse.Namespace) -> int:
     try:
         import pyarrow.parquet  # noqa: F401  (only to fail early with the remedy)
     except ImportError:
-        raise CommandError("converting Parquet needs pyarrow: pip install 'loaderx[arrow]'") from None
-    columns = [name.strip() for name in args.columns.split(",") if name.strip()] if args.columns else None
+        raise CommandError(
+            "converting Parquet needs pyarrow: pip install 'loaderx[arrow]'"
+        ) from None
+    columns = (
+        [name.strip() for name in args.columns.split(",") if name.strip()] if args.columns else None
+    )
     target = args.target
     started = time.perf_counter()
 
     def write(staging: str) -> int:
         try:
-            codec = "zstd" if args.codec == "auto" else args.codec  # the Arrow converter does not try the shuffle filter
-            return from_arrow(staging, args.source, columns=columns, codec=codec, progress=sys.stderr if args.progress else True)
+            codec = (
+                "zstd" if args.codec == "auto" else args.codec
+            )  # the Arrow converter does not try the shuffle filter
+            return from_arrow(
+                staging,
+                args.source,
+                columns=columns,
+                codec=codec,
+                progress=sys.stderr if args.progress else True,
+            )
         except TypeError as exc:  # a column type loaderx cannot store
             raise CommandError(f"{exc} (pick the other columns with --columns)") from None
 
     rows = _write_columns(target, args.mode, write, OS_FS)
     seconds = time.perf_counter() - started
     info = _columns_info(target)
-    result = {"source": args.source, "rows_written": rows, "seconds": round(seconds, 3), "columns": info}
-    _emit(args, result, lambda r: f"{r['source']} -> {target}: {_plural(rows, 'row')} written in {seconds:.1f} s\n" + _columns_text(info))
+    result = {
+        "source": args.source,
+        "rows_written": rows,
+        "seconds": round(seconds, 3),
+        "columns": info,
+    }
+    _emit(
+        args,
+        result,
+        lambda r: (
+            f"{r['source']} -> {target}: {_plural(rows, 'row')} written in {seconds:.1f} s\n"
+            + _columns_text(info)
+        ),
+    )
     return EXIT_OK
 
 
@@ -657,7 +894,9 @@ def _write_columns(target: str, mode: str, write: Callable[[str], int], fs: OsFs
     conversion and a replacement alike: a killed or failed conversion leaves
     the old directory whole, and a second one at once gets StoreLockedError."""
     rows = 0
-    with DirectorySwap(target, fs, lambda message: StoreLockedError(f"cannot convert: {message}", 6)) as swap:
+    with DirectorySwap(
+        target, fs, lambda message: StoreLockedError(f"cannot convert: {message}")
+    ) as swap:
         if fs.exists(target) and (not fs.isdir(target) or fs.listdir(target)):
             _check_replaceable(target, mode, fs)
 
@@ -672,12 +911,20 @@ def _write_columns(target: str, mode: str, write: Callable[[str], int], fs: OsFs
 
 def _check_replaceable(target: str, mode: str, fs: OsFs) -> None:
     if mode == "a":
-        raise CommandError(f"'{target}' exists and --mode a cannot append to a column directory: convert into a new directory")
+        raise CommandError(
+            f"'{target}' exists and --mode a cannot append to a column directory: convert into a "
+            "new directory"
+        )
     if mode == "x":
-        raise CommandError(f"'{target}' exists and --mode x refuses to replace it: give a new path, or --mode w (the default) to replace it")
+        raise CommandError(
+            f"'{target}' exists and --mode x refuses to replace it: give a new path, or --mode w "
+            "(the default) to replace it"
+        )
     if not fs.isfile(os.path.join(target, COLUMNS_FILE)):
-        raise CommandError(f"'{target}' exists and is not a loaderx column directory (no {COLUMNS_FILE}): "
-                           "give a new or empty directory; only a column directory is replaced")
+        raise CommandError(
+            f"'{target}' exists and is not a loaderx column directory (no {COLUMNS_FILE}): "
+            "give a new or empty directory; only a column directory is replaced"
+        )
 
 
 # ---- bench -----------------------------------------------------------------------
@@ -703,7 +950,9 @@ def _bench_rows(count: int) -> np.ndarray:
     rng = np.random.default_rng(0)
     grid = np.linspace(0.0, 1.0, _RECORD_FLOATS, dtype=np.float32)
     frequency = rng.uniform(1.0, 8.0, (count, 1)).astype(np.float32)
-    rows = np.sin(frequency * grid * np.float32(2 * np.pi)) + rng.normal(0, 0.01, (count, _RECORD_FLOATS)).astype(np.float32)
+    rows = np.sin(frequency * grid * np.float32(2 * np.pi)) + rng.normal(
+        0, 0.01, (count, _RECORD_FLOATS)
+    ).astype(np.float32)
     quantized: np.ndarray = (np.round(rows * 65536) / 65536).astype(np.float32)
     return quantized
 
@@ -715,11 +964,20 @@ def _bench_sampler() -> list[dict[str, Any]]:
         iid = Sampler(1_000_000, batch, "iid")
         cyclic = Sampler(1_000_000, batch, "cyclic")
         baseline = _median_seconds(lambda: rng.integers(0, 1_000_000, batch), 2000)
-        for name, function in (("numpy default_rng().integers", lambda: rng.integers(0, 1_000_000, batch)),
-                               ("loaderx IID", iid.next), ("loaderx CYCLIC", cyclic.next)):
+        for name, function in (
+            ("numpy default_rng().integers", lambda: rng.integers(0, 1_000_000, batch)),
+            ("loaderx IID", iid.next),
+            ("loaderx CYCLIC", cyclic.next),
+        ):
             seconds = baseline if name.startswith("numpy") else _median_seconds(function, 2000)
-            results.append({"sampler": name, "batch": batch, "us_per_batch": round(seconds * 1e6, 3),
-                            "vs_default_rng": round(baseline / seconds, 2)})
+            results.append(
+                {
+                    "sampler": name,
+                    "batch": batch,
+                    "us_per_batch": round(seconds * 1e6, 3),
+                    "vs_default_rng": round(baseline / seconds, 2),
+                }
+            )
     return results
 
 
@@ -735,8 +993,16 @@ def _bench_store(root: str, rows: np.ndarray) -> list[dict[str, Any]]:
 
     take()  # fault the pages in first
     memory = _median_seconds(take, 20)
-    results = [{"store": "numpy in memory (ceiling)", "write_mib_s": None, "gather_mib_s": round(out.nbytes / memory / 2**20),
-                "ms_per_batch": round(memory * 1e3, 3), "disk_bytes": None, "ratio": None}]
+    results = [
+        {
+            "store": "numpy in memory (ceiling)",
+            "write_mib_s": None,
+            "gather_mib_s": round(out.nbytes / memory / 2**20),
+            "ms_per_batch": round(memory * 1e3, 3),
+            "disk_bytes": None,
+            "ratio": None,
+        }
+    ]
     for codec in ("raw", "zstd"):
         path = os.path.join(root, f"store-{codec}")
         started = time.perf_counter()
@@ -746,11 +1012,20 @@ def _bench_store(root: str, rows: np.ndarray) -> list[dict[str, Any]]:
             dataset.gather_into(batches[0], out)
             if not np.array_equal(out, rows[batches[0].astype(np.intp)]):
                 raise CommandError(f"bench: the {codec} store returned wrong rows")
-            seconds = _median_seconds(lambda: dataset.gather_into(batches[next(reads) % len(batches)], out), 20)
+            seconds = _median_seconds(
+                lambda: dataset.gather_into(batches[next(reads) % len(batches)], out), 20
+            )
         disk = _disk_bytes(path)
-        results.append({"store": f"loaderx {codec}", "write_mib_s": round(rows.nbytes / written / 2**20),
-                        "gather_mib_s": round(out.nbytes / seconds / 2**20), "ms_per_batch": round(seconds * 1e3, 3),
-                        "disk_bytes": disk, "ratio": round(rows.nbytes / disk, 2)})
+        results.append(
+            {
+                "store": f"loaderx {codec}",
+                "write_mib_s": round(rows.nbytes / written / 2**20),
+                "gather_mib_s": round(out.nbytes / seconds / 2**20),
+                "ms_per_batch": round(seconds * 1e3, 3),
+                "disk_bytes": disk,
+                "ratio": round(rows.nbytes / disk, 2),
+            }
+        )
     return results
 
 
@@ -762,8 +1037,13 @@ def _bench_loader(root: str) -> list[dict[str, Any]]:
                 for _ in range(4):
                     next(loader)  # workers started, page cache warm
                 seconds = _median_seconds(lambda: next(loader), 10)
-        results.append({"loader": f"loaderx {codec}", "batches_s": round(1 / seconds, 1),
-                        "mib_s": round(_BATCH * _RECORD_FLOATS * 4 / seconds / 2**20)})
+        results.append(
+            {
+                "loader": f"loaderx {codec}",
+                "batches_s": round(1 / seconds, 1),
+                "mib_s": round(_BATCH * _RECORD_FLOATS * 4 / seconds / 2**20),
+            }
+        )
     return results
 
 
@@ -771,31 +1051,60 @@ def _machine() -> dict[str, Any]:
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as handle:
-            model = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), model)
+            model = next(
+                (line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")),
+                model,
+            )
     except OSError:
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu": model, "cores": cores, "python": platform.python_version(), "numpy": np.__version__, "loaderx": __version__}
+    return {
+        "cpu": model,
+        "cores": cores,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "loaderx": __version__,
+    }
 
 
 def _run_bench(args: argparse.Namespace) -> int:
     if not _BATCH <= args.records <= _BENCH_RECORDS_MAX:
-        raise CommandError(f"--records must be in {_BATCH}..{_BENCH_RECORDS_MAX:,} (at least one batch; at most "
-                           f"3 GiB of records in memory), got {args.records:,}")
+        raise CommandError(
+            f"--records must be in {_BATCH}..{_BENCH_RECORDS_MAX:,} (at least one batch; at most "
+            f"3 GiB of records in memory), got {args.records:,}"
+        )
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="loaderx-bench-", dir=args.dir) as root:
         rows = _bench_rows(args.records)
-        result = {"machine": _machine(), "sampler": _bench_sampler(), "store": _bench_store(root, rows),
-                  "store_source_bytes": rows.nbytes, "loader": _bench_loader(root)}
+        result = {
+            "machine": _machine(),
+            "sampler": _bench_sampler(),
+            "store": _bench_store(root, rows),
+            "store_source_bytes": rows.nbytes,
+            "loader": _bench_loader(root),
+        }
     result["seconds"] = round(time.perf_counter() - started, 1)
     _emit(args, result, _bench_text)
     return EXIT_OK
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    cells = [[("-" if row[key] is None else f"{row[key]:,}" if isinstance(row[key], (int, float)) else str(row[key]))
-              for key in columns] for row in rows]
-    widths = [max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)]
+    cells = [
+        [
+            (
+                "-"
+                if row[key] is None
+                else f"{row[key]:,}"
+                if isinstance(row[key], (int, float))
+                else str(row[key])
+            )
+            for key in columns
+        ]
+        for row in rows
+    ]
+    widths = [
+        max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)
+    ]
     lines = ["  ".join(column.ljust(width) for column, width in zip(columns, widths))]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)) for line in cells]
     return "\n".join(lines)
@@ -803,15 +1112,27 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 def _bench_text(result: dict[str, Any]) -> str:
     machine = result["machine"]
-    stores = [dict(row, disk=_size(row["disk_bytes"]) if row["disk_bytes"] else None) for row in result["store"]]
-    return "\n\n".join([
-        f"machine: {machine['cpu']}, {machine['cores']} cores, Python {machine['python']}, NumPy {machine['numpy']}, "
-        f"loaderx {machine['loaderx']}",
-        "sampler (indices over 0..1,000,000, one call per batch)\n"
-        + _table(result["sampler"], ["sampler", "batch", "us_per_batch", "vs_default_rng"]),
-        f"store ({_size(result['store_source_bytes'])} of 12 KiB float32 records, random batches of {_BATCH}, "
-        "warm page cache)\n" + _table(stores, ["store", "write_mib_s", "gather_mib_s", "ms_per_batch", "disk", "ratio"]),
-        f"loader (DataLoader, 4 workers, batches of {_BATCH})\n" + _table(result["loader"], ["loader", "batches_s", "mib_s"]),
-        f"medians of {_RUNS} runs; {result['seconds']} s in all. Quick figures: scripts/bench.py in a source "
-        "checkout compares against other libraries.",
-    ])
+    stores = [
+        dict(row, disk=_size(row["disk_bytes"]) if row["disk_bytes"] else None)
+        for row in result["store"]
+    ]
+    return "\n\n".join(
+        [
+            f"machine: {machine['cpu']}, {machine['cores']} cores, Python {machine['python']}, "
+            f"NumPy {machine['numpy']}, "
+            f"loaderx {machine['loaderx']}",
+            "sampler (indices over 0..1,000,000, one call per batch)\n"
+            + _table(result["sampler"], ["sampler", "batch", "us_per_batch", "vs_default_rng"]),
+            f"store ({_size(result['store_source_bytes'])} of 12 KiB float32 records, random "
+            f"batches of {_BATCH}, "
+            "warm page cache)\n"
+            + _table(
+                stores, ["store", "write_mib_s", "gather_mib_s", "ms_per_batch", "disk", "ratio"]
+            ),
+            f"loader (DataLoader, 4 workers, batches of {_BATCH})\n"
+            + _table(result["loader"], ["loader", "batches_s", "mib_s"]),
+            f"medians of {_RUNS} runs; {result['seconds']} s in all. Quick figures: "
+            "scripts/bench.py in a source "
+            "checkout compares against other libraries.",
+        ]
+    )

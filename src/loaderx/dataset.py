@@ -1,262 +1,49 @@
 """NumPy views over zrecord stores: ``DenseDataset``, ``RaggedDataset``, ``pad``.
 
-A loaderx store is a zrecord directory plus ``schema.msgpack``, the only
-loaderx-level metadata. The schema is a small map::
-
-    {"format": "loaderx", "version": 1, "kind": "dense" | "ragged",
-     "dtype": "<f4", "item_shape": [2, 4], "codec": "zstd"}
-
-``dtype`` is ``np.dtype.str`` (for structured dtypes, ``np.dtype.descr``).
-A dense record is exactly one item of ``item_shape``; a ragged record is any
-number of rows, each of ``item_shape``. Datasets only read: the converters in
-``loaderx.converter`` write stores.
+A loaderx store is a zrecord directory plus ``schema.msgpack`` (see
+``loaderx.schema``); a sharded dataset is a directory of such stores plus a
+manifest (``loaderx.sharded``), read like one store. Datasets only read: the
+converters in ``loaderx.converter`` write stores.
 
 Every batch read is one native gather straight into a fresh array (dense), or
 one lengths call and one gather into one flat buffer that is split into views
-(ragged).
+(ragged). Invariant: a dataset's schema and store are of one directory (an
+open that sees the directory swapped under it opens again).
 """
 
 from __future__ import annotations
 
-import math
-import operator
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, NoReturn, Sequence, TypeVar, Union, overload
+from typing import Any, Iterable, Sequence, TypeVar, overload
 
-import msgpack
 import numpy as np
 import numpy.typing as npt
 
 from ._checks import check_int, check_verify
-from ._fs import read_at_most, readable_path, write_file_atomic
-from .zrecord import CODECS, THREADS_MAX, CorruptStoreError, IndexOutOfRangeError, Zrecord, ZrecordError, path_identity
+from ._fs import readable_path
+from ._indexing import int_index, is_int, record_indices
+from .schema import (  # the names loaderx.dataset has always offered
+    FORMAT_NAME as FORMAT_NAME,
+    FORMAT_VERSION as FORMAT_VERSION,
+    KINDS as KINDS,
+    SCHEMA_FILE as SCHEMA_FILE,
+    Schema as Schema,
+    StrPath as StrPath,
+    open_schema as open_schema,
+    read_schema as read_schema,
+    schema_path as schema_path,
+    write_schema as write_schema,
+)
+from .sharded import ShardedStore, is_sharded
+from .zrecord import THREADS_MAX, CorruptStoreError, Zrecord, ZrecordError, path_identity
 
-if TYPE_CHECKING:
-    from .shards import ShardedStore
-
-#: A file system path, as the public functions take it.
-StrPath = Union[str, "os.PathLike[str]"]
 _DatasetT = TypeVar("_DatasetT", bound="_Dataset")
 
 __all__ = ["DenseDataset", "RaggedDataset", "Schema", "pad", "read_schema", "write_schema"]
 
-SCHEMA_FILE = "schema.msgpack"
-FORMAT_NAME = "loaderx"
-FORMAT_VERSION = 1
-KINDS = ("dense", "ragged")
-_SCHEMA_BYTES_MAX = 1 << 20
 # Native ragged gathers of one batch before giving up on a store whose
 # records keep growing under it (see RaggedDataset.gather_packed).
 _GATHER_ATTEMPTS = 4
-
-
-# ---- schema ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Schema:
-    """What the records of a store are: kind, dtype, item shape and codec."""
-
-    kind: str
-    dtype: np.dtype[Any]
-    item_shape: tuple[int, ...]
-    codec: str
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"schema kind must be one of {KINDS}, got {self.kind!r}")
-        dtype = np.dtype(self.dtype)
-        if dtype.hasobject:
-            raise TypeError(f"dtype {dtype} holds Python objects, which a store cannot hold: convert to a numeric, string or bytes dtype")
-        object.__setattr__(self, "dtype", dtype)
-        shape = tuple(self.item_shape)
-        if not all(isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size >= 0 for size in shape):
-            raise ValueError(f"item_shape must be a tuple of non-negative ints, got {self.item_shape!r}")
-        object.__setattr__(self, "item_shape", tuple(int(size) for size in shape))
-        if self.codec not in CODECS:
-            raise ValueError(f"unknown codec {self.codec!r}: use one of {sorted(CODECS)}")
-
-    @property
-    def item_bytes(self) -> int:
-        """Bytes of one item (a dense record, or one row of a ragged record)."""
-        return int(self.dtype.itemsize * math.prod(self.item_shape))
-
-    def to_dict(self) -> dict[str, Any]:
-        dtype = self.dtype.str if self.dtype.fields is None else _descr_to_lists(self.dtype.descr)
-        return {
-            "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
-            "kind": self.kind,
-            "dtype": dtype,
-            "item_shape": list(self.item_shape),
-            "codec": self.codec,
-        }
-
-    @classmethod
-    def from_dict(cls, data: object, where: str = "schema") -> "Schema":
-        if not isinstance(data, dict):
-            raise ValueError(f"{where} is not a loaderx schema (expected a map, got {type(data).__name__})")
-        if data.get("format") != FORMAT_NAME:
-            raise ValueError(f"{where} is not a loaderx schema (format is {data.get('format')!r})")
-        version = data.get("version")
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise ValueError(f"{where} has no valid version ({version!r})")
-        if version > FORMAT_VERSION:
-            raise ValueError(f"{where} has version {version}, newer than this loaderx understands ({FORMAT_VERSION}): upgrade loaderx")
-        if version < 1:
-            raise ValueError(f"{where} has an invalid version {version}")
-        missing = [key for key in ("kind", "dtype", "item_shape", "codec") if key not in data]
-        if missing:
-            raise ValueError(f"{where} lacks {', '.join(missing)}")
-        try:
-            raw = data["dtype"]
-            dtype = np.dtype(raw) if isinstance(raw, str) else np.dtype(_lists_to_descr(raw))
-            if not isinstance(data["item_shape"], (list, tuple)):
-                raise ValueError(f"item_shape is {data['item_shape']!r}, not a list")
-            return cls(data["kind"], dtype, tuple(data["item_shape"]), data["codec"])
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{where} is invalid: {exc}") from exc
-
-    def describe(self) -> str:
-        return f"{self.kind} {self.dtype} items of shape {self.item_shape}, codec {self.codec!r}"
-
-
-def _descr_to_lists(descr: list[Any]) -> list[Any]:
-    return [[name, _descr_to_lists(kind) if isinstance(kind, list) else kind, *map(list, rest)] for name, kind, *rest in descr]
-
-
-def _lists_to_descr(lists: object) -> list[tuple[Any, ...]]:
-    if not isinstance(lists, (list, tuple)):
-        raise ValueError(f"dtype {lists!r} is neither a dtype string nor a field list")
-    fields: list[tuple[Any, ...]] = []
-    for field in lists:
-        name, kind, *rest = field
-        kind = _lists_to_descr(kind) if isinstance(kind, (list, tuple)) else kind
-        fields.append((name, kind, *(tuple(shape) for shape in rest)))
-    return fields
-
-
-def schema_path(path: StrPath) -> str:
-    return os.path.join(os.fspath(path), SCHEMA_FILE)
-
-
-def read_schema(path: StrPath) -> Schema | None:
-    """The schema of the store at ``path``, or None when it has no schema file."""
-    file = schema_path(path)
-    try:
-        payload = read_at_most(file, _SCHEMA_BYTES_MAX + 1)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    if len(payload) > _SCHEMA_BYTES_MAX:
-        raise ValueError(f"{file} is over {_SCHEMA_BYTES_MAX} bytes: not a loaderx schema")
-    try:
-        data = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several unrelated types for bad bytes
-        raise ValueError(f"{file} is damaged or not a loaderx schema: {exc}") from exc
-    return Schema.from_dict(data, where=file)
-
-
-def write_schema(path: StrPath, schema: Schema) -> None:
-    """Writes ``schema.msgpack`` atomically and durably."""
-    write_file_atomic(schema_path(os.fspath(path)), msgpack.packb(schema.to_dict(), use_bin_type=True))
-
-
-def open_schema(path: StrPath, kind: str, schema: Schema | None = None) -> Schema:
-    """The schema of an existing store of ``kind`` (``schema``, when the
-    caller read it already); a clear error otherwise."""
-    path = os.fspath(path)
-    # The schema first: the usual open needs no other look-up.
-    if schema is None:
-        schema = read_schema(path)
-    if schema is None:
-        _refuse_schemaless(path)
-    if schema.kind != kind:
-        other = "RaggedDataset" if schema.kind == "ragged" else "DenseDataset"
-        raise ValueError(f"'{path}' is a {schema.kind} store: open it with {other}")
-    return schema
-
-
-def _refuse_schemaless(path: str) -> NoReturn:
-    """Says why ``path`` has no schema: a file, nothing, or a foreign directory."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise NotADirectoryError(
-            f"'{path}' is a file, not a loaderx store (a store is a directory written by "
-            "loaderx.from_numpy or loaderx.from_iterator): give the store's directory"
-        )
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"no loaderx store at '{path}': write one with loaderx.from_numpy or loaderx.from_iterator")
-    raise FileNotFoundError(
-        f"'{path}' is not a loaderx store (it has no {SCHEMA_FILE}): write one with "
-        "loaderx.from_numpy or loaderx.from_iterator, or open a bare record store with loaderx.Zrecord"
-    )
-
-
-# ---- indexing ---------------------------------------------------------------
-
-
-def _is_int(key: object) -> bool:
-    """An int, a NumPy integer, or a 0-d integer array (which NumPy indexes
-    like an int; it used to fail inside reshape)."""
-    if isinstance(key, np.ndarray):
-        return key.ndim == 0 and key.dtype.kind in "iu"
-    return isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))
-
-
-def _int_index(key: Any, length: int) -> int:
-    index = operator.index(key)
-    position = index + length if index < 0 else index
-    if not 0 <= position < length:
-        raise IndexOutOfRangeError(f"index {index} is out of range for a dataset of {length} records")
-    return position
-
-
-_SHORT_LIST_MAX = 32  # a list of at most this many Python ints skips NumPy's checks
-
-
-def _record_indices(key: Any, length: int) -> tuple[npt.NDArray[np.uint64], tuple[int, ...]]:
-    """Normalizes a record selector to (uint64 indices, result shape).
-
-    ``key`` is a slice, a list or array of ints (negative counts from the
-    end; any order; repeats allowed; any shape) or a boolean mask of length
-    ``length``. Out of range raises IndexError.
-    """
-    if isinstance(key, slice):
-        start, stop, step = key.indices(length)
-        # A forward slice is built as uint64 at once (no int64 copy to
-        # convert: 4 MB and ~2 ms for 500,000 rows); a backward one may
-        # stop at -1.
-        if step > 0:
-            indices = np.arange(start, stop, step, dtype=np.uint64)
-        else:
-            indices = np.arange(start, stop, step, dtype=np.int64).astype(np.uint64)
-        return indices, indices.shape
-    if type(key) is list and 0 < len(key) <= _SHORT_LIST_MAX and all(type(item) is int for item in key):
-        # Checked in Python: on the cold caches of a first call, the four
-        # NumPy calls below took 75-95 us for one index, this 45-60.
-        return np.array([_int_index(item, length) for item in key], dtype=np.uint64), (len(key),)
-    array = np.asarray(key)
-    if array.dtype == np.bool_:
-        if array.shape != (length,):
-            raise IndexError(f"boolean mask has shape {array.shape} but the dataset has {length} records")
-        indices = np.flatnonzero(array).astype(np.uint64)
-        return indices, indices.shape
-    if array.size == 0:
-        return np.empty(0, dtype=np.uint64), array.shape
-    if array.dtype.kind not in "iu":
-        raise IndexError(f"record indices must be integers or a boolean mask, got dtype {array.dtype}")
-    flat = array.reshape(-1)
-    if flat.dtype.kind == "i":
-        low = int(flat.min())
-        if low < 0:
-            flat = np.where(flat < 0, flat + length, flat)
-            low = int(flat.min())
-            if low < 0:
-                raise IndexOutOfRangeError(f"index {low - length} is out of range for a dataset of {length} records")
-    high = int(flat.max())
-    if high >= length:
-        raise IndexOutOfRangeError(f"index {high} is out of range for a dataset of {length} records")
-    return np.ascontiguousarray(flat, dtype=np.uint64), array.shape
 
 
 # An open that sees the store's directory swapped under it (an overwrite,
@@ -276,11 +63,11 @@ class _Dataset:
 
     _kind = ""
 
-    def __init__(self, path: StrPath, verify: bool | None = None, threads: int = 0, *, _durable: bool = True) -> None:
+    def __init__(
+        self, path: StrPath, verify: bool | None = None, threads: int = 0, *, _durable: bool = True
+    ) -> None:
         # ``_durable=False`` is for ArrayStore, which writes through the
         # dataset's store: one native open instead of a second handle.
-        from .shards import ShardedStore, is_sharded  # shards builds on this module
-
         self.path = os.fspath(path)
         verify = check_verify(verify)
         threads = check_int("threads", threads, 0, THREADS_MAX)
@@ -295,23 +82,38 @@ class _Dataset:
                 if schema is None and is_sharded(self.path):
                     # A sharded dataset reads like one store: ShardedStore has the
                     # read side of Zrecord, over one global index space.
-                    self._store = ShardedStore(self.path, self._kind, verify=verify, threads=threads)
+                    self._store = ShardedStore(
+                        self.path, self._kind, verify=verify, threads=threads
+                    )
                     self._schema = self._store.schema
                     break
                 self._schema = open_schema(path, self._kind, schema)
-                self._store = Zrecord(path, codec=self._schema.codec, verify=verify, threads=threads, durable=_durable, _existing=True)
+                self._store = Zrecord(
+                    path,
+                    codec=self._schema.codec,
+                    verify=verify,
+                    threads=threads,
+                    durable=_durable,
+                    _existing=True,
+                )
             except (ZrecordError, OSError, ValueError) as exc:
                 # A file gone mid-open is what a swap does to a reader of the
                 # old directory (whose inode number the next swap may reuse,
                 # so an unchanged identity proves nothing): open it again.
-                if attempt < _SWAPS_SEEN_MAX and (path_identity(self.path) != before or isinstance(exc, (CorruptStoreError, FileNotFoundError))):
+                if attempt < _SWAPS_SEEN_MAX and (
+                    path_identity(self.path) != before
+                    or isinstance(exc, (CorruptStoreError, FileNotFoundError))
+                ):
                     continue
                 raise
             if path_identity(self.path) == before:
                 break  # the schema and the store are of one directory
             self._store.close()
             if attempt == _SWAPS_SEEN_MAX:
-                raise ZrecordError(f"'{self.path}' was replaced {attempt + 1} times while it was being opened: open it again when its writer is done")
+                raise ZrecordError(
+                    f"'{self.path}' was replaced {attempt + 1} times while it was being opened: "
+                    "open it again when its writer is done"
+                )
         self.dtype = self._schema.dtype
         self.item_shape = self._schema.item_shape
         self.codec = self._schema.codec
@@ -321,7 +123,10 @@ class _Dataset:
 
     def __reduce__(self) -> tuple[type[_Dataset], tuple[str, bool | None, int]]:
         if self.closed:
-            raise TypeError(f"cannot pickle the closed {type(self).__name__} '{self.path}': pickle it while open")
+            raise TypeError(
+                f"cannot pickle the closed {type(self).__name__} '{self.path}': pickle it while "
+                "open"
+            )
         return (type(self), (self.path, *self._options))
 
     @property
@@ -357,23 +162,28 @@ class _Dataset:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{len(self)} records"
-        return f"{type(self).__name__}({self.path!r}, dtype={self.dtype}, item_shape={self.item_shape}, codec={self.codec!r}, {state})"
+        return (
+            f"{type(self).__name__}({self.path!r}, dtype={self.dtype}, "
+            f"item_shape={self.item_shape}, codec={self.codec!r}, {state})"
+        )
 
 
 class DenseDataset(_Dataset):
     """A dense store: every record is one item of ``item_shape`` and ``dtype``.
 
-    ``ds[i]`` is one item; ``ds[slice | int array | list | bool mask]`` and
-    ``ds.__getitems__(idxs)`` are arrays ``(n, *item_shape)`` gathered with
-    one native call. Reads check record checksums where that costs little
-(compressed and ragged stores: ``Zrecord``'s default); ``verify=True``
-checks every read, ``verify=False`` none;
-    ``threads`` caps the native threads of a gather (0: one per core).
+        ``ds[i]`` is one item; ``ds[slice | int array | list | bool mask]`` and
+        ``ds.__getitems__(idxs)`` are arrays ``(n, *item_shape)`` gathered with
+        one native call. Reads check record checksums where that costs little
+    (compressed and ragged stores: ``Zrecord``'s default); ``verify=True``
+    checks every read, ``verify=False`` none;
+        ``threads`` caps the native threads of a gather (0: one per core).
     """
 
     _kind = "dense"
 
-    def __init__(self, path: StrPath, verify: bool | None = None, threads: int = 0, *, _durable: bool = True) -> None:
+    def __init__(
+        self, path: StrPath, verify: bool | None = None, threads: int = 0, *, _durable: bool = True
+    ) -> None:
         super().__init__(path, verify=verify, threads=threads, _durable=_durable)
         try:
             self._check_record_bytes()
@@ -395,7 +205,8 @@ checks every read, ``verify=False`` none;
         if sizes != {self._item_bytes}:
             raise ValueError(
                 f"'{self.path}' holds records of {sorted(sizes)} bytes, but its schema says "
-                f"{self._item_bytes} bytes ({self.dtype} items of shape {self.item_shape}): the store does not match its schema"
+                f"{self._item_bytes} bytes ({self.dtype} items of shape {self.item_shape}): the "
+                "store does not match its schema"
             )
 
     @property
@@ -403,13 +214,18 @@ checks every read, ``verify=False`` none;
         """``(len(self), *item_shape)``: the shape of the whole dataset as one array."""
         return (len(self), *self.item_shape)
 
-    def gather_into(self, indices: Sequence[int] | npt.NDArray[np.integer[Any]], out: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    def gather_into(
+        self, indices: Sequence[int] | npt.NDArray[np.integer[Any]], out: npt.NDArray[Any]
+    ) -> npt.NDArray[Any]:
         """Decodes records ``indices`` (in range, non-negative) into ``out``, a
         writable C-contiguous array of shape ``(n, *item_shape)`` and this
         dataset's dtype, with one native call; returns ``out``."""
         count = len(indices)
         if not isinstance(out, np.ndarray):
-            raise TypeError(f"out must be a NumPy array of dtype {self.dtype} and shape {(count, *self.item_shape)}, got {type(out).__name__}")
+            raise TypeError(
+                f"out must be a NumPy array of dtype {self.dtype} and shape "
+                f"{(count, *self.item_shape)}, got {type(out).__name__}"
+            )
         if out.dtype != self.dtype or out.shape != (count, *self.item_shape):
             raise ValueError(
                 f"out must have dtype {self.dtype} and shape {(count, *self.item_shape)}, "
@@ -434,16 +250,16 @@ checks every read, ``verify=False`` none;
             key, rest = (key[0], key[1:]) if key else (slice(None), ())
         if key is Ellipsis:
             key = slice(None)
-        if _is_int(key):
-            item = self._gather(np.array([_int_index(key, len(self))], dtype=np.uint64), (1,))[0]
+        if is_int(key):
+            item = self._gather(np.array([int_index(key, len(self))], dtype=np.uint64), (1,))[0]
             return item if rest is None else item[rest]
-        indices, shape = _record_indices(key, len(self))
+        indices, shape = record_indices(key, len(self))
         out = self._gather(indices, shape)
         return out if rest is None else out[(slice(None),) * len(shape) + rest]
 
     def __getitems__(self, idxs: npt.ArrayLike) -> npt.NDArray[Any]:
         """Records ``idxs`` (a sequence of ints) as one ``(n, *item_shape)`` array."""
-        indices, shape = _record_indices(idxs, len(self))
+        indices, shape = record_indices(idxs, len(self))
         if len(shape) != 1:
             raise ValueError(f"__getitems__ takes a flat sequence of indices, got shape {shape}")
         return self._gather(indices, shape)
@@ -461,7 +277,7 @@ class RaggedDataset(_Dataset):
 
     def row_counts(self, key: Any = None) -> npt.NDArray[np.int64]:
         """The row count of each selected record (all records by default)."""
-        indices, _ = _record_indices(slice(None) if key is None else key, len(self))
+        indices, _ = record_indices(slice(None) if key is None else key, len(self))
         return self._row_counts(indices)
 
     def _row_counts(self, indices: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
@@ -472,8 +288,10 @@ class RaggedDataset(_Dataset):
         if np.any(remainder):
             bad = int(indices[np.flatnonzero(remainder)[0]])
             raise ValueError(
-                f"record {bad} of '{self.path}' is {int(byte_lengths[np.flatnonzero(remainder)[0]])} bytes, "
-                f"not a whole number of {self._item_bytes}-byte rows: the store does not match its schema"
+                f"record {bad} of '{self.path}' is "
+                f"{int(byte_lengths[np.flatnonzero(remainder)[0]])} bytes, "
+                f"not a whole number of {self._item_bytes}-byte rows: the store does not match its "
+                "schema"
             )
         return rows
 
@@ -483,7 +301,9 @@ class RaggedDataset(_Dataset):
         return [values[start:end] for start, end in zip(bounds[:-1], bounds[1:])]
 
     def gather_packed(
-        self, indices: npt.NDArray[np.uint64], buffer: npt.NDArray[np.uint8] | None = None,
+        self,
+        indices: npt.NDArray[np.uint64],
+        buffer: npt.NDArray[np.uint8] | None = None,
     ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
         """Records ``indices`` (a contiguous uint64 array, in range) back to
         back: ``values`` ``(total_rows, *item_shape)`` and int64 row
@@ -505,7 +325,9 @@ class RaggedDataset(_Dataset):
             capacity = needed
             needed, offsets = self._store.gather_rows(indices, self._item_bytes, buffer)
         else:
-            raise ZrecordError(f"'{self.path}': the records kept growing while they were gathered; try again")
+            raise ZrecordError(
+                f"'{self.path}': the records kept growing while they were gathered; try again"
+            )
         assert buffer is not None or needed == 0
         front = buffer[:needed] if buffer is not None else np.empty(0, dtype=np.uint8)
         return front.view(self.dtype).reshape(int(offsets[-1]), *self.item_shape), offsets
@@ -513,20 +335,29 @@ class RaggedDataset(_Dataset):
     @overload
     def __getitem__(self, key: int | np.integer[Any]) -> npt.NDArray[Any]: ...
     @overload
-    def __getitem__(self, key: slice | Sequence[int] | npt.NDArray[Any]) -> list[npt.NDArray[Any]]: ...
+    def __getitem__(
+        self, key: slice | Sequence[int] | npt.NDArray[Any]
+    ) -> list[npt.NDArray[Any]]: ...
 
     def __getitem__(self, key: Any) -> npt.NDArray[Any] | list[npt.NDArray[Any]]:
-        if _is_int(key):
-            index = _int_index(key, len(self))
+        if is_int(key):
+            index = int_index(key, len(self))
             return self._gather(np.array([index], dtype=np.uint64))[0]
         if isinstance(key, tuple) or key is Ellipsis:
-            raise TypeError("a RaggedDataset is indexed by records only (int, slice, int array, list or bool mask)")
-        indices, shape = _record_indices(key, len(self))
+            raise TypeError(
+                "a RaggedDataset is indexed by records only (int, slice, int array, list or bool "
+                "mask)"
+            )
+        indices, shape = record_indices(key, len(self))
         if len(shape) > 1:
-            raise IndexError(f"a RaggedDataset takes a flat selector, got an index array of shape {shape}")
+            raise IndexError(
+                f"a RaggedDataset takes a flat selector, got an index array of shape {shape}"
+            )
         return self._gather(indices)
 
-    def __getitems__(self, idxs: Iterable[int] | npt.NDArray[np.integer[Any]]) -> list[npt.NDArray[Any]]:
+    def __getitems__(
+        self, idxs: Iterable[int] | npt.NDArray[np.integer[Any]]
+    ) -> list[npt.NDArray[Any]]:
         return self[list(idxs) if not isinstance(idxs, np.ndarray) else idxs]
 
 
@@ -535,14 +366,22 @@ def _check_buffer(buffer: object) -> None:
     C-contiguous 1-D uint8 array (any other dtype used to fail in a reshape)."""
     if not isinstance(buffer, np.ndarray) or buffer.dtype != np.uint8:
         what = f"dtype {buffer.dtype}" if isinstance(buffer, np.ndarray) else type(buffer).__name__
-        raise TypeError(f"buffer must be a 1-D uint8 NumPy array (raw bytes), got {what}: allocate it with np.empty(nbytes, np.uint8)")
+        raise TypeError(
+            f"buffer must be a 1-D uint8 NumPy array (raw bytes), got {what}: allocate it with "
+            "np.empty(nbytes, np.uint8)"
+        )
     if buffer.ndim != 1 or not buffer.flags.c_contiguous or not buffer.flags.writeable:
-        raise ValueError(f"buffer must be a writable, C-contiguous 1-D uint8 array, got shape {buffer.shape}"
-                         f"{'' if buffer.flags.c_contiguous else ', not contiguous'}{'' if buffer.flags.writeable else ', read-only'}")
+        raise ValueError(
+            f"buffer must be a writable, C-contiguous 1-D uint8 array, got shape {buffer.shape}"
+            f"{'' if buffer.flags.c_contiguous else ', not contiguous'}"
+            f"{'' if buffer.flags.writeable else ', read-only'}"
+        )
 
 
 def pad(
-    records: Iterable[npt.ArrayLike], max_len: int | None = None, pad_value: object = 0,
+    records: Iterable[npt.ArrayLike],
+    max_len: int | None = None,
+    pad_value: object = 0,
 ) -> tuple[npt.NDArray[Any], npt.NDArray[np.int64]]:
     """Pads variable-length records into one dense array.
 
@@ -557,11 +396,15 @@ def pad(
         raise ValueError("pad got no records: give at least one")
     for position, array in enumerate(arrays):
         if array.ndim == 0:
-            raise ValueError(f"record {position} is a scalar: pad takes arrays with a leading row axis")
+            raise ValueError(
+                f"record {position} is a scalar: pad takes arrays with a leading row axis"
+            )
     tail = arrays[0].shape[1:]
     for position, array in enumerate(arrays):
         if array.shape[1:] != tail:
-            raise ValueError(f"record {position} has rows of shape {array.shape[1:]}, but record 0 has {tail}")
+            raise ValueError(
+                f"record {position} has rows of shape {array.shape[1:]}, but record 0 has {tail}"
+            )
     row_counts = np.array([array.shape[0] for array in arrays], dtype=np.int64)
     if max_len is None:
         width = int(row_counts.max())
@@ -584,8 +427,10 @@ def _common_dtype(arrays: list[npt.NDArray[Any]]) -> np.dtype[Any]:
     for position, array in enumerate(arrays):
         if array.size and array.dtype != dtype:
             raise ValueError(
-                f"record {position} has dtype {array.dtype} but the others {dtype}: pad does not convert "
-                f"records silently; cast them to one dtype first (e.g. [r.astype(np.{array.dtype.name}) for r in records])"
+                f"record {position} has dtype {array.dtype} but the others {dtype}: pad does not "
+                "convert "
+                "records silently; cast them to one dtype first (e.g. "
+                f"[r.astype(np.{array.dtype.name}) for r in records])"
             )
     return dtype
 
@@ -598,10 +443,14 @@ def _pad_fill(pad_value: Any, dtype: np.dtype[Any]) -> npt.NDArray[Any]:  # Any:
         with np.errstate(invalid="ignore", over="ignore"):  # checked below
             fill = np.array(pad_value).astype(dtype, casting="unsafe")
     except (TypeError, ValueError, OverflowError) as exc:
-        raise ValueError(f"pad_value {pad_value!r} cannot be stored in the records' dtype {dtype}: {exc}") from None
+        raise ValueError(
+            f"pad_value {pad_value!r} cannot be stored in the records' dtype {dtype}: {exc}"
+        ) from None
     if dtype.kind in "biu":
         try:
-            holds = fill.shape == () and bool(fill == pad_value) and float(pad_value) == int(pad_value)
+            holds = (
+                fill.shape == () and bool(fill == pad_value) and float(pad_value) == int(pad_value)
+            )
         except (TypeError, ValueError, OverflowError):
             holds = False
         if not holds:

@@ -23,7 +23,6 @@ contiguous row ranges and gather them natively.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -39,7 +38,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from . import shards
 from ._checks import check_flag
-from .dataset import DenseDataset, RaggedDataset, StrPath, read_schema
+from .dataset import DenseDataset, RaggedDataset
+from .schema import StrPath, read_schema
 
 __all__ = ["LoaderxDatasink", "LoaderxDatasource", "read_dataset", "write_dataset"]
 
@@ -50,8 +50,12 @@ _READ_BLOCK_BYTES = 64 << 20
 
 
 def write_dataset(
-    dataset: "ray.data.Dataset", path: StrPath, columns: Sequence[str] | None = None,
-    codec: str | dict[str, str] = "zstd", resume: bool = False, concurrency: int | None = None,
+    dataset: "ray.data.Dataset",
+    path: StrPath,
+    columns: Sequence[str] | None = None,
+    codec: str | dict[str, str] = "zstd",
+    resume: bool = False,
+    concurrency: int | None = None,
 ) -> dict[str, int]:
     """Writes ``dataset`` (its ``columns``, all by default) to ``path/<column>``,
     one sharded loaderx dataset per column, one shard per Ray write task, in
@@ -71,7 +75,9 @@ def write_dataset(
         raise ValueError("the dataset has no columns to write")
     for name in names:
         if not name or name.startswith(".") or "/" in name or "\x00" in name:
-            raise ValueError(f"column {name!r} cannot be a directory name: rename it (dataset.rename_columns)")
+            raise ValueError(
+                f"column {name!r} cannot be a directory name: rename it (dataset.rename_columns)"
+            )
     _check_target(path, names, resume)
     sink = LoaderxDatasink(path, names, codec)
     options = dataset.context.execution_options
@@ -88,10 +94,13 @@ def _check_target(path: str, names: list[str], resume: bool) -> None:
     for name in names:
         column_dir = os.path.join(path, name)
         if shards.is_sharded(column_dir):
-            raise FileExistsError(f"'{column_dir}' is a committed loaderx dataset: write to a new directory")
+            raise FileExistsError(
+                f"'{column_dir}' is a committed loaderx dataset: write to a new directory"
+            )
         if shards.written_shards(column_dir) and not resume:
             raise FileExistsError(
-                f"'{column_dir}' holds shards of an unfinished conversion: pass resume=True to keep "
+                f"'{column_dir}' holds shards of an unfinished conversion: pass resume=True to "
+                "keep "
                 "them and write the rest (with the same pipeline), or delete the directory"
             )
 
@@ -111,12 +120,22 @@ class LoaderxDatasink(Datasink):
         tables = [table for table in tables if table.num_rows] or tables[:1]
         if not tables:
             return (k, None)
-        if all(shards.shard_name(k) in _complete(os.path.join(self.path, name)) for name in self.columns):
+        if all(
+            shards.shard_name(k) in _complete(os.path.join(self.path, name))
+            for name in self.columns
+        ):
             return (k, sum(table.num_rows for table in tables))  # resumed: kept from an earlier run
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         for name in self.columns:
             data, schema = column_records(table.column(name), name)
-            shards.write_shard(os.path.join(self.path, name), k, data, codec=self.codecs[name], schema=schema, overwrite=True)
+            shards.write_shard(
+                os.path.join(self.path, name),
+                k,
+                data,
+                codec=self.codecs[name],
+                schema=schema,
+                overwrite=True,
+            )
         return (k, table.num_rows)
 
     def on_write_complete(self, write_result: Any) -> None:
@@ -146,8 +165,16 @@ def _write_empty_shard(column_dir: str, k: int) -> None:
         raise ValueError(f"no shard of '{column_dir}' was written: the dataset is empty")
     schema = read_schema(os.path.join(column_dir, shards.shard_name(present[0])))
     assert schema is not None  # written_shards lists only shards with a schema file
-    empty: np.ndarray | list[Any] = np.empty((0, *schema.item_shape), dtype=schema.dtype) if schema.kind == "dense" else []
-    shards.write_shard(column_dir, k, empty, codec=schema.codec, schema={"dtype": schema.dtype, "item_shape": schema.item_shape})
+    empty: np.ndarray | list[Any] = (
+        np.empty((0, *schema.item_shape), dtype=schema.dtype) if schema.kind == "dense" else []
+    )
+    shards.write_shard(
+        column_dir,
+        k,
+        empty,
+        codec=schema.codec,
+        schema={"dtype": schema.dtype, "item_shape": schema.item_shape},
+    )
 
 
 def column_records(column: "pa.ChunkedArray", name: str) -> tuple[Any, dict[str, Any] | None]:
@@ -155,9 +182,19 @@ def column_records(column: "pa.ChunkedArray", name: str) -> tuple[Any, dict[str,
     ragged records plus the schema that types an empty list."""
     kind = column.type
     if column.null_count:
-        raise ValueError(f"column {name!r} has {column.null_count} nulls: a loaderx stream has no nulls; fill or drop them first")
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-        records = [value.encode() if isinstance(value, str) else value for value in column.to_pylist()]
+        raise ValueError(
+            f"column {name!r} has {column.null_count} nulls: a loaderx stream has no nulls; fill "
+            "or drop them first"
+        )
+    if (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+    ):
+        records = [
+            value.encode() if isinstance(value, str) else value for value in column.to_pylist()
+        ]
         return records, {"dtype": np.uint8, "item_shape": ()}
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         return _list_records(column.combine_chunks(), name)
@@ -170,19 +207,31 @@ def column_records(column: "pa.ChunkedArray", name: str) -> tuple[Any, dict[str,
             return array, None
         records = [np.asarray(item) for item in array]
         if not records:
-            raise ValueError(f"column {name!r} is an empty variable-shaped tensor column: its dtype is unknown")
+            raise ValueError(
+                f"column {name!r} is an empty variable-shaped tensor column: its dtype is unknown"
+            )
         return records, None
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
         return column.to_numpy(), None
-    raise TypeError(f"column {name!r} has Arrow type {kind}, which loaderx cannot store: convert it to numbers, lists of numbers, strings or binary")
+    raise TypeError(
+        f"column {name!r} has Arrow type {kind}, which loaderx cannot store: convert it to "
+        "numbers, lists of numbers, strings or binary"
+    )
 
 
 def _list_records(array: "pa.ListArray", name: str) -> tuple[list[np.ndarray], dict[str, Any]]:
     values = array.flatten()
     if values.null_count:
         raise ValueError(f"column {name!r} has nulls inside its lists: fill or drop them first")
-    if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type) or pa.types.is_boolean(values.type)):
-        raise TypeError(f"column {name!r} is a list of {values.type}: loaderx stores lists of numbers as ragged records")
+    if not (
+        pa.types.is_integer(values.type)
+        or pa.types.is_floating(values.type)
+        or pa.types.is_boolean(values.type)
+    ):
+        raise TypeError(
+            f"column {name!r} is a list of {values.type}: loaderx stores lists of numbers as "
+            "ragged records"
+        )
     flat = values.to_numpy(zero_copy_only=False)
     offsets = array.offsets.to_numpy()
     starts = offsets[:-1] - offsets[0]
@@ -195,12 +244,16 @@ def _list_records(array: "pa.ListArray", name: str) -> tuple[list[np.ndarray], d
 
 
 def read_dataset(
-    path: StrPath, columns: Sequence[str] | None = None, override_num_blocks: int | None = None,
+    path: StrPath,
+    columns: Sequence[str] | None = None,
+    override_num_blocks: int | None = None,
 ) -> "ray.data.Dataset":
     """``path`` (written by ``write_dataset``: one loaderx dataset per column
     directory; or a single loaderx dataset, read as column ``data``) as a
     ``ray.data.Dataset``, rows in order."""
-    return ray.data.read_datasource(LoaderxDatasource(path, columns), override_num_blocks=override_num_blocks)
+    return ray.data.read_datasource(
+        LoaderxDatasource(path, columns), override_num_blocks=override_num_blocks
+    )
 
 
 class LoaderxDatasource(Datasource):
@@ -216,14 +269,22 @@ class LoaderxDatasource(Datasource):
         return self.row_count * self.row_bytes
 
     def get_read_tasks(
-        self, parallelism: int, per_task_row_limit: int | None = None, data_context: Any = None,
+        self,
+        parallelism: int,
+        per_task_row_limit: int | None = None,
+        data_context: Any = None,
     ) -> list[Any]:
         task_count = max(1, min(parallelism, self.row_count))
         bounds = np.linspace(0, self.row_count, task_count + 1).astype(np.int64).tolist()
         rows_per_block = max(1, _READ_BLOCK_BYTES // max(1, self.row_bytes))
         tasks = []
         for start, end in zip(bounds[:-1], bounds[1:]):
-            metadata = BlockMetadata(num_rows=end - start, size_bytes=(end - start) * self.row_bytes, input_files=None, exec_stats=None)
+            metadata = BlockMetadata(
+                num_rows=end - start,
+                size_bytes=(end - start) * self.row_bytes,
+                input_files=None,
+                exec_stats=None,
+            )
             read = _RangeReader(self.columns, start, end, rows_per_block)
             tasks.append(ReadTask(read, metadata, per_task_row_limit=per_task_row_limit))
         return tasks
@@ -233,12 +294,19 @@ def _column_paths(path: str, columns: Sequence[str] | None) -> dict[str, str]:
     if shards.is_sharded(path) or read_schema(path) is not None:
         found = {"data": path}
     elif os.path.isdir(path):
-        found = {entry: os.path.join(path, entry) for entry in sorted(os.listdir(path))
-                 if shards.is_sharded(os.path.join(path, entry)) or read_schema(os.path.join(path, entry)) is not None}
+        found = {
+            entry: os.path.join(path, entry)
+            for entry in sorted(os.listdir(path))
+            if shards.is_sharded(os.path.join(path, entry))
+            or read_schema(os.path.join(path, entry)) is not None
+        }
     else:
         raise FileNotFoundError(f"no loaderx dataset at '{path}'")
     if not found:
-        raise FileNotFoundError(f"'{path}' holds no loaderx datasets (one directory per column, as write_dataset writes)")
+        raise FileNotFoundError(
+            f"'{path}' holds no loaderx datasets (one directory per column, as write_dataset "
+            "writes)"
+        )
     if columns is None:
         return found
     missing = [name for name in columns if name not in found]
@@ -263,7 +331,9 @@ def _measure(columns: dict[str, str]) -> tuple[int, int]:
             if isinstance(dataset, DenseDataset):
                 row_bytes += dataset.schema.item_bytes
             elif len(dataset):
-                sample = dataset.store.lengths(np.linspace(0, len(dataset) - 1, 64).astype(np.uint64))
+                sample = dataset.store.lengths(
+                    np.linspace(0, len(dataset) - 1, 64).astype(np.uint64)
+                )
                 row_bytes += int(sample.mean())
     if len(set(counts.values())) > 1:
         raise ValueError(f"the columns have different row counts {counts}: they are not one table")
@@ -274,14 +344,21 @@ class _RangeReader:
     """Rows ``start..end`` of every column, as Arrow blocks of bounded size."""
 
     def __init__(self, columns: dict[str, str], start: int, end: int, rows_per_block: int) -> None:
-        self.columns, self.start, self.end, self.rows_per_block = columns, start, end, rows_per_block
+        self.columns, self.start, self.end, self.rows_per_block = (
+            columns,
+            start,
+            end,
+            rows_per_block,
+        )
 
     def __call__(self) -> Iterator[Any]:
         datasets = {name: _open(path) for name, path in self.columns.items()}
         try:
             for first in range(self.start, self.end, self.rows_per_block):
                 rows = slice(first, min(self.end, first + self.rows_per_block))
-                yield pa.table({name: _to_arrow(dataset, dataset[rows]) for name, dataset in datasets.items()})
+                yield pa.table(
+                    {name: _to_arrow(dataset, dataset[rows]) for name, dataset in datasets.items()}
+                )
         finally:
             for dataset in datasets.values():
                 dataset.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from typing import Any, Callable, Iterable, cast
+from typing import Any, Callable, Iterable, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +25,7 @@ from ._native import (
     CorruptStoreError,
     IndexOutOfRangeError,
     InvalidArgumentError,
+    STATUS,
     NoDictionaryError,
     StoreLockedError,
     check,
@@ -53,14 +54,43 @@ __all__ = [
     "ZrecordError",
 ]
 
-# A codec id's low nibble is the coder, its high nibble n (when not 0) says
-# the record is byte-shuffled by 2^n-byte elements before compression.
-CODECS = {
-    "raw": 0x00, "zstd": 0x01, "zstd_dict": 0x02,
-    "zstd_shuffle2": 0x11, "zstd_shuffle4": 0x21, "zstd_shuffle8": 0x31,
-    "zstd_dict_shuffle2": 0x12, "zstd_dict_shuffle4": 0x22, "zstd_dict_shuffle8": 0x32,
-}
-SHUFFLE_ELEMENT_BYTES = (2, 4, 8)
+
+class Codec(NamedTuple):
+    """One codec of the core's table (zig/format.zig): its name and id, the
+    element bytes it byte-shuffles records by (1: none), and whether it
+    compresses with the store's trained dictionary."""
+
+    name: str
+    id: int
+    element_bytes: int
+    uses_dictionary: bool
+
+
+def _codec_table() -> dict[str, Codec]:
+    """The core's codecs, read once at import: the one definition is Zig's."""
+    try:
+        count = int(lib.lx_codec_count())
+    except AttributeError:  # pragma: no cover - a stale build
+        raise ImportError(
+            "loaderx's native library has no codec table: rebuild loaderx with `pip install -e .`"
+        ) from None
+    table = {}
+    name = ffi.new("char[64]")
+    numbers = [ffi.new("uint32_t *") for _ in range(3)]
+    for index in range(count):
+        check(lib.lx_codec_get(index, name, len(name), *numbers))
+        codec = Codec(
+            ffi.string(name).decode(), int(numbers[0][0]), int(numbers[1][0]), bool(numbers[2][0])
+        )
+        table[codec.name] = codec
+    return table
+
+
+CODEC_TABLE = _codec_table()
+#: Codec names and their ids: ``raw``, ``zstd``, ``zstd_dict`` and the
+#: byte-shuffled ``zstd_shuffleN`` / ``zstd_dict_shuffleN``.
+CODECS = {codec.name: codec.id for codec in CODEC_TABLE.values()}
+SHUFFLE_ELEMENT_BYTES = tuple(sorted({codec.element_bytes for codec in CODEC_TABLE.values()} - {1}))
 MAX_RECORD_LEN = LIMITS["record_bytes_max"]
 #: Native threads of one gather (0: one per core). The native pool has one
 #: thread per core, so a larger cap only splits a call into more hand-offs;
@@ -96,20 +126,58 @@ def codec_id(codec: str | int | np.integer[Any]) -> int:
     """The numeric id of a codec name (or id); ValueError for anything else."""
     if isinstance(codec, str) and codec in CODECS:
         return CODECS[codec]
-    if isinstance(codec, (int, np.integer)) and not isinstance(codec, bool) and int(codec) in CODECS.values():
+    if (
+        isinstance(codec, (int, np.integer))
+        and not isinstance(codec, bool)
+        and int(codec) in CODECS.values()
+    ):
         return int(codec)
     raise InvalidArgumentError(f"unknown codec {codec!r}: use one of {sorted(CODECS)}")
+
+
+def codec_parts(codec: str | int | np.integer[Any]) -> Codec:
+    """The table entry of a codec name (or id); InvalidArgumentError if unknown."""
+    value = codec_id(codec)
+    return next(entry for entry in CODEC_TABLE.values() if entry.id == value)
 
 
 def shuffled_codec(codec: str, element_bytes: int) -> str:
     """The name of ``codec`` ("zstd" or "zstd_dict") with the byte-shuffle
     filter for ``element_bytes``-byte elements (2, 4 or 8)."""
-    if codec not in ("zstd", "zstd_dict") or element_bytes not in SHUFFLE_ELEMENT_BYTES:
+    base = CODEC_TABLE.get(codec)
+    found = None
+    if base is not None and base.name != "raw" and base.element_bytes == 1:
+        found = next(
+            (
+                entry.name
+                for entry in CODEC_TABLE.values()
+                if entry.uses_dictionary == base.uses_dictionary
+                and entry.element_bytes == element_bytes != 1
+            ),
+            None,
+        )
+    if found is None:
         raise InvalidArgumentError(
             f"the shuffle filter applies to 'zstd' and 'zstd_dict' with 2, 4 or 8-byte elements, "
             f"not {codec!r} with {element_bytes}-byte elements"
         )
-    return f"{codec}_shuffle{element_bytes}"
+    return found
+
+
+def shuffle_bytes(record: npt.NDArray[np.uint8], element_bytes: int) -> npt.NDArray[np.uint8]:
+    """``record`` (contiguous bytes) byte-shuffled by ``element_bytes`` as a
+    shuffled codec compresses it (zig/shuffle.zig; bytes past the last whole
+    element stay at the end)."""
+    source = np.ascontiguousarray(record, dtype=np.uint8).reshape(-1)
+    target = np.empty_like(source)
+    pointer = ffi.cast("uint8_t *", ffi.from_buffer(source)) if source.size else ffi.NULL
+    out = (
+        ffi.cast("uint8_t *", ffi.from_buffer(target, require_writable=True))
+        if source.size
+        else ffi.NULL
+    )
+    check(lib.lx_codec_shuffle(pointer, source.size, element_bytes, out))
+    return target
 
 
 def encoded_bytes(src: Any, offsets: npt.ArrayLike, codec: str | int) -> int:
@@ -119,13 +187,28 @@ def encoded_bytes(src: Any, offsets: npt.ArrayLike, codec: str | int) -> int:
     source, source_bytes = _read_buffer(src, "src")
     starts = _offsets(offsets, source_bytes)
     out = ffi.new("uint64_t *")
-    check(lib.lx_encoded_bytes(ffi.cast("uint8_t *", source), source_bytes, _u64(starts), starts.size, codec_id(codec), 0, out))
+    check(
+        lib.lx_encoded_bytes(
+            ffi.cast("uint8_t *", source),
+            source_bytes,
+            u64_pointer(starts),
+            starts.size,
+            codec_id(codec),
+            0,
+            out,
+        )
+    )
     return int(out[0])
 
 
 def as_indices(idxs: npt.ArrayLike, name: str = "indices") -> npt.NDArray[np.uint64]:
     """Indices as a contiguous uint64 array; IndexError for negative values."""
-    if type(idxs) is np.ndarray and idxs.dtype == np.uint64 and idxs.ndim == 1 and idxs.flags.c_contiguous:
+    if (
+        type(idxs) is np.ndarray
+        and idxs.dtype == np.uint64
+        and idxs.ndim == 1
+        and idxs.flags.c_contiguous
+    ):
         return idxs  # the loader's hot path: nothing to convert or check
     if isinstance(idxs, (int, np.integer)) and not isinstance(idxs, bool):
         idxs = cast("npt.ArrayLike", [idxs])  # a list of one NumPy integer is array-like too
@@ -137,7 +220,9 @@ def as_indices(idxs: npt.ArrayLike, name: str = "indices") -> npt.NDArray[np.uin
     if array.dtype.kind not in "iu":
         raise TypeError(f"{name} must be integers, got dtype {array.dtype}")
     if array.dtype.kind == "i" and array.min() < 0:
-        raise IndexOutOfRangeError(f"negative index {int(array.min())} in {name}: zrecord indices run from 0 to len-1")
+        raise IndexOutOfRangeError(
+            f"negative index {int(array.min())} in {name}: zrecord indices run from 0 to len-1"
+        )
     return np.ascontiguousarray(array, dtype=np.uint64)
 
 
@@ -145,12 +230,16 @@ def _read_buffer(source: Any, name: str) -> tuple[Any, int]:
     """A cffi view of a C-contiguous bytes-like object, and its length."""
     if isinstance(source, np.ndarray):
         if not source.flags.c_contiguous:
-            raise InvalidArgumentError(f"{name} must be C-contiguous: pass np.ascontiguousarray({name})")
+            raise InvalidArgumentError(
+                f"{name} must be C-contiguous: pass np.ascontiguousarray({name})"
+            )
         return ffi.from_buffer(source), source.nbytes
     try:
         view = memoryview(source)
     except TypeError:
-        raise TypeError(f"{name} must be a bytes-like object or a NumPy array, got {type(source).__name__}") from None
+        raise TypeError(
+            f"{name} must be a bytes-like object or a NumPy array, got {type(source).__name__}"
+        ) from None
     if not view.c_contiguous:
         raise InvalidArgumentError(f"{name} must be C-contiguous")
     return ffi.from_buffer(view), view.nbytes
@@ -160,13 +249,17 @@ def _write_buffer(target: Any, name: str) -> tuple[Any, int]:
     """A cffi view of a writable C-contiguous buffer, and its length."""
     if isinstance(target, np.ndarray):
         if not target.flags.c_contiguous:
-            raise InvalidArgumentError(f"{name} must be C-contiguous: gather into a contiguous array, then copy")
+            raise InvalidArgumentError(
+                f"{name} must be C-contiguous: gather into a contiguous array, then copy"
+            )
         if not target.flags.writeable:
             raise InvalidArgumentError(f"{name} is read-only")
         return ffi.from_buffer(target, require_writable=True), target.nbytes
     view = memoryview(target)
     if view.readonly:
-        raise InvalidArgumentError(f"{name} is read-only: pass a bytearray or a writable NumPy array")
+        raise InvalidArgumentError(
+            f"{name} is read-only: pass a bytearray or a writable NumPy array"
+        )
     if not view.c_contiguous:
         raise InvalidArgumentError(f"{name} must be C-contiguous")
     return ffi.from_buffer(view, require_writable=True), view.nbytes
@@ -192,12 +285,16 @@ def _offsets(offsets: npt.ArrayLike, source_bytes: int) -> npt.NDArray[np.uint64
     # Non-decreasing offsets are checked by the core in the same pass that
     # measures the records (a NumPy pass here cost 0.5 ms per 500K records).
     if int(array[-1]) > source_bytes:
-        raise InvalidArgumentError(f"offsets[-1] = {int(array[-1])} is past the end of the source ({source_bytes} bytes)")
+        raise InvalidArgumentError(
+            f"offsets[-1] = {int(array[-1])} is past the end of the source ({source_bytes} bytes)"
+        )
     return array
 
 
 def gather_arguments(
-    idxs: npt.ArrayLike, dst: Any, offsets: npt.ArrayLike | None,
+    idxs: npt.ArrayLike,
+    dst: Any,
+    offsets: npt.ArrayLike | None,
     lengths: Callable[[npt.NDArray[np.uint64]], npt.NDArray[np.uint64]],
 ) -> tuple[npt.NDArray[np.uint64], Any, int, npt.NDArray[np.uint64] | None]:
     """A gather's checked arguments: uint64 indices, the target pointer and
@@ -210,14 +307,18 @@ def gather_arguments(
     if offsets is not None:
         target_offsets = np.ascontiguousarray(np.asarray(offsets), dtype=np.uint64)
         if target_offsets.shape != indices.shape:
-            raise InvalidArgumentError(f"gather got {indices.size} indices but {target_offsets.size} offsets")
+            raise InvalidArgumentError(
+                f"gather got {indices.size} indices but {target_offsets.size} offsets"
+            )
         if indices.size > 1:
             _check_disjoint(lengths(indices), indices, target_offsets)
     return indices, ffi.cast("uint8_t *", target), target_bytes, target_offsets
 
 
 def _check_disjoint(
-    lengths: npt.NDArray[np.uint64], indices: npt.NDArray[np.uint64], starts: npt.NDArray[np.uint64],
+    lengths: npt.NDArray[np.uint64],
+    indices: npt.NDArray[np.uint64],
+    starts: npt.NDArray[np.uint64],
 ) -> None:
     """DestinationOverlapError when two records' destination ranges overlap (the second
     would overwrite the first). Sorts only offsets that are not already
@@ -233,13 +334,14 @@ def _check_disjoint(
         first, second = positions[clashes[0]], positions[clashes[0] + 1]
         raise DestinationOverlapError(
             f"gather destination ranges overlap: record {int(indices[first])} goes to bytes "
-            f"[{int(starts[clashes[0]])}, {int(ends[clashes[0]])}) and record {int(indices[second])} to "
-            f"[{int(starts[clashes[0] + 1])}, {int(ends[clashes[0] + 1])}) of dst: give each record its own range",
-            1,  # invalid_argument
+            f"[{int(starts[clashes[0]])}, {int(ends[clashes[0]])}) and record "
+            f"{int(indices[second])} to "
+            f"[{int(starts[clashes[0] + 1])}, {int(ends[clashes[0] + 1])}) of dst: give each "
+            "record its own range"
         )
 
 
-def _u64(array: npt.NDArray[np.uint64]) -> Any:
+def u64_pointer(array: npt.NDArray[np.uint64]) -> Any:
     return ffi.cast("uint64_t *", ffi.from_buffer(array)) if array.size else ffi.NULL
 
 
@@ -276,7 +378,9 @@ class NativeHandle:
             if self._active == 0:
                 self._state.notify_all()
 
-    def _lengths_with(self, function: Callable[..., int], idxs: npt.ArrayLike) -> npt.NDArray[np.uint64]:
+    def _lengths_with(
+        self, function: Callable[..., int], idxs: npt.ArrayLike
+    ) -> npt.NDArray[np.uint64]:
         """The decoded lengths of records ``idxs``, from one native call."""
         indices = as_indices(idxs)
         out = np.empty(indices.size, dtype=np.uint64)
@@ -284,14 +388,17 @@ class NativeHandle:
             return out
         handle = self._enter()
         try:
-            status = function(handle, _u64(indices), indices.size, _u64(out))
+            status = function(handle, u64_pointer(indices), indices.size, u64_pointer(out))
         finally:
             self._leave()
         check(status)
         return out
 
     def _gather_rows_with(
-        self, function: Callable[..., int], indices: npt.NDArray[np.uint64], row_bytes: int,
+        self,
+        function: Callable[..., int],
+        indices: npt.NDArray[np.uint64],
+        row_bytes: int,
         target: npt.NDArray[np.uint8] | None,
     ) -> tuple[int, npt.NDArray[np.int64]]:
         """One native ragged gather (zig/ragged.zig) of checked uint64
@@ -304,9 +411,16 @@ class NativeHandle:
         pointer = ffi.NULL if target is None else ffi.cast("uint8_t *", ffi.from_buffer(target))
         handle = self._enter()
         try:
-            status = function(handle, _u64(indices), indices.size, row_bytes, pointer,
-                              0 if target is None else target.nbytes,
-                              ffi.cast("uint64_t *", ffi.from_buffer(offsets)), needed)
+            status = function(
+                handle,
+                u64_pointer(indices),
+                indices.size,
+                row_bytes,
+                pointer,
+                0 if target is None else target.nbytes,
+                ffi.cast("uint64_t *", ffi.from_buffer(offsets)),
+                needed,
+            )
         finally:
             self._leave()
         if status:
@@ -356,8 +470,16 @@ class Zrecord(NativeHandle):
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], codec: str = "zstd", verify: bool | None = None, threads: int = 0,
-        create: bool = False, durable: bool = True, *, _staged: bool = False, _existing: bool = False,
+        self,
+        path: str | os.PathLike[str],
+        codec: str = "zstd",
+        verify: bool | None = None,
+        threads: int = 0,
+        create: bool = False,
+        durable: bool = True,
+        *,
+        _staged: bool = False,
+        _existing: bool = False,
     ) -> None:
         self.path = os.fspath(path)
         self.codec = codec
@@ -373,9 +495,23 @@ class Zrecord(NativeHandle):
         # _staged: a new store in a directory nobody opens until its owner
         # renames it into place (ArrayStore's saves) is created without
         # syncs; sync() makes it durable (the owner syncs the parent).
-        checks = 16 if verify is None else int(bool(verify))
-        flags = checks | (0 if durable else 2) | (4 if _staged else 0) | (8 if _existing else 0)
-        check(lib.lx_store_open(self.path.encode(), threads, flags, handle), f"cannot open store '{self.path}'")
+        checks = (
+            lib.LX_OPEN_VERIFY_INDEXED
+            if verify is None
+            else lib.LX_OPEN_VERIFY_ALL
+            if verify
+            else 0
+        )
+        flags = (
+            checks
+            | (0 if durable else lib.LX_OPEN_DEFER_SYNC)
+            | (lib.LX_OPEN_STAGED if _staged else 0)
+            | (lib.LX_OPEN_EXISTING if _existing else 0)
+        )
+        check(
+            lib.lx_store_open(self.path.encode(), threads, flags, handle),
+            f"cannot open store '{self.path}'",
+        )
         self._handle = handle[0]
         # None: the default checks (indexed layout); True/False: every read or none.
         self.verify_reads: bool | None = None if verify is None else bool(verify)
@@ -392,7 +528,10 @@ class Zrecord(NativeHandle):
         # and options, opened again on unpickling (spawn/forkserver workers).
         if self._closed:
             raise TypeError(f"cannot pickle the closed store '{self.path}': pickle it while open")
-        return (type(self), (self.path, self.codec, self.verify_reads, self._threads, False, self.durable))
+        return (
+            type(self),
+            (self.path, self.codec, self.verify_reads, self._threads, False, self.durable),
+        )
 
     def _closed_message(self) -> str:
         return f"store '{self.path}' is closed; open it again with {self._reopen_hint}"
@@ -431,14 +570,18 @@ class Zrecord(NativeHandle):
             identity = path_identity(self.path)
             if identity is None:  # nothing there: not damage, the directory went away
                 raise FileNotFoundError(
-                    errno.ENOENT, f"'{self.path}' was deleted or moved since this handle opened it: "
-                    "open the store at its new path (or write it again); this handle still reads what it had",
+                    errno.ENOENT,
+                    f"'{self.path}' was deleted or moved since this handle opened it: "
+                    "open the store at its new path (or write it again); this handle still reads "
+                    "what it had",
                     self.path,
                 ) from None
             if identity != self._inode:
                 raise StoreReplacedError(
-                    f"'{self.path}' was replaced by a new store (e.g. ArrayStore.save overwrote the array) "
-                    f"since this handle opened it; the data is fine: open it again with {self._reopen_hint}",
+                    f"'{self.path}' was replaced by a new store (e.g. ArrayStore.save overwrote "
+                    "the array) "
+                    "since this handle opened it; the data is fine: open it again with "
+                    f"{self._reopen_hint}",
                     exc.code,
                 ) from None
             raise
@@ -450,13 +593,17 @@ class Zrecord(NativeHandle):
         Without ``offsets`` the records must share one length L and land at
         ``k * L``. Raises IndexError for an index outside ``0..len-1``.
         """
-        indices, target, target_bytes, target_offsets = gather_arguments(idxs, dst, offsets, self.lengths)
+        indices, target, target_bytes, target_offsets = gather_arguments(
+            idxs, dst, offsets, self.lengths
+        )
         if indices.size == 0:
             return
-        offsets_pointer = ffi.NULL if target_offsets is None else _u64(target_offsets)
+        offsets_pointer = ffi.NULL if target_offsets is None else u64_pointer(target_offsets)
         handle = self._enter()
         try:
-            status = lib.lx_store_gather(handle, _u64(indices), indices.size, target, target_bytes, offsets_pointer)
+            status = lib.lx_store_gather(
+                handle, u64_pointer(indices), indices.size, target, target_bytes, offsets_pointer
+            )
         finally:
             self._leave()
         if status:
@@ -467,7 +614,10 @@ class Zrecord(NativeHandle):
         return self._lengths_with(lib.lx_store_lengths, idxs)
 
     def gather_rows(
-        self, indices: npt.NDArray[np.uint64], row_bytes: int, target: npt.NDArray[np.uint8] | None,
+        self,
+        indices: npt.NDArray[np.uint64],
+        row_bytes: int,
+        target: npt.NDArray[np.uint8] | None,
     ) -> tuple[int, npt.NDArray[np.int64]]:
         """Records ``indices`` (a contiguous uint64 array) packed from the start
         of ``target`` in one native call; returns the bytes they need and their
@@ -541,7 +691,7 @@ class Zrecord(NativeHandle):
         found = ffi.new("uint64_t *")
         for start in range(0, total, _VERIFY_CHUNK):
             end = min(total, start + _VERIFY_CHUNK)
-            self._call(lib.lx_store_verify, start, end, _u64(out), found)
+            self._call(lib.lx_store_verify, start, end, u64_pointer(out), found)
             damaged.extend(int(i) for i in out[: found[0]])
         return damaged
 
@@ -555,13 +705,22 @@ class Zrecord(NativeHandle):
         starts = _offsets(offsets, source_bytes)
         first = ffi.new("uint64_t *")
         self._call(
-            lib.lx_store_append, ffi.cast("uint8_t *", source), source_bytes,
-            _u64(starts), starts.size, codec_value, first,
+            lib.lx_store_append,
+            ffi.cast("uint8_t *", source),
+            source_bytes,
+            u64_pointer(starts),
+            starts.size,
+            codec_value,
+            first,
         )
         return int(first[0])
 
     def replace(
-        self, idxs: npt.ArrayLike, src: Any, offsets: npt.ArrayLike, codec: str | int | None = None,
+        self,
+        idxs: npt.ArrayLike,
+        src: Any,
+        offsets: npt.ArrayLike,
+        codec: str | int | None = None,
     ) -> None:
         """Gives records ``idxs`` new contents, packed in ``src`` as for ``append``."""
         codec_value = self._codec if codec is None else codec_id(codec)
@@ -569,12 +728,19 @@ class Zrecord(NativeHandle):
         source, source_bytes = _read_buffer(src, "src")
         starts = _offsets(offsets, source_bytes)
         if starts.size != indices.size:
-            raise InvalidArgumentError(f"replace got {indices.size} indices but {starts.size} records")
+            raise InvalidArgumentError(
+                f"replace got {indices.size} indices but {starts.size} records"
+            )
         handle = self._enter()
         try:
             status = lib.lx_store_replace(
-                handle, _u64(indices), indices.size, ffi.cast("uint8_t *", source),
-                source_bytes, _u64(starts), codec_value,
+                handle,
+                u64_pointer(indices),
+                indices.size,
+                ffi.cast("uint8_t *", source),
+                source_bytes,
+                u64_pointer(starts),
+                codec_value,
             )
         finally:
             self._leave()
@@ -589,7 +755,9 @@ class Zrecord(NativeHandle):
             raise InvalidArgumentError("delete got no indices")
         handle = self._enter()
         try:
-            status = lib.lx_store_delete(handle, _u64(indices), indices.size, int(bool(keep_order)))
+            status = lib.lx_store_delete(
+                handle, u64_pointer(indices), indices.size, int(bool(keep_order))
+            )
         finally:
             self._leave()
         check(status)
@@ -608,15 +776,24 @@ class Zrecord(NativeHandle):
         """Trains the store's zstd dictionary from ``samples`` (sample i is
         ``sizes[i]`` bytes, back to back); returns the dictionary's size."""
         source, source_bytes = _read_buffer(samples, "samples")
-        sample_sizes = np.ascontiguousarray(np.asarray(list(sizes) if not isinstance(sizes, np.ndarray) else sizes), dtype=np.uint64)
+        sample_sizes = np.ascontiguousarray(
+            np.asarray(list(sizes) if not isinstance(sizes, np.ndarray) else sizes), dtype=np.uint64
+        )
         if sample_sizes.size == 0:
             raise InvalidArgumentError("train_dict needs at least one sample")
         if int(sample_sizes.sum()) != source_bytes:
-            raise InvalidArgumentError(f"sample sizes sum to {int(sample_sizes.sum())} but samples hold {source_bytes} bytes")
+            raise InvalidArgumentError(
+                f"sample sizes sum to {int(sample_sizes.sum())} but samples hold {source_bytes} "
+                "bytes"
+            )
         out = ffi.new("uint64_t *")
         self._call(
-            lib.lx_store_train_dict, ffi.cast("uint8_t *", source), _u64(sample_sizes),
-            sample_sizes.size, int(target), out,
+            lib.lx_store_train_dict,
+            ffi.cast("uint8_t *", source),
+            u64_pointer(sample_sizes),
+            sample_sizes.size,
+            int(target),
+            out,
         )
         return int(out[0])
 
@@ -640,26 +817,30 @@ def _refuse_foreign_directory(path: str) -> None:
     creation killed before its superblock was linked in place leaves only
     the store's own ``lock`` and ``superblock.tmp-<pid>``: those never make
     the path unusable (the store is created among them)."""
-    if os.path.exists(os.path.join(path, "superblock")):
+    if is_store(path):
         return
     try:
         with os.scandir(path) as entries:
             # The first foreign entry decides: no full listing of a big directory.
-            foreign = next((entry for entry in entries if not is_creation_leftover(entry.name)), None)
+            foreign = next(
+                (entry for entry in entries if not is_creation_leftover(entry.name)), None
+            )
     except OSError:
         return  # a new store, a file, no permission: the native open says what is wrong
     if foreign is not None:
         raise CorruptStoreError(
-            f"'{path}' is a non-empty directory that is not a zrecord store (it has no superblock): "
+            f"'{path}' is a non-empty directory that is not a zrecord store (it has no "
+            "superblock): "
             "give a new or empty directory, or pass create=True to make a store among its files",
-            10,
+            STATUS["not_a_store"],
         )
 
 
 def is_creation_leftover(name: str) -> bool:
     """True for a file a store creation leaves before its superblock is in
     place (a killed one leaves them behind): ``lock``, ``superblock.tmp-<pid>``."""
-    return name == "lock" or (name.startswith("superblock.tmp-") and name[len("superblock.tmp-"):].isdigit())
+    temporary = SUPERBLOCK_FILE + ".tmp-"
+    return name == LOCK_FILE or (name.startswith(temporary) and name[len(temporary) :].isdigit())
 
 
 # ---- a store's files, for the layers above (nothing above this module names one)
@@ -685,7 +866,8 @@ def lock_exclusive(path: str, what: str, fs: OsFs = OS_FS) -> int:
         return fs.lock(os.path.join(path, LOCK_FILE))
     except BlockingIOError:
         raise StoreLockedError(
-            f"cannot {what} '{path}': another process (or handle) is writing to it; retry when it is done"
+            f"cannot {what} '{path}': another process (or handle) is writing to it; retry when it "
+            "is done"
         ) from None
 
 

@@ -1,0 +1,423 @@
+"""Reading a sharded dataset: its manifest, checked, and its shards as one store.
+
+Layout::
+
+    dataset/
+      manifest.msgpack     written last, atomically: the dataset exists once it does
+      shard-00000/         a complete loaderx store (zrecord + schema.msgpack)
+      shard-00001/
+      ...
+
+The manifest is never trusted: its checksum, version, shard names (relative,
+inside the dataset directory after resolving symlinks, no duplicates) and
+row counts (against the shards themselves) are checked on every open, and
+each failure raises ``ManifestError`` saying what is wrong. Invariant: a
+`ShardedStore` is open only over shards that agree with the manifest.
+
+This module sits below ``loaderx.dataset`` (which opens a sharded dataset
+like one store) and above ``schema`` and ``zrecord``; writing shards and the
+manifest is ``loaderx.shards``'. A batch that spans shards is one native call
+(zig/shards.zig).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+import numpy.typing as npt
+
+from ._envelope import (
+    CHECKSUM,
+    FORMAT,
+    NEWER,
+    UNREADABLE,
+    VERSION,
+    EnvelopeError,
+    check_header,
+    checked_body,
+    is_sealed,
+    unpack_map,
+)
+from ._fs import OS_FS, OsFs
+from ._native import check, ffi, lib
+from .schema import Schema, StrPath, read_schema
+from .zrecord import NativeHandle, Zrecord, gather_arguments, u64_pointer
+
+__all__ = [
+    "MANIFEST_FILE",
+    "MANIFEST_FORMAT",
+    "MANIFEST_VERSION",
+    "SHARD_COUNT_MAX",
+    "SHARD_PATTERN",
+    "Manifest",
+    "ManifestError",
+    "ShardedStore",
+    "is_sharded",
+    "read_manifest",
+    "shard_name",
+    "shard_number",
+]
+
+MANIFEST_FILE = "manifest.msgpack"
+MANIFEST_FORMAT = "loaderx-shards"
+# Version 2 is the envelope of loaderx._envelope (CRC32); version 1, which
+# loaderx wrote before it, carried its body's SHA-256 and is still read.
+MANIFEST_VERSION = 2
+_SHA256_VERSION = 1
+# Bounds what a damaged manifest can make us allocate or open: 2^20 shards
+# at well under 256 bytes an entry. The bound is zig/shards.zig's (which
+# refuses more); this is its one Python copy, to read from LIMITS once the
+# core exports it.
+SHARD_COUNT_MAX = 1 << 20
+_MANIFEST_BYTES_MAX = 256 << 20
+SHARD_PATTERN = re.compile(r"shard-(\d{5,})")
+
+
+class ManifestError(ValueError):
+    """A sharded dataset's manifest is damaged, hostile or disagrees with its shards."""
+
+
+def shard_name(k: int) -> str:
+    """The directory name of shard ``k``: ``shard-00042``."""
+    return f"shard-{shard_number(k):05d}"
+
+
+def is_sharded(path: StrPath, *, _fs: OsFs = OS_FS) -> bool:
+    """True when ``path`` is a committed sharded dataset (it has a manifest)."""
+    return _fs.isfile(os.path.join(os.fspath(path), MANIFEST_FILE))
+
+
+def shard_number(k: Any) -> int:  # Any: checked here
+    try:
+        number = operator.index(k)
+    except TypeError:
+        raise TypeError(f"shard number must be an int, got {type(k).__name__}") from None
+    if not 0 <= number < SHARD_COUNT_MAX:
+        raise ValueError(f"shard number must be 0 to {SHARD_COUNT_MAX - 1}, got {number}")
+    return number
+
+
+# ---- the manifest ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A checked manifest: the schema and each shard's name and row count."""
+
+    schema: Schema
+    names: tuple[str, ...]
+    rows: tuple[int, ...]
+
+    @property
+    def total_rows(self) -> int:
+        return sum(self.rows)
+
+
+def read_manifest(dataset_dir: StrPath, *, _fs: OsFs = OS_FS) -> Manifest:
+    """The manifest of ``dataset_dir``, checked: checksum, version, schema,
+    shard names confined to the directory, no duplicates, row counts that add
+    up. (The row counts are checked against the shards when they are opened.)"""
+    dataset_dir = os.fspath(dataset_dir)
+    file = os.path.join(dataset_dir, MANIFEST_FILE)
+    payload = _fs.read_file(file, _MANIFEST_BYTES_MAX + 1)
+    if len(payload) > _MANIFEST_BYTES_MAX:
+        raise ManifestError(f"{file} is over {_MANIFEST_BYTES_MAX} bytes: not a loaderx manifest")
+    body = _unpack_envelope(file, payload)
+    try:
+        data = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types for bad bytes
+        raise ManifestError(
+            f"{file} has a valid checksum but an unreadable body ({exc}): it was not written by "
+            "loaderx"
+        ) from exc
+    if not isinstance(data, dict) or not isinstance(data.get("shards"), list):
+        raise ManifestError(f"{file} lists no shards: it was not written by loaderx")
+    try:
+        schema = Schema.from_dict(data.get("schema"), where=f"the schema in {file}")
+    except ValueError as exc:
+        raise ManifestError(str(exc)) from exc
+    names, rows = _check_entries(dataset_dir, file, data["shards"])
+    if data.get("rows") != sum(rows):
+        raise ManifestError(
+            f"{file} says {data.get('rows')!r} rows in total but its shards add up to {sum(rows)}: "
+            "the manifest is damaged; run loaderx.shards.commit again"
+        )
+    return Manifest(schema, tuple(names), tuple(rows))
+
+
+def _unpack_envelope(file: str, payload: bytes) -> bytes:
+    """The manifest's body, its envelope checked (either layout)."""
+    limit = MANIFEST_VERSION
+    try:
+        data = unpack_map(payload)
+        legacy = "sha256" in data and not is_sealed(data)
+        limit = _SHA256_VERSION if legacy else MANIFEST_VERSION
+        version = check_header(data, MANIFEST_FORMAT, limit)
+        if not legacy and version < MANIFEST_VERSION:  # no sealed layout had it
+            raise EnvelopeError(VERSION, f"sealed with version {version}", version)
+        return _sha256_body(data) if legacy else checked_body(data)
+    except EnvelopeError as exc:
+        raise ManifestError(_refusal(file, exc, limit)) from exc
+
+
+def _sha256_body(data: dict[str, Any]) -> bytes:
+    body, digest = data.get("body"), data.get("sha256")
+    if (
+        not isinstance(body, bytes)
+        or not isinstance(digest, bytes)
+        or hashlib.sha256(body).digest() != digest
+    ):
+        raise EnvelopeError(CHECKSUM, "the body fails its SHA-256")
+    return body
+
+
+def _refusal(file: str, exc: EnvelopeError, limit: int) -> str:
+    """What a refused envelope means for a manifest, and what to do about it."""
+    remedy = "run loaderx.shards.commit again to rewrite it from the shards"
+    if exc.reason == UNREADABLE and exc.__cause__ is not None:  # not msgpack at all
+        return f"{file} is damaged or not a loaderx manifest ({exc}): {remedy}"
+    if exc.reason in (UNREADABLE, FORMAT):
+        return f"{file} is not a loaderx manifest (no format {MANIFEST_FORMAT!r})"
+    if exc.reason == VERSION:
+        return f"{file} has an invalid version {exc.found!r}"
+    if exc.reason == NEWER:
+        return (
+            f"{file} has version {exc.found}, newer than this loaderx reads ({limit}): "
+            "upgrade loaderx"
+        )
+    return f"{file} fails its checksum: the manifest is damaged; {remedy}"
+
+
+def _check_entries(dataset_dir: str, file: str, entries: list[Any]) -> tuple[list[str], list[int]]:
+    if not 1 <= len(entries) <= SHARD_COUNT_MAX:
+        raise ManifestError(
+            f"{file} lists {len(entries)} shards; a dataset has 1 to {SHARD_COUNT_MAX}"
+        )
+    root = os.path.realpath(dataset_dir)
+    names: list[str] = []
+    rows: list[int] = []
+    seen: dict[str, int] = {}
+    for position, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ManifestError(f"{file}: shard entry {position} is not a map")
+        name, count = entry.get("name"), entry.get("rows")
+        resolved = _confined(root, file, position, name)
+        if resolved in seen:
+            raise ManifestError(
+                f"{file}: shard entry {position} ({name!r}) is the same directory as entry "
+                f"{seen[resolved]}: a shard may be listed once"
+            )
+        seen[resolved] = position
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ManifestError(
+                f"{file}: shard entry {position} ({name!r}) has an invalid row count {count!r}"
+            )
+        assert isinstance(name, str)  # _confined refused anything else
+        names.append(name)
+        rows.append(count)
+    return names, rows
+
+
+def _confined(root: str, file: str, position: int, name: object) -> str:
+    """The real path of shard ``name``; ManifestError unless it is a
+    relative path that stays inside the dataset directory ``root``."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise ManifestError(f"{file}: shard entry {position} has an invalid name {name!r}")
+    if os.path.isabs(name) or name.startswith("\\"):
+        raise ManifestError(
+            f"{file}: shard entry {position} names an absolute path {name!r}; shard names are "
+            "relative to the dataset directory"
+        )
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        raise ManifestError(
+            f"{file}: shard entry {position} name {name!r} has an empty, '.' or '..' component; "
+            "shard names stay inside the dataset directory"
+        )
+    resolved = os.path.realpath(os.path.join(root, name))
+    if not resolved.startswith(root + os.sep):
+        raise ManifestError(
+            f"{file}: shard entry {position} ({name!r}) resolves to '{resolved}', outside the "
+            "dataset directory (a symlink out?): refused"
+        )
+    return resolved
+
+
+# ---- reading ----------------------------------------------------------------------
+
+
+class ShardedStore(NativeHandle):
+    """The shards of a committed dataset read as one store of global rows.
+
+    It offers the read side of ``Zrecord`` that datasets use (``len``,
+    ``gather``, ``lengths``, ``stats``, ``verify``, ``refresh``, ``close``);
+    ``gather`` and ``lengths`` are one native call for a whole batch, however
+    many shards it touches. ``shards`` are the open shard stores (read them,
+    do not write through them).
+    """
+
+    #: What a closed dataset's error message tells the user to open again.
+    _reopen_hint: str
+
+    def __init__(
+        self, path: StrPath, kind: str, verify: bool | None = None, threads: int = 0
+    ) -> None:
+        self.path = os.fspath(path)
+        self._verify = verify
+        self._threads = threads
+        self._init_lifetime()
+        self.shards: list[Zrecord] = []
+        self._handle = ffi.NULL
+        try:
+            self._open(read_manifest(self.path), kind)
+        except BaseException:
+            self._close_shards()
+            raise
+
+    def _open(self, manifest: Manifest, kind: str) -> None:
+        if manifest.schema.kind != kind:
+            other = "RaggedDataset" if manifest.schema.kind == "ragged" else "DenseDataset"
+            raise ValueError(
+                f"'{self.path}' is a sharded {manifest.schema.kind} dataset: open it with {other}"
+            )
+        self.schema = manifest.schema
+        self.manifest = manifest
+        for name, count in zip(manifest.names, manifest.rows):
+            self.shards.append(self._open_shard(name, count))
+        self._row_starts = np.zeros(len(self.shards) + 1, dtype=np.uint64)
+        np.cumsum(np.asarray(manifest.rows, dtype=np.uint64), out=self._row_starts[1:])
+        handles = ffi.new("lx_store *[]", [shard._handle for shard in self.shards])
+        out = ffi.new("lx_shards **")
+        check(
+            lib.lx_shards_open(
+                handles,
+                ffi.cast("uint64_t *", ffi.from_buffer(self._row_starts)),
+                len(self.shards),
+                self._threads,
+                out,
+            ),
+            f"cannot open sharded dataset '{self.path}'",
+        )
+        self._handle = out[0]
+
+    def _open_shard(self, name: str, count: int) -> Zrecord:
+        path = os.path.join(self.path, name)
+        shard_schema = read_schema(path) if os.path.isdir(path) else None
+        if shard_schema is None:
+            raise ManifestError(
+                f"'{self.path}': shard {name!r} listed in the manifest is missing or not a loaderx "
+                "store: the dataset is incomplete"
+            )
+        if shard_schema != self.schema:
+            raise ManifestError(
+                f"'{self.path}': shard {name!r} holds {shard_schema.describe()}, but the manifest "
+                f"says {self.schema.describe()}"
+            )
+        store = Zrecord(path, codec=self.schema.codec, verify=self._verify, threads=self._threads)
+        held = len(store)
+        if held != count:
+            store.close()
+            raise ManifestError(
+                f"'{self.path}': shard {name!r} holds {held} records but the manifest says "
+                f"{count}: the shard or the manifest was changed after commit"
+            )
+        return store
+
+    def _closed_message(self) -> str:
+        return f"sharded dataset '{self.path}' is closed; open it again"
+
+    def _release(self) -> None:
+        self._close_shards()
+
+    def _close_shards(self) -> None:
+        if self._handle != ffi.NULL:
+            lib.lx_shards_close(self._handle)
+            self._handle = ffi.NULL
+        for shard in self.shards:
+            shard.close()
+
+    # -- reads
+
+    def __len__(self) -> int:
+        return int(self._row_starts[-1])
+
+    def gather(self, idxs: npt.ArrayLike, dst: Any, offsets: npt.ArrayLike | None = None) -> None:
+        """Decodes global records ``idxs`` into ``dst`` at byte ``offsets[k]``,
+        or at ``k * L`` when all records are ``L`` bytes long (dense)."""
+        indices, target, target_bytes, target_offsets = gather_arguments(
+            idxs, dst, offsets, self.lengths
+        )
+        offsets_pointer = ffi.NULL if target_offsets is None else u64_pointer(target_offsets)
+        if indices.size == 0:
+            return
+        handle = self._enter()
+        try:
+            status = lib.lx_shards_gather(
+                handle,
+                u64_pointer(indices),
+                indices.size,
+                target,
+                target_bytes,
+                offsets_pointer,
+                self.schema.item_bytes,
+            )
+        finally:
+            self._leave()
+        if status:
+            check(status)
+
+    def lengths(self, idxs: npt.ArrayLike) -> npt.NDArray[np.uint64]:
+        """The decoded byte length of each global record in ``idxs``."""
+        return self._lengths_with(lib.lx_shards_lengths, idxs)
+
+    def gather_rows(
+        self,
+        indices: npt.NDArray[np.uint64],
+        row_bytes: int,
+        target: npt.NDArray[np.uint8] | None,
+    ) -> tuple[int, npt.NDArray[np.int64]]:
+        """``Zrecord.gather_rows`` over global records, one native call."""
+        return self._gather_rows_with(lib.lx_shards_gather_rows, indices, row_bytes, target)
+
+    def stats(self) -> dict[str, Any]:
+        """The shards' stats added up; ``layout`` is ``fixed`` only when every
+        non-empty shard is fixed with one record size."""
+        parts = [shard.stats() for shard in self.shards]
+        layouts = {
+            (part["layout"], part["record_bytes"]) for part in parts if part["layout"] != "empty"
+        }
+        layout, record_bytes = (
+            layouts.pop() if len(layouts) == 1 else (("indexed", 0) if layouts else ("empty", 0))
+        )
+        totals = {
+            key: sum(part[key] for part in parts)
+            for key in ("records", "live_bytes", "chunk_bytes", "reclaimable")
+        }
+        return {**totals, "layout": layout, "record_bytes": record_bytes, "shards": len(parts)}
+
+    def verify(self) -> list[int]:
+        """Checks every record's checksum; returns the global indices of damaged records."""
+        damaged: list[int] = []
+        for shard, start in zip(self.shards, self._row_starts[:-1].tolist()):
+            damaged.extend(start + index for index in shard.verify())
+        return damaged
+
+    def refresh(self) -> int:
+        """A committed sharded dataset does not change; returns len()."""
+        return len(self)
+
+    def __enter__(self) -> ShardedStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self)} records in {len(self.shards)} shards"
+        return f"ShardedStore({self.path!r}, {state})"
