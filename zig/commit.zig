@@ -21,6 +21,7 @@ const io = @import("io.zig");
 const superblock_file = @import("superblock.zig");
 const snapshot_module = @import("snapshot.zig");
 const journal = @import("journal.zig");
+const seqlock = @import("seqlock.zig");
 const Store = @import("store.zig").Store;
 
 const assert = std.debug.assert;
@@ -87,7 +88,7 @@ pub fn begin(store: *Store) Error!void {
         }
         return;
     }
-    const lock = io.createFile(store.dir, journal.lock_file_name, false) catch |err| {
+    const lock = io.createFile(store.dir, seqlock.lock_file_name, false) catch |err| {
         return status.wrap(err, "cannot write store '{s}' (its lock file cannot be created; a store in a read-only place can be read, not written)", .{store.path});
     };
     errdefer io.closeFile(lock);
@@ -98,7 +99,7 @@ pub fn begin(store: *Store) Error!void {
     errdefer io.closeFile(file);
     // Before any commit of this writer, so every reader that maps data of
     // a later generation maps the sequence lock too.
-    const page = try journal.mapPage(lock);
+    const page = try seqlock.mapPage(lock);
     errdefer io.unmapWritable(page);
     // Set before the refresh, which then reads through `file`; the slots
     // and the synced one are filled in once the head is current.
@@ -321,7 +322,7 @@ pub fn commitWith(store: *Store, next_in: Superblock, durable_wanted: bool) Erro
     writer.slots[slot] = next;
     if (durable) {
         writer.synced_slot = slot;
-        journal.recordSynced(writer.page, next.generation);
+        seqlock.recordSynced(writer.page, next.generation);
     }
     store.fell_back = false;
     store.fall_back_reason_len = 0;
@@ -336,8 +337,8 @@ pub fn commitWith(store: *Store, next_in: Superblock, durable_wanted: bool) Erro
     if (writer.journal) |*handle| handle.restart();
     // The shared page names the new generation, so the next reader to open
     // finds nothing to settle (`journal.settledAlready`).
-    journal.lockPage(writer.page);
-    journal.unlockPage(writer.page, next.generation, next.tail_checksum);
+    seqlock.lockPage(writer.page);
+    seqlock.unlockPage(writer.page, next.generation, next.tail_checksum);
 }
 
 /// Syncs every file `snapshot` names and the directory: the writes of the
@@ -475,7 +476,7 @@ test "an open that finds the journal at its page alone resets a stale shared pag
     const journal_file = try io.openFile(dir, format.fileName(&name_buffer, .journal, superblock.journal_file), .read_only);
     try std.testing.expectEqual(format.journal_page_bytes, try io.length(journal_file));
     io.closeFile(journal_file);
-    const lock = try io.openFile(dir, journal.lock_file_name, .read_write);
+    const lock = try io.openFile(dir, seqlock.lock_file_name, .read_write);
     var page: format.JournalPage = undefined;
     _ = try io.read(lock, std.mem.asBytes(&page), 0);
     page.sequence_lock = 5;
@@ -487,8 +488,8 @@ test "an open that finds the journal at its page alone resets a stale shared pag
     const reader = try Store.open(path, 1, true, true);
     defer reader.close();
     const shared = reader.head().journalPage().?;
-    try std.testing.expectEqual(@as(u64, 0), journal.readBegin(shared) % 2);
-    try std.testing.expectEqual(superblock.tail_checksum, journal.tailChecksum(shared, &reader.head().superblock));
+    try std.testing.expectEqual(@as(u64, 0), seqlock.readBegin(shared) % 2);
+    try std.testing.expectEqual(superblock.tail_checksum, seqlock.tailChecksum(shared, &reader.head().superblock));
     var target: [40]u8 = undefined;
     try reader.gather(&.{ 0, 1, 2, 3 }, &target, null);
     try std.testing.expectEqualSlices(u8, &rows, &target);

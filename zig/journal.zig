@@ -24,7 +24,7 @@ const format = @import("format.zig");
 const status = @import("status.zig");
 const io = @import("io.zig");
 const plans = @import("plans.zig");
-const Snapshot = @import("snapshot.zig").Snapshot;
+const seqlock = @import("seqlock.zig");
 
 const assert = std.debug.assert;
 const allocator = std.heap.c_allocator;
@@ -106,72 +106,13 @@ pub const Handle = struct {
     }
 
     pub fn lock(handle: *Handle) void {
-        lockPage(handle.memory);
+        seqlock.lockPage(handle.memory);
     }
 
     pub fn unlock(handle: *Handle, generation: u64, tail_checksum: u64) void {
-        unlockPage(handle.memory, generation, tail_checksum);
+        seqlock.unlockPage(handle.memory, generation, tail_checksum);
     }
 };
-
-fn pageOf(memory: io.WritableMemory) *JournalPage {
-    return @ptrCast(memory.ptr);
-}
-
-/// Makes the sequence lock odd: gathers that overlap the change retry.
-pub fn lockPage(memory: io.WritableMemory) void {
-    const word = &pageOf(memory).sequence_lock;
-    const value = @atomicLoad(u64, word, .seq_cst);
-    @atomicStore(u64, word, value | 1, .seq_cst);
-}
-
-/// Names `generation` and its tail checksum in the page, and makes the
-/// sequence lock even again.
-pub fn unlockPage(memory: io.WritableMemory, generation: u64, tail_checksum: u64) void {
-    const shared = pageOf(memory);
-    @atomicStore(u64, &shared.tail_checksum, tail_checksum, .seq_cst);
-    @atomicStore(u64, &shared.tail_generation, generation, .seq_cst);
-    const value = @atomicLoad(u64, &shared.sequence_lock, .seq_cst);
-    @atomicStore(u64, &shared.sequence_lock, (value | 1) +% 1, .seq_cst);
-}
-
-/// Records in the page that `generation` is durable. Called only after its
-/// slot was synced; the check goes last, so a reader that sees the pair
-/// half written takes it for no record.
-pub fn recordSynced(memory: io.WritableMemory, generation: u64) void {
-    const shared = pageOf(memory);
-    @atomicStore(u64, &shared.synced_check, 0, .seq_cst);
-    @atomicStore(u64, &shared.synced_generation, generation, .seq_cst);
-    @atomicStore(u64, &shared.synced_check, format.syncedCheck(generation), .seq_cst);
-}
-
-/// The newest generation a writer of the store in `dir` recorded as
-/// durable (`recordSynced`), or null when its lock file holds no such
-/// record. Evidence only: any failure to read it is no record.
-/// Called on a path that has not failed: a failure here leaves no message.
-pub fn syncedGeneration(dir: io.Dir) ?u64 {
-    if (!io.exists(dir, lock_file_name)) return null;
-    const file = io.openFile(dir, lock_file_name, .read_only) catch {
-        status.clear();
-        return null;
-    };
-    defer io.closeFile(file);
-    var page: JournalPage = undefined;
-    const got = io.read(file, std.mem.asBytes(&page), 0) catch {
-        status.clear();
-        return null;
-    };
-    if (got != @sizeOf(JournalPage) or !std.mem.eql(u8, &page.magic, &format.journal_magic)) return null;
-    if (page.synced_check != format.syncedCheck(page.synced_generation)) return null;
-    return page.synced_generation;
-}
-
-/// Maps the shared page of `lock_file` (open read-write), writing a fresh
-/// page first when it holds none.
-pub fn mapPage(lock_file: io.File) Error!io.WritableMemory {
-    try ensureSharedPage(lock_file);
-    return io.mapWritable(lock_file, shared_page_bytes);
-}
 
 fn fileName(buffer: *[format.file_name_bytes]u8, id: u64) [:0]const u8 {
     return format.fileName(buffer, .journal, id);
@@ -201,7 +142,7 @@ pub fn createFile(dir: io.Dir, id: u64, superblock: *const Superblock) Error!voi
 }
 
 /// Opens the journal `superblock` names read-write, with `memory` the
-/// shared page (`mapPage`). Caller holds the writer lock.
+/// shared page (`seqlock.mapPage`). Caller holds the writer lock.
 pub fn open(dir: io.Dir, superblock: *const Superblock, memory: io.WritableMemory) Error!Handle {
     assert(superblock.journal_file != 0);
     var name_buffer: [format.file_name_bytes]u8 = undefined;
@@ -209,32 +150,6 @@ pub fn open(dir: io.Dir, superblock: *const Superblock, memory: io.WritableMemor
     errdefer io.closeFile(file);
     const checked = try checkPage(dir, file);
     return .{ .file = file, .memory = memory, .last_sequence = superblock.journal_sequence, .start = checked.start, .end = checked.start, .allocated = checked.length };
-}
-
-/// The shared page lives in the lock file, which is never synced: the
-/// journal file is synced on every replace, and a page in it would be
-/// written back and write-protected each time, so that every sequence-lock
-/// store through the mapping took a page fault (4 ms on ext4 here). The
-/// page is volatile: nothing in it is trusted after a crash until a writer
-/// or a settling reader rewrote it.
-pub const lock_file_name = "lock";
-
-/// What the lock file holds: the shared page's 64 bytes, not a whole page
-/// (a 4 KiB file per store was 0.01% of a 40 MB array). Mappings still
-/// cover a page; only these bytes are ever read or written.
-pub const shared_page_bytes: u64 = @sizeOf(JournalPage);
-
-/// Writes a fresh page into the lock file when it holds none (a new store,
-/// or a power loss took it). Caller holds the writer lock.
-pub fn ensureSharedPage(file: io.File) Error!void {
-    var page: JournalPage = undefined;
-    // A whole page read from offset 0: the file holds at least the page.
-    const got = try io.read(file, std.mem.asBytes(&page), 0);
-    if (got == @sizeOf(JournalPage) and std.mem.eql(u8, &page.magic, &format.journal_magic)) return;
-    page = std.mem.zeroes(JournalPage);
-    page.magic = format.journal_magic;
-    page.version = format.journal_version;
-    try io.write(file, std.mem.asBytes(&page), 0);
 }
 
 /// A journal shorter than its page or with another magic is damage: its
@@ -780,20 +695,6 @@ pub fn settle(dir: io.Dir, handle: *Handle, superblock: *const Superblock) Error
     const replayed = try replay(handle, target, superblock);
     tail_checksum = replayed.tail_checksum;
     return replayed;
-}
-
-/// Whether a reader's gather may use the snapshot's bytes: the lock word
-/// was even before and unchanged after.
-pub fn readBegin(page: *const JournalPage) u64 {
-    return @atomicLoad(u64, &page.sequence_lock, .seq_cst);
-}
-
-/// The tail checksum a reader of generation `superblock` must check against.
-pub fn tailChecksum(page: ?*const JournalPage, superblock: *const Superblock) u64 {
-    const shared = page orelse return superblock.tail_checksum;
-    if (!std.mem.eql(u8, &shared.magic, &format.journal_magic)) return superblock.tail_checksum;
-    if (@atomicLoad(u64, &shared.tail_generation, .seq_cst) != superblock.generation) return superblock.tail_checksum;
-    return @atomicLoad(u64, &shared.tail_checksum, .seq_cst);
 }
 
 test "regression: a small record after one larger than a growth step does not zero it" {

@@ -3,7 +3,7 @@
 //! and reads only bytes its superblock committed.
 //!
 //! Invariant: committed bytes never change under a live mapping, except
-//! inside the journal's sequence lock (journal.zig): an in-place replace
+//! inside the sequence lock (seqlock.zig): an in-place replace
 //! makes the lock odd, writes, and makes it even, and a gather that saw the
 //! lock change retries (Store.gather), so each gather reads one committed
 //! state whole. Otherwise writers append past committed lengths or write new
@@ -16,7 +16,7 @@ const format = @import("format.zig");
 const codec = @import("codec.zig");
 const status = @import("status.zig");
 const io = @import("io.zig");
-const journal = @import("journal.zig");
+const seqlock = @import("seqlock.zig");
 
 const assert = std.debug.assert;
 const allocator = std.heap.c_allocator;
@@ -60,21 +60,21 @@ pub const Mapping = struct {
         return mapping;
     }
 
-    /// Maps the shared page of the lock file (journal.zig), or null while
+    /// Maps the shared page of the lock file (seqlock.zig), or null while
     /// the lock file holds none: then no writer has replaced in place since
     /// the store was made or the machine restarted, and the next one writes
     /// it before it does (under the writer lock, which readers check first).
     pub fn openSharedPage(dir: io.Dir) Error!?*Mapping {
-        const file = io.openFile(dir, journal.lock_file_name, .read_only) catch |err| switch (err) {
+        const file = io.openFile(dir, seqlock.lock_file_name, .read_only) catch |err| switch (err) {
             error.NotFound => return null,
             else => return err,
         };
         errdefer io.closeFile(file);
-        if (try io.length(file) < journal.shared_page_bytes) {
+        if (try io.length(file) < seqlock.shared_page_bytes) {
             io.closeFile(file);
             return null;
         }
-        const memory = try io.map(file, journal.shared_page_bytes, journal.shared_page_bytes);
+        const memory = try io.map(file, seqlock.shared_page_bytes, seqlock.shared_page_bytes);
         errdefer io.unmap(memory);
         const mapping = allocator.create(Mapping) catch return error.OutOfMemory;
         mapping.* = .{ .file = file, .memory = memory, .id = 0 };
@@ -135,7 +135,7 @@ pub const Snapshot = struct {
     /// The partial last block's checksum: in-place replaces keep it in the
     /// journal's shared page, under the sequence lock.
     pub fn tailChecksum(snapshot: *const Snapshot) u64 {
-        return journal.tailChecksum(snapshot.journalPage(), &snapshot.superblock);
+        return seqlock.tailChecksum(snapshot.journalPage(), &snapshot.superblock);
     }
 
     /// Raw length of record `index`; Corrupt if its entry is not sound.

@@ -35,6 +35,7 @@ const encode = @import("encode.zig");
 const plans = @import("plans.zig");
 const workers = @import("workers.zig");
 const journal = @import("journal.zig");
+const seqlock = @import("seqlock.zig");
 
 const assert = std.debug.assert;
 const allocator = std.heap.c_allocator;
@@ -276,7 +277,7 @@ pub const Store = struct {
     /// takes (`opened`). A slot that does not decode is damage when it
     /// certainly held a superblock (`Unusable.Kind.damaged`), or when the
     /// lock file's page records a synced generation newer than `opened`
-    /// (journal.recordSynced): a synced commit is never torn, since its
+    /// (seqlock.recordSynced): a synced commit is never torn, since its
     /// slot is not written again until the other slot holds a newer synced
     /// one. Anything else is a commit a crash cut short (or an unsynced one
     /// a power loss took), which durability allows.
@@ -294,7 +295,7 @@ pub const Store = struct {
             store.fell_back = true;
             return store.setReason("superblock slot {d} is damaged ({s}) although it held a commit (the other slot holds generation {d}); no crash leaves that: it opened at generation {d}, and commits after it may be lost", .{ unusable.slot, unusable.reason, generation, generation });
         }
-        if (journal.syncedGeneration(store.dir)) |synced| {
+        if (seqlock.syncedGeneration(store.dir)) |synced| {
             if (synced > generation and !store.committedSince(synced)) {
                 store.damaged = true;
                 store.fell_back = true;
@@ -349,7 +350,7 @@ pub const Store = struct {
     /// committed. A live writer applied them already (its begin replays).
     fn settleJournal(store: *Store, superblock: *const Superblock) Error!void {
         if (superblock.getLayout() != .fixed or store.writer != null) return;
-        const lock = io.openFile(store.dir, journal.lock_file_name, .read_only) catch |err| switch (err) {
+        const lock = io.openFile(store.dir, seqlock.lock_file_name, .read_only) catch |err| switch (err) {
             error.NotFound => return,
             else => return err,
         };
@@ -359,17 +360,17 @@ pub const Store = struct {
         if (superblock.journal_file == 0) {
             // A power loss may have taken the shared page: put it back, if
             // this place can be written (otherwise no writer can come).
-            const page_file = io.openFile(store.dir, journal.lock_file_name, .read_write) catch return;
+            const page_file = io.openFile(store.dir, seqlock.lock_file_name, .read_write) catch return;
             defer io.closeFile(page_file);
-            return journal.ensureSharedPage(page_file);
+            return seqlock.ensureSharedPage(page_file);
         }
         var page_file: ?io.File = null;
         defer if (page_file) |file| io.closeFile(file);
         var memory: ?io.WritableMemory = null;
         defer if (memory) |mapped| io.unmapWritable(mapped);
         var handle = open: {
-            page_file = io.openFile(store.dir, journal.lock_file_name, .read_write) catch |err| break :open err;
-            memory = journal.mapPage(page_file.?) catch |err| break :open err;
+            page_file = io.openFile(store.dir, seqlock.lock_file_name, .read_write) catch |err| break :open err;
+            memory = seqlock.mapPage(page_file.?) catch |err| break :open err;
             break :open journal.open(store.dir, superblock, memory.?);
         } catch |err| {
             if (err == error.Corrupt or err == error.UnsupportedVersion) return err;
@@ -390,7 +391,7 @@ pub const Store = struct {
         var waited_ns: u64 = 0;
         var spins: u32 = 0;
         while (true) {
-            const value = journal.readBegin(page);
+            const value = seqlock.readBegin(page);
             if (value % 2 == 0) return value;
             spins += 1;
             if (spins < 1000) {
@@ -404,7 +405,7 @@ pub const Store = struct {
             defer store.snapshots.mutex.unlock();
             const on_disk = try superblock_file.read(store.dir);
             try store.settleJournal(&on_disk.superblock);
-            if (journal.readBegin(page) % 2 == 0) continue;
+            if (seqlock.readBegin(page) % 2 == 0) continue;
             std.Thread.sleep(std.time.ns_per_ms);
             waited_ns += std.time.ns_per_ms;
         }
@@ -419,7 +420,7 @@ pub const Store = struct {
         for (0..attempts_max) |_| {
             const before = try store.waitEven(page);
             const outcome = @call(.auto, function, args);
-            if (journal.readBegin(page) == before) return outcome;
+            if (seqlock.readBegin(page) == before) return outcome;
         }
         return status.fail(error.Io, "store '{s}': a read raced in-place replaces {d} times in a row", .{ store.path, attempts_max });
     }
@@ -913,7 +914,7 @@ test "a slot that held a commit and lost its magic, or a synced generation gone,
         if (case.forget_synced) {
             const dir = try io.openDir(path);
             defer io.closeDir(dir);
-            const lock = try io.openFile(dir, journal.lock_file_name, .read_write);
+            const lock = try io.openFile(dir, seqlock.lock_file_name, .read_write);
             defer io.closeFile(lock);
             try io.write(lock, &([_]u8{0} ** 16), @offsetOf(format.JournalPage, "synced_generation"));
         }
