@@ -362,6 +362,38 @@ fn writeSums(target: Target, blocks: []const u64, sums: []const u64) Error!void 
 
 // ---- the live replace -------------------------------------------------------------
 
+/// The superblock after `current` that names a new journal, whose file is
+/// created whole and synced first: once per store, before its first
+/// in-place replace, for a store whose first append did not create it
+/// (opened with durable=False, or older).
+pub fn withNewJournal(dir: io.Dir, current: Superblock) Error!Superblock {
+    assert(current.journal_file == 0);
+    var next = current;
+    next.journal_file = next.generation + 1;
+    next.journal_sequence = 0;
+    try createFile(dir, next.journal_file, &next);
+    return next;
+}
+
+/// The patches of a replace of rows `indices` of `stride` bytes, packed in
+/// `source` at `offsets`, in ascending rows. `ascending`: the indices
+/// ascend strictly already (the caller checked). The caller frees them.
+pub fn patchesOf(
+    indices: []const u64,
+    ascending: bool,
+    source: []const u8,
+    offsets: []const u64,
+    stride: u64,
+) Error![]Patch {
+    assert(indices.len == offsets.len and stride > 0);
+    const patches = allocator.alloc(Patch, indices.len) catch return error.OutOfMemory;
+    for (indices, offsets, patches) |index, offset, *patch| {
+        patch.* = .{ .row = index, .bytes = source[offset..][0..stride] };
+    }
+    if (!ascending) std.mem.sort(Patch, patches, {}, Patch.lessThan);
+    return patches;
+}
+
 /// Journals and applies a replace of `patches` (ascending, unique rows of
 /// `target.stride` bytes) on top of generation `superblock`. Returns the new
 /// tail checksum. The record is durable before any committed byte changes.
@@ -672,6 +704,103 @@ pub fn openTarget(dir: io.Dir, superblock: *const Superblock) Error!Target {
 pub fn closeTarget(target: Target) void {
     io.closeFile(target.data);
     io.closeFile(target.sums);
+}
+
+/// The writer's target, kept open across replaces: the data and sums files
+/// of the current fixed generation, reopened when a commit names others.
+pub const OpenTarget = struct {
+    target: ?Target = null,
+    /// The data and sums files `target` is.
+    ids: [2]u64 = .{ 0, 0 },
+
+    pub fn get(open_target: *OpenTarget, dir: io.Dir, superblock: *const Superblock) Error!Target {
+        assert(superblock.getLayout() == .fixed);
+        if (open_target.target) |*target| {
+            const ids = open_target.ids;
+            if (ids[0] == superblock.data_file and ids[1] == superblock.sums_file) {
+                target.data_bytes = superblock.data_bytes;
+                target.stride = superblock.record_bytes;
+                return target.*;
+            }
+            closeTarget(target.*);
+            open_target.target = null;
+        }
+        open_target.target = try openTarget(dir, superblock);
+        open_target.ids = .{ superblock.data_file, superblock.sums_file };
+        return open_target.target.?;
+    }
+
+    pub fn close(open_target: *OpenTarget) void {
+        if (open_target.target) |target| closeTarget(target);
+        open_target.target = null;
+    }
+};
+
+// ---- the readers' settle path ----------------------------------------------------
+
+/// A reader that finds no live writer (the lock file free) applies the
+/// journal records a killed writer left (they are committed), so it reads
+/// what was committed.
+pub fn settleReader(dir: io.Dir, superblock: *const Superblock) Error!void {
+    assert(superblock.getLayout() == .fixed);
+    const lock = io.openFile(dir, seqlock.lock_file_name, .read_only) catch |err| switch (err) {
+        error.NotFound => return,
+        else => return err,
+    };
+    defer io.closeFile(lock);
+    if (!try io.tryLock(lock)) return;
+    if (try settledAlready(dir, lock, superblock)) return;
+    if (superblock.journal_file == 0) {
+        // A power loss may have taken the shared page: put it back, if
+        // this place can be written (otherwise no writer can come).
+        const page_file = io.openFile(dir, seqlock.lock_file_name, .read_write) catch return;
+        defer io.closeFile(page_file);
+        return seqlock.ensureSharedPage(page_file);
+    }
+    var page_file: ?io.File = null;
+    defer if (page_file) |file| io.closeFile(file);
+    var memory: ?io.WritableMemory = null;
+    defer if (memory) |mapped| io.unmapWritable(mapped);
+    var handle = opened: {
+        page_file = io.openFile(dir, seqlock.lock_file_name, .read_write) catch |err| break :opened err;
+        memory = seqlock.mapPage(page_file.?) catch |err| break :opened err;
+        break :opened open(dir, superblock, memory.?);
+    } catch |err| {
+        if (err == error.Corrupt or err == error.UnsupportedVersion) return err;
+        if (try pendingReadOnly(dir, superblock)) {
+            return status.fail(error.ReadOnly, "store '{s}' has replaces its last writer " ++
+                "committed but did not finish applying, and this place cannot be written: " ++
+                "open it once for writing where it can be written, which applies them", .{dir.path});
+        }
+        return;
+    };
+    defer handle.close();
+    _ = try settle(dir, &handle, superblock);
+}
+
+/// Waits while an in-place replace is writing (the sequence lock is odd);
+/// returns the even value. A writer killed mid-replace leaves the lock odd:
+/// `settler.settleStuck(page)` settles the journal once the lock file is
+/// free, and says whether the lock is even then.
+pub fn waitEven(dir: io.Dir, page: *const JournalPage, settler: anytype) Error!u64 {
+    const wait_ns_max = 30 * std.time.ns_per_s;
+    var waited_ns: u64 = 0;
+    var spins: u32 = 0;
+    while (true) {
+        const value = seqlock.readBegin(page);
+        if (value % 2 == 0) return value;
+        spins += 1;
+        if (spins < 1000) {
+            std.atomic.spinLoopHint();
+            continue;
+        }
+        if (waited_ns >= wait_ns_max) {
+            return status.fail(error.Locked, "store '{s}': a writer has been replacing records " ++
+                "in place for {d} s; is it stuck?", .{ dir.path, wait_ns_max / std.time.ns_per_s });
+        }
+        if (try settler.settleStuck(page)) continue;
+        waited_ns += std.time.ns_per_ms;
+    }
 }
 
 /// Replays `superblock`'s pending records under the sequence lock and

@@ -163,7 +163,9 @@ pub const Store = struct {
     pub fn close(store: *Store) void {
         if (store.writer) |*writer| {
             if (!writer.poisoned) {
-                if (writer.journalPending(&store.head().superblock) or !store.durable) commit.sync(store) catch {};
+                if (writer.journalPending(&store.head().superblock) or !store.durable) {
+                    store.syncCommits() catch {};
+                }
                 // Checkpointed: the journal goes back to its page. A failure
                 // leaves dead records, which the next writer cuts.
                 if (writer.journal) |*handle| {
@@ -345,70 +347,27 @@ pub const Store = struct {
         return base;
     }
 
-    /// A reader that finds no live writer applies the journal records a
-    /// killed writer left (they are committed), so it reads what was
-    /// committed. A live writer applied them already (its begin replays).
+    /// A reader that finds no live writer settles the journal a killed
+    /// writer left (journal.settleReader). A live writer applied it already
+    /// (its begin replays).
     fn settleJournal(store: *Store, superblock: *const Superblock) Error!void {
         if (superblock.getLayout() != .fixed or store.writer != null) return;
-        const lock = io.openFile(store.dir, seqlock.lock_file_name, .read_only) catch |err| switch (err) {
-            error.NotFound => return,
-            else => return err,
-        };
-        defer io.closeFile(lock);
-        if (!try io.tryLock(lock)) return;
-        if (try journal.settledAlready(store.dir, lock, superblock)) return;
-        if (superblock.journal_file == 0) {
-            // A power loss may have taken the shared page: put it back, if
-            // this place can be written (otherwise no writer can come).
-            const page_file = io.openFile(store.dir, seqlock.lock_file_name, .read_write) catch return;
-            defer io.closeFile(page_file);
-            return seqlock.ensureSharedPage(page_file);
-        }
-        var page_file: ?io.File = null;
-        defer if (page_file) |file| io.closeFile(file);
-        var memory: ?io.WritableMemory = null;
-        defer if (memory) |mapped| io.unmapWritable(mapped);
-        var handle = open: {
-            page_file = io.openFile(store.dir, seqlock.lock_file_name, .read_write) catch |err| break :open err;
-            memory = seqlock.mapPage(page_file.?) catch |err| break :open err;
-            break :open journal.open(store.dir, superblock, memory.?);
-        } catch |err| {
-            if (err == error.Corrupt or err == error.UnsupportedVersion) return err;
-            if (try journal.pendingReadOnly(store.dir, superblock)) {
-                return status.fail(error.ReadOnly, "store '{s}' has replaces its last writer committed but did not finish applying, and this place cannot be written: open it once for writing where it can be written, which applies them", .{store.path});
-            }
-            return;
-        };
-        defer handle.close();
-        _ = try journal.settle(store.dir, &handle, superblock);
+        return journal.settleReader(store.dir, superblock);
     }
 
-    /// Waits while an in-place replace is writing (the sequence lock is
-    /// odd); returns the even value. A writer killed mid-replace leaves the
-    /// lock odd: once the lock file is free, this reader settles the journal.
-    fn waitEven(store: *Store, page: *const format.JournalPage) Error!u64 {
-        const wait_ns_max = 30 * std.time.ns_per_s;
-        var waited_ns: u64 = 0;
-        var spins: u32 = 0;
-        while (true) {
-            const value = seqlock.readBegin(page);
-            if (value % 2 == 0) return value;
-            spins += 1;
-            if (spins < 1000) {
-                std.atomic.spinLoopHint();
-                continue;
-            }
-            if (waited_ns >= wait_ns_max) {
-                return status.fail(error.Locked, "store '{s}': a writer has been replacing records in place for {d} s; is it stuck?", .{ store.path, wait_ns_max / std.time.ns_per_s });
-            }
-            store.snapshots.mutex.lock();
-            defer store.snapshots.mutex.unlock();
-            const on_disk = try superblock_file.read(store.dir);
-            try store.settleJournal(&on_disk.superblock);
-            if (seqlock.readBegin(page) % 2 == 0) continue;
-            std.Thread.sleep(std.time.ns_per_ms);
-            waited_ns += std.time.ns_per_ms;
-        }
+    /// The slow path of a reader's wait on the sequence lock
+    /// (journal.waitEven): settles what a writer killed mid-replace left,
+    /// once its lock is free. Returns whether the lock is even now; if not,
+    /// waits a millisecond (holding the mutex, so no commit of this handle
+    /// starts meanwhile).
+    pub fn settleStuck(store: *Store, page: *const format.JournalPage) Error!bool {
+        store.snapshots.mutex.lock();
+        defer store.snapshots.mutex.unlock();
+        const on_disk = try superblock_file.read(store.dir);
+        try store.settleJournal(&on_disk.superblock);
+        if (seqlock.readBegin(page) % 2 == 0) return true;
+        std.Thread.sleep(std.time.ns_per_ms);
+        return false;
     }
 
     /// Runs the read `function(args)` until no in-place replace overlapped
@@ -418,7 +377,7 @@ pub const Store = struct {
         const page = snapshot.journalPage() orelse return @call(.auto, function, args);
         const attempts_max = 100_000;
         for (0..attempts_max) |_| {
-            const before = try store.waitEven(page);
+            const before = try journal.waitEven(store.dir, page, store);
             const outcome = @call(.auto, function, args);
             if (seqlock.readBegin(page) == before) return outcome;
         }
@@ -458,8 +417,158 @@ pub const Store = struct {
         return store.snapshots.head();
     }
 
-    // ---- reads ----------------------------------------------------------
+    // ---- the writer and its commits: the one place the state changes ------
 
+    /// What the commit protocol and the layouts see of this store.
+    fn commitContext(store: *Store) commit.Context {
+        return .{
+            .dir = store.dir,
+            .path = store.path,
+            .durable = store.durable,
+            .threads = store.threads,
+            .writer = &store.writer.?,
+            .head = store.head(),
+        };
+    }
+
+    /// Takes the writer lock on first use, then discards what a crashed
+    /// writer left past the committed state and replays its journal.
+    fn begin(store: *Store) Error!void {
+        try store.refuseDamaged(writes_refused);
+        if (store.writer) |*writer| {
+            try commit.refusePoisoned(writer, store.path);
+            if (writer.stale) {
+                try commit.recover(store.commitContext());
+                // Recovery keeps what the last synced state names until a sync.
+                writer.stale = store.head().superblock.unsynced != 0;
+            }
+            return;
+        }
+        // Set before the refresh, which then reads through the writer's
+        // superblock file.
+        store.writer = try commit.open(store.dir, store.path);
+        errdefer {
+            store.writer.?.close();
+            store.writer = null;
+        }
+        try store.refreshLocked();
+        try store.refuseDamaged(writes_refused);
+        try commit.start(&store.writer.?, store.head().superblock);
+        try commit.recover(store.commitContext());
+        // Files the last synced state names wait for the next sync.
+        store.writer.?.stale = store.head().superblock.unsynced != 0;
+        try store.replayJournal();
+        assert(store.writer != null and !store.writer.?.poisoned);
+    }
+
+    const writes_refused = "Writes are refused: a writer's recovery would cut what the lost " ++
+        "commits wrote";
+
+    /// Replays the journal records a crashed writer left after the
+    /// checkpoint (journal.settle) and checkpoints them, so this writer
+    /// starts from a superblock that covers every committed replace.
+    fn replayJournal(store: *Store) Error!void {
+        const superblock = store.head().superblock;
+        if (superblock.journal_file == 0) return;
+        const writer = &store.writer.?;
+        // Held by the writer at once: begin's errdefer closes it.
+        writer.journal = try journal.open(store.dir, &superblock, writer.page);
+        const replayed = try journal.settle(store.dir, &writer.journal.?, &superblock);
+        if (replayed.records > 0) {
+            store.head().superblock.tail_checksum = replayed.tail_checksum;
+            var next = superblock;
+            next.tail_checksum = replayed.tail_checksum;
+            try store.commitNext(next, store.durable);
+        }
+        // A new writer starts from a journal cut back to its page.
+        writer.journal.?.restart();
+        try writer.journal.?.trim();
+    }
+
+    /// Commits what a layout wrote and publishes it, then deletes the files
+    /// it replaced.
+    fn publish(store: *Store, next: commit.Next) Error!void {
+        assert(next.superblock.generation == store.head().superblock.generation);
+        if (next.data_synced) store.writer.?.journal_synced = true;
+        try store.commitNext(next.superblock, store.durable);
+        if (next.created and store.durable) store.created_unsynced = false;
+        if (next.replaced) |old| commit.unlinkReplaced(store.commitContext(), old);
+    }
+
+    /// Makes `next` the store's next generation (commit.zig: seal, map,
+    /// write and sync its slot) and publishes it to readers.
+    fn commitNext(store: *Store, next: Superblock, durable: bool) Error!void {
+        const generation = store.head().superblock.generation;
+        const pending = try commit.prepare(store.commitContext(), next, durable);
+        const dictionary = try store.loadDictionary(pending.superblock);
+        const snapshot = try commit.write(store.commitContext(), pending, dictionary);
+        store.fell_back = false;
+        store.fall_back_reason_len = 0;
+        store.snapshots.publish(snapshot);
+        commit.finish(store.commitContext(), pending);
+        assert(store.head().superblock.generation == generation + 1);
+    }
+
+    /// Makes every commit so far durable (durable=False stores), then
+    /// deletes the files that commits since the last sync replaced.
+    fn syncCommits(store: *Store) Error!void {
+        const writer = &store.writer.?;
+        const head_now = store.head();
+        if (head_now.superblock.unsynced != 0 or writer.journalPending(&head_now.superblock)) {
+            try store.commitNext(head_now.superblock, true);
+        } else if (!writer.stale) return;
+        try commit.recover(store.commitContext());
+        writer.stale = false;
+    }
+
+    /// An in-place replace of rows of the fixed layout, journaled
+    /// (journal.zig); the commits around it are published here.
+    fn replaceInPlace(
+        store: *Store,
+        indices: []const u64,
+        ascending: bool,
+        source: []const u8,
+        offsets: []const u64,
+    ) Error!void {
+        const stride = store.head().superblock.record_bytes;
+        // Records of zero bytes: every replace leaves them as they are.
+        if (stride == 0) return;
+        const patches = try journal.patchesOf(indices, ascending, source, offsets, stride);
+        defer allocator.free(patches);
+        // A store opened with durable=False syncs before its first in-place
+        // replace after unsynced commits: a journal record is always based
+        // on a synced generation, so a power loss can never leave replaced
+        // bytes in files whose superblock is gone.
+        if (store.head().superblock.unsynced != 0) try store.syncCommits();
+        if (store.head().superblock.journal_file == 0) {
+            const next = try journal.withNewJournal(store.dir, store.head().superblock);
+            try commit.syncDirNow(store.commitContext());
+            try store.commitNext(next, true);
+        }
+        const writer = &store.writer.?;
+        // Null only when opening it failed right after the commit that named it.
+        if (writer.journal == null) {
+            writer.journal = try journal.open(store.dir, &store.head().superblock, writer.page);
+        }
+        // A journal past its bound is checkpointed before it takes another
+        // record, not right after the record that grew it: the replace that
+        // wrote a large record returns without waiting for the data file's
+        // write-back, and the checkpoint finds most of it written.
+        if (writer.journal.?.end > journal.checkpoint_bytes) {
+            try store.commitNext(store.head().superblock, store.durable);
+        }
+        const base = store.head();
+        const target = try writer.target.get(store.dir, &base.superblock);
+        const tail_now = base.tailChecksum();
+        const handle = &writer.journal.?;
+        const poisoned = &writer.poisoned;
+        const tail = try journal.replace(handle, target, &base.superblock, patches, tail_now, poisoned);
+        // The in-place state is published in the head's superblock and in
+        // the shared page (journal.replace), not as a new generation.
+        base.superblock.tail_checksum = tail;
+    }
+
+    // ---- reads ----------------------------------------------------------
     pub fn count(store: *Store) u64 {
         const snapshot = store.snapshots.acquire();
         defer store.snapshots.release();
@@ -571,9 +680,9 @@ pub const Store = struct {
         store.snapshots.mutex.lock();
         defer store.snapshots.mutex.unlock();
         const length = try encode.checkBatch(source, offsets);
-        try commit.begin(store);
+        try store.begin();
         return store.appendBegun(source, offsets, record_codec, length) catch |err| {
-            commit.discardFailed(store, err);
+            commit.discardFailed(store.commitContext(), err);
             return err;
         };
     }
@@ -592,10 +701,13 @@ pub const Store = struct {
             .indexed => false,
         };
         if (fits_fixed) {
-            try fixed.append(store, source[offsets[0]..], offsets.len, length.?);
+            const payload = source[offsets[0]..];
+            try store.publish(try fixed.append(store.commitContext(), payload, offsets.len, length.?));
         } else {
-            if (superblock.getLayout() == .fixed) try fixed.convertToIndexed(store);
-            try indexed.append(store, source, offsets, record_codec);
+            if (superblock.getLayout() == .fixed) {
+                try store.publish(try fixed.convertToIndexed(store.commitContext()));
+            }
+            try store.publish(try indexed.append(store.commitContext(), source, offsets, record_codec));
         }
         assert(store.head().count() == first + offsets.len);
         return first;
@@ -610,7 +722,7 @@ pub const Store = struct {
             return status.fail(error.InvalidArgument, "replace got {d} indices but {d} records", .{ indices.len, offsets.len });
         }
         const length = try encode.checkBatch(source, offsets);
-        try commit.begin(store);
+        try store.begin();
         const current = store.head();
         try read.checkIndices(current, indices);
         try checkCodec(current, record_codec);
@@ -627,10 +739,13 @@ pub const Store = struct {
         }
         const superblock = current.superblock;
         if (superblock.getLayout() == .fixed and record_codec == .raw and length != null and length.? == superblock.record_bytes) {
-            try fixed.replace(store, indices, ascending, source, offsets);
+            try store.replaceInPlace(indices, ascending, source, offsets);
         } else {
-            if (superblock.getLayout() == .fixed) try fixed.convertToIndexed(store);
-            try indexed.replace(store, indices, source, offsets, record_codec);
+            if (superblock.getLayout() == .fixed) {
+                try store.publish(try fixed.convertToIndexed(store.commitContext()));
+            }
+            const context = store.commitContext();
+            try store.publish(try indexed.replace(context, indices, source, offsets, record_codec));
         }
     }
 
@@ -642,7 +757,7 @@ pub const Store = struct {
         status.clear();
         store.snapshots.mutex.lock();
         defer store.snapshots.mutex.unlock();
-        try commit.begin(store);
+        try store.begin();
         const current = store.head();
         try read.checkIndices(current, indices);
         if (indices.len == 0) return status.fail(error.InvalidArgument, "delete got no indices", .{});
@@ -651,8 +766,11 @@ pub const Store = struct {
         const unique = dedupe(doomed);
         const plan = plans.DeletePlan.init(current, unique, keep_order);
         switch (current.layout()) {
-            .fixed => try fixed.rewrite(store, plan.remaining, &plan),
-            .indexed => try indexed.rewrite(store, plan.remaining, &plan, current.superblock.live_bytes - deletedBytes(current, unique)),
+            .fixed => try store.publish(try fixed.rewrite(store.commitContext(), plan.remaining, &plan)),
+            .indexed => {
+                const live = current.superblock.live_bytes - deletedBytes(current, unique);
+                try store.publish(try indexed.rewrite(store.commitContext(), plan.remaining, &plan, live));
+            },
             .empty => unreachable, // checkIndices refused every index.
         }
         assert(store.head().count() == plan.remaining);
@@ -664,11 +782,11 @@ pub const Store = struct {
         status.clear();
         store.snapshots.mutex.lock();
         defer store.snapshots.mutex.unlock();
-        try commit.begin(store);
+        try store.begin();
         const current = store.head();
         if (current.layout() != .indexed) return;
         if (current.superblock.live_bytes == current.superblock.data_bytes) return;
-        try indexed.compact(store, current);
+        try store.publish(try indexed.compact(store.commitContext()));
     }
 
     /// Makes every commit so far durable. With durable=True they are when
@@ -679,7 +797,7 @@ pub const Store = struct {
         store.snapshots.mutex.lock();
         defer store.snapshots.mutex.unlock();
         if (store.writer) |writer| {
-            if (writer.poisoned) return commit.begin(store);
+            if (writer.poisoned) return store.begin();
         }
         if (store.created_unsynced) {
             try superblock_file.syncCreated(store.dir);
@@ -689,15 +807,15 @@ pub const Store = struct {
         // Commits an earlier durable=False writer left unsynced are synced
         // too: this handle becomes the writer for that.
         if (store.writer == null and store.head().superblock.unsynced == 0) return;
-        try commit.begin(store);
-        try commit.sync(store);
+        try store.begin();
+        try store.syncCommits();
     }
 
     pub fn trainDict(store: *Store, samples: []const u8, sizes: []const u64, target_bytes: u64) Error!u64 {
         status.clear();
         store.snapshots.mutex.lock();
         defer store.snapshots.mutex.unlock();
-        try commit.begin(store);
+        try store.begin();
         const current = store.head();
         if (current.superblock.dict_file != 0) {
             return status.fail(error.DictionaryExists, "store '{s}' already has a dictionary; records compressed with it need it, so it cannot be replaced", .{store.path});
@@ -721,12 +839,13 @@ pub const Store = struct {
         next.dict_file = next.generation + 1;
         next.dict_bytes = bytes.len;
         next.dict_checksum = format.hash(0, bytes);
-        const file = try commit.createFile(store, .dict, next.dict_file);
+        const context = store.commitContext();
+        const file = try commit.createFile(context, .dict, next.dict_file);
         defer io.closeFile(file);
         try io.write(file, bytes, 0);
-        try commit.syncFile(store, file);
-        try commit.syncDir(store);
-        try commit.commit(store, next);
+        try commit.syncFile(context, file);
+        try commit.syncDir(context);
+        try store.commitNext(next, store.durable);
         return bytes.len;
     }
 };
@@ -1038,4 +1157,67 @@ test "a staged store is created without syncs; sync() or its first durable appen
         try reopened.gather(&.{ 1, 0 }, &back, &.{ 0, 4 });
         try testing.expectEqualStrings("efghabcd", &back);
     }
+}
+
+test "an open that finds the journal at its page alone resets a stale shared page, as a replay would" {
+    // The lock file is never synced: a power loss can leave its page odd
+    // (written back mid-replace) or with an old tail checksum after a later
+    // checkpoint cut the journal back to its page. The fast path of
+    // journal.settle must still rewrite it, or every read would wait on it.
+    simulated.reset();
+    const path = "settle-page";
+    const rows = [_]u8{7} ** 40;
+    const offsets = [_]u64{ 0, 10, 20, 30 };
+    const writer = try Store.open(path, 1, false, true);
+    _ = try writer.append(&rows, &offsets, .raw);
+    const superblock = writer.head().superblock;
+    writer.close();
+    try testing.expect(superblock.journal_file != 0 and superblock.tail_checksum != 0);
+
+    const dir = try io.openDir(path);
+    defer io.closeDir(dir);
+    var name_buffer: [format.file_name_bytes]u8 = undefined;
+    const journal_file = try io.openFile(dir, format.fileName(&name_buffer, .journal, superblock.journal_file), .read_only);
+    try testing.expectEqual(format.journal_page_bytes, try io.length(journal_file));
+    io.closeFile(journal_file);
+    const lock = try io.openFile(dir, seqlock.lock_file_name, .read_write);
+    var page: format.JournalPage = undefined;
+    _ = try io.read(lock, std.mem.asBytes(&page), 0);
+    page.sequence_lock = 5;
+    page.tail_generation = superblock.generation;
+    page.tail_checksum = superblock.tail_checksum ^ 1;
+    try io.write(lock, std.mem.asBytes(&page), 0);
+    io.closeFile(lock);
+
+    const reader = try Store.open(path, 1, true, true);
+    defer reader.close();
+    const shared = reader.head().journalPage().?;
+    try testing.expectEqual(@as(u64, 0), seqlock.readBegin(shared) % 2);
+    try testing.expectEqual(superblock.tail_checksum, seqlock.tailChecksum(shared, &reader.head().superblock));
+    var target: [40]u8 = undefined;
+    try reader.gather(&.{ 0, 1, 2, 3 }, &target, null);
+    try testing.expectEqualSlices(u8, &rows, &target);
+}
+
+test "a reader's open of a settled store only reads: no write, no writable map of the shared page" {
+    simulated.reset();
+    const path = "settled-open";
+    var rows = [_]u8{7} ** 40;
+    const offsets = [_]u64{ 0, 10, 20, 30 };
+    const writer = try Store.open(path, 1, false, true);
+    _ = try writer.append(&rows, &offsets, .raw);
+    @memset(rows[10..20], 9);
+    try writer.replace(&.{1}, rows[10..20], offsets[0..1], .raw);
+    writer.close();
+
+    const writes = simulated.kindCount(.write);
+    const maps = simulated.kindCount(.map);
+    const reader = try Store.open(path, 1, true, true);
+    defer reader.close();
+    try testing.expectEqual(writes, simulated.kindCount(.write));
+    // The shared page, the data and the sums, each mapped read-only once.
+    try testing.expectEqual(maps + 3, simulated.kindCount(.map));
+    var target: [40]u8 = undefined;
+    try reader.gather(&.{ 0, 1, 2, 3 }, &target, null);
+    try testing.expectEqualSlices(u8, &rows, &target);
 }
