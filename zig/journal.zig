@@ -826,40 +826,6 @@ pub fn settle(dir: io.Dir, handle: *Handle, superblock: *const Superblock) Error
     return replayed;
 }
 
-test "regression: a small record after one larger than a growth step does not zero it" {
-    // Found by the SIGKILL suite: a record larger than `grow_bytes` extended
-    // the journal past `allocated`, and the next small record's growth
-    // wrote zeros over it, so replay after a kill stopped there and lost it
-    // and every later replace.
-    const storage = @import("testing/storage.zig");
-    const Store = @import("store.zig").Store;
-    storage.reset();
-    const stride = 100;
-    const count = 60;
-    var rows: [count * stride]u8 = undefined;
-    var offsets: [count]u64 = undefined;
-    var all: [count]u64 = undefined;
-    for (&offsets, &all, 0..) |*offset, *index, k| {
-        offset.* = k * stride;
-        index.* = k;
-    }
-    @memset(&rows, 1);
-    const store = try Store.open("replay", 1, true, true);
-    _ = try store.append(&rows, &offsets, .raw);
-    for ([_]usize{ 1, count, 1, 1 }, 2..) |replaced, value| {
-        @memset(rows[0 .. replaced * stride], @intCast(value));
-        try store.replace(all[0..replaced], rows[0 .. replaced * stride], offsets[0..replaced], .raw);
-    }
-    // Killed: the handle is dropped without close (no checkpoint).
-    storage.processCrash();
-    const reader = try Store.open("replay", 1, true, true);
-    defer reader.close();
-    var target: [count * stride]u8 = undefined;
-    try reader.gather(&all, &target, null);
-    for (target[0..stride]) |byte| try std.testing.expectEqual(@as(u8, 5), byte);
-    for (target[stride..]) |byte| try std.testing.expectEqual(@as(u8, 3), byte);
-}
-
 test "runEnd: whole blocks covered back to back form their own runs, edges and sparse rows do not" {
     const testing = std.testing;
     const B = block_bytes;
@@ -912,66 +878,4 @@ test "runEnd: whole blocks covered back to back form their own runs, edges and s
     last = Case.lastBlock(group, 2_000);
     try testing.expectEqual(@as(u64, 64), runEnd(group, 2_000, 0, last));
     try testing.expectEqual(@as(u64, 128), runEnd(group[(64 * B) / 2_000 ..], 2_000, 64, last));
-}
-
-test "a replace of rows back to back in memory, read from the caller (no copy), survives a kill and a reopen" {
-    // Covers the zero-copy paths: runs the rows cover whole (`covering`,
-    // with `runEnd` splitting off the two edge blocks) and rows written
-    // to the journal straight from the caller (`direct_bytes_min`), live
-    // and in replay; and rows out of memory order, which take the
-    // copying path.
-    const storage = @import("testing/storage.zig");
-    const Store = @import("store.zig").Store;
-    storage.reset();
-    const stride = 100;
-    const count = 2000;
-    const rows = try allocator.alloc(u8, count * stride);
-    defer allocator.free(rows);
-    const model = try allocator.alloc(u8, count * stride);
-    defer allocator.free(model);
-    const offsets = try allocator.alloc(u64, count);
-    defer allocator.free(offsets);
-    const all = try allocator.alloc(u64, count);
-    defer allocator.free(all);
-    for (offsets, all, 0..) |*offset, *index, k| {
-        offset.* = k * stride;
-        index.* = k;
-    }
-    for (model, 0..) |*byte, k| byte.* = @truncate(k *% 7);
-    const store = try Store.open("direct", 1, true, true);
-    _ = try store.append(model, offsets, .raw);
-    // Rows 150..1850 in order, back to back: 170 KB, whole blocks inside.
-    const first = 150;
-    const replaced = 1700;
-    for (rows[0 .. replaced * stride], 0..) |*byte, k| byte.* = @truncate(k *% 13 +% 1);
-    const read_before = storage.readBytes();
-    try store.replace(all[first..][0..replaced], rows[0 .. replaced * stride], offsets[0..replaced], .raw);
-    // Only the two edge blocks are read (for their sums, and again to
-    // apply them), and a journal header: not the ten whole blocks between.
-    try std.testing.expect(storage.readBytes() - read_before <= 4 * format.block_bytes + 4096);
-    @memcpy(model[first * stride ..][0 .. replaced * stride], rows[0 .. replaced * stride]);
-    // Rows 10, 9, ..., 1 from the front of `rows`: sorted by row, their
-    // bytes run backwards in memory.
-    var backwards: [10]u64 = undefined;
-    for (&backwards, 0..) |*index, k| index.* = 10 - k;
-    @memset(rows[0 .. 10 * stride], 0xee);
-    for (0..10) |k| rows[k * stride] = @intCast(k);
-    try store.replace(&backwards, rows[0 .. 10 * stride], offsets[0..10], .raw);
-    for (backwards, 0..) |row, k| @memcpy(model[row * stride ..][0..stride], rows[k * stride ..][0..stride]);
-    const target = try allocator.alloc(u8, count * stride);
-    defer allocator.free(target);
-    try store.gather(all, target, null);
-    try std.testing.expectEqualSlices(u8, model, target);
-    // The block sums of the runs hashed from the caller's memory match.
-    const damaged = try allocator.alloc(u64, count);
-    defer allocator.free(damaged);
-    try std.testing.expectEqual(@as(u64, 0), try store.verify(0, count, damaged));
-    // Killed before a checkpoint: a reader replays both records.
-    storage.processCrash();
-    const reader = try Store.open("direct", 1, true, true);
-    defer reader.close();
-    @memset(target, 0);
-    try reader.gather(all, target, null);
-    try std.testing.expectEqualSlices(u8, model, target);
-    try std.testing.expectEqual(@as(u64, 0), try reader.verify(0, count, damaged));
 }

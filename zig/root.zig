@@ -309,9 +309,18 @@ const Shards = shards_module.Shards;
 /// `row_starts[s]..row_starts[s + 1]`. It borrows the stores: close it first.
 export fn lx_shards_open(stores: [*]const *Store, row_starts: [*]const u64, shard_count: u64, threads: u32, out: *?*Shards) c_int {
     out.* = null;
-    if (shard_count > shards_module.shard_count_max) return result(status.fail(error.InvalidArgument, "too many shards ({d})", .{shard_count}));
-    out.* = Shards.create(stores[0..shard_count], row_starts[0 .. shard_count + 1], threads) catch |err| return result(err);
+    // Shards.create checks the count first (shard_count_max): the slices
+    // are only bounds, not reads.
+    const shard_stores = stores[0..shard_count];
+    out.* = Shards.create(shard_stores, row_starts[0..shard_count +| 1], threads) catch |err| {
+        return result(err);
+    };
     return 0;
+}
+
+/// The most shards one handle reads (shards.zig), for Python's checks.
+export fn lx_shard_count_max() u64 {
+    return shards_module.shard_count_max;
 }
 
 export fn lx_shards_close(shards: *Shards) void {

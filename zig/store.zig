@@ -1,10 +1,15 @@
 //! zrecord: a persistent record store. This file is the store's public face:
-//! open and close, and each operation's checks and choice of layout. What
-//! the files hold is in format.zig; the rest lives in a file per concept:
+//! open and close, each operation's checks and choice of layout, and the one
+//! place the store's state changes: the layouts write files and return the
+//! next superblock, and only this file commits and publishes it. What the
+//! files hold is in format.zig; the rest lives in a file per concept:
 //!
 //!   io.zig          the I/O seam: every file-system call, every OS message
 //!   superblock.zig  the two superblock slots: reading, creating, writing
 //!   commit.zig      the commit protocol, the writer lock and recovery
+//!   journal.zig     in-place replaces of the fixed layout: the redo
+//!                   journal, its replay, and the readers' settle path
+//!   seqlock.zig     the shared page of the lock file and its sequence lock
 //!   snapshot.zig    what readers see, and when old mappings may go
 //!   read.zig        batch gathers on the worker threads
 //!   integrity.zig   checksums of blocks and records
@@ -13,6 +18,9 @@
 //!   encode.zig      compressing and checking a batch to append
 //!   plans.zig       rewrite plans and the row writer
 //!   workers.zig     the worker pool
+//!
+//! Imports go one way, without a cycle: store -> fixed, indexed -> commit
+//! -> superblock, journal -> plans -> snapshot -> seqlock -> io -> format.
 //!
 //! Concurrency model. Readers never lock: a gather loads the current
 //! snapshot and reads only bytes it committed. A writer (one per store,
@@ -1220,4 +1228,96 @@ test "a reader's open of a settled store only reads: no write, no writable map o
     var target: [40]u8 = undefined;
     try reader.gather(&.{ 0, 1, 2, 3 }, &target, null);
     try testing.expectEqualSlices(u8, &rows, &target);
+}
+
+test "regression: a small record after one larger than a growth step does not zero it" {
+    // Found by the SIGKILL suite: a record larger than `grow_bytes` extended
+    // the journal past `allocated`, and the next small record's growth
+    // wrote zeros over it, so replay after a kill stopped there and lost it
+    // and every later replace.
+    simulated.reset();
+    const stride = 100;
+    const count = 60;
+    var rows: [count * stride]u8 = undefined;
+    var offsets: [count]u64 = undefined;
+    var all: [count]u64 = undefined;
+    for (&offsets, &all, 0..) |*offset, *index, k| {
+        offset.* = k * stride;
+        index.* = k;
+    }
+    @memset(&rows, 1);
+    const store = try Store.open("replay", 1, true, true);
+    _ = try store.append(&rows, &offsets, .raw);
+    for ([_]usize{ 1, count, 1, 1 }, 2..) |replaced, value| {
+        @memset(rows[0 .. replaced * stride], @intCast(value));
+        try store.replace(all[0..replaced], rows[0 .. replaced * stride], offsets[0..replaced], .raw);
+    }
+    // Killed: the handle is dropped without close (no checkpoint).
+    simulated.processCrash();
+    const reader = try Store.open("replay", 1, true, true);
+    defer reader.close();
+    var target: [count * stride]u8 = undefined;
+    try reader.gather(&all, &target, null);
+    for (target[0..stride]) |byte| try testing.expectEqual(@as(u8, 5), byte);
+    for (target[stride..]) |byte| try testing.expectEqual(@as(u8, 3), byte);
+}
+
+test "a replace of rows back to back in memory, read from the caller (no copy), survives a kill and a reopen" {
+    // Covers the zero-copy paths: runs the rows cover whole (`covering`,
+    // with `runEnd` splitting off the two edge blocks) and rows written
+    // to the journal straight from the caller (`direct_bytes_min`), live
+    // and in replay; and rows out of memory order, which take the
+    // copying path.
+    simulated.reset();
+    const stride = 100;
+    const count = 2000;
+    const rows = try allocator.alloc(u8, count * stride);
+    defer allocator.free(rows);
+    const model = try allocator.alloc(u8, count * stride);
+    defer allocator.free(model);
+    const offsets = try allocator.alloc(u64, count);
+    defer allocator.free(offsets);
+    const all = try allocator.alloc(u64, count);
+    defer allocator.free(all);
+    for (offsets, all, 0..) |*offset, *index, k| {
+        offset.* = k * stride;
+        index.* = k;
+    }
+    for (model, 0..) |*byte, k| byte.* = @truncate(k *% 7);
+    const store = try Store.open("direct", 1, true, true);
+    _ = try store.append(model, offsets, .raw);
+    // Rows 150..1850 in order, back to back: 170 KB, whole blocks inside.
+    const first = 150;
+    const replaced = 1700;
+    for (rows[0 .. replaced * stride], 0..) |*byte, k| byte.* = @truncate(k *% 13 +% 1);
+    const read_before = simulated.readBytes();
+    try store.replace(all[first..][0..replaced], rows[0 .. replaced * stride], offsets[0..replaced], .raw);
+    // Only the two edge blocks are read (for their sums, and again to
+    // apply them), and a journal header: not the ten whole blocks between.
+    try testing.expect(simulated.readBytes() - read_before <= 4 * format.block_bytes + 4096);
+    @memcpy(model[first * stride ..][0 .. replaced * stride], rows[0 .. replaced * stride]);
+    // Rows 10, 9, ..., 1 from the front of `rows`: sorted by row, their
+    // bytes run backwards in memory.
+    var backwards: [10]u64 = undefined;
+    for (&backwards, 0..) |*index, k| index.* = 10 - k;
+    @memset(rows[0 .. 10 * stride], 0xee);
+    for (0..10) |k| rows[k * stride] = @intCast(k);
+    try store.replace(&backwards, rows[0 .. 10 * stride], offsets[0..10], .raw);
+    for (backwards, 0..) |row, k| @memcpy(model[row * stride ..][0..stride], rows[k * stride ..][0..stride]);
+    const target = try allocator.alloc(u8, count * stride);
+    defer allocator.free(target);
+    try store.gather(all, target, null);
+    try testing.expectEqualSlices(u8, model, target);
+    // The block sums of the runs hashed from the caller's memory match.
+    const damaged = try allocator.alloc(u64, count);
+    defer allocator.free(damaged);
+    try testing.expectEqual(@as(u64, 0), try store.verify(0, count, damaged));
+    // Killed before a checkpoint: a reader replays both records.
+    simulated.processCrash();
+    const reader = try Store.open("direct", 1, true, true);
+    defer reader.close();
+    @memset(target, 0);
+    try reader.gather(all, target, null);
+    try testing.expectEqualSlices(u8, model, target);
+    try testing.expectEqual(@as(u64, 0), try reader.verify(0, count, damaged));
 }
