@@ -110,14 +110,22 @@ pub fn open(dir: io.Dir, path: []const u8) Error!Writer {
     errdefer io.closeFile(lock);
     if (!try tryLockBriefly(lock)) {
         return status.fail(error.Locked, "store '{s}' is open for writing by another process " ++
-            "or handle; zrecord allows one writer per store: close the other writer first", .{path});
+            "or handle; zrecord allows one writer per store: close the other writer first", .{
+            path,
+        });
     }
     const file = try io.openFile(dir, superblock_file.file_name, .read_write);
     errdefer io.closeFile(file);
     // Before any commit of this writer, so every reader that maps data of
     // a later generation maps the sequence lock too.
     const page = try seqlock.mapPage(lock);
-    return .{ .lock = lock, .page = page, .superblock = file, .slots = undefined, .synced_slot = 0 };
+    return .{
+        .lock = lock,
+        .page = page,
+        .superblock = file,
+        .slots = undefined,
+        .synced_slot = 0,
+    };
 }
 
 /// Reads the slots and finds the synced one, once `head` is current.
@@ -189,8 +197,16 @@ fn recoverWith(context: Context, head_synced: bool) Error!void {
     const superblock = context.head.superblock;
     const keep = [_]struct { kind: format.FileKind, id: u64, bytes: u64 }{
         .{ .kind = .data, .id = superblock.data_file, .bytes = superblock.data_bytes },
-        .{ .kind = .index, .id = superblock.index_file, .bytes = superblock.record_count * @sizeOf(Entry) },
-        .{ .kind = .sums, .id = superblock.sums_file, .bytes = (superblock.data_bytes / block_bytes) * 8 },
+        .{
+            .kind = .index,
+            .id = superblock.index_file,
+            .bytes = superblock.record_count * @sizeOf(Entry),
+        },
+        .{
+            .kind = .sums,
+            .id = superblock.sums_file,
+            .bytes = (superblock.data_bytes / block_bytes) * 8,
+        },
         .{ .kind = .dict, .id = superblock.dict_file, .bytes = superblock.dict_bytes },
         // Journal records past the checkpoint are replayed, not cut.
         .{ .kind = .journal, .id = superblock.journal_file, .bytes = std.math.maxInt(u64) },
@@ -295,7 +311,11 @@ pub fn prepare(context: Context, next_in: Superblock, durable_wanted: bool) Erro
 /// Builds the snapshot of `pending` (its files mapped), syncs what a
 /// durable=False store left unsynced if the commit is durable, and writes
 /// (and syncs) its slot. Returns the snapshot for store.zig to publish.
-pub fn write(context: Context, pending: Pending, dictionary: ?*const codec.Dictionary) Error!*Snapshot {
+pub fn write(
+    context: Context,
+    pending: Pending,
+    dictionary: ?*const codec.Dictionary,
+) Error!*Snapshot {
     const writer = context.writer;
     const next = pending.superblock;
     assert(next.generation == context.head.superblock.generation + 1);
@@ -304,7 +324,13 @@ pub fn write(context: Context, pending: Pending, dictionary: ?*const codec.Dicti
     errdefer snapshot.discard(previous);
     if (pending.durable and !context.durable) try syncNamed(context, snapshot);
     const slot = 1 - writer.synced_slot;
-    superblock_file.write(writer.superblock, &next, &writer.slots[slot], slot, pending.durable) catch |err| {
+    superblock_file.write(
+        writer.superblock,
+        &next,
+        &writer.slots[slot],
+        slot,
+        pending.durable,
+    ) catch |err| {
         writer.poisoned = true;
         return err;
     };

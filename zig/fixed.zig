@@ -133,7 +133,13 @@ const SumsJob = struct {
         var scratch: [block_bytes]u8 = undefined;
         for (start..end) |k| {
             const block = job.first + k;
-            const bytes = assemble(job.old, job.payload, block * block_bytes, (block + 1) * block_bytes, &scratch);
+            const bytes = assemble(
+                job.old,
+                job.payload,
+                block * block_bytes,
+                (block + 1) * block_bytes,
+                &scratch,
+            );
             job.sums[k] = format.blockChecksum(block, bytes);
         }
     }
@@ -175,7 +181,10 @@ pub fn rewrite(context: Context, new_count: u64, plan: anytype) Error!Next {
 pub fn convertToIndexed(context: Context) Error!Next {
     const current = context.head;
     assert(current.layout() == .fixed);
-    const plan = plans.ConvertPlan{ .old = current.dataBytes(), .stride = current.superblock.record_bytes };
+    const plan = plans.ConvertPlan{
+        .old = current.dataBytes(),
+        .stride = current.superblock.record_bytes,
+    };
     var next = current.superblock;
     const id = next.generation + 1;
     const index = try commit.createFile(context, .index, id);

@@ -22,7 +22,12 @@ const Context = commit.Context;
 const Next = commit.Next;
 /// Writes the records packed in `source` (record k at `offsets[k]`) past
 /// the committed data, and their entries. Returns the next superblock.
-pub fn append(context: Context, source: []const u8, offsets: []const u64, record_codec: Codec) Error!Next {
+pub fn append(
+    context: Context,
+    source: []const u8,
+    offsets: []const u64,
+    record_codec: Codec,
+) Error!Next {
     const current = context.head;
     assert(current.layout() != .fixed);
     assert(offsets.len > 0);
@@ -117,7 +122,13 @@ pub fn replace(
 
 /// A new index from `plan` over the same data file: the next superblock.
 pub fn rewrite(context: Context, new_count: u64, plan: anytype, live_bytes: u64) Error!Next {
-    return rewriteWithData(context, new_count, plan, live_bytes, context.head.superblock.data_bytes);
+    return rewriteWithData(
+        context,
+        new_count,
+        plan,
+        live_bytes,
+        context.head.superblock.data_bytes,
+    );
 }
 
 fn rewriteWithData(

@@ -149,7 +149,14 @@ pub fn open(dir: io.Dir, superblock: *const Superblock, memory: io.WritableMemor
     const file = try io.openFile(dir, fileName(&name_buffer, superblock.journal_file), .read_write);
     errdefer io.closeFile(file);
     const checked = try checkPage(dir, file);
-    return .{ .file = file, .memory = memory, .last_sequence = superblock.journal_sequence, .start = checked.start, .end = checked.start, .allocated = checked.length };
+    return .{
+        .file = file,
+        .memory = memory,
+        .last_sequence = superblock.journal_sequence,
+        .start = checked.start,
+        .end = checked.start,
+        .allocated = checked.length,
+    };
 }
 
 /// A journal shorter than its page or with another magic is damage: its
@@ -160,10 +167,20 @@ pub fn checkPage(dir: io.Dir, file: io.File) Error!struct { start: u64, length: 
     const got = try io.read(file, std.mem.asBytes(&page), 0);
     const length = try io.length(file);
     if (got != @sizeOf(JournalPage) or length < page_bytes or !std.mem.eql(u8, &page.magic, &format.journal_magic)) {
-        return status.fail(error.Corrupt, "store '{s}' is damaged: journal '{s}' has no valid page; restore the store from a copy", .{ dir.path, file.name() });
+        return status.fail(
+            error.Corrupt,
+            "store '{s}' is damaged: journal '{s}' has no valid page; restore the store from a " ++
+                "copy",
+            .{ dir.path, file.name() },
+        );
     }
     if (page.version != 1 and page.version != format.journal_version) {
-        return status.fail(error.UnsupportedVersion, "store '{s}' has a journal of version {d}, which this loaderx cannot read (it reads 1 and {d}); upgrade loaderx", .{ dir.path, page.version, format.journal_version });
+        return status.fail(
+            error.UnsupportedVersion,
+            "store '{s}' has a journal of version {d}, which this loaderx cannot read (it reads " ++
+                "1 and {d}); upgrade loaderx",
+            .{ dir.path, page.version, format.journal_version },
+        );
     }
     return .{ .start = format.journalRecordsStart(page.version), .length = length };
 }
@@ -173,7 +190,9 @@ pub fn checkPage(dir: io.Dir, file: io.File) Error!struct { start: u64, length: 
 /// current generation. Cheap: one read of a header.
 fn mayHoldRecords(handle: *const Handle, superblock: *const Superblock) Error!bool {
     var record: JournalRecord = undefined;
-    if (try io.read(handle.file, std.mem.asBytes(&record), handle.start) != @sizeOf(JournalRecord)) return false;
+    if (try io.read(handle.file, std.mem.asBytes(&record), handle.start) != @sizeOf(
+        JournalRecord,
+    )) return false;
     return isNext(&record, superblock.journal_sequence + 1, superblock);
 }
 
@@ -201,7 +220,13 @@ fn patchStart(patch: Patch, stride: u64) u64 {
 /// Calls `visit(context, first_block, image)` for every run of at most
 /// `run_blocks_max` blocks that `patches` (ascending rows) touch, with
 /// `image` the run's bytes as they are after the patches.
-fn forEachRun(target: Target, patches: []const Patch, scratch: []u8, context: anytype, comptime visit: anytype) Error!void {
+fn forEachRun(
+    target: Target,
+    patches: []const Patch,
+    scratch: []u8,
+    context: anytype,
+    comptime visit: anytype,
+) Error!void {
     assert(scratch.len == run_blocks_max * block_bytes);
     const stride = target.stride;
     var passed: usize = 0; // Patches before it end at or before the current run.
@@ -222,14 +247,21 @@ fn forEachRun(target: Target, patches: []const Patch, scratch: []u8, context: an
             const image = covering(patches[passed..], stride, start, end) orelse image: {
                 const image = scratch[0 .. end - start];
                 if (try io.read(target.data, image, start) != image.len) {
-                    return status.fail(error.Corrupt, "data file '{s}' is shorter than committed", .{target.data.name()});
+                    return status.fail(
+                        error.Corrupt,
+                        "data file '{s}' is shorter than committed",
+                        .{target.data.name()},
+                    );
                 }
                 var k = passed;
                 while (k < patches.len and patchStart(patches[k], stride) < end) : (k += 1) {
                     const row_start = patchStart(patches[k], stride);
                     const from = @max(row_start, start);
                     const to = @min(row_start + stride, end);
-                    @memcpy(image[from - start .. to - start], patches[k].bytes[from - row_start .. to - row_start]);
+                    @memcpy(
+                        image[from - start .. to - start],
+                        patches[k].bytes[from - row_start .. to - row_start],
+                    );
                 }
                 break :image image;
             };
@@ -253,7 +285,10 @@ fn runEnd(patches: []const Patch, stride: u64, block: u64, last: u64) u64 {
     const covered_start = std.math.divCeil(u64, first_byte, block_bytes) catch unreachable;
     const reach = @min(last + 1, @max(block, covered_start) + run_blocks_max) * block_bytes;
     assert(reach > first_byte);
-    const rows_max = @min(patches.len, std.math.divCeil(u64, reach - first_byte, stride) catch unreachable);
+    const rows_max = @min(
+        patches.len,
+        std.math.divCeil(u64, reach - first_byte, stride) catch unreachable,
+    );
     // Rows ascend and repeat none, so `row - k` never falls: the patches
     // that continue patches[0]'s rows are a prefix, found by halving.
     var rows: usize = 1;
@@ -266,7 +301,10 @@ fn runEnd(patches: []const Patch, stride: u64, block: u64, last: u64) u64 {
     if (@intFromPtr(patches[rows - 1].bytes.ptr) != @intFromPtr(patches[0].bytes.ptr) + (rows - 1) * stride) return plain_end;
     const covered_end = @min(last + 1, (first_byte + rows * stride) / block_bytes);
     if (covered_end < covered_start + covered_blocks_min) return plain_end;
-    if (block >= covered_start) return if (block < covered_end) @min(covered_end, block + run_blocks_max) else plain_end;
+    if (block >= covered_start) return if (block < covered_end) @min(
+        covered_end,
+        block + run_blocks_max,
+    ) else plain_end;
     return @min(plain_end, covered_start);
 }
 
@@ -345,7 +383,13 @@ fn writeImage(target: *const Target, first: u64, image: []const u8) Error!void {
 
 /// Writes the patched blocks and their sums. Called inside the sequence
 /// lock; idempotent, so replay may run it again after any crash.
-fn apply(target: Target, patches: []const Patch, blocks: []const u64, sums: []const u64, scratch: []u8) Error!void {
+fn apply(
+    target: Target,
+    patches: []const Patch,
+    blocks: []const u64,
+    sums: []const u64,
+    scratch: []u8,
+) Error!void {
     try forEachRun(target, patches, scratch, &target, writeImage);
     try writeSums(target, blocks, sums);
 }
@@ -400,14 +444,33 @@ pub fn patchesOf(
 /// A failed sync, or a failure after the commit point, sets `poisoned`: this
 /// handle's view may be half written, and only a reopen (which replays the
 /// journal) is sure.
-pub fn replace(handle: *Handle, target: Target, superblock: *const Superblock, patches: []const Patch, tail_now: u64, poisoned: *bool) Error!u64 {
-    const scratch = allocator.alloc(u8, run_blocks_max * block_bytes) catch return error.OutOfMemory;
+pub fn replace(
+    handle: *Handle,
+    target: Target,
+    superblock: *const Superblock,
+    patches: []const Patch,
+    tail_now: u64,
+    poisoned: *bool,
+) Error!u64 {
+    const scratch = allocator.alloc(
+        u8,
+        run_blocks_max * block_bytes,
+    ) catch return error.OutOfMemory;
     defer allocator.free(scratch);
     var sums = Sums{};
     defer sums.deinit();
     try forEachRun(target, patches, scratch, &sums, Sums.visit);
     const tail_checksum = sums.tail_checksum orelse tail_now;
-    const record_bytes = try writeRecord(handle, superblock, target.stride, patches, sums.blocks.items, sums.sums.items, tail_checksum, poisoned);
+    const record_bytes = try writeRecord(
+        handle,
+        superblock,
+        target.stride,
+        patches,
+        sums.blocks.items,
+        sums.sums.items,
+        tail_checksum,
+        poisoned,
+    );
     handle.end += record_bytes;
     handle.last_sequence += 1;
     handle.lock();
@@ -422,7 +485,12 @@ pub fn replace(handle: *Handle, target: Target, superblock: *const Superblock, p
     } else apply(target, patches, sums.blocks.items, sums.sums.items, scratch);
     applied catch |err| {
         poisoned.* = true;
-        return status.wrap(err, "the replace is committed in the journal but applying it failed; close the store and open it again, which applies it", .{});
+        return status.wrap(
+            err,
+            "the replace is committed in the journal but applying it failed; close the store " ++
+                "and open it again, which applies it",
+            .{},
+        );
     };
     return tail_checksum;
 }
@@ -435,13 +503,26 @@ const stage_bytes = 1 << 20;
 /// Appends one record and syncs it. On failure the record's header is
 /// zeroed in the page cache, as far as the disk allows, so that no replay
 /// takes a replace that reported failure.
-fn writeRecord(handle: *Handle, superblock: *const Superblock, stride: u64, patches: []const Patch, blocks: []const u64, sums: []const u64, tail_checksum: u64, poisoned: *bool) Error!u64 {
+fn writeRecord(
+    handle: *Handle,
+    superblock: *const Superblock,
+    stride: u64,
+    patches: []const Patch,
+    blocks: []const u64,
+    sums: []const u64,
+    tail_checksum: u64,
+    poisoned: *bool,
+) Error!u64 {
     const k = patches.len;
     const lists_bytes = (k + 2 * blocks.len) * 8;
     const body_bytes = lists_bytes + k * stride;
     const total = std.mem.alignForward(u64, @sizeOf(JournalRecord) + body_bytes, 8);
     // The header and the row, block and sum lists.
-    const head = allocator.alignedAlloc(u8, .@"8", @sizeOf(JournalRecord) + lists_bytes) catch return error.OutOfMemory;
+    const head = allocator.alignedAlloc(
+        u8,
+        .@"8",
+        @sizeOf(JournalRecord) + lists_bytes,
+    ) catch return error.OutOfMemory;
     defer allocator.free(head);
     const lists = head[@sizeOf(JournalRecord)..];
     const rows: []u64 = @alignCast(std.mem.bytesAsSlice(u64, lists[0 .. k * 8]));
@@ -465,7 +546,14 @@ fn writeRecord(handle: *Handle, superblock: *const Superblock, stride: u64, patc
         // the record valid, whose checksum covers them.
         var hasher = record.checksumStart();
         hasher.update(lists);
-        writeRows(handle, handle.end + head.len, patches, stride, total - head.len, &hasher) catch |err| break :blk err;
+        writeRows(
+            handle,
+            handle.end + head.len,
+            patches,
+            stride,
+            total - head.len,
+            &hasher,
+        ) catch |err| break :blk err;
         record.checksum = hasher.final();
         @memcpy(head[0..@sizeOf(JournalRecord)], std.mem.asBytes(&record));
         io.write(handle.file, head, handle.end) catch |err| break :blk err;
@@ -498,7 +586,14 @@ fn flushStage(handle: *Handle, staged: []const u8, at: *u64, hasher: *std.hash.X
 
 /// Writes the patches' rows back to back at `offset`, then zeros up to
 /// `bytes` (the record's padding), feeding the rows to `hasher`.
-fn writeRows(handle: *Handle, offset: u64, patches: []const Patch, stride: u64, bytes: u64, hasher: *std.hash.XxHash3) Error!void {
+fn writeRows(
+    handle: *Handle,
+    offset: u64,
+    patches: []const Patch,
+    stride: u64,
+    bytes: u64,
+    hasher: *std.hash.XxHash3,
+) Error!void {
     const stage = allocator.alloc(u8, @min(bytes, stage_bytes)) catch return error.OutOfMemory;
     defer allocator.free(stage);
     var fill: u64 = 0;
@@ -569,7 +664,10 @@ const Loaded = struct {
     }
 
     fn sums(loaded: *const Loaded) []const u64 {
-        return loaded.list(loaded.record.row_count + loaded.record.block_count, loaded.record.block_count);
+        return loaded.list(
+            loaded.record.row_count + loaded.record.block_count,
+            loaded.record.block_count,
+        );
     }
 
     fn rowBytes(loaded: *const Loaded, k: usize) []const u8 {
@@ -581,7 +679,13 @@ const Loaded = struct {
 
 /// The record at `offset` if it is the next one (`sequence`) of generation
 /// `superblock` and whole; null at the end of the journal or a torn record.
-fn load(file: io.File, file_bytes: u64, offset: u64, sequence: u64, superblock: *const Superblock) Error!?Loaded {
+fn load(
+    file: io.File,
+    file_bytes: u64,
+    offset: u64,
+    sequence: u64,
+    superblock: *const Superblock,
+) Error!?Loaded {
     if (offset + @sizeOf(JournalRecord) > file_bytes) return null;
     var record: JournalRecord = undefined;
     if (try io.read(file, std.mem.asBytes(&record), offset) != @sizeOf(JournalRecord)) return null;
@@ -601,7 +705,12 @@ fn load(file: io.File, file_bytes: u64, offset: u64, sequence: u64, superblock: 
     }
     if (!sound(&loaded, superblock)) {
         loaded.deinit();
-        return status.fail(error.Corrupt, "journal '{s}': record {d} passes its checksum but names rows or blocks outside the store", .{ file.name(), sequence });
+        return status.fail(
+            error.Corrupt,
+            "journal '{s}': record {d} passes its checksum but names rows or blocks outside the " ++
+                "store",
+            .{ file.name(), sequence },
+        );
     }
     return loaded;
 }
@@ -626,7 +735,10 @@ pub const Replayed = struct { records: u64, tail_checksum: u64 };
 
 pub fn replay(handle: *Handle, target: Target, superblock: *const Superblock) Error!Replayed {
     const file_bytes = try io.length(handle.file);
-    const scratch = allocator.alloc(u8, run_blocks_max * block_bytes) catch return error.OutOfMemory;
+    const scratch = allocator.alloc(
+        u8,
+        run_blocks_max * block_bytes,
+    ) catch return error.OutOfMemory;
     defer allocator.free(scratch);
     var offset: u64 = handle.start;
     var sequence = superblock.journal_sequence + 1;
@@ -636,9 +748,15 @@ pub fn replay(handle: *Handle, target: Target, superblock: *const Superblock) Er
     while (try load(handle.file, file_bytes, offset, sequence, superblock)) |loaded_value| {
         var loaded = loaded_value;
         defer loaded.deinit();
-        const patches = allocator.alloc(Patch, loaded.record.row_count) catch return error.OutOfMemory;
+        const patches = allocator.alloc(
+            Patch,
+            loaded.record.row_count,
+        ) catch return error.OutOfMemory;
         defer allocator.free(patches);
-        for (patches, loaded.rows(), 0..) |*patch, row, k| patch.* = .{ .row = row, .bytes = loaded.rowBytes(k) };
+        for (patches, loaded.rows(), 0..) |*patch, row, k| patch.* = .{
+            .row = row,
+            .bytes = loaded.rowBytes(k),
+        };
         try apply(target, patches, loaded.blocks(), loaded.sums(), scratch);
         tail_checksum = loaded.record.tail_checksum;
         offset += loaded.record.total_bytes;
@@ -667,7 +785,11 @@ pub fn settledAlready(dir: io.Dir, lock_file: io.File, superblock: *const Superb
     if (shared.sequence_lock % 2 != 0 or shared.tail_generation != superblock.generation or
         shared.tail_checksum != superblock.tail_checksum) return false;
     var name_buffer: [format.file_name_bytes]u8 = undefined;
-    const file = io.openFile(dir, fileName(&name_buffer, superblock.journal_file), .read_only) catch return false;
+    const file = io.openFile(
+        dir,
+        fileName(&name_buffer, superblock.journal_file),
+        .read_only,
+    ) catch return false;
     defer io.closeFile(file);
     // One read of the first page covers the version 2 header and the
     // first record's header; a short read is a damaged journal.
@@ -687,7 +809,13 @@ pub fn pendingReadOnly(dir: io.Dir, superblock: *const Superblock) Error!bool {
     const file = try io.openFile(dir, fileName(&name_buffer, superblock.journal_file), .read_only);
     defer io.closeFile(file);
     const checked = try checkPage(dir, file);
-    var loaded = try load(file, checked.length, checked.start, superblock.journal_sequence + 1, superblock) orelse return false;
+    var loaded = try load(
+        file,
+        checked.length,
+        checked.start,
+        superblock.journal_sequence + 1,
+        superblock,
+    ) orelse return false;
     loaded.deinit();
     return true;
 }
@@ -695,10 +823,23 @@ pub fn pendingReadOnly(dir: io.Dir, superblock: *const Superblock) Error!bool {
 /// Opens `superblock`'s data and sums files read-write for a replay.
 pub fn openTarget(dir: io.Dir, superblock: *const Superblock) Error!Target {
     var name_buffer: [format.file_name_bytes]u8 = undefined;
-    const data = try io.openFile(dir, format.fileName(&name_buffer, .data, superblock.data_file), .read_write);
+    const data = try io.openFile(
+        dir,
+        format.fileName(&name_buffer, .data, superblock.data_file),
+        .read_write,
+    );
     errdefer io.closeFile(data);
-    const sums = try io.openFile(dir, format.fileName(&name_buffer, .sums, superblock.sums_file), .read_write);
-    return .{ .data = data, .sums = sums, .data_bytes = superblock.data_bytes, .stride = superblock.record_bytes };
+    const sums = try io.openFile(
+        dir,
+        format.fileName(&name_buffer, .sums, superblock.sums_file),
+        .read_write,
+    );
+    return .{
+        .data = data,
+        .sums = sums,
+        .data_bytes = superblock.data_bytes,
+        .stride = superblock.record_bytes,
+    };
 }
 
 pub fn closeTarget(target: Target) void {
@@ -762,7 +903,11 @@ pub fn settleReader(dir: io.Dir, superblock: *const Superblock) Error!void {
     var memory: ?io.WritableMemory = null;
     defer if (memory) |mapped| io.unmapWritable(mapped);
     var handle = opened: {
-        page_file = io.openFile(dir, seqlock.lock_file_name, .read_write) catch |err| break :opened err;
+        page_file = io.openFile(
+            dir,
+            seqlock.lock_file_name,
+            .read_write,
+        ) catch |err| break :opened err;
         memory = seqlock.mapPage(page_file.?) catch |err| break :opened err;
         break :opened open(dir, superblock, memory.?);
     } catch |err| {
@@ -770,7 +915,9 @@ pub fn settleReader(dir: io.Dir, superblock: *const Superblock) Error!void {
         if (try pendingReadOnly(dir, superblock)) {
             return status.fail(error.ReadOnly, "store '{s}' has replaces its last writer " ++
                 "committed but did not finish applying, and this place cannot be written: " ++
-                "open it once for writing where it can be written, which applies them", .{dir.path});
+                "open it once for writing where it can be written, which applies them", .{
+                dir.path,
+            });
         }
         return;
     };
@@ -834,8 +981,18 @@ test "runEnd: whole blocks covered back to back form their own runs, edges and s
     const patches = try allocator.alloc(Patch, 20_000);
     defer allocator.free(patches);
     const Case = struct {
-        fn fill(out: []Patch, buffer: []const u8, first_row: u64, row_step: u64, stride: u64, count: usize) []Patch {
-            for (out[0..count], 0..) |*patch, k| patch.* = .{ .row = first_row + k * row_step, .bytes = buffer[k * stride ..][0..stride] };
+        fn fill(
+            out: []Patch,
+            buffer: []const u8,
+            first_row: u64,
+            row_step: u64,
+            stride: u64,
+            count: usize,
+        ) []Patch {
+            for (out[0..count], 0..) |*patch, k| patch.* = .{
+                .row = first_row + k * row_step,
+                .bytes = buffer[k * stride ..][0..stride],
+            };
             return out[0..count];
         }
         fn lastBlock(group: []const Patch, stride: u64) u64 {

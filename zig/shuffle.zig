@@ -42,12 +42,19 @@ pub fn unshuffle(element_bytes: usize, source: []const u8, target: []u8) void {
 
 const Direction = enum { shuffle, unshuffle };
 
-fn transpose(comptime E: usize, comptime direction: Direction, source: []const u8, target: []u8) void {
+fn transpose(
+    comptime E: usize,
+    comptime direction: Direction,
+    source: []const u8,
+    target: []u8,
+) void {
     assert(source.len == target.len);
     // The planes are read while elements are written: the buffers must not overlap.
     const source_start = @intFromPtr(source.ptr);
     const target_start = @intFromPtr(target.ptr);
-    assert(source_start + source.len <= target_start or target_start + target.len <= source_start or source.len == 0);
+    assert(
+        source_start + source.len <= target_start or target_start + target.len <= source_start or source.len == 0,
+    );
     const n = source.len / E;
     var i: usize = 0;
     while (i + lanes <= n) : (i += lanes) {

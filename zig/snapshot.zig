@@ -36,7 +36,13 @@ pub const Mapping = struct {
 
     /// Maps file `id` of `kind`, which must hold at least `needed` bytes, or
     /// returns `reuse` when it is the same file and already maps enough.
-    pub fn open(dir: io.Dir, kind: format.FileKind, id: u64, needed: u64, reuse: ?*Mapping) Error!*Mapping {
+    pub fn open(
+        dir: io.Dir,
+        kind: format.FileKind,
+        id: u64,
+        needed: u64,
+        reuse: ?*Mapping,
+    ) Error!*Mapping {
         if (reuse) |mapping| {
             if (mapping.id == id and mapping.memory.len >= needed) return mapping;
         }
@@ -45,7 +51,11 @@ pub const Mapping = struct {
         errdefer io.closeFile(file);
         const size = try io.length(file);
         if (size < needed) {
-            return status.fail(error.Corrupt, "store '{s}' is damaged: '{s}' holds {d} bytes but the superblock needs {d}", .{ dir.path, file.name(), size, needed });
+            return status.fail(
+                error.Corrupt,
+                "store '{s}' is damaged: '{s}' holds {d} bytes but the superblock needs {d}",
+                .{ dir.path, file.name(), size, needed },
+            );
         }
         const reserve_min: u64 = 64 << 20;
         const grown = std.math.add(u64, needed, needed / 2) catch needed;
@@ -151,7 +161,12 @@ pub const Snapshot = struct {
 
     /// Maps the files `superblock` names, sharing `previous`'s mappings where
     /// they still cover enough.
-    pub fn build(dir: io.Dir, superblock: Superblock, previous: ?*const Snapshot, dictionary: ?*const codec.Dictionary) Error!*Snapshot {
+    pub fn build(
+        dir: io.Dir,
+        superblock: Superblock,
+        previous: ?*const Snapshot,
+        dictionary: ?*const codec.Dictionary,
+    ) Error!*Snapshot {
         assert(superblock.invalidReason() == null);
         const snapshot = allocator.create(Snapshot) catch return error.OutOfMemory;
         snapshot.* = .{ .superblock = superblock, .dictionary = dictionary };
@@ -161,14 +176,38 @@ pub const Snapshot = struct {
         switch (superblock.getLayout()) {
             .empty => {},
             .fixed => {
-                snapshot.data = try Mapping.open(dir, .data, superblock.data_file, superblock.data_bytes, old[0]);
+                snapshot.data = try Mapping.open(
+                    dir,
+                    .data,
+                    superblock.data_file,
+                    superblock.data_bytes,
+                    old[0],
+                );
                 const sums_bytes = (superblock.data_bytes / block_bytes) * 8;
-                snapshot.sums = try Mapping.open(dir, .sums, superblock.sums_file, sums_bytes, old[2]);
+                snapshot.sums = try Mapping.open(
+                    dir,
+                    .sums,
+                    superblock.sums_file,
+                    sums_bytes,
+                    old[2],
+                );
             },
             .indexed => {
-                snapshot.data = try Mapping.open(dir, .data, superblock.data_file, superblock.data_bytes, old[0]);
+                snapshot.data = try Mapping.open(
+                    dir,
+                    .data,
+                    superblock.data_file,
+                    superblock.data_bytes,
+                    old[0],
+                );
                 const index_bytes = superblock.record_count * @sizeOf(Entry);
-                snapshot.index = try Mapping.open(dir, .index, superblock.index_file, index_bytes, old[1]);
+                snapshot.index = try Mapping.open(
+                    dir,
+                    .index,
+                    superblock.index_file,
+                    index_bytes,
+                    old[1],
+                );
             },
         }
         return snapshot;

@@ -132,7 +132,13 @@ pub const Store = struct {
     };
 
     /// `open`, doing what `missing` says where it finds no store.
-    pub fn openWith(path: []const u8, threads: u32, verify_reads: bool, durable: bool, missing: Missing) Error!*Store {
+    pub fn openWith(
+        path: []const u8,
+        threads: u32,
+        verify_reads: bool,
+        durable: bool,
+        missing: Missing,
+    ) Error!*Store {
         status.clear();
         if (path.len == 0) return status.fail(error.InvalidArgument, "store path is empty", .{});
         const path_copy = allocator.dupe(u8, path) catch return error.OutOfMemory;
@@ -230,7 +236,11 @@ pub const Store = struct {
         var iterator = io.iterate(store.dir);
         while (try iterator.next()) |name| {
             if (format.parseFileName(name) != null) {
-                return status.fail(error.Corrupt, "store '{s}' has data files but no superblock; it is damaged", .{store.path});
+                return status.fail(
+                    error.Corrupt,
+                    "store '{s}' has data files but no superblock; it is damaged",
+                    .{store.path},
+                );
             }
         }
         try superblock_file.create(store.dir, !staged);
@@ -260,7 +270,12 @@ pub const Store = struct {
                 error.NotFound => if (attempt + 1 < attempts_max) continue else return store.missingFile(),
                 else => return err,
             };
-            return Snapshot.build(store.dir, superblock, current, dictionary) catch |err| switch (err) {
+            return Snapshot.build(
+                store.dir,
+                superblock,
+                current,
+                dictionary,
+            ) catch |err| switch (err) {
                 error.NotFound => if (attempt + 1 < attempts_max) continue else return store.missingFile(),
                 else => return err,
             };
@@ -270,7 +285,11 @@ pub const Store = struct {
     /// Whether every byte an unsynced commit (durable=False) added since its
     /// synced base holds its checksum: after a power loss, some may never
     /// have reached the disk. Only what changed is read.
-    fn unsyncedSound(store: *Store, loaded: superblock_file.Loaded, current: ?*Snapshot) Error!bool {
+    fn unsyncedSound(
+        store: *Store,
+        loaded: superblock_file.Loaded,
+        current: ?*Snapshot,
+    ) Error!bool {
         const superblock = loaded.superblock;
         const base = loaded.older orelse return false;
         if (base.generation != superblock.synced_base) return false;
@@ -291,29 +310,53 @@ pub const Store = struct {
     /// slot is not written again until the other slot holds a newer synced
     /// one. Anything else is a commit a crash cut short (or an unsynced one
     /// a power loss took), which durability allows.
-    fn judgeSlots(store: *Store, loaded: superblock_file.Loaded, opened: *const Superblock, unsynced_lost: bool) void {
+    fn judgeSlots(
+        store: *Store,
+        loaded: superblock_file.Loaded,
+        opened: *const Superblock,
+        unsynced_lost: bool,
+    ) void {
         store.fell_back = loaded.fell_back or unsynced_lost;
         store.damaged = false;
         store.fall_back_reason_len = 0;
         const generation = opened.generation;
         const unusable = loaded.unusable orelse {
-            if (unsynced_lost) store.setReason("its last commit (generation {d}) was not synced and did not survive whole: it opened at generation {d}, its last synced one", .{ loaded.superblock.generation, generation });
+            if (unsynced_lost) store.setReason(
+                "its last commit (generation {d}) was not synced and did not survive whole: it " ++
+                    "opened at generation {d}, its last synced one",
+                .{ loaded.superblock.generation, generation },
+            );
             return;
         };
         if (unusable.kind == .damaged) {
             store.damaged = true;
             store.fell_back = true;
-            return store.setReason("superblock slot {d} is damaged ({s}) although it held a commit (the other slot holds generation {d}); no crash leaves that: it opened at generation {d}, and commits after it may be lost", .{ unusable.slot, unusable.reason, generation, generation });
+            return store.setReason(
+                "superblock slot {d} is damaged ({s}) although it held a commit (the other slot " ++
+                    "holds generation {d}); no crash leaves that: it opened at generation " ++
+                    "{d}, and commits after it may be lost",
+                .{ unusable.slot, unusable.reason, generation, generation },
+            );
         }
         if (seqlock.syncedGeneration(store.dir)) |synced| {
             if (synced > generation and !store.committedSince(synced)) {
                 store.damaged = true;
                 store.fell_back = true;
-                return store.setReason("generation {d} was committed and synced (the lock file records it), but superblock slot {d} no longer holds it ({s}): it opened at generation {d}, and the commits since are lost", .{ synced, unusable.slot, unusable.reason, generation });
+                return store.setReason(
+                    "generation {d} was committed and synced (the lock file records it), but " ++
+                        "superblock slot {d} no longer holds it ({s}): it opened at " ++
+                        "generation {d}, and the commits since are lost",
+                    .{ synced, unusable.slot, unusable.reason, generation },
+                );
             }
         }
         if (unusable.kind == .torn_or_damaged) {
-            store.setReason("superblock slot {d} does not decode ({s}): a commit cut short by a crash, or damage to the older slot; it opened at generation {d}, the newest sound one", .{ unusable.slot, unusable.reason, generation });
+            store.setReason(
+                "superblock slot {d} does not decode ({s}): a commit cut short by a crash, or " ++
+                    "damage to the older slot; it opened at generation {d}, the newest " ++
+                    "sound one",
+                .{ unusable.slot, unusable.reason, generation },
+            );
         }
     }
 
@@ -331,7 +374,11 @@ pub const Store = struct {
     }
 
     fn setReason(store: *Store, comptime text: []const u8, args: anytype) void {
-        const written = std.fmt.bufPrint(&store.fall_back_reason, text, args) catch store.fall_back_reason[0..];
+        const written = std.fmt.bufPrint(
+            &store.fall_back_reason,
+            text,
+            args,
+        ) catch store.fall_back_reason[0..];
         store.fall_back_reason_len = written.len;
     }
 
@@ -343,14 +390,28 @@ pub const Store = struct {
     /// Fails when the superblock is damaged (`judgeSlots`), saying so.
     pub fn refuseDamaged(store: *const Store, comptime action: []const u8) Error!void {
         if (!store.damaged) return;
-        return status.fail(error.Corrupt, "store '{s}' is damaged: {s}. " ++ action ++ "; restore the store from a copy (what it holds now can still be read)", .{ store.path, store.fallBackReason() });
+        return status.fail(
+            error.Corrupt,
+            "store '{s}' is damaged: {s}. " ++ action ++ "; restore the store from a copy (what " ++
+                "it holds now can still be read)",
+            .{ store.path, store.fallBackReason() },
+        );
     }
 
     /// The synced base an unsynced head names, which open falls back to.
     fn syncedBase(store: *Store, loaded: superblock_file.Loaded) Error!Superblock {
-        const base = loaded.older orelse return status.fail(error.Corrupt, "store '{s}' is damaged: its last commit was not synced and its synced base is gone", .{store.path});
+        const base = loaded.older orelse return status.fail(
+            error.Corrupt,
+            "store '{s}' is damaged: its last commit was not synced and its synced base is gone",
+            .{store.path},
+        );
         if (base.generation != loaded.superblock.synced_base) {
-            return status.fail(error.Corrupt, "store '{s}' is damaged: its last commit was not synced and the other slot is not its synced base", .{store.path});
+            return status.fail(
+                error.Corrupt,
+                "store '{s}' is damaged: its last commit was not synced and the other slot is " ++
+                    "not its synced base",
+                .{store.path},
+            );
         }
         return base;
     }
@@ -381,7 +442,12 @@ pub const Store = struct {
     /// Runs the read `function(args)` until no in-place replace overlapped
     /// it, so it sees one committed state whole; its failure counts only
     /// then (a checksum read mid-replace is no damage).
-    fn consistentRead(store: *Store, snapshot: *const Snapshot, comptime function: anytype, args: anytype) Error!void {
+    fn consistentRead(
+        store: *Store,
+        snapshot: *const Snapshot,
+        comptime function: anytype,
+        args: anytype,
+    ) Error!void {
         const page = snapshot.journalPage() orelse return @call(.auto, function, args);
         const attempts_max = 100_000;
         for (0..attempts_max) |_| {
@@ -389,7 +455,11 @@ pub const Store = struct {
             const outcome = @call(.auto, function, args);
             if (seqlock.readBegin(page) == before) return outcome;
         }
-        return status.fail(error.Io, "store '{s}': a read raced in-place replaces {d} times in a row", .{ store.path, attempts_max });
+        return status.fail(
+            error.Io,
+            "store '{s}': a read raced in-place replaces {d} times in a row",
+            .{ store.path, attempts_max },
+        );
     }
 
     fn missingFile(store: *Store) Error {
@@ -402,16 +472,28 @@ pub const Store = struct {
         if (superblock.dict_file == 0) return null;
         if (store.dictionary) |dictionary| {
             if (store.dictionary_file == superblock.dict_file) return dictionary;
-            return status.fail(error.Corrupt, "store '{s}' names a different dictionary than the one loaded", .{store.path});
+            return status.fail(
+                error.Corrupt,
+                "store '{s}' names a different dictionary than the one loaded",
+                .{store.path},
+            );
         }
         var name_buffer: [format.file_name_bytes]u8 = undefined;
-        const file = try io.openFile(store.dir, format.fileName(&name_buffer, .dict, superblock.dict_file), .read_only);
+        const file = try io.openFile(
+            store.dir,
+            format.fileName(&name_buffer, .dict, superblock.dict_file),
+            .read_only,
+        );
         defer io.closeFile(file);
         const bytes = allocator.alloc(u8, superblock.dict_bytes) catch return error.OutOfMemory;
         defer allocator.free(bytes);
         const got = try io.read(file, bytes, 0);
         if (got != bytes.len or format.hash(0, bytes) != superblock.dict_checksum) {
-            return status.fail(error.Corrupt, "store '{s}' is damaged: dictionary '{s}' fails its checksum", .{ store.path, file.name() });
+            return status.fail(
+                error.Corrupt,
+                "store '{s}' is damaged: dictionary '{s}' fails its checksum",
+                .{ store.path, file.name() },
+            );
         }
         const dictionary = allocator.create(codec.Dictionary) catch return error.OutOfMemory;
         errdefer allocator.destroy(dictionary);
@@ -570,7 +652,14 @@ pub const Store = struct {
         const tail_now = base.tailChecksum();
         const handle = &writer.journal.?;
         const poisoned = &writer.poisoned;
-        const tail = try journal.replace(handle, target, &base.superblock, patches, tail_now, poisoned);
+        const tail = try journal.replace(
+            handle,
+            target,
+            &base.superblock,
+            patches,
+            tail_now,
+            poisoned,
+        );
         // The in-place state is published in the head's superblock and in
         // the shared page (journal.replace), not as a new generation.
         base.superblock.tail_checksum = tail;
@@ -612,7 +701,12 @@ pub const Store = struct {
     /// Decodes records `indices` into `target`: record k at byte
     /// `target_offsets[k]` or, without offsets, at `k * length` when all the
     /// records share one length.
-    pub fn gather(store: *Store, indices: []const u64, target: []u8, target_offsets: ?[]const u64) Error!void {
+    pub fn gather(
+        store: *Store,
+        indices: []const u64,
+        target: []u8,
+        target_offsets: ?[]const u64,
+    ) Error!void {
         status.clear();
         // Bounded: each retry follows a commit made meanwhile.
         for (0..stale_retries_max) |_| {
@@ -626,11 +720,28 @@ pub const Store = struct {
 
     const stale_retries_max = 4;
 
-    fn gatherOnce(store: *Store, indices: []const u64, target: []u8, target_offsets: ?[]const u64, generation: *u64) Error!void {
+    fn gatherOnce(
+        store: *Store,
+        indices: []const u64,
+        target: []u8,
+        target_offsets: ?[]const u64,
+        generation: *u64,
+    ) Error!void {
         const snapshot = store.snapshots.acquire();
         defer store.snapshots.release();
         generation.* = snapshot.superblock.generation;
-        return store.consistentRead(snapshot, read.gather, .{ snapshot, store.threads, store.checksReads(snapshot), indices, target, target_offsets });
+        return store.consistentRead(
+            snapshot,
+            read.gather,
+            .{
+                snapshot,
+                store.threads,
+                store.checksReads(snapshot),
+                indices,
+                target,
+                target_offsets,
+            },
+        );
     }
 
     /// Whether reads of `snapshot` check record checksums.
@@ -671,7 +782,11 @@ pub const Store = struct {
         defer store.snapshots.release();
         generation.* = snapshot.superblock.generation;
         if (start > end or end > snapshot.count()) {
-            return status.fail(error.IndexOutOfRange, "verify range [{d}, {d}) is outside a store of {d} records", .{ start, end, snapshot.count() });
+            return status.fail(
+                error.IndexOutOfRange,
+                "verify range [{d}, {d}) is outside a store of {d} records",
+                .{ start, end, snapshot.count() },
+            );
         }
         assert(out.len >= end - start);
         var found: u64 = 0;
@@ -683,7 +798,12 @@ pub const Store = struct {
 
     /// Appends the records packed in `source` (record k starts at
     /// `offsets[k]`, the last runs to the end). Returns the first new index.
-    pub fn append(store: *Store, source: []const u8, offsets: []const u64, record_codec: Codec) Error!u64 {
+    pub fn append(
+        store: *Store,
+        source: []const u8,
+        offsets: []const u64,
+        record_codec: Codec,
+    ) Error!u64 {
         status.clear();
         store.snapshots.mutex.lock();
         defer store.snapshots.mutex.unlock();
@@ -695,11 +815,21 @@ pub const Store = struct {
         };
     }
 
-    fn appendBegun(store: *Store, source: []const u8, offsets: []const u64, record_codec: Codec, length: ?u64) Error!u64 {
+    fn appendBegun(
+        store: *Store,
+        source: []const u8,
+        offsets: []const u64,
+        record_codec: Codec,
+        length: ?u64,
+    ) Error!u64 {
         const current = store.head();
         const first = current.count();
         if (first + offsets.len > format.record_count_max) {
-            return status.fail(error.TooLarge, "a store holds at most {d} records", .{format.record_count_max});
+            return status.fail(
+                error.TooLarge,
+                "a store holds at most {d} records",
+                .{format.record_count_max},
+            );
         }
         try checkCodec(current, record_codec);
         const superblock = current.superblock;
@@ -710,24 +840,38 @@ pub const Store = struct {
         };
         if (fits_fixed) {
             const payload = source[offsets[0]..];
-            try store.publish(try fixed.append(store.commitContext(), payload, offsets.len, length.?));
+            try store.publish(
+                try fixed.append(store.commitContext(), payload, offsets.len, length.?),
+            );
         } else {
             if (superblock.getLayout() == .fixed) {
                 try store.publish(try fixed.convertToIndexed(store.commitContext()));
             }
-            try store.publish(try indexed.append(store.commitContext(), source, offsets, record_codec));
+            try store.publish(
+                try indexed.append(store.commitContext(), source, offsets, record_codec),
+            );
         }
         assert(store.head().count() == first + offsets.len);
         return first;
     }
 
     /// Gives records `indices` new contents, packed like `append`'s.
-    pub fn replace(store: *Store, indices: []const u64, source: []const u8, offsets: []const u64, record_codec: Codec) Error!void {
+    pub fn replace(
+        store: *Store,
+        indices: []const u64,
+        source: []const u8,
+        offsets: []const u64,
+        record_codec: Codec,
+    ) Error!void {
         status.clear();
         store.snapshots.mutex.lock();
         defer store.snapshots.mutex.unlock();
         if (indices.len != offsets.len) {
-            return status.fail(error.InvalidArgument, "replace got {d} indices but {d} records", .{ indices.len, offsets.len });
+            return status.fail(
+                error.InvalidArgument,
+                "replace got {d} indices but {d} records",
+                .{ indices.len, offsets.len },
+            );
         }
         const length = try encode.checkBatch(source, offsets);
         try store.begin();
@@ -741,7 +885,11 @@ pub const Store = struct {
             defer allocator.free(sorted);
             for (sorted[1..], sorted[0 .. sorted.len - 1]) |next, previous| {
                 if (next == previous) {
-                    return status.fail(error.InvalidArgument, "index {d} appears twice; replace each record at most once per call", .{next});
+                    return status.fail(
+                        error.InvalidArgument,
+                        "index {d} appears twice; replace each record at most once per call",
+                        .{next},
+                    );
                 }
             }
         }
@@ -768,16 +916,24 @@ pub const Store = struct {
         try store.begin();
         const current = store.head();
         try read.checkIndices(current, indices);
-        if (indices.len == 0) return status.fail(error.InvalidArgument, "delete got no indices", .{});
+        if (indices.len == 0) return status.fail(
+            error.InvalidArgument,
+            "delete got no indices",
+            .{},
+        );
         const doomed = try sortedCopy(indices);
         defer allocator.free(doomed);
         const unique = dedupe(doomed);
         const plan = plans.DeletePlan.init(current, unique, keep_order);
         switch (current.layout()) {
-            .fixed => try store.publish(try fixed.rewrite(store.commitContext(), plan.remaining, &plan)),
+            .fixed => try store.publish(
+                try fixed.rewrite(store.commitContext(), plan.remaining, &plan),
+            ),
             .indexed => {
                 const live = current.superblock.live_bytes - deletedBytes(current, unique);
-                try store.publish(try indexed.rewrite(store.commitContext(), plan.remaining, &plan, live));
+                try store.publish(
+                    try indexed.rewrite(store.commitContext(), plan.remaining, &plan, live),
+                );
             },
             .empty => unreachable, // checkIndices refused every index.
         }
@@ -819,28 +975,57 @@ pub const Store = struct {
         try store.syncCommits();
     }
 
-    pub fn trainDict(store: *Store, samples: []const u8, sizes: []const u64, target_bytes: u64) Error!u64 {
+    pub fn trainDict(
+        store: *Store,
+        samples: []const u8,
+        sizes: []const u64,
+        target_bytes: u64,
+    ) Error!u64 {
         status.clear();
         store.snapshots.mutex.lock();
         defer store.snapshots.mutex.unlock();
         try store.begin();
         const current = store.head();
         if (current.superblock.dict_file != 0) {
-            return status.fail(error.DictionaryExists, "store '{s}' already has a dictionary; records compressed with it need it, so it cannot be replaced", .{store.path});
+            return status.fail(
+                error.DictionaryExists,
+                "store '{s}' already has a dictionary; records compressed with it need it, so " ++
+                    "it cannot be replaced",
+                .{store.path},
+            );
         }
         if (target_bytes < format.dict_bytes_min or target_bytes > format.dict_bytes_max) {
-            return status.fail(error.InvalidArgument, "dictionary size must be {d} B to {d} B, got {d}", .{ format.dict_bytes_min, format.dict_bytes_max, target_bytes });
+            return status.fail(
+                error.InvalidArgument,
+                "dictionary size must be {d} B to {d} B, got {d}",
+                .{ format.dict_bytes_min, format.dict_bytes_max, target_bytes },
+            );
         }
         var total: u64 = 0;
         for (sizes) |size| total = std.math.add(u64, total, size) catch std.math.maxInt(u64);
         if (total != samples.len or sizes.len == 0 or sizes.len > std.math.maxInt(c_uint)) {
-            return status.fail(error.InvalidArgument, "train_dict: sample sizes sum to {d} but the samples hold {d} bytes", .{ total, samples.len });
+            return status.fail(
+                error.InvalidArgument,
+                "train_dict: sample sizes sum to {d} but the samples hold {d} bytes",
+                .{ total, samples.len },
+            );
         }
         const buffer = allocator.alloc(u8, target_bytes) catch return error.OutOfMemory;
         defer allocator.free(buffer);
-        const trained = zstd.ZDICT_trainFromBuffer(buffer.ptr, buffer.len, samples.ptr, sizes.ptr, @intCast(sizes.len));
+        const trained = zstd.ZDICT_trainFromBuffer(
+            buffer.ptr,
+            buffer.len,
+            samples.ptr,
+            sizes.ptr,
+            @intCast(sizes.len),
+        );
         if (zstd.ZDICT_isError(trained) != 0) {
-            return status.fail(error.Codec, "dictionary training failed ({s}); give more and more varied samples (zstd wants about 100x the dictionary size)", .{zstd.ZSTD_getErrorName(trained)});
+            return status.fail(
+                error.Codec,
+                "dictionary training failed ({s}); give more and more varied samples (zstd " ++
+                    "wants about 100x the dictionary size)",
+                .{zstd.ZSTD_getErrorName(trained)},
+            );
         }
         const bytes = buffer[0..trained];
         var next = current.superblock;
@@ -858,7 +1043,13 @@ pub const Store = struct {
     }
 };
 
-fn findDamaged(snapshot: *const Snapshot, start: u64, end: u64, out: []u64, found: *u64) Error!void {
+fn findDamaged(
+    snapshot: *const Snapshot,
+    start: u64,
+    end: u64,
+    out: []u64,
+    found: *u64,
+) Error!void {
     found.* = 0;
     for (start..end) |index| {
         if (!integrity.recordSound(snapshot, index)) {
@@ -872,7 +1063,11 @@ fn findDamaged(snapshot: *const Snapshot, start: u64, end: u64, out: []u64, foun
 
 fn checkCodec(snapshot: *const Snapshot, record_codec: Codec) Error!void {
     if (record_codec.usesDictionary() and snapshot.dictionary == null) {
-        return status.fail(error.NoDictionary, "codec '{s}' needs a trained dictionary: call train_dict(samples, sizes, target) first", .{@tagName(record_codec)});
+        return status.fail(
+            error.NoDictionary,
+            "codec '{s}' needs a trained dictionary: call train_dict(samples, sizes, target) first",
+            .{@tagName(record_codec)},
+        );
     }
 }
 
@@ -992,7 +1187,10 @@ fn expectCommittedFilesOnly(path: []const u8, committed: Superblock) !void {
         const bytes = try io.length(file);
         switch (parsed.kind) {
             .data => try testing.expectEqual(committed.data_bytes, bytes),
-            .index => try testing.expectEqual(committed.record_count * @sizeOf(format.Entry), bytes),
+            .index => try testing.expectEqual(
+                committed.record_count * @sizeOf(format.Entry),
+                bytes,
+            ),
             else => {},
         }
         try testing.expectEqual(parsed.id, switch (parsed.kind) {
@@ -1011,7 +1209,11 @@ fn patchSuperblock(path: []const u8, at: u64, value: ?u8, zero_slot: ?u1) !void 
     defer io.closeDir(dir);
     const file = try io.openFile(dir, superblock_file.file_name, .read_write);
     defer io.closeFile(file);
-    if (zero_slot) |slot| try io.write(file, &([_]u8{0} ** format.slot_bytes), @as(u64, slot) * format.slot_bytes);
+    if (zero_slot) |slot| try io.write(
+        file,
+        &([_]u8{0} ** format.slot_bytes),
+        @as(u64, slot) * format.slot_bytes,
+    );
     if (value) |byte| {
         var old: [1]u8 = undefined;
         _ = try io.read(file, &old, at);
@@ -1024,11 +1226,46 @@ test "a slot that held a commit and lost its magic, or a synced generation gone,
     const Case = struct { zero: ?u1, flip_newest: bool, flip_older: bool, forget_synced: bool, generation: u64, damaged: bool };
     // Three durable appends: generation 3 in slot 1, generation 2 in slot 0.
     const cases = [_]Case{
-        .{ .zero = 1, .flip_newest = false, .flip_older = false, .forget_synced = false, .generation = 2, .damaged = true },
-        .{ .zero = 0, .flip_newest = false, .flip_older = false, .forget_synced = false, .generation = 3, .damaged = true },
-        .{ .zero = null, .flip_newest = true, .flip_older = false, .forget_synced = false, .generation = 2, .damaged = true },
-        .{ .zero = null, .flip_newest = true, .flip_older = false, .forget_synced = true, .generation = 2, .damaged = false },
-        .{ .zero = null, .flip_newest = false, .flip_older = true, .forget_synced = false, .generation = 3, .damaged = false },
+        .{
+            .zero = 1,
+            .flip_newest = false,
+            .flip_older = false,
+            .forget_synced = false,
+            .generation = 2,
+            .damaged = true,
+        },
+        .{
+            .zero = 0,
+            .flip_newest = false,
+            .flip_older = false,
+            .forget_synced = false,
+            .generation = 3,
+            .damaged = true,
+        },
+        .{
+            .zero = null,
+            .flip_newest = true,
+            .flip_older = false,
+            .forget_synced = false,
+            .generation = 2,
+            .damaged = true,
+        },
+        .{
+            .zero = null,
+            .flip_newest = true,
+            .flip_older = false,
+            .forget_synced = true,
+            .generation = 2,
+            .damaged = false,
+        },
+        .{
+            .zero = null,
+            .flip_newest = false,
+            .flip_older = true,
+            .forget_synced = false,
+            .generation = 3,
+            .damaged = false,
+        },
     };
     for (cases) |case| {
         simulated.reset();
@@ -1043,7 +1280,11 @@ test "a slot that held a commit and lost its magic, or a synced generation gone,
             defer io.closeDir(dir);
             const lock = try io.openFile(dir, seqlock.lock_file_name, .read_write);
             defer io.closeFile(lock);
-            try io.write(lock, &([_]u8{0} ** 16), @offsetOf(format.JournalPage, "synced_generation"));
+            try io.write(
+                lock,
+                &([_]u8{0} ** 16),
+                @offsetOf(format.JournalPage, "synced_generation"),
+            );
         }
         const store = try Store.open(path, 1, true, true);
         defer store.close();
@@ -1115,7 +1356,10 @@ test "a fixed append written in pieces checksums every block; only a durable or 
         defer store.close();
         const before_create = simulated.writebackStarted().calls;
         _ = try store.append(source[0 .. 3 * row], offsets[0..3], .raw);
-        try testing.expectEqual(before_create, simulated.writebackStarted().calls); // below one step
+        try testing.expectEqual(
+            before_create,
+            simulated.writebackStarted().calls,
+        ); // below one step
         const before = simulated.writebackStarted().calls;
         _ = try store.append(source[3 * row ..], offsets[0 .. rows - 3], .raw);
         const started = simulated.writebackStarted();
@@ -1142,7 +1386,9 @@ test "a staged store is created without syncs; sync() or its first durable appen
         try testing.expectEqual(files_before, simulated.kindCount(.sync_file));
         try testing.expectEqual(dirs_before, simulated.kindCount(.sync_dir));
         try store.sync();
-        try testing.expect(simulated.kindCount(.sync_file) > files_before and simulated.kindCount(.sync_dir) > dirs_before);
+        try testing.expect(
+            simulated.kindCount(.sync_file) > files_before and simulated.kindCount(.sync_dir) > dirs_before,
+        );
         store.close();
         simulated.powerLoss(seed);
         const reopened = try Store.open("staged", 1, true, true);
@@ -1156,7 +1402,10 @@ test "a staged store is created without syncs; sync() or its first durable appen
         _ = try store.append("abcdefgh", &.{ 0, 4 }, .raw);
         const syncs = simulated.kindCount(.sync_file) + simulated.kindCount(.sync_dir);
         try store.sync(); // nothing left to sync
-        try testing.expectEqual(syncs, simulated.kindCount(.sync_file) + simulated.kindCount(.sync_dir));
+        try testing.expectEqual(
+            syncs,
+            simulated.kindCount(.sync_file) + simulated.kindCount(.sync_dir),
+        );
         store.close();
         simulated.powerLoss(seed);
         const reopened = try Store.open("staged", 1, true, true);
@@ -1185,7 +1434,11 @@ test "an open that finds the journal at its page alone resets a stale shared pag
     const dir = try io.openDir(path);
     defer io.closeDir(dir);
     var name_buffer: [format.file_name_bytes]u8 = undefined;
-    const journal_file = try io.openFile(dir, format.fileName(&name_buffer, .journal, superblock.journal_file), .read_only);
+    const journal_file = try io.openFile(
+        dir,
+        format.fileName(&name_buffer, .journal, superblock.journal_file),
+        .read_only,
+    );
     try testing.expectEqual(format.journal_page_bytes, try io.length(journal_file));
     io.closeFile(journal_file);
     const lock = try io.openFile(dir, seqlock.lock_file_name, .read_write);
@@ -1201,7 +1454,10 @@ test "an open that finds the journal at its page alone resets a stale shared pag
     defer reader.close();
     const shared = reader.head().journalPage().?;
     try testing.expectEqual(@as(u64, 0), seqlock.readBegin(shared) % 2);
-    try testing.expectEqual(superblock.tail_checksum, seqlock.tailChecksum(shared, &reader.head().superblock));
+    try testing.expectEqual(
+        superblock.tail_checksum,
+        seqlock.tailChecksum(shared, &reader.head().superblock),
+    );
     var target: [40]u8 = undefined;
     try reader.gather(&.{ 0, 1, 2, 3 }, &target, null);
     try testing.expectEqualSlices(u8, &rows, &target);
@@ -1250,7 +1506,12 @@ test "regression: a small record after one larger than a growth step does not ze
     _ = try store.append(&rows, &offsets, .raw);
     for ([_]usize{ 1, count, 1, 1 }, 2..) |replaced, value| {
         @memset(rows[0 .. replaced * stride], @intCast(value));
-        try store.replace(all[0..replaced], rows[0 .. replaced * stride], offsets[0..replaced], .raw);
+        try store.replace(
+            all[0..replaced],
+            rows[0 .. replaced * stride],
+            offsets[0..replaced],
+            .raw,
+        );
     }
     // Killed: the handle is dropped without close (no checkpoint).
     simulated.processCrash();
@@ -1291,7 +1552,12 @@ test "a replace of rows back to back in memory, read from the caller (no copy), 
     const replaced = 1700;
     for (rows[0 .. replaced * stride], 0..) |*byte, k| byte.* = @truncate(k *% 13 +% 1);
     const read_before = simulated.readBytes();
-    try store.replace(all[first..][0..replaced], rows[0 .. replaced * stride], offsets[0..replaced], .raw);
+    try store.replace(
+        all[first..][0..replaced],
+        rows[0 .. replaced * stride],
+        offsets[0..replaced],
+        .raw,
+    );
     // Only the two edge blocks are read (for their sums, and again to
     // apply them), and a journal header: not the ten whole blocks between.
     try testing.expect(simulated.readBytes() - read_before <= 4 * format.block_bytes + 4096);
@@ -1303,7 +1569,10 @@ test "a replace of rows back to back in memory, read from the caller (no copy), 
     @memset(rows[0 .. 10 * stride], 0xee);
     for (0..10) |k| rows[k * stride] = @intCast(k);
     try store.replace(&backwards, rows[0 .. 10 * stride], offsets[0..10], .raw);
-    for (backwards, 0..) |row, k| @memcpy(model[row * stride ..][0..stride], rows[k * stride ..][0..stride]);
+    for (backwards, 0..) |row, k| @memcpy(
+        model[row * stride ..][0..stride],
+        rows[k * stride ..][0..stride],
+    );
     const target = try allocator.alloc(u8, count * stride);
     defer allocator.free(target);
     try store.gather(all, target, null);

@@ -132,7 +132,11 @@ pub const Failure = struct {
     /// Returns the recorded failure as an error with its message, if any.
     pub fn check(failure: *Failure, comptime what: []const u8) Error!void {
         if (failure.err) |err| {
-            return status.fail(err, what ++ " record {d}: {s}", .{ failure.record, failure.reason });
+            return status.fail(
+                err,
+                what ++ " record {d}: {s}",
+                .{ failure.record, failure.reason },
+            );
         }
     }
 };
