@@ -208,7 +208,7 @@ test "a zstd round trip through pooled contexts restores the bytes" {
     );
 }
 
-test "a shuffled record is a standard frame of the shuffled bytes, smaller than the plain frame on smooth numbers" {
+test "a shuffled record is a standard frame of the shuffled bytes, smaller on smooth numbers" {
     // A slowly rising float32 signal: its high bytes repeat, its low bytes do not.
     var values: [2048]f32 = undefined;
     for (&values, 0..) |*value, index| value.* = 1000.0 + @as(f32, @floatFromInt(index)) * 0.37;

@@ -168,7 +168,8 @@ fn syncedSlot(slots: [2]Superblock, head: Superblock) u1 {
     // than what open read; the slot the head is not in is the safe one to
     // keep.
     for (slots, 0..) |slot, index| {
-        if (slot.invalidReason() == null and slot.generation == head.generation) return @intCast(index);
+        if (slot.invalidReason() == null and slot.generation == head.generation)
+            return @intCast(index);
     }
     return 0;
 }
@@ -223,7 +224,8 @@ fn recoverWith(context: Context, head_synced: bool) Error!void {
                 if (file.kind == parsed.kind and file.id == parsed.id) break true;
             } else false;
             break :orphan !wanted and parsed.id != 0;
-        } else std.mem.startsWith(u8, name, superblock_file.temp_prefix) and name.len <= io.File.name_bytes_max;
+        } else std.mem.startsWith(u8, name, superblock_file.temp_prefix) and
+            name.len <= io.File.name_bytes_max;
         if (!orphan) continue;
         const copy = allocator.dupe(u8, name) catch return error.OutOfMemory;
         orphans.append(allocator, copy) catch {
@@ -233,7 +235,10 @@ fn recoverWith(context: Context, head_synced: bool) Error!void {
     }
     // A fixed store's data and sums files are opened as the replaces'
     // target, which the writer keeps.
-    const target: ?journal.Target = if (superblock.getLayout() == .fixed) try context.writer.target.get(context.dir, &superblock) else null;
+    const target: ?journal.Target = if (superblock.getLayout() == .fixed)
+        try context.writer.target.get(context.dir, &superblock)
+    else
+        null;
     for (keep) |file| {
         if (file.id == 0 or file.kind == .journal) continue;
         const kept: ?io.File = if (target) |opened| switch (file.kind) {
@@ -393,8 +398,10 @@ fn checkpointJournal(context: Context, next: *Superblock, synced: bool) Error!vo
     const previous = context.head;
     const handle = writer.journal orelse return;
     if (writer.journalPending(&previous.superblock) and !synced) {
-        if (previous.data) |data| if (next.data_file == previous.superblock.data_file) try syncFileNow(context, data.file);
-        if (previous.sums) |sums| if (next.sums_file == previous.superblock.sums_file) try syncFileNow(context, sums.file);
+        if (previous.data) |data| if (next.data_file == previous.superblock.data_file)
+            try syncFileNow(context, data.file);
+        if (previous.sums) |sums| if (next.sums_file == previous.superblock.sums_file)
+            try syncFileNow(context, sums.file);
     }
     next.journal_sequence = handle.last_sequence;
 }

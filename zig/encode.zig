@@ -465,7 +465,7 @@ pub fn writeBatch(
     return .{ .entries = entries, .payload_bytes = job.written };
 }
 
-test "writeBatch writes what encodeBatch packs, piece by piece on two threads, and reports a failed write" {
+test "writeBatch writes what encodeBatch packs, in pieces on two threads; a failed write" {
     const storage = @import("testing/storage.zig");
     storage.reset();
     defer storage.reset();

@@ -101,7 +101,8 @@ fn writeSummed(data: io.File, job: *SumsJob, offset: u64, start_writeback: bool)
     while (at < end) {
         const piece_end = @min(end, (at / piece_bytes + 1) * piece_bytes);
         try io.write(data, job.payload[at - offset .. piece_end - offset], at);
-        if (start_writeback and job.payload.len >= piece_bytes) io.startWriteback(data, at, piece_end - at);
+        if (start_writeback and job.payload.len >= piece_bytes)
+            io.startWriteback(data, at, piece_end - at);
         at = piece_end;
         const complete = @min(job.sums.len, at / block_bytes - job.first);
         job.run(summed, complete);

@@ -184,15 +184,18 @@ pub const Superblock = extern struct {
         if (superblock.record_count > record_count_max) return "record count out of range";
         if (superblock.live_bytes > superblock.data_bytes) return "live bytes exceed data bytes";
         if (superblock.dict_bytes > dict_bytes_max) return "dictionary too large";
-        if ((superblock.dict_file == 0) != (superblock.dict_bytes == 0)) return "dictionary fields disagree";
+        if ((superblock.dict_file == 0) != (superblock.dict_bytes == 0))
+            return "dictionary fields disagree";
         if (superblock.unsynced > 1) return "unknown sync state";
-        if (superblock.unsynced == 1 and superblock.synced_base >= superblock.generation) return "synced " ++
-            "base is not older than the superblock";
+        if (superblock.unsynced == 1 and superblock.synced_base >= superblock.generation)
+            return "synced " ++
+                "base is not older than the superblock";
         if (superblock.unsynced == 0 and superblock.synced_base != 0) return "synced superblock " ++
             "with a synced base";
         switch (superblock.getLayout()) {
             .empty => {
-                if (superblock.record_count != 0 or superblock.data_bytes != 0) return "empty layout holds data";
+                if (superblock.record_count != 0 or superblock.data_bytes != 0)
+                    return "empty layout holds data";
             },
             .fixed => {
                 if (superblock.record_bytes > record_bytes_max) return "record length out of range";
@@ -204,12 +207,15 @@ pub const Superblock = extern struct {
                     return "fixed layout size overflows";
                 if (total != superblock.data_bytes) return "fixed layout size disagrees with " ++
                     "data length";
-                if (superblock.data_file == 0 or superblock.sums_file == 0) return "fixed layout without files";
-                if (superblock.live_bytes != superblock.data_bytes) return "fixed layout with garbage";
+                if (superblock.data_file == 0 or superblock.sums_file == 0)
+                    return "fixed layout without files";
+                if (superblock.live_bytes != superblock.data_bytes)
+                    return "fixed layout with garbage";
             },
             .indexed => {
                 if (superblock.record_bytes != 0) return "indexed layout with record length";
-                if (superblock.data_file == 0 or superblock.index_file == 0) return "indexed layout without files";
+                if (superblock.data_file == 0 or superblock.index_file == 0)
+                    return "indexed layout without files";
             },
         }
         return null;
@@ -274,7 +280,8 @@ pub const Entry = extern struct {
         // A zstd block of 4 bytes (an RLE block) expands to at most 128 KiB,
         // so no frame decodes to more than this: a damaged length cannot
         // make a reader allocate without bound.
-        if (codec_value != .raw and entry.raw_bytes > stored *| zstd_expansion_max +| zstd_block_bytes_max) {
+        const frame_bytes_max = stored *| zstd_expansion_max +| zstd_block_bytes_max;
+        if (codec_value != .raw and entry.raw_bytes > frame_bytes_max) {
             return "compressed record claims more bytes than its frame can hold";
         }
         const end = std.math.add(u64, entry.offset, stored) catch return "record offset overflows";

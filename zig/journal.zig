@@ -166,7 +166,9 @@ pub fn checkPage(dir: io.Dir, file: io.File) Error!struct { start: u64, length: 
     var page: JournalPage = undefined;
     const got = try io.read(file, std.mem.asBytes(&page), 0);
     const length = try io.length(file);
-    if (got != @sizeOf(JournalPage) or length < page_bytes or !std.mem.eql(u8, &page.magic, &format.journal_magic)) {
+    if (got != @sizeOf(JournalPage) or length < page_bytes or
+        !std.mem.eql(u8, &page.magic, &format.journal_magic))
+    {
         return status.fail(
             error.Corrupt,
             "store '{s}' is damaged: journal '{s}' has no valid page; restore the store from a " ++
@@ -235,13 +237,16 @@ fn forEachRun(
         const first = patchStart(patches[next], stride) / block_bytes;
         var last = (patchStart(patches[next], stride) + stride - 1) / block_bytes;
         next += 1;
-        while (next < patches.len and patchStart(patches[next], stride) / block_bytes <= last + 1) : (next += 1) {
+        while (next < patches.len and
+            patchStart(patches[next], stride) / block_bytes <= last + 1) : (next += 1)
+        {
             last = @max(last, (patchStart(patches[next], stride) + stride - 1) / block_bytes);
         }
         var block = first;
         while (block <= last) {
             const start = block * block_bytes;
-            while (passed < patches.len and patchStart(patches[passed], stride) + stride <= start) passed += 1;
+            while (passed < patches.len and patchStart(patches[passed], stride) + stride <= start)
+                passed += 1;
             const block_end = runEnd(patches[passed..], stride, block, last);
             const end = @min(block_end * block_bytes, target.data_bytes);
             const image = covering(patches[passed..], stride, start, end) orelse image: {
@@ -298,7 +303,9 @@ fn runEnd(patches: []const Patch, stride: u64, block: u64, last: u64) u64 {
         if (patches[middle].row == patches[0].row + middle) rows = middle + 1 else beyond = middle;
     }
     // Back to back in memory at both ends; `covering` checks every row.
-    if (@intFromPtr(patches[rows - 1].bytes.ptr) != @intFromPtr(patches[0].bytes.ptr) + (rows - 1) * stride) return plain_end;
+    const first_row_at = @intFromPtr(patches[0].bytes.ptr);
+    const last_row_at = @intFromPtr(patches[rows - 1].bytes.ptr);
+    if (last_row_at != first_row_at + (rows - 1) * stride) return plain_end;
     const covered_end = @min(last + 1, (first_byte + rows * stride) / block_bytes);
     if (covered_end < covered_start + covered_blocks_min) return plain_end;
     if (block >= covered_start) return if (block < covered_end) @min(
@@ -333,7 +340,8 @@ fn covering(patches: []const Patch, stride: u64, start: u64, end: u64) ?[]const 
 fn backToBack(patches: []const Patch, stride: u64) usize {
     const base = @intFromPtr(patches[0].bytes.ptr);
     var count: usize = 1;
-    while (count < patches.len and @intFromPtr(patches[count].bytes.ptr) == base + count * stride) count += 1;
+    while (count < patches.len and @intFromPtr(patches[count].bytes.ptr) == base + count * stride)
+        count += 1;
     return count;
 }
 
@@ -613,7 +621,8 @@ fn writeRows(
                 // Only while hashing more rows follows to overlap it: the
                 // record's fdatasync starts the last piece's write-back
                 // as well, without a call of its own.
-                if (rest.len > 0 or k < patches.len) io.startWriteback(handle.file, at - piece.len, piece.len);
+                if (rest.len > 0 or k < patches.len)
+                    io.startWriteback(handle.file, at - piece.len, piece.len);
             }
             continue;
         }
@@ -690,7 +699,8 @@ fn load(
     var record: JournalRecord = undefined;
     if (try io.read(file, std.mem.asBytes(&record), offset) != @sizeOf(JournalRecord)) return null;
     if (!isNext(&record, sequence, superblock)) return null;
-    if (record.row_bytes != superblock.record_bytes or superblock.getLayout() != .fixed) return null;
+    if (record.row_bytes != superblock.record_bytes or superblock.getLayout() != .fixed)
+        return null;
     const body_bytes = record.bodyBytes() orelse return null;
     const total = std.mem.alignForward(u64, @sizeOf(JournalRecord) +| body_bytes, 8);
     if (record.total_bytes != total or total > file_bytes - offset) return null;
@@ -796,7 +806,8 @@ pub fn settledAlready(dir: io.Dir, lock_file: io.File, superblock: *const Superb
     var first: [page_bytes]u8 align(@alignOf(JournalRecord)) = undefined;
     if (try io.read(file, &first, 0) != page_bytes) return false;
     const header = std.mem.bytesToValue(JournalPage, first[0..@sizeOf(JournalPage)]);
-    if (!std.mem.eql(u8, &header.magic, &format.journal_magic) or header.version != format.journal_version) return false;
+    if (!std.mem.eql(u8, &header.magic, &format.journal_magic) or
+        header.version != format.journal_version) return false;
     const start = format.journalRecordsStart(header.version);
     const record = std.mem.bytesToValue(JournalRecord, first[start..][0..@sizeOf(JournalRecord)]);
     return !isNext(&record, superblock.journal_sequence + 1, superblock);

@@ -123,7 +123,9 @@ pub const DeletePlan = struct {
             const plan = cursor.plan;
             const doomed = plan.doomed;
             if (plan.keep_order) {
-                while (cursor.doomed_next < doomed.len and doomed[cursor.doomed_next] == cursor.old_row) {
+                while (cursor.doomed_next < doomed.len and
+                    doomed[cursor.doomed_next] == cursor.old_row)
+                {
                     cursor.doomed_next += 1;
                     cursor.old_row += 1;
                 }
@@ -146,7 +148,9 @@ pub const DeletePlan = struct {
             }
             cursor.doomed_next += 1;
             // The next survivor in the tail: skip tail rows that are doomed too.
-            while (cursor.tail_doomed < doomed.len and doomed[cursor.tail_doomed] == cursor.old_row) {
+            while (cursor.tail_doomed < doomed.len and
+                doomed[cursor.tail_doomed] == cursor.old_row)
+            {
                 cursor.tail_doomed += 1;
                 cursor.old_row += 1;
             }

@@ -117,7 +117,10 @@ fn checkedBytes(
                 .{ index, length, indices[0], target_stride },
             );
         }
-        const start = if (target_offsets) |offsets| offsets[k] else std.math.mul(u64, k, target_stride) catch std.math.maxInt(u64);
+        const start = if (target_offsets) |offsets|
+            offsets[k]
+        else
+            std.math.mul(u64, k, target_stride) catch std.math.maxInt(u64);
         const end = std.math.add(u64, start, length) catch std.math.maxInt(u64);
         if (end > target.len) {
             return status.fail(

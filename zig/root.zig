@@ -109,7 +109,12 @@ fn codecFrom(value: u32) status.Error!format.Codec {
 export fn lx_store_open(path: [*:0]const u8, threads: u32, flags: u32, out: *?*Store) c_int {
     status.clear();
     out.* = null;
-    const missing: Store.Missing = if (flags & 8 != 0) .refuse else if (flags & 4 != 0) .create_staged else .create;
+    const missing: Store.Missing = if (flags & 8 != 0)
+        .refuse
+    else if (flags & 4 != 0)
+        .create_staged
+    else
+        .create;
     const store = Store.openWith(
         std.mem.span(path),
         threads,

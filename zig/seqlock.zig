@@ -66,7 +66,8 @@ pub fn syncedGeneration(dir: io.Dir) ?u64 {
         status.clear();
         return null;
     };
-    if (got != @sizeOf(JournalPage) or !std.mem.eql(u8, &page.magic, &format.journal_magic)) return null;
+    if (got != @sizeOf(JournalPage) or !std.mem.eql(u8, &page.magic, &format.journal_magic))
+        return null;
     if (page.synced_check != format.syncedCheck(page.synced_generation)) return null;
     return page.synced_generation;
 }
@@ -114,6 +115,7 @@ pub fn readBegin(page: *const JournalPage) u64 {
 pub fn tailChecksum(page: ?*const JournalPage, superblock: *const Superblock) u64 {
     const shared = page orelse return superblock.tail_checksum;
     if (!std.mem.eql(u8, &shared.magic, &format.journal_magic)) return superblock.tail_checksum;
-    if (@atomicLoad(u64, &shared.tail_generation, .seq_cst) != superblock.generation) return superblock.tail_checksum;
+    const tail_generation = @atomicLoad(u64, &shared.tail_generation, .seq_cst);
+    if (tail_generation != superblock.generation) return superblock.tail_checksum;
     return @atomicLoad(u64, &shared.tail_checksum, .seq_cst);
 }

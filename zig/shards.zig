@@ -63,7 +63,10 @@ pub const RowIndex = struct {
             std.math.divCeil(u64, total, buckets_per_shard * shard_count) catch unreachable,
         );
         const bucket_shift: u6 = @intCast(std.math.log2_int_ceil(u64, bucket_rows_min));
-        const bucket_count: usize = if (total == 0) 0 else @intCast(((total - 1) >> bucket_shift) + 1);
+        const bucket_count: usize = if (total == 0)
+            0
+        else
+            @intCast(((total - 1) >> bucket_shift) + 1);
         assert(bucket_count <= buckets_per_shard * shard_count);
         const starts_copy = allocator.dupe(u64, row_starts) catch return error.OutOfMemory;
         errdefer allocator.free(starts_copy);
@@ -175,12 +178,15 @@ pub const Shards = struct {
         var plan = try Plan.make(shards, indices);
         defer plan.deinit();
         for (plan.positions, plan.offsets) |position, *offset| {
-            offset.* = if (target_offsets) |offsets| offsets[position] else std.math.mul(u64, position, record_bytes) catch
-                return status.fail(
-                    error.BufferTooSmall,
-                    "record {d} lands past the end of any destination",
-                    .{indices[position]},
-                );
+            offset.* = if (target_offsets) |offsets|
+                offsets[position]
+            else
+                std.math.mul(u64, position, record_bytes) catch
+                    return status.fail(
+                        error.BufferTooSmall,
+                        "record {d} lands past the end of any destination",
+                        .{indices[position]},
+                    );
         }
         try run(shards, &plan, target, if (target_offsets == null) record_bytes else null);
     }
@@ -193,7 +199,10 @@ pub const Shards = struct {
             .plan = plan,
             .target = target,
             .record_bytes = record_bytes,
-            .piece_records = if (record_bytes != null and record_bytes.? > 0) @max(1, (store_inline_bytes - 1) / record_bytes.?) else std.math.maxInt(usize),
+            .piece_records = if (record_bytes != null and record_bytes.? > 0)
+                @max(1, (store_inline_bytes - 1) / record_bytes.?)
+            else
+                std.math.maxInt(usize),
         };
         // Split by records, not by shards, so every thread gets an even share
         // however the batch falls into shards.
@@ -280,7 +289,8 @@ const Plan = struct {
         var group: usize = 0;
         for (plan.positions, plan.offsets, plan.locals, 0..) |position, shard, *local, i| {
             if (i > 0 and plan.offsets[i - 1] != shard) group += 1;
-            if (i == 0 or plan.offsets[i - 1] != shard) plan.groups[group] = .{ .shard = shard, .start = i, .end = i };
+            if (i == 0 or plan.offsets[i - 1] != shard)
+                plan.groups[group] = .{ .shard = shard, .start = i, .end = i };
             plan.groups[group].end = i + 1;
             local.* = indices[position] - shards.rows.row_starts[shard];
         }
@@ -413,7 +423,8 @@ const GatherJob = struct {
             // A fixed layout holds every record at one length, so only an
             // indexed shard needs its records' lengths checked one by one.
             const info = store.info();
-            const fixed = info.layout == @intFromEnum(format.Layout.fixed) and info.record_bytes == record_bytes;
+            const fixed = info.layout == @intFromEnum(format.Layout.fixed) and
+                info.record_bytes == record_bytes;
             if (!fixed) try checkLengths(store, locals, record_bytes);
         }
         try store.gather(locals, job.target, offsets);
@@ -497,7 +508,7 @@ test "a plan groups a batch by shard and keeps the caller's positions" {
     try std.testing.expectError(error.IndexOutOfRange, Plan.make(&shards, &.{9}));
 }
 
-test "sortByShard groups positions by shard and keeps their order within a shard, over one to three digit passes" {
+test "sortByShard groups positions by shard, in order within one, in 1 to 3 digit passes" {
     var prng = std.Random.DefaultPrng.init(7);
     const random = prng.random();
     for ([_]usize{ 1, 2, 64, 300, 70_000, shard_count_max }) |shard_count| {

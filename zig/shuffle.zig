@@ -53,7 +53,9 @@ fn transpose(
     const source_start = @intFromPtr(source.ptr);
     const target_start = @intFromPtr(target.ptr);
     assert(
-        source_start + source.len <= target_start or target_start + target.len <= source_start or source.len == 0,
+        source_start + source.len <= target_start or
+            target_start + target.len <= source_start or
+            source.len == 0,
     );
     const n = source.len / E;
     var i: usize = 0;
@@ -150,7 +152,7 @@ fn referenceShuffle(element_bytes: usize, source: []const u8, target: []u8) void
     @memcpy(target[n * element_bytes ..], source[n * element_bytes ..]);
 }
 
-test "shuffle matches the definition and unshuffle undoes it, for every length around the block edges" {
+test "shuffle matches the definition and unshuffle undoes it, at every length near a block edge" {
     var prng = std.Random.DefaultPrng.init(14);
     var source: [700]u8 = undefined;
     prng.random().bytes(&source);

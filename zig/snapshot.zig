@@ -172,7 +172,8 @@ pub const Snapshot = struct {
         snapshot.* = .{ .superblock = superblock, .dictionary = dictionary };
         errdefer snapshot.discard(previous);
         const old: [4]?*Mapping = if (previous) |p| p.mappings() else .{ null, null, null, null };
-        if (superblock.getLayout() == .fixed) snapshot.journal = old[3] orelse try Mapping.openSharedPage(dir);
+        if (superblock.getLayout() == .fixed)
+            snapshot.journal = old[3] orelse try Mapping.openSharedPage(dir);
         switch (superblock.getLayout()) {
             .empty => {},
             .fixed => {

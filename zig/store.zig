@@ -143,7 +143,10 @@ pub const Store = struct {
         if (path.len == 0) return status.fail(error.InvalidArgument, "store path is empty", .{});
         const path_copy = allocator.dupe(u8, path) catch return error.OutOfMemory;
         errdefer allocator.free(path_copy);
-        const dir = if (missing == .refuse) try io.openDir(path_copy) else try openOrCreateDir(path_copy);
+        const dir = if (missing == .refuse)
+            try io.openDir(path_copy)
+        else
+            try openOrCreateDir(path_copy);
         errdefer io.closeDir(dir);
         const store = allocator.create(Store) catch return error.OutOfMemory;
         errdefer allocator.destroy(store);
@@ -160,7 +163,8 @@ pub const Store = struct {
         // A new store has no superblock yet: looked for only when the read
         // finds none, so an open of an existing store makes no extra call.
         const snapshot = store.loadSnapshot(null) catch |err| retry: {
-            if (err != error.NotAStore or missing == .refuse or io.exists(store.dir, superblock_file.file_name)) return err;
+            if (err != error.NotAStore or missing == .refuse) return err;
+            if (io.exists(store.dir, superblock_file.file_name)) return err;
             const staged = missing == .create_staged;
             try store.ensureSuperblock(staged);
             store.created_unsynced = staged;
@@ -183,7 +187,8 @@ pub const Store = struct {
                 // Checkpointed: the journal goes back to its page. A failure
                 // leaves dead records, which the next writer cuts.
                 if (writer.journal) |*handle| {
-                    if (!writer.poisoned and !writer.journalPending(&store.head().superblock)) handle.trim() catch {};
+                    if (!writer.poisoned and !writer.journalPending(&store.head().superblock))
+                        handle.trim() catch {};
                 }
             }
         }
@@ -253,9 +258,13 @@ pub const Store = struct {
         const attempts_max = 8;
         var attempt: u32 = 0;
         while (true) : (attempt += 1) {
-            const loaded = if (store.writer) |writer| try superblock_file.readFile(store.dir, writer.superblock) else try superblock_file.read(store.dir);
+            const loaded = if (store.writer) |writer|
+                try superblock_file.readFile(store.dir, writer.superblock)
+            else
+                try superblock_file.read(store.dir);
             var superblock = loaded.superblock;
-            const unsynced_lost = superblock.unsynced != 0 and !try store.unsyncedSound(loaded, current);
+            const unsynced_lost = superblock.unsynced != 0 and
+                !try store.unsyncedSound(loaded, current);
             if (unsynced_lost) superblock = try store.syncedBase(loaded);
             store.judgeSlots(loaded, &superblock, unsynced_lost);
             if (current) |snapshot| {
@@ -263,11 +272,17 @@ pub const Store = struct {
             }
             // A data or sums file gone while settling: as for Snapshot.build.
             store.settleJournal(&superblock) catch |err| switch (err) {
-                error.NotFound => if (attempt + 1 < attempts_max) continue else return store.missingFile(),
+                error.NotFound => if (attempt + 1 < attempts_max)
+                    continue
+                else
+                    return store.missingFile(),
                 else => return err,
             };
             const dictionary = store.loadDictionary(superblock) catch |err| switch (err) {
-                error.NotFound => if (attempt + 1 < attempts_max) continue else return store.missingFile(),
+                error.NotFound => if (attempt + 1 < attempts_max)
+                    continue
+                else
+                    return store.missingFile(),
                 else => return err,
             };
             return Snapshot.build(
@@ -276,7 +291,10 @@ pub const Store = struct {
                 current,
                 dictionary,
             ) catch |err| switch (err) {
-                error.NotFound => if (attempt + 1 < attempts_max) continue else return store.missingFile(),
+                error.NotFound => if (attempt + 1 < attempts_max)
+                    continue
+                else
+                    return store.missingFile(),
                 else => return err,
             };
         }
@@ -712,7 +730,8 @@ pub const Store = struct {
         for (0..stale_retries_max) |_| {
             var generation: u64 = undefined;
             const outcome = store.gatherOnce(indices, target, target_offsets, &generation);
-            if (outcome != error.ChecksumMismatch or !try store.refreshIfStale(generation)) return outcome;
+            if (outcome != error.ChecksumMismatch) return outcome;
+            if (!try store.refreshIfStale(generation)) return outcome;
         }
         var generation: u64 = undefined;
         return store.gatherOnce(indices, target, target_offsets, &generation);
@@ -756,7 +775,8 @@ pub const Store = struct {
     /// whether it did.
     fn refreshIfStale(store: *Store, generation: u64) Error!bool {
         if (store.writer != null) return false;
-        if (store.head().superblock.generation != generation) return true; // Another thread refreshed.
+        // Another thread refreshed.
+        if (store.head().superblock.generation != generation) return true;
         const on_disk = superblock_file.read(store.dir) catch return false;
         if (on_disk.superblock.generation == generation) return false;
         try store.refresh();
@@ -833,11 +853,12 @@ pub const Store = struct {
         }
         try checkCodec(current, record_codec);
         const superblock = current.superblock;
-        const fits_fixed = record_codec == .raw and length != null and switch (superblock.getLayout()) {
-            .empty => true,
-            .fixed => length.? == superblock.record_bytes,
-            .indexed => false,
-        };
+        const fits_fixed = record_codec == .raw and length != null and
+            switch (superblock.getLayout()) {
+                .empty => true,
+                .fixed => length.? == superblock.record_bytes,
+                .indexed => false,
+            };
         if (fits_fixed) {
             const payload = source[offsets[0]..];
             try store.publish(
@@ -894,7 +915,9 @@ pub const Store = struct {
             }
         }
         const superblock = current.superblock;
-        if (superblock.getLayout() == .fixed and record_codec == .raw and length != null and length.? == superblock.record_bytes) {
+        const fits_fixed = superblock.getLayout() == .fixed and record_codec == .raw and
+            length != null and length.? == superblock.record_bytes;
+        if (fits_fixed) {
             try store.replaceInPlace(indices, ascending, source, offsets);
         } else {
             if (superblock.getLayout() == .fixed) {
@@ -1134,7 +1157,7 @@ test "append, gather and reopen round trip in both layouts" {
     try testing.expectEqualStrings("ddaaaaccccbbbb", &target);
 }
 
-test "a failed append gives its partial bytes back at once: every file is cut to what is committed" {
+test "a failed append gives its bytes back at once: every file is cut to what is committed" {
     // ENOSPC at each write of an append that grows an indexed store: the
     // data file must not keep the bytes written before the failure until
     // some later write. (A failed superblock write poisons the writer: the
@@ -1221,9 +1244,16 @@ fn patchSuperblock(path: []const u8, at: u64, value: ?u8, zero_slot: ?u1) !void 
     }
 }
 
-test "a slot that held a commit and lost its magic, or a synced generation gone, is damage; a torn slot is not" {
+test "a slot that lost its magic after a commit, or a lost synced generation, is damage" {
     const path = "judged";
-    const Case = struct { zero: ?u1, flip_newest: bool, flip_older: bool, forget_synced: bool, generation: u64, damaged: bool };
+    const Case = struct {
+        zero: ?u1,
+        flip_newest: bool,
+        flip_older: bool,
+        forget_synced: bool,
+        generation: u64,
+        damaged: bool,
+    };
     // Three durable appends: generation 3 in slot 1, generation 2 in slot 0.
     const cases = [_]Case{
         .{
@@ -1338,7 +1368,7 @@ test "delete in both modes matches repeated swap-remove and order-keeping remova
     }
 }
 
-test "a fixed append written in pieces checksums every block; only a durable or new store starts write-back" {
+test "a fixed append in pieces sums every block; a durable or new store starts write-back" {
     // Rows of 7 bytes: blocks and pieces end mid-row, and each append after
     // the first starts in a partly filled block.
     const row = 7;
@@ -1376,7 +1406,7 @@ test "a fixed append written in pieces checksums every block; only a durable or 
     }
 }
 
-test "a staged store is created without syncs; sync() or its first durable append makes it durable" {
+test "a staged store is created without syncs; sync() or a durable append makes it durable" {
     for (0..8) |seed| {
         simulated.reset();
         try io.makePath("staged");
@@ -1387,7 +1417,8 @@ test "a staged store is created without syncs; sync() or its first durable appen
         try testing.expectEqual(dirs_before, simulated.kindCount(.sync_dir));
         try store.sync();
         try testing.expect(
-            simulated.kindCount(.sync_file) > files_before and simulated.kindCount(.sync_dir) > dirs_before,
+            simulated.kindCount(.sync_file) > files_before and
+                simulated.kindCount(.sync_dir) > dirs_before,
         );
         store.close();
         simulated.powerLoss(seed);
@@ -1416,7 +1447,7 @@ test "a staged store is created without syncs; sync() or its first durable appen
     }
 }
 
-test "an open that finds the journal at its page alone resets a stale shared page, as a replay would" {
+test "an open that finds the journal at its page alone resets a stale shared page" {
     // The lock file is never synced: a power loss can leave its page odd
     // (written back mid-replace) or with an old tail checksum after a later
     // checkpoint cut the journal back to its page. The fast path of
@@ -1523,7 +1554,7 @@ test "regression: a small record after one larger than a growth step does not ze
     for (target[stride..]) |byte| try testing.expectEqual(@as(u8, 3), byte);
 }
 
-test "a replace of rows back to back in memory, read from the caller (no copy), survives a kill and a reopen" {
+test "a replace of rows back to back in memory (no copy) survives a kill and a reopen" {
     // Covers the zero-copy paths: runs the rows cover whole (`covering`,
     // with `runEnd` splitting off the two edge blocks) and rows written
     // to the journal straight from the caller (`direct_bytes_min`), live

@@ -149,7 +149,9 @@ pub fn readFile(dir: io.Dir, file: io.File) Error!Loaded {
             .unusable = unusable,
         };
     }
-    if (std.mem.eql(u8, reasons[0].?, "wrong magic") and std.mem.eql(u8, reasons[1].?, "wrong magic")) {
+    if (std.mem.eql(u8, reasons[0].?, "wrong magic") and
+        std.mem.eql(u8, reasons[1].?, "wrong magic"))
+    {
         return status.fail(
             error.NotAStore,
             "'{s}' is not a zrecord store (its superblock has the wrong magic)",

@@ -157,7 +157,10 @@ const Generator = struct {
     ) ![]const []const u8 {
         const list = try generator.arena.alloc([]const u8, count);
         for (list) |*item| {
-            const length = if (fixed) fixed_record_bytes else generator.random.uintAtMost(usize, 1500);
+            const length = if (fixed)
+                fixed_record_bytes
+            else
+                generator.random.uintAtMost(usize, 1500);
             item.* = try generator.record(length, record_codec != .raw);
         }
         return list;
@@ -492,7 +495,10 @@ fn powerLossTrial(
     // sync (or reopen: close syncs) or any later one, whole.
     const in_flight = @min(acknowledged + 1, states.len - 1);
     // A killed process loses nothing the page cache holds, in either mode.
-    const oldest = if (workload_durable or seed == null) acknowledged else lastSync(operations[0..acknowledged]);
+    const oldest = if (workload_durable or seed == null)
+        acknowledged
+    else
+        lastSync(operations[0..acknowledged]);
     var candidate = in_flight + 1;
     const expected = while (candidate > oldest) {
         candidate -= 1;
@@ -623,7 +629,8 @@ fn faultTrial(
             try after.apply(arena, operation);
             const reader = try Store.open(path, 1, true, true);
             defer reader.close();
-            const committed = poisoned and operation == .replace and try sameRecords(reader, &after, arena);
+            const committed = poisoned and operation == .replace and
+                try sameRecords(reader, &after, arena);
             try expectRecords(reader, if (committed) &after else &model, arena);
             if (store) |handle| try expectRecords(handle, &model, arena);
             // The store works again: at once, or after a reopen.
@@ -745,7 +752,8 @@ test "a failed sync is not retried into a false success" {
     // The writer refuses until reopened, and says why.
     try testing.expectError(error.Io, store.append("ijkl", &.{0}, .raw));
     try testing.expect(
-        std.mem.indexOf(u8, status.message(), "reopen") != null or std.mem.indexOf(u8, status.message(), "open it again") != null,
+        std.mem.indexOf(u8, status.message(), "reopen") != null or
+            std.mem.indexOf(u8, status.message(), "open it again") != null,
     );
     store.close();
     const reopened = try Store.open(path, 1, true, true);
@@ -821,7 +829,7 @@ test "recovery truncates files past their committed length and deletes orphans" 
     try testing.expectEqualStrings("abcdefghijkl", &target);
 }
 
-test "a durable store's first replace after reopen makes one sync, and its journal survives a power cut" {
+test "a durable store's first replace after reopen: one sync; its journal survives a power cut" {
     // The append that creates a fixed store creates its journal too, under
     // the syncs it makes anyway: the first replace only syncs its record.
     for (0..20) |seed| {

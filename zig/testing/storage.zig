@@ -31,7 +31,22 @@ const backing = std.heap.c_allocator;
 pub const file_bytes_max: u64 = 16 << 20;
 pub const sector_bytes: u64 = 512;
 
-pub const Kind = enum { open, create, read, write, length, set_length, sync_file, sync_dir, make_dir, link, unlink, list, lock, map };
+pub const Kind = enum {
+    open,
+    create,
+    read,
+    write,
+    length,
+    set_length,
+    sync_file,
+    sync_dir,
+    make_dir,
+    link,
+    unlink,
+    list,
+    lock,
+    map,
+};
 pub const Fault = enum { eio, enospc, short_write, sync_fails };
 
 const Pending = struct {
