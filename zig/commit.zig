@@ -196,6 +196,9 @@ pub fn recover(context: Context) Error!void {
 /// `head_synced`: the head's slot was synced just now, by a durable commit.
 fn recoverWith(context: Context, head_synced: bool) Error!void {
     const superblock = context.head.superblock;
+    assert(!context.writer.poisoned);
+    // Only a durable commit syncs the head's slot.
+    assert(!head_synced or superblock.unsynced == 0);
     const keep = [_]struct { kind: format.FileKind, id: u64, bytes: u64 }{
         .{ .kind = .data, .id = superblock.data_file, .bytes = superblock.data_bytes },
         .{
@@ -378,6 +381,7 @@ pub fn finish(context: Context, pending: Pending) void {
 /// Syncs every file `snapshot` names and the directory: the writes of the
 /// commits a durable=False store made without syncing.
 fn syncNamed(context: Context, snapshot: *const Snapshot) Error!void {
+    assert(snapshot.superblock.unsynced == 0 and !context.durable);
     // Not the shared page (the lock file): it is never synced.
     for ([_]?*snapshot_module.Mapping{ snapshot.data, snapshot.index, snapshot.sums }) |mapping| {
         if (mapping) |m| try syncFileNow(context, m.file);
@@ -404,6 +408,7 @@ fn checkpointJournal(context: Context, next: *Superblock, synced: bool) Error!vo
             try syncFileNow(context, sums.file);
     }
     next.journal_sequence = handle.last_sequence;
+    assert(next.journal_sequence >= previous.superblock.journal_sequence);
 }
 
 /// Deletes files the current superblock no longer names. Only called after
@@ -412,6 +417,7 @@ fn checkpointJournal(context: Context, next: *Superblock, synced: bool) Error!vo
 /// state may still name them.
 pub fn unlinkReplaced(context: Context, old: Superblock) void {
     const now = context.head.superblock;
+    assert(old.generation < now.generation);
     if (now.unsynced != 0) {
         context.writer.stale = true; // The next sync deletes them.
         return;

@@ -78,6 +78,7 @@ pub const Handle = struct {
             try io.write(handle.file, zeros[0..step], handle.allocated);
             handle.allocated += step;
         }
+        assert(handle.allocated >= needed);
     }
 
     /// Starts over after a checkpoint. The file keeps its length while the
@@ -121,6 +122,7 @@ fn fileName(buffer: *[format.file_name_bytes]u8, id: u64) [:0]const u8 {
 /// Creates journal file `id` whole (its page written and synced) before any
 /// superblock names it.
 pub fn createFile(dir: io.Dir, id: u64, superblock: *const Superblock) Error!void {
+    assert(id != 0 and id > superblock.generation or id == superblock.data_file);
     var name_buffer: [format.file_name_bytes]u8 = undefined;
     const file = try io.createFile(dir, fileName(&name_buffer, id), true);
     defer io.closeFile(file);
@@ -230,6 +232,7 @@ fn forEachRun(
     comptime visit: anytype,
 ) Error!void {
     assert(scratch.len == run_blocks_max * block_bytes);
+    assert(target.stride > 0 and patches.len > 0);
     const stride = target.stride;
     var passed: usize = 0; // Patches before it end at or before the current run.
     var next: usize = 0;
@@ -338,6 +341,7 @@ fn covering(patches: []const Patch, stride: u64, start: u64, end: u64) ?[]const 
 /// How many of `patches`, from the first, lie back to back in memory (each
 /// row's bytes right after the previous row's).
 fn backToBack(patches: []const Patch, stride: u64) usize {
+    assert(patches.len > 0);
     const base = @intFromPtr(patches[0].bytes.ptr);
     var count: usize = 1;
     while (count < patches.len and @intFromPtr(patches[count].bytes.ptr) == base + count * stride)
@@ -403,6 +407,7 @@ fn apply(
 }
 
 fn writeSums(target: Target, blocks: []const u64, sums: []const u64) Error!void {
+    assert(blocks.len == sums.len);
     var k: usize = 0;
     while (k < blocks.len) {
         var run: usize = 1;
@@ -423,6 +428,7 @@ pub fn withNewJournal(dir: io.Dir, current: Superblock) Error!Superblock {
     var next = current;
     next.journal_file = next.generation + 1;
     next.journal_sequence = 0;
+    assert(next.journal_file > current.generation);
     try createFile(dir, next.journal_file, &next);
     return next;
 }
@@ -443,6 +449,7 @@ pub fn patchesOf(
         patch.* = .{ .row = index, .bytes = source[offset..][0..stride] };
     }
     if (!ascending) std.mem.sort(Patch, patches, {}, Patch.lessThan);
+    assert(std.sort.isSorted(Patch, patches, {}, Patch.lessThan));
     return patches;
 }
 
@@ -460,6 +467,8 @@ pub fn replace(
     tail_now: u64,
     poisoned: *bool,
 ) Error!u64 {
+    assert(patches.len > 0 and target.stride == superblock.record_bytes);
+    assert(handle.last_sequence >= superblock.journal_sequence);
     const scratch = allocator.alloc(
         u8,
         run_blocks_max * block_bytes,
@@ -481,6 +490,7 @@ pub fn replace(
     );
     handle.end += record_bytes;
     handle.last_sequence += 1;
+    assert(record_bytes % 8 == 0 and handle.end <= handle.allocated);
     handle.lock();
     defer handle.unlock(superblock.generation, tail_checksum);
     // One run (a row, or rows close together): its patched image is still
@@ -525,6 +535,7 @@ fn writeRecord(
     const lists_bytes = (k + 2 * blocks.len) * 8;
     const body_bytes = lists_bytes + k * stride;
     const total = std.mem.alignForward(u64, @sizeOf(JournalRecord) + body_bytes, 8);
+    assert(blocks.len == sums.len and k > 0);
     // The header and the row, block and sum lists.
     const head = allocator.alignedAlloc(
         u8,
@@ -775,6 +786,8 @@ pub fn replay(handle: *Handle, target: Target, superblock: *const Superblock) Er
     }
     handle.end = offset;
     handle.last_sequence = sequence - 1;
+    // The reader's side of writeRecord's sequence: one per record, in order.
+    assert(handle.last_sequence == superblock.journal_sequence + records);
     return .{ .records = records, .tail_checksum = tail_checksum };
 }
 
@@ -879,6 +892,7 @@ pub const OpenTarget = struct {
         }
         open_target.target = try openTarget(dir, superblock);
         open_target.ids = .{ superblock.data_file, superblock.sums_file };
+        assert(open_target.target.?.stride == superblock.record_bytes);
         return open_target.target.?;
     }
 

@@ -28,6 +28,7 @@ pub fn lockPage(memory: io.WritableMemory) void {
     const word = &pageOf(memory).sequence_lock;
     const value = @atomicLoad(u64, word, .seq_cst);
     @atomicStore(u64, word, value | 1, .seq_cst);
+    assert(@atomicLoad(u64, word, .seq_cst) % 2 == 1);
 }
 
 /// Names `generation` and its tail checksum in the page, and makes the
@@ -38,16 +39,21 @@ pub fn unlockPage(memory: io.WritableMemory, generation: u64, tail_checksum: u64
     @atomicStore(u64, &shared.tail_generation, generation, .seq_cst);
     const value = @atomicLoad(u64, &shared.sequence_lock, .seq_cst);
     @atomicStore(u64, &shared.sequence_lock, (value | 1) +% 1, .seq_cst);
+    assert(@atomicLoad(u64, &shared.sequence_lock, .seq_cst) % 2 == 0);
+    assert(@atomicLoad(u64, &shared.tail_generation, .seq_cst) == generation);
 }
 
 /// Records in the page that `generation` is durable. Called only after its
 /// slot was synced; the check goes last, so a reader that sees the pair
 /// half written takes it for no record.
 pub fn recordSynced(memory: io.WritableMemory, generation: u64) void {
+    assert(generation > 0);
     const shared = pageOf(memory);
     @atomicStore(u64, &shared.synced_check, 0, .seq_cst);
     @atomicStore(u64, &shared.synced_generation, generation, .seq_cst);
     @atomicStore(u64, &shared.synced_check, format.syncedCheck(generation), .seq_cst);
+    // The pair a reader accepts (`syncedGeneration`).
+    assert(shared.synced_check == format.syncedCheck(shared.synced_generation));
 }
 
 /// The newest generation a writer of the store in `dir` recorded as
@@ -76,7 +82,9 @@ pub fn syncedGeneration(dir: io.Dir) ?u64 {
 /// page first when it holds none.
 pub fn mapPage(lock_file: io.File) Error!io.WritableMemory {
     try ensureSharedPage(lock_file);
-    return io.mapWritable(lock_file, shared_page_bytes);
+    const memory = try io.mapWritable(lock_file, shared_page_bytes);
+    assert(memory.len >= shared_page_bytes);
+    return memory;
 }
 
 /// The shared page lives in the lock file, which is never synced: the

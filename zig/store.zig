@@ -335,6 +335,7 @@ pub const Store = struct {
         unsynced_lost: bool,
     ) void {
         store.fell_back = loaded.fell_back or unsynced_lost;
+        defer assert(!store.damaged or store.fell_back);
         store.damaged = false;
         store.fall_back_reason_len = 0;
         const generation = opened.generation;
@@ -518,6 +519,7 @@ pub const Store = struct {
         dictionary.* = try codec.Dictionary.init(bytes);
         store.dictionary = dictionary;
         store.dictionary_file = superblock.dict_file;
+        assert(store.dictionary_file != 0);
         return dictionary;
     }
 
@@ -580,6 +582,7 @@ pub const Store = struct {
         if (superblock.journal_file == 0) return;
         const writer = &store.writer.?;
         // Held by the writer at once: begin's errdefer closes it.
+        assert(writer.journal == null and superblock.getLayout() == .fixed);
         writer.journal = try journal.open(store.dir, &superblock, writer.page);
         const replayed = try journal.settle(store.dir, &writer.journal.?, &superblock);
         if (replayed.records > 0) {
@@ -591,6 +594,7 @@ pub const Store = struct {
         // A new writer starts from a journal cut back to its page.
         writer.journal.?.restart();
         try writer.journal.?.trim();
+        assert(!writer.journalPending(&store.head().superblock));
     }
 
     /// Commits what a layout wrote and publishes it, then deletes the files
@@ -627,6 +631,8 @@ pub const Store = struct {
         } else if (!writer.stale) return;
         try commit.recover(store.commitContext());
         writer.stale = false;
+        assert(store.head().superblock.unsynced == 0);
+        assert(!writer.journalPending(&store.head().superblock));
     }
 
     /// An in-place replace of rows of the fixed layout, journaled
@@ -638,6 +644,7 @@ pub const Store = struct {
         source: []const u8,
         offsets: []const u64,
     ) Error!void {
+        assert(store.head().layout() == .fixed and indices.len == offsets.len);
         const stride = store.head().superblock.record_bytes;
         // Records of zero bytes: every replace leaves them as they are.
         if (stride == 0) return;
@@ -681,6 +688,7 @@ pub const Store = struct {
         // The in-place state is published in the head's superblock and in
         // the shared page (journal.replace), not as a new generation.
         base.superblock.tail_checksum = tail;
+        assert(writer.journalPending(&base.superblock) and base == store.head());
     }
 
     // ---- reads ----------------------------------------------------------
@@ -974,6 +982,7 @@ pub const Store = struct {
         if (current.layout() != .indexed) return;
         if (current.superblock.live_bytes == current.superblock.data_bytes) return;
         try store.publish(try indexed.compact(store.commitContext()));
+        assert(store.head().superblock.live_bytes == store.head().superblock.data_bytes);
     }
 
     /// Makes every commit so far durable. With durable=True they are when
@@ -1062,6 +1071,7 @@ pub const Store = struct {
         try commit.syncFile(context, file);
         try commit.syncDir(context);
         try store.commitNext(next, store.durable);
+        assert(store.head().superblock.dict_file == next.dict_file);
         return bytes.len;
     }
 };
@@ -1105,6 +1115,7 @@ fn strictlyAscending(indices: []const u64) bool {
 fn sortedCopy(indices: []const u64) Error![]u64 {
     const copy = allocator.dupe(u64, indices) catch return error.OutOfMemory;
     std.mem.sort(u64, copy, {}, std.sort.asc(u64));
+    assert(std.sort.isSorted(u64, copy, {}, std.sort.asc(u64)));
     return copy;
 }
 
@@ -1117,6 +1128,7 @@ fn dedupe(sorted: []u64) []u64 {
             kept += 1;
         }
     }
+    assert(strictlyAscending(sorted[0..kept]));
     return sorted[0..kept];
 }
 
