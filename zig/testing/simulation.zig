@@ -459,10 +459,9 @@ fn powerLossTrial(
     storage.reset();
     storage.trace = trace_call == crash_call;
     defer storage.trace = false;
-    if (storage.trace) for (operations, 0..) |operation, k| std.debug.print(
-        "operation {d}: {s}\n",
-        .{ k, @tagName(operation) },
-    );
+    if (storage.trace) for (operations, 0..) |operation, k| {
+        std.debug.print("operation {d}: {s}\n", .{ k, @tagName(operation) });
+    };
     storage.powerOffAt(crash_call);
     var store: ?*Store = null;
     var acknowledged: usize = 0;
@@ -489,10 +488,31 @@ fn powerLossTrial(
         );
         return error.TestUnexpectedResult;
     }
-    // durable=True: every commit is durable when it returns, so the store
-    // holds the state after the acknowledged operations, or after the one
-    // in flight too. durable=False: the state at the last acknowledged
-    // sync (or reopen: close syncs) or any later one, whole.
+    const trial = Trial{ .crash_call = crash_call, .seed = seed, .arena = arena };
+    const expected = try survivingState(reopened, operations, states, acknowledged, trial);
+    try expectState(reopened, expected, arena);
+    return true;
+}
+
+/// Which power-loss trial runs: where the crash came, and how.
+const Trial = struct { crash_call: u64, seed: ?u64, arena: std.mem.Allocator };
+
+/// The model state the store reopened after a crash holds, or a failure
+/// naming the trial. durable=True: every commit is durable when it
+/// returns, so the store holds the state after the acknowledged
+/// operations, or after the one in flight too. durable=False: the state at
+/// the last acknowledged sync (or reopen: close syncs) or any later one,
+/// whole.
+fn survivingState(
+    reopened: *Store,
+    operations: []const Operation,
+    states: []const Model,
+    acknowledged: usize,
+    trial: Trial,
+) !*const Model {
+    const arena = trial.arena;
+    const crash_call = trial.crash_call;
+    const seed = trial.seed;
     const in_flight = @min(acknowledged + 1, states.len - 1);
     // A killed process loses nothing the page cache holds, in either mode.
     const oldest = if (workload_durable or seed == null)
@@ -520,8 +540,7 @@ fn powerLossTrial(
         );
         return error.TestUnexpectedResult;
     };
-    try expectState(reopened, expected, arena);
-    return true;
+    return expected;
 }
 
 /// LOADERX_SIM_TRACE=n prints every I/O call of the power-loss trials that
