@@ -65,7 +65,10 @@ pub const Dictionary = struct {
         const compressor = zstd.ZSTD_createCDict(bytes.ptr, bytes.len, format.zstd_level) orelse
             return error.OutOfMemory;
         errdefer _ = zstd.ZSTD_freeCDict(compressor);
-        const decompressor = zstd.ZSTD_createDDict(bytes.ptr, bytes.len) orelse return error.OutOfMemory;
+        const decompressor = zstd.ZSTD_createDDict(
+            bytes.ptr,
+            bytes.len,
+        ) orelse return error.OutOfMemory;
         return .{ .compress = compressor, .decompress = decompressor };
     }
 
@@ -117,9 +120,23 @@ pub fn compress(
         break :blk shuffled;
     };
     const written = if (codec.usesDictionary())
-        zstd.ZSTD_compress_usingCDict(encoder, target.ptr, target.len, input.ptr, input.len, dictionary.?.compress)
+        zstd.ZSTD_compress_usingCDict(
+            encoder,
+            target.ptr,
+            target.len,
+            input.ptr,
+            input.len,
+            dictionary.?.compress,
+        )
     else
-        zstd.ZSTD_compressCCtx(encoder, target.ptr, target.len, input.ptr, input.len, format.zstd_level);
+        zstd.ZSTD_compressCCtx(
+            encoder,
+            target.ptr,
+            target.len,
+            input.ptr,
+            input.len,
+            format.zstd_level,
+        );
     if (zstd.isError(written)) return error.Codec;
     return written;
 }
@@ -144,9 +161,22 @@ pub fn decode(
     const element_bytes = codec.elementBytes();
     const frame_target = if (element_bytes == 1) target else try scratch.get(target.len);
     const written = if (!codec.usesDictionary())
-        zstd.ZSTD_decompressDCtx(context, frame_target.ptr, frame_target.len, payload.ptr, payload.len)
+        zstd.ZSTD_decompressDCtx(
+            context,
+            frame_target.ptr,
+            frame_target.len,
+            payload.ptr,
+            payload.len,
+        )
     else if (dictionary) |loaded|
-        zstd.ZSTD_decompress_usingDDict(context, frame_target.ptr, frame_target.len, payload.ptr, payload.len, loaded.decompress)
+        zstd.ZSTD_decompress_usingDDict(
+            context,
+            frame_target.ptr,
+            frame_target.len,
+            payload.ptr,
+            payload.len,
+            loaded.decompress,
+        )
     else
         return error.NoDictionary;
     if (zstd.isError(written) or written != target.len) return error.Corrupt;
@@ -172,10 +202,13 @@ test "a zstd round trip through pooled contexts restores the bytes" {
     defer giveDecoder(decoder);
     try decode(decoder, .zstd, null, frame[0..frame_bytes], &target, &scratch);
     try std.testing.expectEqualSlices(u8, &source, &target);
-    try std.testing.expectError(error.Corrupt, decode(decoder, .zstd, null, frame[0..frame_bytes], target[0..100], &scratch));
+    try std.testing.expectError(
+        error.Corrupt,
+        decode(decoder, .zstd, null, frame[0..frame_bytes], target[0..100], &scratch),
+    );
 }
 
-test "a shuffled record is a standard frame of the shuffled bytes, smaller than the plain frame on smooth numbers" {
+test "a shuffled record is a standard frame of the shuffled bytes, smaller on smooth numbers" {
     // A slowly rising float32 signal: its high bytes repeat, its low bytes do not.
     var values: [2048]f32 = undefined;
     for (&values, 0..) |*value, index| value.* = 1000.0 + @as(f32, @floatFromInt(index)) * 0.37;
@@ -189,7 +222,14 @@ test "a shuffled record is a standard frame of the shuffled bytes, smaller than 
     const encoder = try takeEncoder();
     defer giveEncoder(encoder);
     const plain_bytes = try compress(encoder, .zstd, null, source, &plain_frame, &scratch);
-    const shuffled_bytes = try compress(encoder, .zstd_shuffle4, null, source, &shuffled_frame, &scratch);
+    const shuffled_bytes = try compress(
+        encoder,
+        .zstd_shuffle4,
+        null,
+        source,
+        &shuffled_frame,
+        &scratch,
+    );
     try std.testing.expect(shuffled_bytes < plain_bytes);
     // Plain ZSTD_decompress (no loaderx state) yields the shuffled bytes.
     var frame_content: [8192]u8 = undefined;

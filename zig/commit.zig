@@ -16,12 +16,13 @@
 const std = @import("std");
 const builtin = @import("builtin");
 const format = @import("format.zig");
+const codec = @import("codec.zig");
 const status = @import("status.zig");
 const io = @import("io.zig");
 const superblock_file = @import("superblock.zig");
 const snapshot_module = @import("snapshot.zig");
 const journal = @import("journal.zig");
-const Store = @import("store.zig").Store;
+const seqlock = @import("seqlock.zig");
 
 const assert = std.debug.assert;
 const allocator = std.heap.c_allocator;
@@ -51,15 +52,14 @@ pub const Writer = struct {
     journal: ?journal.Handle = null,
     /// Read-write handles of the data and sums files replaces write into,
     /// and the files they are.
-    target: ?journal.Target = null,
-    target_ids: [2]u64 = .{ 0, 0 },
+    target: journal.OpenTarget = .{},
     /// An append synced the data and sums files after the last in-place
     /// replace: the checkpoint in its commit need not sync them again.
     journal_synced: bool = false,
 
     pub fn close(writer: *Writer) void {
         if (writer.journal) |*handle| handle.close();
-        if (writer.target) |target| journal.closeTarget(target);
+        writer.target.close();
         io.unmapWritable(writer.page);
         io.closeFile(writer.superblock);
         io.closeFile(writer.lock); // Closing the descriptor releases the flock.
@@ -72,54 +72,76 @@ pub const Writer = struct {
     }
 };
 
-/// Takes the writer lock on first use, then discards what a crashed writer
-/// left past the committed state.
-pub fn begin(store: *Store) Error!void {
-    try store.refuseDamaged(writes_refused);
-    if (store.writer) |*writer| {
-        if (writer.poisoned) {
-            return status.fail(error.Io, "store '{s}' refuses writes after a failed sync (the disk may have dropped bytes it had accepted): close it and open it again, which recovers the last durable commit", .{store.path});
-        }
-        if (writer.stale) {
-            try recover(store);
-            // Recovery keeps what the last synced state names until a sync.
-            writer.stale = store.head().superblock.unsynced != 0;
-        }
-        return;
-    }
-    const lock = io.createFile(store.dir, journal.lock_file_name, false) catch |err| {
-        return status.wrap(err, "cannot write store '{s}' (its lock file cannot be created; a store in a read-only place can be read, not written)", .{store.path});
+/// What the commit protocol and the layouts need of the store, passed down
+/// by store.zig (which alone changes the store's state): the directory, the
+/// writer, and the head the operation starts from.
+pub const Context = struct {
+    dir: io.Dir,
+    path: []const u8,
+    durable: bool,
+    threads: u32,
+    writer: *Writer,
+    head: *Snapshot,
+};
+
+/// What a layout's write leaves for store.zig to commit and publish: the
+/// next superblock, whose files are written and synced (as `durable` asks).
+pub const Next = struct {
+    superblock: Superblock,
+    /// The superblock whose files `superblock` replaces: deleted once the
+    /// commit is durable (`unlinkReplaced`).
+    replaced: ?Superblock = null,
+    /// The write created the store's first files under a directory sync: a
+    /// durable commit makes a staged creation durable too.
+    created: bool = false,
+    /// The data and sums files were synced after the last in-place replace:
+    /// the commit's journal checkpoint need not sync them again.
+    data_synced: bool = false,
+};
+
+/// Opens the lock file and takes the writer lock, then the superblock file
+/// and the shared page. The slots are read once the head is current
+/// (`start`).
+pub fn open(dir: io.Dir, path: []const u8) Error!Writer {
+    const lock = io.createFile(dir, seqlock.lock_file_name, false) catch |err| {
+        return status.wrap(err, "cannot write store '{s}' (its lock file cannot be created; " ++
+            "a store in a read-only place can be read, not written)", .{path});
     };
     errdefer io.closeFile(lock);
     if (!try tryLockBriefly(lock)) {
-        return status.fail(error.Locked, "store '{s}' is open for writing by another process or handle; zrecord allows one writer per store: close the other writer first", .{store.path});
+        return status.fail(error.Locked, "store '{s}' is open for writing by another process " ++
+            "or handle; zrecord allows one writer per store: close the other writer first", .{
+            path,
+        });
     }
-    const file = try io.openFile(store.dir, superblock_file.file_name, .read_write);
+    const file = try io.openFile(dir, superblock_file.file_name, .read_write);
     errdefer io.closeFile(file);
     // Before any commit of this writer, so every reader that maps data of
     // a later generation maps the sequence lock too.
-    const page = try journal.mapPage(lock);
-    errdefer io.unmapWritable(page);
-    // Set before the refresh, which then reads through `file`; the slots
-    // and the synced one are filled in once the head is current.
-    store.writer = .{ .lock = lock, .page = page, .superblock = file, .slots = undefined, .synced_slot = 0 };
-    errdefer {
-        if (store.writer.?.journal) |*handle| handle.close();
-        if (store.writer.?.target) |target| journal.closeTarget(target);
-        store.writer = null;
-    }
-    try store.refreshLocked();
-    try store.refuseDamaged(writes_refused);
-    const writer = &store.writer.?;
-    writer.slots = try readSlots(file);
-    writer.synced_slot = syncedSlot(writer.slots, store.head().superblock);
-    try recover(store);
-    // Files the last synced state names wait for the next sync.
-    store.writer.?.stale = store.head().superblock.unsynced != 0;
-    try recoverJournal(store);
+    const page = try seqlock.mapPage(lock);
+    return .{
+        .lock = lock,
+        .page = page,
+        .superblock = file,
+        .slots = undefined,
+        .synced_slot = 0,
+    };
 }
 
-const writes_refused = "Writes are refused: a writer's recovery would cut what the lost commits wrote";
+/// Reads the slots and finds the synced one, once `head` is current.
+pub fn start(writer: *Writer, head: Superblock) Error!void {
+    assert(writer.journal == null);
+    writer.slots = try readSlots(writer.superblock);
+    writer.synced_slot = syncedSlot(writer.slots, head);
+}
+
+/// The refusal of a writer whose sync failed.
+pub fn refusePoisoned(writer: *const Writer, path: []const u8) Error!void {
+    if (!writer.poisoned) return;
+    return status.fail(error.Io, "store '{s}' refuses writes after a failed sync (the disk may " ++
+        "have dropped bytes it had accepted): close it and open it again, which recovers the " ++
+        "last durable commit", .{path});
+}
 
 /// A reader that opens a fixed store holds the lock for a moment (to see
 /// whether a killed writer left journal records to apply): a writer that
@@ -135,45 +157,6 @@ fn tryLockBriefly(lock: io.File) Error!bool {
     return io.tryLock(lock);
 }
 
-/// Replays the journal records a crashed writer left after the checkpoint
-/// and checkpoints them, so this writer starts from a superblock that
-/// covers every committed replace.
-fn recoverJournal(store: *Store) Error!void {
-    const superblock = store.head().superblock;
-    if (superblock.journal_file == 0) return;
-    // Held by the writer at once: begin's errdefer closes it.
-    store.writer.?.journal = try journal.open(store.dir, &superblock, store.writer.?.page);
-    const replayed = try journal.settle(store.dir, &store.writer.?.journal.?, &superblock);
-    if (replayed.records > 0) {
-        store.head().superblock.tail_checksum = replayed.tail_checksum;
-        var next = superblock;
-        next.tail_checksum = replayed.tail_checksum;
-        try commit(store, next);
-    }
-    // A new writer starts from a journal cut back to its page.
-    store.writer.?.journal.?.restart();
-    try store.writer.?.journal.?.trim();
-}
-
-/// The data and sums files of the current fixed generation, open for
-/// in-place writes; reopened when a commit names other files.
-pub fn replaceTarget(store: *Store) Error!journal.Target {
-    const writer = &store.writer.?;
-    const superblock = store.head().superblock;
-    if (writer.target) |*target| {
-        if (writer.target_ids[0] == superblock.data_file and writer.target_ids[1] == superblock.sums_file) {
-            target.data_bytes = superblock.data_bytes;
-            target.stride = superblock.record_bytes;
-            return target.*;
-        }
-        journal.closeTarget(target.*);
-        writer.target = null;
-    }
-    writer.target = try journal.openTarget(store.dir, &superblock);
-    writer.target_ids = .{ superblock.data_file, superblock.sums_file };
-    return writer.target.?;
-}
-
 /// The slot that holds the last synced generation: the head's own, or the
 /// base an unsynced head names.
 fn syncedSlot(slots: [2]Superblock, head: Superblock) u1 {
@@ -185,7 +168,8 @@ fn syncedSlot(slots: [2]Superblock, head: Superblock) u1 {
     // than what open read; the slot the head is not in is the safe one to
     // keep.
     for (slots, 0..) |slot, index| {
-        if (slot.invalidReason() == null and slot.generation == head.generation) return @intCast(index);
+        if (slot.invalidReason() == null and slot.generation == head.generation)
+            return @intCast(index);
     }
     return 0;
 }
@@ -205,17 +189,28 @@ fn readSlots(file: io.File) Error![2]Superblock {
 /// Before deleting, the latest superblock is made durable: once older
 /// files are gone, a power loss must not fall back to a superblock that
 /// names them.
-fn recover(store: *Store) Error!void {
-    return recoverWith(store, false);
+pub fn recover(context: Context) Error!void {
+    return recoverWith(context, false);
 }
 
 /// `head_synced`: the head's slot was synced just now, by a durable commit.
-fn recoverWith(store: *Store, head_synced: bool) Error!void {
-    const superblock = store.head().superblock;
+fn recoverWith(context: Context, head_synced: bool) Error!void {
+    const superblock = context.head.superblock;
+    assert(!context.writer.poisoned);
+    // Only a durable commit syncs the head's slot.
+    assert(!head_synced or superblock.unsynced == 0);
     const keep = [_]struct { kind: format.FileKind, id: u64, bytes: u64 }{
         .{ .kind = .data, .id = superblock.data_file, .bytes = superblock.data_bytes },
-        .{ .kind = .index, .id = superblock.index_file, .bytes = superblock.record_count * @sizeOf(Entry) },
-        .{ .kind = .sums, .id = superblock.sums_file, .bytes = (superblock.data_bytes / block_bytes) * 8 },
+        .{
+            .kind = .index,
+            .id = superblock.index_file,
+            .bytes = superblock.record_count * @sizeOf(Entry),
+        },
+        .{
+            .kind = .sums,
+            .id = superblock.sums_file,
+            .bytes = (superblock.data_bytes / block_bytes) * 8,
+        },
         .{ .kind = .dict, .id = superblock.dict_file, .bytes = superblock.dict_bytes },
         // Journal records past the checkpoint are replayed, not cut.
         .{ .kind = .journal, .id = superblock.journal_file, .bytes = std.math.maxInt(u64) },
@@ -225,14 +220,15 @@ fn recoverWith(store: *Store, head_synced: bool) Error!void {
         for (orphans.items) |name| allocator.free(name);
         orphans.deinit(allocator);
     }
-    var iterator = io.iterate(store.dir);
+    var iterator = io.iterate(context.dir);
     while (try iterator.next()) |name| {
         const orphan = if (format.parseFileName(name)) |parsed| orphan: {
             const wanted = for (keep) |file| {
                 if (file.kind == parsed.kind and file.id == parsed.id) break true;
             } else false;
             break :orphan !wanted and parsed.id != 0;
-        } else std.mem.startsWith(u8, name, superblock_file.temp_prefix) and name.len <= io.File.name_bytes_max;
+        } else std.mem.startsWith(u8, name, superblock_file.temp_prefix) and
+            name.len <= io.File.name_bytes_max;
         if (!orphan) continue;
         const copy = allocator.dupe(u8, name) catch return error.OutOfMemory;
         orphans.append(allocator, copy) catch {
@@ -242,7 +238,10 @@ fn recoverWith(store: *Store, head_synced: bool) Error!void {
     }
     // A fixed store's data and sums files are opened as the replaces'
     // target, which the writer keeps.
-    const target: ?journal.Target = if (superblock.getLayout() == .fixed) try replaceTarget(store) else null;
+    const target: ?journal.Target = if (superblock.getLayout() == .fixed)
+        try context.writer.target.get(context.dir, &superblock)
+    else
+        null;
     for (keep) |file| {
         if (file.id == 0 or file.kind == .journal) continue;
         const kept: ?io.File = if (target) |opened| switch (file.kind) {
@@ -250,7 +249,7 @@ fn recoverWith(store: *Store, head_synced: bool) Error!void {
             .sums => opened.sums,
             else => null,
         } else null;
-        const handle = kept orelse try openFile(store, file.kind, file.id);
+        const handle = kept orelse try openFile(context, file.kind, file.id);
         defer if (kept == null) io.closeFile(handle);
         // Committed lengths of a file only grow, so cutting past the
         // latest one never cuts what an older superblock points at.
@@ -260,8 +259,8 @@ fn recoverWith(store: *Store, head_synced: bool) Error!void {
     // While the head is not synced, the last synced state (the other slot)
     // may name files the head does not: they wait for the next sync.
     if (superblock.unsynced != 0) return;
-    if (!head_synced) try syncFileNow(store, store.writer.?.superblock);
-    for (orphans.items) |name| try io.unlink(store.dir, name);
+    if (!head_synced) try syncFileNow(context, context.writer.superblock);
+    for (orphans.items) |name| try io.unlink(context.dir, name);
 }
 
 /// After an operation failed past `begin`: cuts the files back to what the
@@ -271,31 +270,33 @@ fn recoverWith(store: *Store, head_synced: bool) Error!void {
 /// that refuses until reopened leaves this to the reopening writer. The
 /// operation's failure stays the one reported; a failure here leaves the
 /// cleanup to the next write.
-pub fn discardFailed(store: *Store, err: Error) void {
-    const writer = if (store.writer) |*writer| writer else return;
-    if (writer.poisoned) return;
+pub fn discardFailed(context: Context, err: Error) void {
+    if (context.writer.poisoned) return;
     const saved = status.save(err);
     defer status.restore(&saved);
-    recover(store) catch {
-        writer.stale = true;
+    recover(context) catch {
+        context.writer.stale = true;
     };
 }
 
-/// Makes `next_in` the store's next generation: seals it, maps its files,
-/// writes and syncs its slot, and publishes it to readers.
-pub fn commit(store: *Store, next_in: Superblock) Error!void {
-    return commitWith(store, next_in, store.durable);
-}
+/// A commit on its way: the sealed next superblock, and whether it is
+/// synced (`prepare`, `write`, then store.zig publishes it, then `finish`).
+pub const Pending = struct {
+    superblock: Superblock,
+    durable: bool,
+};
 
-/// `durable`: sync the superblock (and, for a store opened with
-/// durable=False, every file it names) before returning. A commit that
-/// checkpoints journal records is always durable: the journal is cut after
-/// it. Either way the slot written is the one that does not hold the last
-/// synced generation, so a torn or lost commit falls back to that one.
-pub fn commitWith(store: *Store, next_in: Superblock, durable_wanted: bool) Error!void {
-    const writer = &store.writer.?;
+/// Checkpoints the journal into `next_in` and seals it as the generation
+/// after the head. `durable_wanted`: sync the superblock (and, for a store
+/// opened with durable=False, every file it names) before returning. A
+/// commit that checkpoints journal records is always durable: the journal
+/// is cut after it. Either way the slot written is the one that does not
+/// hold the last synced generation, so a torn or lost commit falls back to
+/// that one.
+pub fn prepare(context: Context, next_in: Superblock, durable_wanted: bool) Error!Pending {
+    const writer = context.writer;
     assert(!writer.poisoned);
-    const previous = store.head();
+    const previous = context.head;
     const durable = durable_wanted or writer.journalPending(&previous.superblock);
     var next = next_in;
     next.generation = previous.superblock.generation + 1;
@@ -305,97 +306,120 @@ pub fn commitWith(store: *Store, next_in: Superblock, durable_wanted: bool) Erro
     // checkpoint skip syncing bytes that replaces wrote since.
     const synced_by_caller = writer.journal_synced;
     writer.journal_synced = false;
-    try checkpointJournal(store, previous, &next, (durable and !store.durable) or synced_by_caller);
-    const slot = 1 - writer.synced_slot;
+    const synced = (durable and !context.durable) or synced_by_caller;
+    try checkpointJournal(context, &next, synced);
     next.unsynced = @intFromBool(!durable);
     next.synced_base = if (durable) 0 else writer.slots[writer.synced_slot].generation;
     next.seal();
     assert(next.invalidReason() == null);
-    const snapshot = try Snapshot.build(store.dir, next, previous, try store.loadDictionary(next));
+    assert(next.generation > writer.slots[writer.synced_slot].generation);
+    return .{ .superblock = next, .durable = durable };
+}
+
+/// Builds the snapshot of `pending` (its files mapped), syncs what a
+/// durable=False store left unsynced if the commit is durable, and writes
+/// (and syncs) its slot. Returns the snapshot for store.zig to publish.
+pub fn write(
+    context: Context,
+    pending: Pending,
+    dictionary: ?*const codec.Dictionary,
+) Error!*Snapshot {
+    const writer = context.writer;
+    const next = pending.superblock;
+    assert(next.generation == context.head.superblock.generation + 1);
+    const previous = context.head;
+    const snapshot = try Snapshot.build(context.dir, next, previous, dictionary);
     errdefer snapshot.discard(previous);
-    if (durable and !store.durable) try syncNamed(store, snapshot);
-    superblock_file.write(writer.superblock, &next, &writer.slots[slot], slot, durable) catch |err| {
+    if (pending.durable and !context.durable) try syncNamed(context, snapshot);
+    const slot = 1 - writer.synced_slot;
+    superblock_file.write(
+        writer.superblock,
+        &next,
+        &writer.slots[slot],
+        slot,
+        pending.durable,
+    ) catch |err| {
         writer.poisoned = true;
         return err;
     };
     writer.slots[slot] = next;
-    if (durable) {
+    if (pending.durable) {
         writer.synced_slot = slot;
-        journal.recordSynced(writer.page, next.generation);
+        seqlock.recordSynced(writer.page, next.generation);
     }
-    store.fell_back = false;
-    store.fall_back_reason_len = 0;
-    store.snapshots.publish(snapshot);
-    if (durable and writer.stale) {
+    assert(snapshot.superblock.generation == next.generation);
+    return snapshot;
+}
+
+/// After store.zig published `pending` (now `context.head`): deletes what
+/// unsynced commits replaced once a commit is durable, restarts the journal
+/// and names the new generation in the shared page.
+pub fn finish(context: Context, pending: Pending) void {
+    const writer = context.writer;
+    const next = pending.superblock;
+    assert(context.head.superblock.generation == next.generation);
+    if (pending.durable and writer.stale) {
         // Files unsynced commits replaced can go now. A failure here
         // leaves them for the next write; the commit stands.
-        if (recoverWith(store, true)) |_| writer.stale = false else |_| {}
+        if (recoverWith(context, true)) |_| writer.stale = false else |_| {}
     }
     // The new superblock covers every record: the journal starts over,
     // over the dead records (see `journal.Handle.restart`).
     if (writer.journal) |*handle| handle.restart();
     // The shared page names the new generation, so the next reader to open
     // finds nothing to settle (`journal.settledAlready`).
-    journal.lockPage(writer.page);
-    journal.unlockPage(writer.page, next.generation, next.tail_checksum);
+    seqlock.lockPage(writer.page);
+    seqlock.unlockPage(writer.page, next.generation, next.tail_checksum);
+    // An indexed store replaces by copy: a superblock that names no journal
+    // closes the writer's (a fixed store turned indexed).
+    if (next.journal_file == 0) {
+        if (writer.journal) |*handle| handle.close();
+        writer.journal = null;
+    }
 }
 
 /// Syncs every file `snapshot` names and the directory: the writes of the
 /// commits a durable=False store made without syncing.
-fn syncNamed(store: *Store, snapshot: *const Snapshot) Error!void {
+fn syncNamed(context: Context, snapshot: *const Snapshot) Error!void {
+    assert(snapshot.superblock.unsynced == 0 and !context.durable);
     // Not the shared page (the lock file): it is never synced.
     for ([_]?*snapshot_module.Mapping{ snapshot.data, snapshot.index, snapshot.sums }) |mapping| {
-        if (mapping) |m| try syncFileNow(store, m.file);
+        if (mapping) |m| try syncFileNow(context, m.file);
     }
     if (snapshot.superblock.dict_file != 0) {
-        const file = try openFile(store, .dict, snapshot.superblock.dict_file);
+        const file = try openFile(context, .dict, snapshot.superblock.dict_file);
         defer io.closeFile(file);
-        try syncFileNow(store, file);
+        try syncFileNow(context, file);
     }
-    try syncDirNow(store);
-}
-
-/// Makes every commit so far durable (durable=False stores), then deletes
-/// the files that commits since the last sync replaced.
-pub fn sync(store: *Store) Error!void {
-    const writer = &store.writer.?;
-    const head = store.head();
-    if (head.superblock.unsynced != 0 or writer.journalPending(&head.superblock)) {
-        try commitWith(store, head.superblock, true);
-    } else if (!writer.stale) return;
-    try recover(store);
-    writer.stale = false;
-}
-
-/// A store opened with durable=False syncs before its first in-place
-/// replace after unsynced commits: a journal record is always based on a
-/// synced generation, so a power loss can never leave replaced bytes in
-/// files whose superblock is gone.
-pub fn syncBeforeReplace(store: *Store) Error!void {
-    if (store.head().superblock.unsynced != 0) try sync(store);
+    try syncDirNow(context);
 }
 
 /// Every commit is a journal checkpoint: the bytes replaces wrote in place
 /// into files the next superblock still names are synced before it, and it
 /// records the last sequence they cover.
-fn checkpointJournal(store: *Store, previous: *const Snapshot, next: *Superblock, synced: bool) Error!void {
-    const writer = &store.writer.?;
+fn checkpointJournal(context: Context, next: *Superblock, synced: bool) Error!void {
+    const writer = context.writer;
+    const previous = context.head;
     const handle = writer.journal orelse return;
     if (writer.journalPending(&previous.superblock) and !synced) {
-        if (previous.data) |data| if (next.data_file == previous.superblock.data_file) try syncFileNow(store, data.file);
-        if (previous.sums) |sums| if (next.sums_file == previous.superblock.sums_file) try syncFileNow(store, sums.file);
+        if (previous.data) |data| if (next.data_file == previous.superblock.data_file)
+            try syncFileNow(context, data.file);
+        if (previous.sums) |sums| if (next.sums_file == previous.superblock.sums_file)
+            try syncFileNow(context, sums.file);
     }
     next.journal_sequence = handle.last_sequence;
+    assert(next.journal_sequence >= previous.superblock.journal_sequence);
 }
 
 /// Deletes files the current superblock no longer names. Only called after
 /// a durable commit, so a crash never falls back to a deleted file.
 /// A durable=False store keeps them until its next sync: the last synced
 /// state may still name them.
-pub fn unlinkReplaced(store: *Store, old: Superblock) void {
-    const now = store.head().superblock;
+pub fn unlinkReplaced(context: Context, old: Superblock) void {
+    const now = context.head.superblock;
+    assert(old.generation < now.generation);
     if (now.unsynced != 0) {
-        store.writer.?.stale = true; // The next sync deletes them.
+        context.writer.stale = true; // The next sync deletes them.
         return;
     }
     const pairs = [_]struct { kind: format.FileKind, old: u64, now: u64 }{
@@ -408,112 +432,47 @@ pub fn unlinkReplaced(store: *Store, old: Superblock) void {
         if (pair.old == 0 or pair.old == pair.now) continue;
         var name_buffer: [format.file_name_bytes]u8 = undefined;
         // A failure here leaves an orphan that the next write deletes.
-        io.unlinkDeferred(store.dir, format.fileName(&name_buffer, pair.kind, pair.old)) catch {
-            store.writer.?.stale = true;
+        io.unlinkDeferred(context.dir, format.fileName(&name_buffer, pair.kind, pair.old)) catch {
+            context.writer.stale = true;
         };
     }
 }
 
 /// Creates (or empties) store file `kind`-`id`.
-pub fn createFile(store: *Store, kind: format.FileKind, id: u64) Error!io.File {
+pub fn createFile(context: Context, kind: format.FileKind, id: u64) Error!io.File {
     var name_buffer: [format.file_name_bytes]u8 = undefined;
-    return io.createFile(store.dir, format.fileName(&name_buffer, kind, id), true);
+    return io.createFile(context.dir, format.fileName(&name_buffer, kind, id), true);
 }
 
-pub fn openFile(store: *Store, kind: format.FileKind, id: u64) Error!io.File {
+pub fn openFile(context: Context, kind: format.FileKind, id: u64) Error!io.File {
     var name_buffer: [format.file_name_bytes]u8 = undefined;
-    return io.openFile(store.dir, format.fileName(&name_buffer, kind, id), .read_write);
+    return io.openFile(context.dir, format.fileName(&name_buffer, kind, id), .read_write);
 }
 
 /// Syncs a file the next commit will point at; a failure poisons the
 /// writer. A durable=False store defers it to the next sync.
-pub fn syncFile(store: *Store, file: io.File) Error!void {
-    if (!store.durable) return;
-    return syncFileNow(store, file);
+pub fn syncFile(context: Context, file: io.File) Error!void {
+    if (!context.durable) return;
+    return syncFileNow(context, file);
 }
 
-pub fn syncFileNow(store: *Store, file: io.File) Error!void {
+pub fn syncFileNow(context: Context, file: io.File) Error!void {
     io.sync(file) catch |err| {
-        store.writer.?.poisoned = true;
+        context.writer.poisoned = true;
         return err;
     };
 }
 
 /// Syncs the store directory after new names; a failure poisons the
 /// writer. A durable=False store defers it to the next sync.
-pub fn syncDir(store: *Store) Error!void {
-    if (!store.durable) return;
-    return syncDirNow(store);
+pub fn syncDir(context: Context) Error!void {
+    if (!context.durable) return;
+    return syncDirNow(context);
 }
 
-pub fn syncDirNow(store: *Store) Error!void {
-    io.syncDir(store.dir) catch |err| {
-        store.writer.?.poisoned = true;
+pub fn syncDirNow(context: Context) Error!void {
+    io.syncDir(context.dir) catch |err| {
+        context.writer.poisoned = true;
         return err;
     };
-}
-
-test "an open that finds the journal at its page alone resets a stale shared page, as a replay would" {
-    // The lock file is never synced: a power loss can leave its page odd
-    // (written back mid-replace) or with an old tail checksum after a later
-    // checkpoint cut the journal back to its page. The fast path of
-    // journal.settle must still rewrite it, or every read would wait on it.
-    const simulated = @import("testing/storage.zig");
-    simulated.reset();
-    const path = "settle-page";
-    const rows = [_]u8{7} ** 40;
-    const offsets = [_]u64{ 0, 10, 20, 30 };
-    const writer = try Store.open(path, 1, false, true);
-    _ = try writer.append(&rows, &offsets, .raw);
-    const superblock = writer.head().superblock;
-    writer.close();
-    try std.testing.expect(superblock.journal_file != 0 and superblock.tail_checksum != 0);
-
-    const dir = try io.openDir(path);
-    defer io.closeDir(dir);
-    var name_buffer: [format.file_name_bytes]u8 = undefined;
-    const journal_file = try io.openFile(dir, format.fileName(&name_buffer, .journal, superblock.journal_file), .read_only);
-    try std.testing.expectEqual(format.journal_page_bytes, try io.length(journal_file));
-    io.closeFile(journal_file);
-    const lock = try io.openFile(dir, journal.lock_file_name, .read_write);
-    var page: format.JournalPage = undefined;
-    _ = try io.read(lock, std.mem.asBytes(&page), 0);
-    page.sequence_lock = 5;
-    page.tail_generation = superblock.generation;
-    page.tail_checksum = superblock.tail_checksum ^ 1;
-    try io.write(lock, std.mem.asBytes(&page), 0);
-    io.closeFile(lock);
-
-    const reader = try Store.open(path, 1, true, true);
-    defer reader.close();
-    const shared = reader.head().journalPage().?;
-    try std.testing.expectEqual(@as(u64, 0), journal.readBegin(shared) % 2);
-    try std.testing.expectEqual(superblock.tail_checksum, journal.tailChecksum(shared, &reader.head().superblock));
-    var target: [40]u8 = undefined;
-    try reader.gather(&.{ 0, 1, 2, 3 }, &target, null);
-    try std.testing.expectEqualSlices(u8, &rows, &target);
-}
-
-test "a reader's open of a settled store only reads: no write, no writable map of the shared page" {
-    const simulated = @import("testing/storage.zig");
-    simulated.reset();
-    const path = "settled-open";
-    var rows = [_]u8{7} ** 40;
-    const offsets = [_]u64{ 0, 10, 20, 30 };
-    const writer = try Store.open(path, 1, false, true);
-    _ = try writer.append(&rows, &offsets, .raw);
-    @memset(rows[10..20], 9);
-    try writer.replace(&.{1}, rows[10..20], offsets[0..1], .raw);
-    writer.close();
-
-    const writes = simulated.kindCount(.write);
-    const maps = simulated.kindCount(.map);
-    const reader = try Store.open(path, 1, true, true);
-    defer reader.close();
-    try std.testing.expectEqual(writes, simulated.kindCount(.write));
-    // The shared page, the data and the sums, each mapped read-only once.
-    try std.testing.expectEqual(maps + 3, simulated.kindCount(.map));
-    var target: [40]u8 = undefined;
-    try reader.gather(&.{ 0, 1, 2, 3 }, &target, null);
-    try std.testing.expectEqualSlices(u8, &rows, &target);
 }

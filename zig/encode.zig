@@ -24,14 +24,23 @@ const block_bytes = format.block_bytes;
 /// `source`, no record over the size limit. Returns the records' common
 /// length when they all have one (the fixed layout takes only those).
 pub fn checkBatch(source: []const u8, offsets: []const u64) Error!?u64 {
-    if (offsets.len == 0) return status.fail(error.InvalidArgument, "empty batch: give at least one record", .{});
+    if (offsets.len == 0) return status.fail(
+        error.InvalidArgument,
+        "empty batch: give at least one record",
+        .{},
+    );
     if (evenStride(source, offsets)) |stride| {
         if (stride <= format.record_bytes_max) return stride;
     }
     var previous: u64 = offsets[0];
     for (offsets, 0..) |offset, k| {
         if (offset < previous or offset > source.len) {
-            return status.fail(error.InvalidArgument, "offsets[{d}] = {d} is not within [offsets[{d}], {d}]: offsets must be non-decreasing and inside the source", .{ k, offset, if (k == 0) 0 else k - 1, source.len });
+            return status.fail(
+                error.InvalidArgument,
+                "offsets[{d}] = {d} is not within [offsets[{d}], {d}]: offsets must be " ++
+                    "non-decreasing and inside the source",
+                .{ k, offset, if (k == 0) 0 else k - 1, source.len },
+            );
         }
         previous = offset;
     }
@@ -39,7 +48,11 @@ pub fn checkBatch(source: []const u8, offsets: []const u64) Error!?u64 {
     for (0..offsets.len) |k| {
         const length = recordLengthIn(source, offsets, k);
         if (length > format.record_bytes_max) {
-            return status.fail(error.TooLarge, "record {d} has {d} bytes; the limit is {d}", .{ k, length, format.record_bytes_max });
+            return status.fail(
+                error.TooLarge,
+                "record {d} has {d} bytes; the limit is {d}",
+                .{ k, length, format.record_bytes_max },
+            );
         }
         if (common != null and length != common.?) common = null;
     }
@@ -124,14 +137,25 @@ const EncodeJob = struct {
     failure: workers.Failure = .{},
 
     fn run(job: *EncodeJob, start: u64, end: u64) void {
-        const encoder = codec.takeEncoder() catch return job.failure.set(error.OutOfMemory, start, "out of memory for a zstd context");
+        const encoder = codec.takeEncoder() catch return job.failure.set(
+            error.OutOfMemory,
+            start,
+            "out of memory for a zstd context",
+        );
         defer codec.giveEncoder(encoder);
         var shuffled: codec.Scratch = .{};
         defer shuffled.deinit();
         for (start..end) |k| {
             const raw = job.source[job.offsets[k]..][0..recordLengthIn(job.source, job.offsets, k)];
             const slot = job.scratch[job.slots[k]..job.slots[k + 1]];
-            job.entries[k] = encodeRecord(encoder, job.record_codec, job.dictionary, raw, slot, &shuffled) catch |err| {
+            job.entries[k] = encodeRecord(
+                encoder,
+                job.record_codec,
+                job.dictionary,
+                raw,
+                slot,
+                &shuffled,
+            ) catch |err| {
                 return job.failure.set(err, k, compressFailure(err));
             };
         }
@@ -141,7 +165,14 @@ const EncodeJob = struct {
 /// How a batch stores record `raw`: as the frame compressed into `slot`,
 /// or raw when no frame shrinks it (not worth decoding), the raw bytes
 /// left for the caller to place. The entry's offset is 0 until then.
-fn encodeRecord(encoder: *zstd.CCtx, record_codec: Codec, dictionary: ?*const codec.Dictionary, raw: []const u8, slot: []u8, shuffled: *codec.Scratch) codec.CompressError!Entry {
+fn encodeRecord(
+    encoder: *zstd.CCtx,
+    record_codec: Codec,
+    dictionary: ?*const codec.Dictionary,
+    raw: []const u8,
+    slot: []u8,
+    shuffled: *codec.Scratch,
+) codec.CompressError!Entry {
     const written = try codec.compress(encoder, record_codec, dictionary, raw, slot, shuffled);
     return if (written < raw.len)
         Entry.init(0, raw.len, written, record_codec, slot[0..written])
@@ -170,7 +201,14 @@ const HashJob = struct {
     }
 };
 
-pub fn encodeBatch(threads: u32, dictionary: ?*const codec.Dictionary, source: []const u8, offsets: []const u64, record_codec: Codec, base: u64) Error!EncodedBatch {
+pub fn encodeBatch(
+    threads: u32,
+    dictionary: ?*const codec.Dictionary,
+    source: []const u8,
+    offsets: []const u64,
+    record_codec: Codec,
+    base: u64,
+) Error!EncodedBatch {
     const entries = allocator.alloc(Entry, offsets.len) catch return error.OutOfMemory;
     errdefer allocator.free(entries);
     const total = source.len - offsets[0];
@@ -280,7 +318,11 @@ const WriteJob = struct {
     failure: workers.Failure = .{},
 
     fn run(job: *WriteJob, start: u64, end: u64) void {
-        const encoder = codec.takeEncoder() catch return job.fail(error.OutOfMemory, job.pieces[start].first, "out of memory for a zstd context");
+        const encoder = codec.takeEncoder() catch return job.fail(
+            error.OutOfMemory,
+            job.pieces[start].first,
+            "out of memory for a zstd context",
+        );
         defer codec.giveEncoder(encoder);
         var shuffled: codec.Scratch = .{};
         defer shuffled.deinit();
@@ -300,9 +342,16 @@ const WriteJob = struct {
     /// Compresses the piece's records back to back into its own buffer
     /// (a record no frame shrinks is copied raw); entry offsets are relative
     /// to the piece until it is written.
-    fn compressPiece(job: *WriteJob, encoder: *zstd.CCtx, shuffled: *codec.Scratch, piece: *Piece) error{Failed}!void {
+    fn compressPiece(
+        job: *WriteJob,
+        encoder: *zstd.CCtx,
+        shuffled: *codec.Scratch,
+        piece: *Piece,
+    ) error{Failed}!void {
         var bound: u64 = 0;
-        for (piece.first..piece.end) |k| bound += zstd.ZSTD_compressBound(recordLengthIn(job.source, job.offsets, k));
+        for (piece.first..piece.end) |k| bound += zstd.ZSTD_compressBound(
+            recordLengthIn(job.source, job.offsets, k),
+        );
         piece.buffer = allocator.alloc(u8, bound) catch {
             job.fail(error.OutOfMemory, piece.first, "out of memory for the compressed records");
             return error.Failed;
@@ -311,7 +360,14 @@ const WriteJob = struct {
         for (piece.first..piece.end) |k| {
             const raw = job.source[job.offsets[k]..][0..recordLengthIn(job.source, job.offsets, k)];
             const slot = piece.buffer[cursor..];
-            var entry = encodeRecord(encoder, job.record_codec, job.dictionary, raw, slot, shuffled) catch |err| {
+            var entry = encodeRecord(
+                encoder,
+                job.record_codec,
+                job.dictionary,
+                raw,
+                slot,
+                shuffled,
+            ) catch |err| {
                 job.fail(err, k, compressFailure(err));
                 return error.Failed;
             };
@@ -368,7 +424,15 @@ pub const WrittenBatch = struct {
 /// Encodes a batch as `encodeBatch` does and writes its payloads to `file`
 /// at `base`, piece by piece while the worker threads compress the rest.
 /// The caller frees `entries` (with the C allocator).
-pub fn writeBatch(threads: u32, dictionary: ?*const codec.Dictionary, source: []const u8, offsets: []const u64, record_codec: Codec, file: io.File, base: u64) Error!WrittenBatch {
+pub fn writeBatch(
+    threads: u32,
+    dictionary: ?*const codec.Dictionary,
+    source: []const u8,
+    offsets: []const u64,
+    record_codec: Codec,
+    file: io.File,
+    base: u64,
+) Error!WrittenBatch {
     if (record_codec == .raw) {
         var batch = try encodeBatch(threads, null, source, offsets, .raw, base);
         errdefer batch.deinit();
@@ -401,7 +465,7 @@ pub fn writeBatch(threads: u32, dictionary: ?*const codec.Dictionary, source: []
     return .{ .entries = entries, .payload_bytes = job.written };
 }
 
-test "writeBatch writes what encodeBatch packs, piece by piece on two threads, and reports a failed write" {
+test "writeBatch writes what encodeBatch packs, in pieces on two threads; a failed write" {
     const storage = @import("testing/storage.zig");
     storage.reset();
     defer storage.reset();
@@ -474,10 +538,19 @@ test "writeBatch starts the write-back of each 8 MiB it writes, within what it w
 /// The bytes the records of a batch would take in a store with `record_codec`
 /// (after the raw fallback of records a frame would not shrink), without
 /// writing anything: the converters try codecs on a sample with it.
-pub fn encodedBytes(threads: u32, source: []const u8, offsets: []const u64, record_codec: Codec) Error!u64 {
+pub fn encodedBytes(
+    threads: u32,
+    source: []const u8,
+    offsets: []const u64,
+    record_codec: Codec,
+) Error!u64 {
     _ = try checkBatch(source, offsets);
     if (record_codec.usesDictionary()) {
-        return status.fail(error.InvalidArgument, "cannot try codec '{s}' without a store: its dictionary lives in one", .{@tagName(record_codec)});
+        return status.fail(
+            error.InvalidArgument,
+            "cannot try codec '{s}' without a store: its dictionary lives in one",
+            .{@tagName(record_codec)},
+        );
     }
     var batch = try encodeBatch(threads, null, source, offsets, record_codec, 0);
     defer batch.deinit();
@@ -494,12 +567,21 @@ test "encodedBytes counts the raw fallback and the shuffle's gain" {
     try std.testing.expect(shuffled < plain);
     try std.testing.expectEqual(@as(u64, source.len), try encodedBytes(1, source, &offsets, .raw));
     // Eight random bytes do not shrink: the record is counted raw.
-    try std.testing.expectEqual(@as(u64, 8), try encodedBytes(1, "\x93\x01\xfe\x42\x17\xc8\x5d\xa0", &.{0}, .zstd_shuffle2));
+    try std.testing.expectEqual(
+        @as(u64, 8),
+        try encodedBytes(1, "\x93\x01\xfe\x42\x17\xc8\x5d\xa0", &.{0}, .zstd_shuffle2),
+    );
 }
 
 /// The bytes [start, end) of the file `old ++ payload`, copied into `scratch`
 /// only when the range straddles the two.
-pub fn assemble(old: []const u8, payload: []const u8, start: u64, end: u64, scratch: *[block_bytes]u8) []const u8 {
+pub fn assemble(
+    old: []const u8,
+    payload: []const u8,
+    start: u64,
+    end: u64,
+    scratch: *[block_bytes]u8,
+) []const u8 {
     assert(start <= end and end - start <= block_bytes);
     if (start >= old.len) return payload[start - old.len .. end - old.len];
     if (end <= old.len) return old[start..end];

@@ -11,9 +11,6 @@ const status = @import("status.zig");
 const io = @import("io.zig");
 const commit = @import("commit.zig");
 const plans = @import("plans.zig");
-const store_module = @import("store.zig");
-const Store = store_module.Store;
-const Snapshot = @import("snapshot.zig").Snapshot;
 
 const assert = std.debug.assert;
 const allocator = std.heap.c_allocator;
@@ -23,9 +20,21 @@ const Layout = format.Layout;
 const block_bytes = format.block_bytes;
 const assemble = @import("encode.zig").assemble;
 const journal = @import("journal.zig");
+const Context = commit.Context;
+const Next = commit.Next;
 
-pub fn append(store: *Store, payload: []const u8, record_count: u64, record_bytes: u64) Error!void {
-    const current = store.head();
+/// Writes `record_count` records of `record_bytes` each (`payload`) past
+/// the committed data, and their block checksums. Returns the next
+/// superblock, for store.zig to commit.
+pub fn append(
+    context: Context,
+    payload: []const u8,
+    record_count: u64,
+    record_bytes: u64,
+) Error!Next {
+    const current = context.head;
+    assert(current.layout() != .indexed);
+    assert(payload.len == record_count * record_bytes);
     var next = current.superblock;
     const creating = next.getLayout() == .empty;
     if (creating) {
@@ -34,9 +43,9 @@ pub fn append(store: *Store, payload: []const u8, record_count: u64, record_byte
         next.data_file = next.generation + 1;
         next.sums_file = next.generation + 1;
     }
-    const data = if (creating) try commit.createFile(store, .data, next.data_file) else try commit.openFile(store, .data, next.data_file);
+    const data = try openOrCreate(context, creating, .data, next.data_file);
     defer io.closeFile(data);
-    const sums_file = if (creating) try commit.createFile(store, .sums, next.sums_file) else try commit.openFile(store, .sums, next.sums_file);
+    const sums_file = try openOrCreate(context, creating, .sums, next.sums_file);
     defer io.closeFile(sums_file);
 
     const old_bytes = current.dataBytes();
@@ -52,7 +61,7 @@ pub fn append(store: *Store, payload: []const u8, record_count: u64, record_byte
     // syncs it next), starts the disk on each piece as the next is copied,
     // so the fsync that follows waits for the last piece only. A
     // durable=False append leaves write-back to the kernel until sync().
-    try writeSummed(data, &job, old_bytes.len, store.durable or creating);
+    try writeSummed(data, &job, old_bytes.len, context.durable or creating);
     if (sums.len > 0) try io.write(sums_file, std.mem.sliceAsBytes(sums), first_block * 8);
     var scratch: [block_bytes]u8 = undefined;
     next.tail_checksum = 0;
@@ -62,22 +71,21 @@ pub fn append(store: *Store, payload: []const u8, record_count: u64, record_byte
     }
     // A durable store gets its journal with its data file, under the same
     // directory sync, so its first replace costs one sync, not four.
-    if (creating and store.durable and next.journal_file == 0) {
+    if (creating and context.durable and next.journal_file == 0) {
         next.journal_file = next.data_file;
         next.journal_sequence = 0;
-        try journal.createFile(store.dir, next.journal_file, &next);
+        try journal.createFile(context.dir, next.journal_file, &next);
     }
-    try commit.syncFile(store, data);
-    try commit.syncFile(store, sums_file);
-    if (creating) try commit.syncDir(store);
-    if (store.durable) store.writer.?.journal_synced = true;
+    try commit.syncFile(context, data);
+    try commit.syncFile(context, sums_file);
+    if (creating) try commit.syncDir(context);
     next.record_count += record_count;
     next.data_bytes = new_bytes;
     next.live_bytes = new_bytes;
-    try commit.commit(store, next);
-    // The directory sync above and the commit's superblock sync made a
+    assert(next.data_bytes == next.record_count * next.record_bytes);
+    // The directory sync above and the commit's superblock sync make a
     // staged store's creation durable too.
-    if (creating and store.durable) store.created_unsynced = false;
+    return .{ .superblock = next, .created = creating, .data_synced = context.durable };
 }
 
 /// Writes the job's payload after `offset` (the old bytes) in pieces that
@@ -93,7 +101,8 @@ fn writeSummed(data: io.File, job: *SumsJob, offset: u64, start_writeback: bool)
     while (at < end) {
         const piece_end = @min(end, (at / piece_bytes + 1) * piece_bytes);
         try io.write(data, job.payload[at - offset .. piece_end - offset], at);
-        if (start_writeback and job.payload.len >= piece_bytes) io.startWriteback(data, at, piece_end - at);
+        if (start_writeback and job.payload.len >= piece_bytes)
+            io.startWriteback(data, at, piece_end - at);
         at = piece_end;
         const complete = @min(job.sums.len, at / block_bytes - job.first);
         job.run(summed, complete);
@@ -125,93 +134,65 @@ const SumsJob = struct {
         var scratch: [block_bytes]u8 = undefined;
         for (start..end) |k| {
             const block = job.first + k;
-            const bytes = assemble(job.old, job.payload, block * block_bytes, (block + 1) * block_bytes, &scratch);
+            const bytes = assemble(
+                job.old,
+                job.payload,
+                block * block_bytes,
+                (block + 1) * block_bytes,
+                &scratch,
+            );
             job.sums[k] = format.blockChecksum(block, bytes);
         }
     }
 };
 
-/// `ascending`: the indices ascend strictly (the caller checked), so the
-/// patches need no sort.
-pub fn replace(store: *Store, indices: []const u64, ascending: bool, source: []const u8, offsets: []const u64) Error!void {
-    const current = store.head();
-    // Records of zero bytes: every replace leaves them as they are.
-    if (current.superblock.record_bytes == 0) return;
-    const patches = allocator.alloc(plans.Patch, indices.len) catch return error.OutOfMemory;
-    defer allocator.free(patches);
-    const stride = current.superblock.record_bytes;
-    for (indices, offsets, patches) |index, offset, *patch| {
-        patch.* = .{ .row = index, .bytes = source[offset..][0..stride] };
-    }
-    if (!ascending) std.mem.sort(plans.Patch, patches, {}, plans.Patch.lessThan);
-    try commit.syncBeforeReplace(store);
-    if (store.head().superblock.journal_file == 0) try createJournal(store);
-    const writer = &store.writer.?;
-    const head = store.head();
-    // Null only when opening it failed right after the commit that named it.
-    if (writer.journal == null) writer.journal = try journal.open(store.dir, &head.superblock, writer.page);
-    // A journal past its bound is checkpointed before it takes another
-    // record, not right after the record that grew it: the replace that
-    // wrote a large record returns without waiting for the data file's
-    // write-back, and the checkpoint finds most of it written.
-    if (writer.journal.?.end > journal.checkpoint_bytes) try commit.commit(store, head.superblock);
-    const base = store.head();
-    const target = try commit.replaceTarget(store);
-    const handle = &writer.journal.?;
-    const tail_checksum = try journal.replace(handle, target, &base.superblock, patches, base.tailChecksum(), &writer.poisoned);
-    base.superblock.tail_checksum = tail_checksum;
-}
-
-/// Creates the store's journal and commits a superblock that names it: once
-/// per store, before its first in-place replace, for a store whose first
-/// append did not create it (opened with durable=False, or older).
-fn createJournal(store: *Store) Error!void {
-    var next = store.head().superblock;
-    next.journal_file = next.generation + 1;
-    next.journal_sequence = 0;
-    try journal.createFile(store.dir, next.journal_file, &next);
-    try commit.syncDirNow(store);
-    try commit.commitWith(store, next, true);
+fn openOrCreate(context: Context, creating: bool, kind: format.FileKind, id: u64) Error!io.File {
+    if (creating) return commit.createFile(context, kind, id);
+    return commit.openFile(context, kind, id);
 }
 
 /// Writes a new data file (and block sums) for a fixed store from `plan`,
-/// commits it durably and deletes the old files.
-pub fn rewrite(store: *Store, new_count: u64, plan: anytype) Error!void {
-    const current = store.head();
+/// for store.zig to commit (then the old files go).
+pub fn rewrite(context: Context, new_count: u64, plan: anytype) Error!Next {
+    const current = context.head;
+    assert(current.layout() == .fixed);
     var next = current.superblock;
     const id = next.generation + 1;
-    const data = try commit.createFile(store, .data, id);
+    const data = try commit.createFile(context, .data, id);
     defer io.closeFile(data);
-    const sums_file = try commit.createFile(store, .sums, id);
+    const sums_file = try commit.createFile(context, .sums, id);
     defer io.closeFile(sums_file);
     const stride = next.record_bytes;
     const written = try plans.streamRows(data, sums_file, new_count, stride, plan);
-    try commit.syncFile(store, data);
-    try commit.syncFile(store, sums_file);
-    try commit.syncDir(store);
+    assert(written.bytes == new_count * stride);
+    try commit.syncFile(context, data);
+    try commit.syncFile(context, sums_file);
+    try commit.syncDir(context);
     next.data_file = id;
     next.sums_file = id;
     next.record_count = new_count;
     next.data_bytes = written.bytes;
     next.live_bytes = written.bytes;
     next.tail_checksum = written.tail_checksum;
-    try commit.commit(store, next);
-    commit.unlinkReplaced(store, current.superblock);
+    return .{ .superblock = next, .replaced = current.superblock };
 }
 
 /// Turns a fixed store into an indexed one: one entry per record, pointing
-/// into the same data file. Committed durably on its own.
-pub fn convertToIndexed(store: *Store) Error!void {
-    const current = store.head();
+/// into the same data file: the next superblock, committed on its own.
+pub fn convertToIndexed(context: Context) Error!Next {
+    const current = context.head;
     assert(current.layout() == .fixed);
-    const plan = plans.ConvertPlan{ .old = current.dataBytes(), .stride = current.superblock.record_bytes };
+    const plan = plans.ConvertPlan{
+        .old = current.dataBytes(),
+        .stride = current.superblock.record_bytes,
+    };
     var next = current.superblock;
     const id = next.generation + 1;
-    const index = try commit.createFile(store, .index, id);
+    const index = try commit.createFile(context, .index, id);
     defer io.closeFile(index);
     _ = try plans.streamRows(index, null, current.count(), @sizeOf(Entry), &plan);
-    try commit.syncFile(store, index);
-    try commit.syncDir(store);
+    try commit.syncFile(context, index);
+    try commit.syncDir(context);
     next.layout = @intFromEnum(Layout.indexed);
     next.index_file = id;
     next.record_bytes = 0;
@@ -220,10 +201,6 @@ pub fn convertToIndexed(store: *Store) Error!void {
     // An indexed store replaces by copy: its journal goes with the sums.
     next.journal_file = 0;
     next.journal_sequence = 0;
-    try commit.commit(store, next);
-    if (store.writer.?.journal) |*handle| {
-        handle.close();
-        store.writer.?.journal = null;
-    }
-    commit.unlinkReplaced(store, current.superblock);
+    // The commit closes the writer's journal (commit.finish).
+    return .{ .superblock = next, .replaced = current.superblock };
 }

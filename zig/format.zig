@@ -51,7 +51,9 @@ const assert = std.debug.assert;
 
 comptime {
     if (builtin.cpu.arch.endian() != .little) {
-        @compileError("zrecord stores are little-endian on disk; big-endian hosts are not supported");
+        @compileError(
+            "zrecord stores are little-endian on disk; big-endian hosts are not supported",
+        );
     }
 }
 
@@ -182,25 +184,38 @@ pub const Superblock = extern struct {
         if (superblock.record_count > record_count_max) return "record count out of range";
         if (superblock.live_bytes > superblock.data_bytes) return "live bytes exceed data bytes";
         if (superblock.dict_bytes > dict_bytes_max) return "dictionary too large";
-        if ((superblock.dict_file == 0) != (superblock.dict_bytes == 0)) return "dictionary fields disagree";
+        if ((superblock.dict_file == 0) != (superblock.dict_bytes == 0))
+            return "dictionary fields disagree";
         if (superblock.unsynced > 1) return "unknown sync state";
-        if (superblock.unsynced == 1 and superblock.synced_base >= superblock.generation) return "synced base is not older than the superblock";
-        if (superblock.unsynced == 0 and superblock.synced_base != 0) return "synced superblock with a synced base";
+        if (superblock.unsynced == 1 and superblock.synced_base >= superblock.generation)
+            return "synced " ++
+                "base is not older than the superblock";
+        if (superblock.unsynced == 0 and superblock.synced_base != 0) return "synced superblock " ++
+            "with a synced base";
         switch (superblock.getLayout()) {
             .empty => {
-                if (superblock.record_count != 0 or superblock.data_bytes != 0) return "empty layout holds data";
+                if (superblock.record_count != 0 or superblock.data_bytes != 0)
+                    return "empty layout holds data";
             },
             .fixed => {
                 if (superblock.record_bytes > record_bytes_max) return "record length out of range";
-                const total = std.math.mul(u64, superblock.record_count, superblock.record_bytes) catch
+                const total = std.math.mul(
+                    u64,
+                    superblock.record_count,
+                    superblock.record_bytes,
+                ) catch
                     return "fixed layout size overflows";
-                if (total != superblock.data_bytes) return "fixed layout size disagrees with data length";
-                if (superblock.data_file == 0 or superblock.sums_file == 0) return "fixed layout without files";
-                if (superblock.live_bytes != superblock.data_bytes) return "fixed layout with garbage";
+                if (total != superblock.data_bytes) return "fixed layout size disagrees with " ++
+                    "data length";
+                if (superblock.data_file == 0 or superblock.sums_file == 0)
+                    return "fixed layout without files";
+                if (superblock.live_bytes != superblock.data_bytes)
+                    return "fixed layout with garbage";
             },
             .indexed => {
                 if (superblock.record_bytes != 0) return "indexed layout with record length";
-                if (superblock.data_file == 0 or superblock.index_file == 0) return "indexed layout without files";
+                if (superblock.data_file == 0 or superblock.index_file == 0)
+                    return "indexed layout without files";
             },
         }
         return null;
@@ -220,7 +235,13 @@ pub const Entry = extern struct {
     stored_codec: u64,
     checksum: u64,
 
-    pub fn init(offset: u64, raw_bytes: u64, stored_bytes: u64, record_codec: Codec, payload: []const u8) Entry {
+    pub fn init(
+        offset: u64,
+        raw_bytes: u64,
+        stored_bytes: u64,
+        record_codec: Codec,
+        payload: []const u8,
+    ) Entry {
         assert(stored_bytes < (1 << 56));
         assert(payload.len == stored_bytes);
         var entry = Entry{
@@ -254,11 +275,13 @@ pub const Entry = extern struct {
         const codec_value = entry.codec() orelse return "unknown codec in index entry";
         const stored = entry.storedBytes();
         if (entry.raw_bytes > record_bytes_max) return "record length out of range";
-        if (codec_value == .raw and stored != entry.raw_bytes) return "raw record with stored length != length";
+        if (codec_value == .raw and stored != entry.raw_bytes) return "raw record with stored " ++
+            "length != length";
         // A zstd block of 4 bytes (an RLE block) expands to at most 128 KiB,
         // so no frame decodes to more than this: a damaged length cannot
         // make a reader allocate without bound.
-        if (codec_value != .raw and entry.raw_bytes > stored *| zstd_expansion_max +| zstd_block_bytes_max) {
+        const frame_bytes_max = stored *| zstd_expansion_max +| zstd_block_bytes_max;
+        if (codec_value != .raw and entry.raw_bytes > frame_bytes_max) {
             return "compressed record claims more bytes than its frame can hold";
         }
         const end = std.math.add(u64, entry.offset, stored) catch return "record offset overflows";
@@ -337,7 +360,11 @@ pub const JournalRecord = extern struct {
 
     pub fn bodyBytes(record: *const JournalRecord) ?u64 {
         const rows = std.math.mul(u64, record.row_count, record.row_bytes) catch return null;
-        const lists = std.math.mul(u64, record.row_count +| 2 *| record.block_count, 8) catch return null;
+        const lists = std.math.mul(
+            u64,
+            record.row_count +| 2 *| record.block_count,
+            8,
+        ) catch return null;
         return std.math.add(u64, rows, lists) catch null;
     }
 

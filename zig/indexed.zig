@@ -10,9 +10,6 @@ const status = @import("status.zig");
 const io = @import("io.zig");
 const commit = @import("commit.zig");
 const plans = @import("plans.zig");
-const Store = @import("store.zig").Store;
-const Snapshot = @import("snapshot.zig").Snapshot;
-
 const assert = std.debug.assert;
 const allocator = std.heap.c_allocator;
 const Error = status.Error;
@@ -21,9 +18,19 @@ const Layout = format.Layout;
 const Codec = format.Codec;
 const block_bytes = format.block_bytes;
 const encode = @import("encode.zig");
-
-pub fn append(store: *Store, source: []const u8, offsets: []const u64, record_codec: Codec) Error!void {
-    const current = store.head();
+const Context = commit.Context;
+const Next = commit.Next;
+/// Writes the records packed in `source` (record k at `offsets[k]`) past
+/// the committed data, and their entries. Returns the next superblock.
+pub fn append(
+    context: Context,
+    source: []const u8,
+    offsets: []const u64,
+    record_codec: Codec,
+) Error!Next {
+    const current = context.head;
+    assert(current.layout() != .fixed);
+    assert(offsets.len > 0);
     var next = current.superblock;
     const creating = next.getLayout() == .empty;
     if (creating) {
@@ -31,35 +38,66 @@ pub fn append(store: *Store, source: []const u8, offsets: []const u64, record_co
         next.data_file = next.generation + 1;
         next.index_file = next.generation + 1;
     }
-    const data = if (creating) try commit.createFile(store, .data, next.data_file) else try commit.openFile(store, .data, next.data_file);
+    const data = try openOrCreate(context, creating, .data, next.data_file);
     defer io.closeFile(data);
-    const index = if (creating) try commit.createFile(store, .index, next.index_file) else try commit.openFile(store, .index, next.index_file);
+    const index = try openOrCreate(context, creating, .index, next.index_file);
     defer io.closeFile(index);
     // Payloads go out piece by piece while the rest compress: past the
     // committed length, so a failure leaves nothing a commit points at.
-    const batch = try encode.writeBatch(store.threads, current.dictionary, source, offsets, record_codec, data, next.data_bytes);
+    const batch = try encode.writeBatch(
+        context.threads,
+        current.dictionary,
+        source,
+        offsets,
+        record_codec,
+        data,
+        next.data_bytes,
+    );
     defer allocator.free(batch.entries);
     try io.write(index, std.mem.sliceAsBytes(batch.entries), next.record_count * @sizeOf(Entry));
-    try commit.syncFile(store, data);
-    try commit.syncFile(store, index);
-    if (creating) try commit.syncDir(store);
+    assert(batch.entries.len == offsets.len);
+    try commit.syncFile(context, data);
+    try commit.syncFile(context, index);
+    if (creating) try commit.syncDir(context);
     next.record_count += offsets.len;
     next.data_bytes += batch.payload_bytes;
     next.live_bytes += batch.payload_bytes;
-    try commit.commit(store, next);
-    // The directory sync above and the commit's superblock sync made a
+    // The directory sync above and the commit's superblock sync make a
     // staged store's creation durable too.
-    if (creating and store.durable) store.created_unsynced = false;
+    return .{ .superblock = next, .created = creating };
 }
 
-pub fn replace(store: *Store, indices: []const u64, source: []const u8, offsets: []const u64, record_codec: Codec) Error!void {
-    const current = store.head();
-    var batch = try encode.encodeBatch(store.threads, current.dictionary, source, offsets, record_codec, current.superblock.data_bytes);
+fn openOrCreate(context: Context, creating: bool, kind: format.FileKind, id: u64) Error!io.File {
+    if (creating) return commit.createFile(context, kind, id);
+    return commit.openFile(context, kind, id);
+}
+
+/// Writes the new payloads past the committed data and a new index whose
+/// entries `indices` point at them. Returns the next superblock.
+pub fn replace(
+    context: Context,
+    indices: []const u64,
+    source: []const u8,
+    offsets: []const u64,
+    record_codec: Codec,
+) Error!Next {
+    const current = context.head;
+    assert(current.layout() == .indexed);
+    assert(indices.len == offsets.len);
+    const data_bytes = current.superblock.data_bytes;
+    var batch = try encode.encodeBatch(
+        context.threads,
+        current.dictionary,
+        source,
+        offsets,
+        record_codec,
+        data_bytes,
+    );
     defer batch.deinit();
-    const data = try commit.openFile(store, .data, current.superblock.data_file);
+    const data = try commit.openFile(context, .data, current.superblock.data_file);
     defer io.closeFile(data);
-    try io.write(data, batch.payload, current.superblock.data_bytes);
-    try commit.syncFile(store, data);
+    try io.write(data, batch.payload, data_bytes);
+    try commit.syncFile(context, data);
 
     const patches = allocator.alloc(plans.Patch, indices.len) catch return error.OutOfMemory;
     defer allocator.free(patches);
@@ -70,40 +108,62 @@ pub fn replace(store: *Store, indices: []const u64, source: []const u8, offsets:
         freed += old_entries[index].storedBytes();
     }
     std.mem.sort(plans.Patch, patches, {}, plans.Patch.lessThan);
-    const plan = plans.PatchPlan{ .old = std.mem.sliceAsBytes(old_entries), .stride = @sizeOf(Entry), .patches = patches };
+    const plan = plans.PatchPlan{
+        .old = std.mem.sliceAsBytes(old_entries),
+        .stride = @sizeOf(Entry),
+        .patches = patches,
+    };
     // live_bytes counts the new payload; the data file grew by it too.
-    var live = current.superblock.live_bytes - @min(freed, current.superblock.live_bytes) + batch.payload.len;
-    live = @min(live, current.superblock.data_bytes + batch.payload.len);
-    try rewriteWithData(store, current.count(), &plan, live, current.superblock.data_bytes + batch.payload.len);
+    const live_before = current.superblock.live_bytes;
+    var live = live_before - @min(freed, live_before) + batch.payload.len;
+    live = @min(live, data_bytes + batch.payload.len);
+    return rewriteWithData(context, current.count(), &plan, live, data_bytes + batch.payload.len);
 }
 
-pub fn rewrite(store: *Store, new_count: u64, plan: anytype, live_bytes: u64) Error!void {
-    try rewriteWithData(store, new_count, plan, live_bytes, store.head().superblock.data_bytes);
+/// A new index from `plan` over the same data file: the next superblock.
+pub fn rewrite(context: Context, new_count: u64, plan: anytype, live_bytes: u64) Error!Next {
+    return rewriteWithData(
+        context,
+        new_count,
+        plan,
+        live_bytes,
+        context.head.superblock.data_bytes,
+    );
 }
 
-fn rewriteWithData(store: *Store, new_count: u64, plan: anytype, live_bytes: u64, data_bytes: u64) Error!void {
-    const current = store.head();
+fn rewriteWithData(
+    context: Context,
+    new_count: u64,
+    plan: anytype,
+    live_bytes: u64,
+    data_bytes: u64,
+) Error!Next {
+    const current = context.head;
+    assert(live_bytes <= data_bytes and data_bytes >= current.superblock.data_bytes);
     var next = current.superblock;
     const id = next.generation + 1;
-    const index = try commit.createFile(store, .index, id);
+    const index = try commit.createFile(context, .index, id);
     defer io.closeFile(index);
     _ = try plans.streamRows(index, null, new_count, @sizeOf(Entry), plan);
-    try commit.syncFile(store, index);
-    try commit.syncDir(store);
+    try commit.syncFile(context, index);
+    try commit.syncDir(context);
     next.index_file = id;
     next.record_count = new_count;
     next.data_bytes = data_bytes;
     next.live_bytes = live_bytes;
-    try commit.commit(store, next);
-    commit.unlinkReplaced(store, current.superblock);
+    return .{ .superblock = next, .replaced = current.superblock };
 }
 
-pub fn compact(store: *Store, current: *const Snapshot) Error!void {
+/// Copies the live payloads into a new data file and a new index that
+/// points at them. Returns the next superblock.
+pub fn compact(context: Context) Error!Next {
+    const current = context.head;
+    assert(current.layout() == .indexed);
     var next = current.superblock;
     const id = next.generation + 1;
-    const data = try commit.createFile(store, .data, id);
+    const data = try commit.createFile(context, .data, id);
     defer io.closeFile(data);
-    const index = try commit.createFile(store, .index, id);
+    const index = try commit.createFile(context, .index, id);
     defer io.closeFile(index);
     // The payloads stream into the new data file as the entries are made.
     var payloads = try plans.RowWriter.init(data, null);
@@ -122,13 +182,12 @@ pub fn compact(store: *Store, current: *const Snapshot) Error!void {
     }
     const written = try payloads.finish();
     _ = try entries.finish();
-    try commit.syncFile(store, data);
-    try commit.syncFile(store, index);
-    try commit.syncDir(store);
+    try commit.syncFile(context, data);
+    try commit.syncFile(context, index);
+    try commit.syncDir(context);
     next.data_file = id;
     next.index_file = id;
     next.data_bytes = written.bytes;
     next.live_bytes = written.bytes;
-    try commit.commit(store, next);
-    commit.unlinkReplaced(store, current.superblock);
+    return .{ .superblock = next, .replaced = current.superblock };
 }

@@ -16,7 +16,10 @@ fn blockSound(snapshot: *const Snapshot, block: u64) bool {
     const data = snapshot.dataBytes();
     const start = block * block_bytes;
     const end = @min(start + block_bytes, data.len);
-    const expected = if (block < data.len / block_bytes) snapshot.blockSums()[block] else snapshot.tailChecksum();
+    const expected = if (block < data.len / block_bytes)
+        snapshot.blockSums()[block]
+    else
+        snapshot.tailChecksum();
     return format.blockChecksum(block, data[start..end]) == expected;
 }
 
@@ -47,7 +50,8 @@ pub fn recordSound(snapshot: *const Snapshot, index: u64) bool {
 /// share files, everything in files the base does not name.
 pub fn changedSound(snapshot: *const Snapshot, base: *const format.Superblock) bool {
     const superblock = &snapshot.superblock;
-    const same_data = base.data_file == superblock.data_file and base.getLayout() == superblock.getLayout();
+    const same_data = base.data_file == superblock.data_file and
+        base.getLayout() == superblock.getLayout();
     switch (snapshot.layout()) {
         .empty => return true,
         .fixed => {

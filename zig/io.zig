@@ -45,7 +45,12 @@ pub const File = struct {
 
 fn makeFile(handle: i32, dir: Dir, name: []const u8) File {
     assert(name.len <= File.name_bytes_max);
-    var file = File{ .handle = handle, .dir_path = dir.path, .name_buffer = undefined, .name_len = @intCast(name.len) };
+    var file = File{
+        .handle = handle,
+        .dir_path = dir.path,
+        .name_buffer = undefined,
+        .name_len = @intCast(name.len),
+    };
     @memcpy(file.name_buffer[0..name.len], name);
     return file;
 }
@@ -56,8 +61,18 @@ fn failDir(err: anyerror, comptime verb: []const u8, dir_path: []const u8) Error
     return status.fromOs(err, errnoOf(err), "cannot " ++ verb ++ " '{s}'", .{dir_path});
 }
 
-fn failFile(err: anyerror, comptime verb: []const u8, dir_path: []const u8, name: []const u8) Error {
-    return status.fromOs(err, errnoOf(err), "cannot " ++ verb ++ " '{s}' in '{s}'", .{ name, dir_path });
+fn failFile(
+    err: anyerror,
+    comptime verb: []const u8,
+    dir_path: []const u8,
+    name: []const u8,
+) Error {
+    return status.fromOs(
+        err,
+        errnoOf(err),
+        "cannot " ++ verb ++ " '{s}' in '{s}'",
+        .{ name, dir_path },
+    );
 }
 
 /// The errno an OS error of std.fs / std.posix stands for (0 when it names
@@ -105,7 +120,10 @@ test "every OS error the seam reports names its errno" {
     };
     for (cases) |case| {
         status.clear();
-        try std.testing.expectEqual(case.kind, status.fromOs(case.err, errnoOf(case.err), "cannot do it", .{}));
+        try std.testing.expectEqual(
+            case.kind,
+            status.fromOs(case.err, errnoOf(case.err), "cannot do it", .{}),
+        );
         try std.testing.expectEqual(@as(i32, @intCast(@intFromEnum(case.errno))), status.osErrno());
         try std.testing.expect(status.message().len > 0);
     }
@@ -120,7 +138,11 @@ test "every OS error the seam reports names its errno" {
 pub fn openDir(path: []const u8) Error!Dir {
     const handle = backend.openDir(path) catch |err| switch (err) {
         error.FileNotFound => return status.fail(error.NotFound, "'{s}' does not exist", .{path}),
-        error.NotDir => return status.fail(error.NotAStore, "'{s}' is a file, not a store directory", .{path}),
+        error.NotDir => return status.fail(
+            error.NotAStore,
+            "'{s}' is a file, not a store directory",
+            .{path},
+        ),
         else => return failDir(err, "open directory", path),
     };
     return .{ .handle = handle, .path = path };
@@ -134,7 +156,11 @@ pub fn closeDir(dir: Dir) void {
 /// entry durable by syncing the directory that holds it: a store whose data
 /// was synced must not vanish with its directory entry after a power cut.
 pub fn makePath(path: []const u8) Error!void {
-    var iterator = std.fs.path.componentIterator(path) catch |err| return failDir(err, "create directory", path);
+    var iterator = std.fs.path.componentIterator(path) catch |err| return failDir(
+        err,
+        "create directory",
+        path,
+    );
     while (iterator.next()) |component| {
         backend.makeDir(component.path) catch |err| switch (err) {
             error.PathAlreadyExists => continue,
@@ -147,7 +173,11 @@ pub fn makePath(path: []const u8) Error!void {
 /// Syncs the directory that holds the entry `path`.
 pub fn syncParent(path: []const u8) Error!void {
     const parent = std.fs.path.dirname(path) orelse if (std.fs.path.isAbsolute(path)) "/" else ".";
-    const handle = backend.openDir(parent) catch |err| return failDir(err, "open directory", parent);
+    const handle = backend.openDir(parent) catch |err| return failDir(
+        err,
+        "open directory",
+        parent,
+    );
     defer backend.close(handle);
     backend.syncDir(handle) catch |err| return failDir(err, "sync directory", parent);
 }
@@ -179,7 +209,12 @@ pub fn unlink(dir: Dir, name: []const u8) Error!void {
 /// and freeing a large file (11–18 ms for 40 MB on ext4 here) is not on the
 /// caller's time. For files no commit names any more.
 pub fn unlinkDeferred(dir: Dir, name: []const u8) Error!void {
-    backend.unlinkDeferred(dir.handle, name) catch |err| return failFile(err, "delete", dir.path, name);
+    backend.unlinkDeferred(dir.handle, name) catch |err| return failFile(
+        err,
+        "delete",
+        dir.path,
+        name,
+    );
 }
 
 /// The names in a directory, one at a time (no order promised).
@@ -202,8 +237,16 @@ pub const Open = enum { read_only, read_write };
 
 /// Opens an existing file; error.NotFound (with a message) if it is missing.
 pub fn openFile(dir: Dir, name: []const u8, mode: Open) Error!File {
-    const handle = backend.openFile(dir.handle, name, mode == .read_write) catch |err| switch (err) {
-        error.FileNotFound => return status.fail(error.NotFound, "file '{s}' is missing from '{s}'", .{ name, dir.path }),
+    const handle = backend.openFile(
+        dir.handle,
+        name,
+        mode == .read_write,
+    ) catch |err| switch (err) {
+        error.FileNotFound => return status.fail(
+            error.NotFound,
+            "file '{s}' is missing from '{s}'",
+            .{ name, dir.path },
+        ),
         else => return failFile(err, "open", dir.path, name),
     };
     return makeFile(handle, dir, name);
@@ -211,7 +254,12 @@ pub fn openFile(dir: Dir, name: []const u8, mode: Open) Error!File {
 
 /// Creates a file (read-write), emptying it if it exists and `truncate` is set.
 pub fn createFile(dir: Dir, name: []const u8, truncate: bool) Error!File {
-    const handle = backend.createFile(dir.handle, name, truncate) catch |err| return failFile(err, "create", dir.path, name);
+    const handle = backend.createFile(dir.handle, name, truncate) catch |err| return failFile(
+        err,
+        "create",
+        dir.path,
+        name,
+    );
     return makeFile(handle, dir, name);
 }
 
@@ -221,20 +269,40 @@ pub fn closeFile(file: File) void {
 
 /// Reads until `buffer` is full or the file ends; returns the bytes read.
 pub fn read(file: File, buffer: []u8, offset: u64) Error!usize {
-    return backend.pread(file.handle, buffer, offset) catch |err| failFile(err, "read", file.dir_path, file.name());
+    return backend.pread(file.handle, buffer, offset) catch |err| failFile(
+        err,
+        "read",
+        file.dir_path,
+        file.name(),
+    );
 }
 
 /// Writes all of `bytes` at `offset`.
 pub fn write(file: File, bytes: []const u8, offset: u64) Error!void {
-    backend.pwrite(file.handle, bytes, offset) catch |err| return failFile(err, "write", file.dir_path, file.name());
+    backend.pwrite(file.handle, bytes, offset) catch |err| return failFile(
+        err,
+        "write",
+        file.dir_path,
+        file.name(),
+    );
 }
 
 pub fn length(file: File) Error!u64 {
-    return backend.length(file.handle) catch |err| failFile(err, "stat", file.dir_path, file.name());
+    return backend.length(file.handle) catch |err| failFile(
+        err,
+        "stat",
+        file.dir_path,
+        file.name(),
+    );
 }
 
 pub fn setLength(file: File, bytes: u64) Error!void {
-    backend.setLength(file.handle, bytes) catch |err| return failFile(err, "truncate", file.dir_path, file.name());
+    backend.setLength(file.handle, bytes) catch |err| return failFile(
+        err,
+        "truncate",
+        file.dir_path,
+        file.name(),
+    );
 }
 
 /// Starts writing `file`'s bytes [offset, offset + bytes) back to the
@@ -249,13 +317,23 @@ pub fn startWriteback(file: File, offset: u64, bytes: u64) void {
 /// the kernel may have dropped the unsynced pages: the caller must not
 /// commit anything that points at them.
 pub fn sync(file: File) Error!void {
-    backend.syncFile(file.handle) catch |err| return failFile(err, "sync", file.dir_path, file.name());
+    backend.syncFile(file.handle) catch |err| return failFile(
+        err,
+        "sync",
+        file.dir_path,
+        file.name(),
+    );
 }
 
 /// Takes an exclusive advisory lock (flock) without waiting; false if
 /// another handle holds it. Closing the handle releases it.
 pub fn tryLock(file: File) Error!bool {
-    return backend.tryLock(file.handle) catch |err| failFile(err, "lock", file.dir_path, file.name());
+    return backend.tryLock(file.handle) catch |err| failFile(
+        err,
+        "lock",
+        file.dir_path,
+        file.name(),
+    );
 }
 
 // ---- mappings ---------------------------------------------------------------
@@ -267,10 +345,19 @@ pub const Advice = enum { random, will_need, huge_pages };
 /// `needed_bytes` long; bytes past the file's length are never read.
 pub fn map(file: File, needed_bytes: u64, reserve_bytes: u64) Error!Memory {
     assert(needed_bytes <= reserve_bytes);
-    const memory = backend.map(file.handle, reserve_bytes) catch |err| return failFile(err, "map", file.dir_path, file.name());
+    const memory = backend.map(file.handle, reserve_bytes) catch |err| return failFile(
+        err,
+        "map",
+        file.dir_path,
+        file.name(),
+    );
     if (memory.len < needed_bytes) {
         backend.unmap(memory);
-        return status.fail(error.OutOfMemory, "cannot map {d} bytes of '{s}' in '{s}'", .{ needed_bytes, file.name(), file.dir_path });
+        return status.fail(
+            error.OutOfMemory,
+            "cannot map {d} bytes of '{s}' in '{s}'",
+            .{ needed_bytes, file.name(), file.dir_path },
+        );
     }
     return memory;
 }
@@ -285,7 +372,12 @@ pub const WritableMemory = []align(page_size) u8;
 /// writer and readers in other processes see at once (the journal's
 /// sequence lock). Writes through it are not durable until a sync.
 pub fn mapWritable(file: File, bytes: u64) Error!WritableMemory {
-    return backend.mapWritable(file.handle, bytes) catch |err| failFile(err, "map", file.dir_path, file.name());
+    return backend.mapWritable(file.handle, bytes) catch |err| failFile(
+        err,
+        "map",
+        file.dir_path,
+        file.name(),
+    );
 }
 
 pub fn unmapWritable(memory: WritableMemory) void {
@@ -374,7 +466,11 @@ const Os = struct {
             file.close();
             return err;
         };
-        const closer = std.Thread.spawn(.{ .stack_size = 64 << 10 }, std.fs.File.close, .{file}) catch {
+        const closer = std.Thread.spawn(
+            .{ .stack_size = 64 << 10 },
+            std.fs.File.close,
+            .{file},
+        ) catch {
             file.close();
             return;
         };
@@ -385,7 +481,13 @@ const Os = struct {
         const write_flag = 2; // SYNC_FILE_RANGE_WRITE
         // Only a hint: an error (an old kernel, a file system without it)
         // leaves the work to the sync that follows.
-        _ = std.os.linux.syscall4(.sync_file_range, @bitCast(@as(isize, handle)), offset, bytes, write_flag);
+        _ = std.os.linux.syscall4(
+            .sync_file_range,
+            @bitCast(@as(isize, handle)),
+            offset,
+            bytes,
+            write_flag,
+        );
     }
 
     const Iterator = struct {
@@ -402,11 +504,19 @@ const Os = struct {
     }
 
     fn openFile(handle: i32, name: []const u8, writable: bool) !i32 {
-        return openAt(handle, name, .{ .ACCMODE = if (writable) .RDWR else .RDONLY, .CLOEXEC = true });
+        return openAt(
+            handle,
+            name,
+            .{ .ACCMODE = if (writable) .RDWR else .RDONLY, .CLOEXEC = true },
+        );
     }
 
     fn createFile(handle: i32, name: []const u8, truncate: bool) !i32 {
-        return openAt(handle, name, .{ .ACCMODE = .RDWR, .CREAT = true, .TRUNC = truncate, .CLOEXEC = true });
+        return openAt(
+            handle,
+            name,
+            .{ .ACCMODE = .RDWR, .CREAT = true, .TRUNC = truncate, .CLOEXEC = true },
+        );
     }
 
     /// openat(2) with every errno a store's files can meet named: std's
@@ -474,7 +584,14 @@ const Os = struct {
 
     fn mapWritable(handle: i32, bytes: u64) !WritableMemory {
         const length_aligned = std.mem.alignForward(u64, bytes, page_size);
-        return posix.mmap(null, length_aligned, posix.PROT.READ | posix.PROT.WRITE, .{ .TYPE = .SHARED }, handle, 0);
+        return posix.mmap(
+            null,
+            length_aligned,
+            posix.PROT.READ | posix.PROT.WRITE,
+            .{ .TYPE = .SHARED },
+            handle,
+            0,
+        );
     }
 
     fn unmap(memory: Memory) void {

@@ -24,7 +24,7 @@ const format = @import("format.zig");
 const status = @import("status.zig");
 const io = @import("io.zig");
 const plans = @import("plans.zig");
-const Snapshot = @import("snapshot.zig").Snapshot;
+const seqlock = @import("seqlock.zig");
 
 const assert = std.debug.assert;
 const allocator = std.heap.c_allocator;
@@ -78,6 +78,7 @@ pub const Handle = struct {
             try io.write(handle.file, zeros[0..step], handle.allocated);
             handle.allocated += step;
         }
+        assert(handle.allocated >= needed);
     }
 
     /// Starts over after a checkpoint. The file keeps its length while the
@@ -106,72 +107,13 @@ pub const Handle = struct {
     }
 
     pub fn lock(handle: *Handle) void {
-        lockPage(handle.memory);
+        seqlock.lockPage(handle.memory);
     }
 
     pub fn unlock(handle: *Handle, generation: u64, tail_checksum: u64) void {
-        unlockPage(handle.memory, generation, tail_checksum);
+        seqlock.unlockPage(handle.memory, generation, tail_checksum);
     }
 };
-
-fn pageOf(memory: io.WritableMemory) *JournalPage {
-    return @ptrCast(memory.ptr);
-}
-
-/// Makes the sequence lock odd: gathers that overlap the change retry.
-pub fn lockPage(memory: io.WritableMemory) void {
-    const word = &pageOf(memory).sequence_lock;
-    const value = @atomicLoad(u64, word, .seq_cst);
-    @atomicStore(u64, word, value | 1, .seq_cst);
-}
-
-/// Names `generation` and its tail checksum in the page, and makes the
-/// sequence lock even again.
-pub fn unlockPage(memory: io.WritableMemory, generation: u64, tail_checksum: u64) void {
-    const shared = pageOf(memory);
-    @atomicStore(u64, &shared.tail_checksum, tail_checksum, .seq_cst);
-    @atomicStore(u64, &shared.tail_generation, generation, .seq_cst);
-    const value = @atomicLoad(u64, &shared.sequence_lock, .seq_cst);
-    @atomicStore(u64, &shared.sequence_lock, (value | 1) +% 1, .seq_cst);
-}
-
-/// Records in the page that `generation` is durable. Called only after its
-/// slot was synced; the check goes last, so a reader that sees the pair
-/// half written takes it for no record.
-pub fn recordSynced(memory: io.WritableMemory, generation: u64) void {
-    const shared = pageOf(memory);
-    @atomicStore(u64, &shared.synced_check, 0, .seq_cst);
-    @atomicStore(u64, &shared.synced_generation, generation, .seq_cst);
-    @atomicStore(u64, &shared.synced_check, format.syncedCheck(generation), .seq_cst);
-}
-
-/// The newest generation a writer of the store in `dir` recorded as
-/// durable (`recordSynced`), or null when its lock file holds no such
-/// record. Evidence only: any failure to read it is no record.
-/// Called on a path that has not failed: a failure here leaves no message.
-pub fn syncedGeneration(dir: io.Dir) ?u64 {
-    if (!io.exists(dir, lock_file_name)) return null;
-    const file = io.openFile(dir, lock_file_name, .read_only) catch {
-        status.clear();
-        return null;
-    };
-    defer io.closeFile(file);
-    var page: JournalPage = undefined;
-    const got = io.read(file, std.mem.asBytes(&page), 0) catch {
-        status.clear();
-        return null;
-    };
-    if (got != @sizeOf(JournalPage) or !std.mem.eql(u8, &page.magic, &format.journal_magic)) return null;
-    if (page.synced_check != format.syncedCheck(page.synced_generation)) return null;
-    return page.synced_generation;
-}
-
-/// Maps the shared page of `lock_file` (open read-write), writing a fresh
-/// page first when it holds none.
-pub fn mapPage(lock_file: io.File) Error!io.WritableMemory {
-    try ensureSharedPage(lock_file);
-    return io.mapWritable(lock_file, shared_page_bytes);
-}
 
 fn fileName(buffer: *[format.file_name_bytes]u8, id: u64) [:0]const u8 {
     return format.fileName(buffer, .journal, id);
@@ -180,6 +122,7 @@ fn fileName(buffer: *[format.file_name_bytes]u8, id: u64) [:0]const u8 {
 /// Creates journal file `id` whole (its page written and synced) before any
 /// superblock names it.
 pub fn createFile(dir: io.Dir, id: u64, superblock: *const Superblock) Error!void {
+    assert(id != 0 and id > superblock.generation or id == superblock.data_file);
     var name_buffer: [format.file_name_bytes]u8 = undefined;
     const file = try io.createFile(dir, fileName(&name_buffer, id), true);
     defer io.closeFile(file);
@@ -201,40 +144,21 @@ pub fn createFile(dir: io.Dir, id: u64, superblock: *const Superblock) Error!voi
 }
 
 /// Opens the journal `superblock` names read-write, with `memory` the
-/// shared page (`mapPage`). Caller holds the writer lock.
+/// shared page (`seqlock.mapPage`). Caller holds the writer lock.
 pub fn open(dir: io.Dir, superblock: *const Superblock, memory: io.WritableMemory) Error!Handle {
     assert(superblock.journal_file != 0);
     var name_buffer: [format.file_name_bytes]u8 = undefined;
     const file = try io.openFile(dir, fileName(&name_buffer, superblock.journal_file), .read_write);
     errdefer io.closeFile(file);
     const checked = try checkPage(dir, file);
-    return .{ .file = file, .memory = memory, .last_sequence = superblock.journal_sequence, .start = checked.start, .end = checked.start, .allocated = checked.length };
-}
-
-/// The shared page lives in the lock file, which is never synced: the
-/// journal file is synced on every replace, and a page in it would be
-/// written back and write-protected each time, so that every sequence-lock
-/// store through the mapping took a page fault (4 ms on ext4 here). The
-/// page is volatile: nothing in it is trusted after a crash until a writer
-/// or a settling reader rewrote it.
-pub const lock_file_name = "lock";
-
-/// What the lock file holds: the shared page's 64 bytes, not a whole page
-/// (a 4 KiB file per store was 0.01% of a 40 MB array). Mappings still
-/// cover a page; only these bytes are ever read or written.
-pub const shared_page_bytes: u64 = @sizeOf(JournalPage);
-
-/// Writes a fresh page into the lock file when it holds none (a new store,
-/// or a power loss took it). Caller holds the writer lock.
-pub fn ensureSharedPage(file: io.File) Error!void {
-    var page: JournalPage = undefined;
-    // A whole page read from offset 0: the file holds at least the page.
-    const got = try io.read(file, std.mem.asBytes(&page), 0);
-    if (got == @sizeOf(JournalPage) and std.mem.eql(u8, &page.magic, &format.journal_magic)) return;
-    page = std.mem.zeroes(JournalPage);
-    page.magic = format.journal_magic;
-    page.version = format.journal_version;
-    try io.write(file, std.mem.asBytes(&page), 0);
+    return .{
+        .file = file,
+        .memory = memory,
+        .last_sequence = superblock.journal_sequence,
+        .start = checked.start,
+        .end = checked.start,
+        .allocated = checked.length,
+    };
 }
 
 /// A journal shorter than its page or with another magic is damage: its
@@ -244,11 +168,23 @@ pub fn checkPage(dir: io.Dir, file: io.File) Error!struct { start: u64, length: 
     var page: JournalPage = undefined;
     const got = try io.read(file, std.mem.asBytes(&page), 0);
     const length = try io.length(file);
-    if (got != @sizeOf(JournalPage) or length < page_bytes or !std.mem.eql(u8, &page.magic, &format.journal_magic)) {
-        return status.fail(error.Corrupt, "store '{s}' is damaged: journal '{s}' has no valid page; restore the store from a copy", .{ dir.path, file.name() });
+    if (got != @sizeOf(JournalPage) or length < page_bytes or
+        !std.mem.eql(u8, &page.magic, &format.journal_magic))
+    {
+        return status.fail(
+            error.Corrupt,
+            "store '{s}' is damaged: journal '{s}' has no valid page; restore the store from a " ++
+                "copy",
+            .{ dir.path, file.name() },
+        );
     }
     if (page.version != 1 and page.version != format.journal_version) {
-        return status.fail(error.UnsupportedVersion, "store '{s}' has a journal of version {d}, which this loaderx cannot read (it reads 1 and {d}); upgrade loaderx", .{ dir.path, page.version, format.journal_version });
+        return status.fail(
+            error.UnsupportedVersion,
+            "store '{s}' has a journal of version {d}, which this loaderx cannot read (it reads " ++
+                "1 and {d}); upgrade loaderx",
+            .{ dir.path, page.version, format.journal_version },
+        );
     }
     return .{ .start = format.journalRecordsStart(page.version), .length = length };
 }
@@ -258,7 +194,9 @@ pub fn checkPage(dir: io.Dir, file: io.File) Error!struct { start: u64, length: 
 /// current generation. Cheap: one read of a header.
 fn mayHoldRecords(handle: *const Handle, superblock: *const Superblock) Error!bool {
     var record: JournalRecord = undefined;
-    if (try io.read(handle.file, std.mem.asBytes(&record), handle.start) != @sizeOf(JournalRecord)) return false;
+    if (try io.read(handle.file, std.mem.asBytes(&record), handle.start) != @sizeOf(
+        JournalRecord,
+    )) return false;
     return isNext(&record, superblock.journal_sequence + 1, superblock);
 }
 
@@ -286,8 +224,15 @@ fn patchStart(patch: Patch, stride: u64) u64 {
 /// Calls `visit(context, first_block, image)` for every run of at most
 /// `run_blocks_max` blocks that `patches` (ascending rows) touch, with
 /// `image` the run's bytes as they are after the patches.
-fn forEachRun(target: Target, patches: []const Patch, scratch: []u8, context: anytype, comptime visit: anytype) Error!void {
+fn forEachRun(
+    target: Target,
+    patches: []const Patch,
+    scratch: []u8,
+    context: anytype,
+    comptime visit: anytype,
+) Error!void {
     assert(scratch.len == run_blocks_max * block_bytes);
+    assert(target.stride > 0 and patches.len > 0);
     const stride = target.stride;
     var passed: usize = 0; // Patches before it end at or before the current run.
     var next: usize = 0;
@@ -295,26 +240,36 @@ fn forEachRun(target: Target, patches: []const Patch, scratch: []u8, context: an
         const first = patchStart(patches[next], stride) / block_bytes;
         var last = (patchStart(patches[next], stride) + stride - 1) / block_bytes;
         next += 1;
-        while (next < patches.len and patchStart(patches[next], stride) / block_bytes <= last + 1) : (next += 1) {
+        while (next < patches.len and
+            patchStart(patches[next], stride) / block_bytes <= last + 1) : (next += 1)
+        {
             last = @max(last, (patchStart(patches[next], stride) + stride - 1) / block_bytes);
         }
         var block = first;
         while (block <= last) {
             const start = block * block_bytes;
-            while (passed < patches.len and patchStart(patches[passed], stride) + stride <= start) passed += 1;
+            while (passed < patches.len and patchStart(patches[passed], stride) + stride <= start)
+                passed += 1;
             const block_end = runEnd(patches[passed..], stride, block, last);
             const end = @min(block_end * block_bytes, target.data_bytes);
             const image = covering(patches[passed..], stride, start, end) orelse image: {
                 const image = scratch[0 .. end - start];
                 if (try io.read(target.data, image, start) != image.len) {
-                    return status.fail(error.Corrupt, "data file '{s}' is shorter than committed", .{target.data.name()});
+                    return status.fail(
+                        error.Corrupt,
+                        "data file '{s}' is shorter than committed",
+                        .{target.data.name()},
+                    );
                 }
                 var k = passed;
                 while (k < patches.len and patchStart(patches[k], stride) < end) : (k += 1) {
                     const row_start = patchStart(patches[k], stride);
                     const from = @max(row_start, start);
                     const to = @min(row_start + stride, end);
-                    @memcpy(image[from - start .. to - start], patches[k].bytes[from - row_start .. to - row_start]);
+                    @memcpy(
+                        image[from - start .. to - start],
+                        patches[k].bytes[from - row_start .. to - row_start],
+                    );
                 }
                 break :image image;
             };
@@ -338,7 +293,10 @@ fn runEnd(patches: []const Patch, stride: u64, block: u64, last: u64) u64 {
     const covered_start = std.math.divCeil(u64, first_byte, block_bytes) catch unreachable;
     const reach = @min(last + 1, @max(block, covered_start) + run_blocks_max) * block_bytes;
     assert(reach > first_byte);
-    const rows_max = @min(patches.len, std.math.divCeil(u64, reach - first_byte, stride) catch unreachable);
+    const rows_max = @min(
+        patches.len,
+        std.math.divCeil(u64, reach - first_byte, stride) catch unreachable,
+    );
     // Rows ascend and repeat none, so `row - k` never falls: the patches
     // that continue patches[0]'s rows are a prefix, found by halving.
     var rows: usize = 1;
@@ -348,10 +306,15 @@ fn runEnd(patches: []const Patch, stride: u64, block: u64, last: u64) u64 {
         if (patches[middle].row == patches[0].row + middle) rows = middle + 1 else beyond = middle;
     }
     // Back to back in memory at both ends; `covering` checks every row.
-    if (@intFromPtr(patches[rows - 1].bytes.ptr) != @intFromPtr(patches[0].bytes.ptr) + (rows - 1) * stride) return plain_end;
+    const first_row_at = @intFromPtr(patches[0].bytes.ptr);
+    const last_row_at = @intFromPtr(patches[rows - 1].bytes.ptr);
+    if (last_row_at != first_row_at + (rows - 1) * stride) return plain_end;
     const covered_end = @min(last + 1, (first_byte + rows * stride) / block_bytes);
     if (covered_end < covered_start + covered_blocks_min) return plain_end;
-    if (block >= covered_start) return if (block < covered_end) @min(covered_end, block + run_blocks_max) else plain_end;
+    if (block >= covered_start) return if (block < covered_end) @min(
+        covered_end,
+        block + run_blocks_max,
+    ) else plain_end;
     return @min(plain_end, covered_start);
 }
 
@@ -378,9 +341,11 @@ fn covering(patches: []const Patch, stride: u64, start: u64, end: u64) ?[]const 
 /// How many of `patches`, from the first, lie back to back in memory (each
 /// row's bytes right after the previous row's).
 fn backToBack(patches: []const Patch, stride: u64) usize {
+    assert(patches.len > 0);
     const base = @intFromPtr(patches[0].bytes.ptr);
     var count: usize = 1;
-    while (count < patches.len and @intFromPtr(patches[count].bytes.ptr) == base + count * stride) count += 1;
+    while (count < patches.len and @intFromPtr(patches[count].bytes.ptr) == base + count * stride)
+        count += 1;
     return count;
 }
 
@@ -430,12 +395,19 @@ fn writeImage(target: *const Target, first: u64, image: []const u8) Error!void {
 
 /// Writes the patched blocks and their sums. Called inside the sequence
 /// lock; idempotent, so replay may run it again after any crash.
-fn apply(target: Target, patches: []const Patch, blocks: []const u64, sums: []const u64, scratch: []u8) Error!void {
+fn apply(
+    target: Target,
+    patches: []const Patch,
+    blocks: []const u64,
+    sums: []const u64,
+    scratch: []u8,
+) Error!void {
     try forEachRun(target, patches, scratch, &target, writeImage);
     try writeSums(target, blocks, sums);
 }
 
 fn writeSums(target: Target, blocks: []const u64, sums: []const u64) Error!void {
+    assert(blocks.len == sums.len);
     var k: usize = 0;
     while (k < blocks.len) {
         var run: usize = 1;
@@ -447,22 +419,78 @@ fn writeSums(target: Target, blocks: []const u64, sums: []const u64) Error!void 
 
 // ---- the live replace -------------------------------------------------------------
 
+/// The superblock after `current` that names a new journal, whose file is
+/// created whole and synced first: once per store, before its first
+/// in-place replace, for a store whose first append did not create it
+/// (opened with durable=False, or older).
+pub fn withNewJournal(dir: io.Dir, current: Superblock) Error!Superblock {
+    assert(current.journal_file == 0);
+    var next = current;
+    next.journal_file = next.generation + 1;
+    next.journal_sequence = 0;
+    assert(next.journal_file > current.generation);
+    try createFile(dir, next.journal_file, &next);
+    return next;
+}
+
+/// The patches of a replace of rows `indices` of `stride` bytes, packed in
+/// `source` at `offsets`, in ascending rows. `ascending`: the indices
+/// ascend strictly already (the caller checked). The caller frees them.
+pub fn patchesOf(
+    indices: []const u64,
+    ascending: bool,
+    source: []const u8,
+    offsets: []const u64,
+    stride: u64,
+) Error![]Patch {
+    assert(indices.len == offsets.len and stride > 0);
+    const patches = allocator.alloc(Patch, indices.len) catch return error.OutOfMemory;
+    for (indices, offsets, patches) |index, offset, *patch| {
+        patch.* = .{ .row = index, .bytes = source[offset..][0..stride] };
+    }
+    if (!ascending) std.mem.sort(Patch, patches, {}, Patch.lessThan);
+    assert(std.sort.isSorted(Patch, patches, {}, Patch.lessThan));
+    return patches;
+}
+
 /// Journals and applies a replace of `patches` (ascending, unique rows of
 /// `target.stride` bytes) on top of generation `superblock`. Returns the new
 /// tail checksum. The record is durable before any committed byte changes.
 /// A failed sync, or a failure after the commit point, sets `poisoned`: this
 /// handle's view may be half written, and only a reopen (which replays the
 /// journal) is sure.
-pub fn replace(handle: *Handle, target: Target, superblock: *const Superblock, patches: []const Patch, tail_now: u64, poisoned: *bool) Error!u64 {
-    const scratch = allocator.alloc(u8, run_blocks_max * block_bytes) catch return error.OutOfMemory;
+pub fn replace(
+    handle: *Handle,
+    target: Target,
+    superblock: *const Superblock,
+    patches: []const Patch,
+    tail_now: u64,
+    poisoned: *bool,
+) Error!u64 {
+    assert(patches.len > 0 and target.stride == superblock.record_bytes);
+    assert(handle.last_sequence >= superblock.journal_sequence);
+    const scratch = allocator.alloc(
+        u8,
+        run_blocks_max * block_bytes,
+    ) catch return error.OutOfMemory;
     defer allocator.free(scratch);
     var sums = Sums{};
     defer sums.deinit();
     try forEachRun(target, patches, scratch, &sums, Sums.visit);
     const tail_checksum = sums.tail_checksum orelse tail_now;
-    const record_bytes = try writeRecord(handle, superblock, target.stride, patches, sums.blocks.items, sums.sums.items, tail_checksum, poisoned);
+    const record_bytes = try writeRecord(
+        handle,
+        superblock,
+        target.stride,
+        patches,
+        sums.blocks.items,
+        sums.sums.items,
+        tail_checksum,
+        poisoned,
+    );
     handle.end += record_bytes;
     handle.last_sequence += 1;
+    assert(record_bytes % 8 == 0 and handle.end <= handle.allocated);
     handle.lock();
     defer handle.unlock(superblock.generation, tail_checksum);
     // One run (a row, or rows close together): its patched image is still
@@ -475,7 +503,12 @@ pub fn replace(handle: *Handle, target: Target, superblock: *const Superblock, p
     } else apply(target, patches, sums.blocks.items, sums.sums.items, scratch);
     applied catch |err| {
         poisoned.* = true;
-        return status.wrap(err, "the replace is committed in the journal but applying it failed; close the store and open it again, which applies it", .{});
+        return status.wrap(
+            err,
+            "the replace is committed in the journal but applying it failed; close the store " ++
+                "and open it again, which applies it",
+            .{},
+        );
     };
     return tail_checksum;
 }
@@ -488,13 +521,27 @@ const stage_bytes = 1 << 20;
 /// Appends one record and syncs it. On failure the record's header is
 /// zeroed in the page cache, as far as the disk allows, so that no replay
 /// takes a replace that reported failure.
-fn writeRecord(handle: *Handle, superblock: *const Superblock, stride: u64, patches: []const Patch, blocks: []const u64, sums: []const u64, tail_checksum: u64, poisoned: *bool) Error!u64 {
+fn writeRecord(
+    handle: *Handle,
+    superblock: *const Superblock,
+    stride: u64,
+    patches: []const Patch,
+    blocks: []const u64,
+    sums: []const u64,
+    tail_checksum: u64,
+    poisoned: *bool,
+) Error!u64 {
     const k = patches.len;
     const lists_bytes = (k + 2 * blocks.len) * 8;
     const body_bytes = lists_bytes + k * stride;
     const total = std.mem.alignForward(u64, @sizeOf(JournalRecord) + body_bytes, 8);
+    assert(blocks.len == sums.len and k > 0);
     // The header and the row, block and sum lists.
-    const head = allocator.alignedAlloc(u8, .@"8", @sizeOf(JournalRecord) + lists_bytes) catch return error.OutOfMemory;
+    const head = allocator.alignedAlloc(
+        u8,
+        .@"8",
+        @sizeOf(JournalRecord) + lists_bytes,
+    ) catch return error.OutOfMemory;
     defer allocator.free(head);
     const lists = head[@sizeOf(JournalRecord)..];
     const rows: []u64 = @alignCast(std.mem.bytesAsSlice(u64, lists[0 .. k * 8]));
@@ -518,7 +565,14 @@ fn writeRecord(handle: *Handle, superblock: *const Superblock, stride: u64, patc
         // the record valid, whose checksum covers them.
         var hasher = record.checksumStart();
         hasher.update(lists);
-        writeRows(handle, handle.end + head.len, patches, stride, total - head.len, &hasher) catch |err| break :blk err;
+        writeRows(
+            handle,
+            handle.end + head.len,
+            patches,
+            stride,
+            total - head.len,
+            &hasher,
+        ) catch |err| break :blk err;
         record.checksum = hasher.final();
         @memcpy(head[0..@sizeOf(JournalRecord)], std.mem.asBytes(&record));
         io.write(handle.file, head, handle.end) catch |err| break :blk err;
@@ -551,7 +605,14 @@ fn flushStage(handle: *Handle, staged: []const u8, at: *u64, hasher: *std.hash.X
 
 /// Writes the patches' rows back to back at `offset`, then zeros up to
 /// `bytes` (the record's padding), feeding the rows to `hasher`.
-fn writeRows(handle: *Handle, offset: u64, patches: []const Patch, stride: u64, bytes: u64, hasher: *std.hash.XxHash3) Error!void {
+fn writeRows(
+    handle: *Handle,
+    offset: u64,
+    patches: []const Patch,
+    stride: u64,
+    bytes: u64,
+    hasher: *std.hash.XxHash3,
+) Error!void {
     const stage = allocator.alloc(u8, @min(bytes, stage_bytes)) catch return error.OutOfMemory;
     defer allocator.free(stage);
     var fill: u64 = 0;
@@ -571,7 +632,8 @@ fn writeRows(handle: *Handle, offset: u64, patches: []const Patch, stride: u64, 
                 // Only while hashing more rows follows to overlap it: the
                 // record's fdatasync starts the last piece's write-back
                 // as well, without a call of its own.
-                if (rest.len > 0 or k < patches.len) io.startWriteback(handle.file, at - piece.len, piece.len);
+                if (rest.len > 0 or k < patches.len)
+                    io.startWriteback(handle.file, at - piece.len, piece.len);
             }
             continue;
         }
@@ -622,7 +684,10 @@ const Loaded = struct {
     }
 
     fn sums(loaded: *const Loaded) []const u64 {
-        return loaded.list(loaded.record.row_count + loaded.record.block_count, loaded.record.block_count);
+        return loaded.list(
+            loaded.record.row_count + loaded.record.block_count,
+            loaded.record.block_count,
+        );
     }
 
     fn rowBytes(loaded: *const Loaded, k: usize) []const u8 {
@@ -634,12 +699,19 @@ const Loaded = struct {
 
 /// The record at `offset` if it is the next one (`sequence`) of generation
 /// `superblock` and whole; null at the end of the journal or a torn record.
-fn load(file: io.File, file_bytes: u64, offset: u64, sequence: u64, superblock: *const Superblock) Error!?Loaded {
+fn load(
+    file: io.File,
+    file_bytes: u64,
+    offset: u64,
+    sequence: u64,
+    superblock: *const Superblock,
+) Error!?Loaded {
     if (offset + @sizeOf(JournalRecord) > file_bytes) return null;
     var record: JournalRecord = undefined;
     if (try io.read(file, std.mem.asBytes(&record), offset) != @sizeOf(JournalRecord)) return null;
     if (!isNext(&record, sequence, superblock)) return null;
-    if (record.row_bytes != superblock.record_bytes or superblock.getLayout() != .fixed) return null;
+    if (record.row_bytes != superblock.record_bytes or superblock.getLayout() != .fixed)
+        return null;
     const body_bytes = record.bodyBytes() orelse return null;
     const total = std.mem.alignForward(u64, @sizeOf(JournalRecord) +| body_bytes, 8);
     if (record.total_bytes != total or total > file_bytes - offset) return null;
@@ -654,7 +726,12 @@ fn load(file: io.File, file_bytes: u64, offset: u64, sequence: u64, superblock: 
     }
     if (!sound(&loaded, superblock)) {
         loaded.deinit();
-        return status.fail(error.Corrupt, "journal '{s}': record {d} passes its checksum but names rows or blocks outside the store", .{ file.name(), sequence });
+        return status.fail(
+            error.Corrupt,
+            "journal '{s}': record {d} passes its checksum but names rows or blocks outside the " ++
+                "store",
+            .{ file.name(), sequence },
+        );
     }
     return loaded;
 }
@@ -679,7 +756,10 @@ pub const Replayed = struct { records: u64, tail_checksum: u64 };
 
 pub fn replay(handle: *Handle, target: Target, superblock: *const Superblock) Error!Replayed {
     const file_bytes = try io.length(handle.file);
-    const scratch = allocator.alloc(u8, run_blocks_max * block_bytes) catch return error.OutOfMemory;
+    const scratch = allocator.alloc(
+        u8,
+        run_blocks_max * block_bytes,
+    ) catch return error.OutOfMemory;
     defer allocator.free(scratch);
     var offset: u64 = handle.start;
     var sequence = superblock.journal_sequence + 1;
@@ -689,9 +769,15 @@ pub fn replay(handle: *Handle, target: Target, superblock: *const Superblock) Er
     while (try load(handle.file, file_bytes, offset, sequence, superblock)) |loaded_value| {
         var loaded = loaded_value;
         defer loaded.deinit();
-        const patches = allocator.alloc(Patch, loaded.record.row_count) catch return error.OutOfMemory;
+        const patches = allocator.alloc(
+            Patch,
+            loaded.record.row_count,
+        ) catch return error.OutOfMemory;
         defer allocator.free(patches);
-        for (patches, loaded.rows(), 0..) |*patch, row, k| patch.* = .{ .row = row, .bytes = loaded.rowBytes(k) };
+        for (patches, loaded.rows(), 0..) |*patch, row, k| patch.* = .{
+            .row = row,
+            .bytes = loaded.rowBytes(k),
+        };
         try apply(target, patches, loaded.blocks(), loaded.sums(), scratch);
         tail_checksum = loaded.record.tail_checksum;
         offset += loaded.record.total_bytes;
@@ -700,6 +786,8 @@ pub fn replay(handle: *Handle, target: Target, superblock: *const Superblock) Er
     }
     handle.end = offset;
     handle.last_sequence = sequence - 1;
+    // The reader's side of writeRecord's sequence: one per record, in order.
+    assert(handle.last_sequence == superblock.journal_sequence + records);
     return .{ .records = records, .tail_checksum = tail_checksum };
 }
 
@@ -720,14 +808,19 @@ pub fn settledAlready(dir: io.Dir, lock_file: io.File, superblock: *const Superb
     if (shared.sequence_lock % 2 != 0 or shared.tail_generation != superblock.generation or
         shared.tail_checksum != superblock.tail_checksum) return false;
     var name_buffer: [format.file_name_bytes]u8 = undefined;
-    const file = io.openFile(dir, fileName(&name_buffer, superblock.journal_file), .read_only) catch return false;
+    const file = io.openFile(
+        dir,
+        fileName(&name_buffer, superblock.journal_file),
+        .read_only,
+    ) catch return false;
     defer io.closeFile(file);
     // One read of the first page covers the version 2 header and the
     // first record's header; a short read is a damaged journal.
     var first: [page_bytes]u8 align(@alignOf(JournalRecord)) = undefined;
     if (try io.read(file, &first, 0) != page_bytes) return false;
     const header = std.mem.bytesToValue(JournalPage, first[0..@sizeOf(JournalPage)]);
-    if (!std.mem.eql(u8, &header.magic, &format.journal_magic) or header.version != format.journal_version) return false;
+    if (!std.mem.eql(u8, &header.magic, &format.journal_magic) or
+        header.version != format.journal_version) return false;
     const start = format.journalRecordsStart(header.version);
     const record = std.mem.bytesToValue(JournalRecord, first[start..][0..@sizeOf(JournalRecord)]);
     return !isNext(&record, superblock.journal_sequence + 1, superblock);
@@ -740,7 +833,13 @@ pub fn pendingReadOnly(dir: io.Dir, superblock: *const Superblock) Error!bool {
     const file = try io.openFile(dir, fileName(&name_buffer, superblock.journal_file), .read_only);
     defer io.closeFile(file);
     const checked = try checkPage(dir, file);
-    var loaded = try load(file, checked.length, checked.start, superblock.journal_sequence + 1, superblock) orelse return false;
+    var loaded = try load(
+        file,
+        checked.length,
+        checked.start,
+        superblock.journal_sequence + 1,
+        superblock,
+    ) orelse return false;
     loaded.deinit();
     return true;
 }
@@ -748,15 +847,132 @@ pub fn pendingReadOnly(dir: io.Dir, superblock: *const Superblock) Error!bool {
 /// Opens `superblock`'s data and sums files read-write for a replay.
 pub fn openTarget(dir: io.Dir, superblock: *const Superblock) Error!Target {
     var name_buffer: [format.file_name_bytes]u8 = undefined;
-    const data = try io.openFile(dir, format.fileName(&name_buffer, .data, superblock.data_file), .read_write);
+    const data = try io.openFile(
+        dir,
+        format.fileName(&name_buffer, .data, superblock.data_file),
+        .read_write,
+    );
     errdefer io.closeFile(data);
-    const sums = try io.openFile(dir, format.fileName(&name_buffer, .sums, superblock.sums_file), .read_write);
-    return .{ .data = data, .sums = sums, .data_bytes = superblock.data_bytes, .stride = superblock.record_bytes };
+    const sums = try io.openFile(
+        dir,
+        format.fileName(&name_buffer, .sums, superblock.sums_file),
+        .read_write,
+    );
+    return .{
+        .data = data,
+        .sums = sums,
+        .data_bytes = superblock.data_bytes,
+        .stride = superblock.record_bytes,
+    };
 }
 
 pub fn closeTarget(target: Target) void {
     io.closeFile(target.data);
     io.closeFile(target.sums);
+}
+
+/// The writer's target, kept open across replaces: the data and sums files
+/// of the current fixed generation, reopened when a commit names others.
+pub const OpenTarget = struct {
+    target: ?Target = null,
+    /// The data and sums files `target` is.
+    ids: [2]u64 = .{ 0, 0 },
+
+    pub fn get(open_target: *OpenTarget, dir: io.Dir, superblock: *const Superblock) Error!Target {
+        assert(superblock.getLayout() == .fixed);
+        if (open_target.target) |*target| {
+            const ids = open_target.ids;
+            if (ids[0] == superblock.data_file and ids[1] == superblock.sums_file) {
+                target.data_bytes = superblock.data_bytes;
+                target.stride = superblock.record_bytes;
+                return target.*;
+            }
+            closeTarget(target.*);
+            open_target.target = null;
+        }
+        open_target.target = try openTarget(dir, superblock);
+        open_target.ids = .{ superblock.data_file, superblock.sums_file };
+        assert(open_target.target.?.stride == superblock.record_bytes);
+        return open_target.target.?;
+    }
+
+    pub fn close(open_target: *OpenTarget) void {
+        if (open_target.target) |target| closeTarget(target);
+        open_target.target = null;
+    }
+};
+
+// ---- the readers' settle path ----------------------------------------------------
+
+/// A reader that finds no live writer (the lock file free) applies the
+/// journal records a killed writer left (they are committed), so it reads
+/// what was committed.
+pub fn settleReader(dir: io.Dir, superblock: *const Superblock) Error!void {
+    assert(superblock.getLayout() == .fixed);
+    const lock = io.openFile(dir, seqlock.lock_file_name, .read_only) catch |err| switch (err) {
+        error.NotFound => return,
+        else => return err,
+    };
+    defer io.closeFile(lock);
+    if (!try io.tryLock(lock)) return;
+    if (try settledAlready(dir, lock, superblock)) return;
+    if (superblock.journal_file == 0) {
+        // A power loss may have taken the shared page: put it back, if
+        // this place can be written (otherwise no writer can come).
+        const page_file = io.openFile(dir, seqlock.lock_file_name, .read_write) catch return;
+        defer io.closeFile(page_file);
+        return seqlock.ensureSharedPage(page_file);
+    }
+    var page_file: ?io.File = null;
+    defer if (page_file) |file| io.closeFile(file);
+    var memory: ?io.WritableMemory = null;
+    defer if (memory) |mapped| io.unmapWritable(mapped);
+    var handle = opened: {
+        page_file = io.openFile(
+            dir,
+            seqlock.lock_file_name,
+            .read_write,
+        ) catch |err| break :opened err;
+        memory = seqlock.mapPage(page_file.?) catch |err| break :opened err;
+        break :opened open(dir, superblock, memory.?);
+    } catch |err| {
+        if (err == error.Corrupt or err == error.UnsupportedVersion) return err;
+        if (try pendingReadOnly(dir, superblock)) {
+            return status.fail(error.ReadOnly, "store '{s}' has replaces its last writer " ++
+                "committed but did not finish applying, and this place cannot be written: " ++
+                "open it once for writing where it can be written, which applies them", .{
+                dir.path,
+            });
+        }
+        return;
+    };
+    defer handle.close();
+    _ = try settle(dir, &handle, superblock);
+}
+
+/// Waits while an in-place replace is writing (the sequence lock is odd);
+/// returns the even value. A writer killed mid-replace leaves the lock odd:
+/// `settler.settleStuck(page)` settles the journal once the lock file is
+/// free, and says whether the lock is even then.
+pub fn waitEven(dir: io.Dir, page: *const JournalPage, settler: anytype) Error!u64 {
+    const wait_ns_max = 30 * std.time.ns_per_s;
+    var waited_ns: u64 = 0;
+    var spins: u32 = 0;
+    while (true) {
+        const value = seqlock.readBegin(page);
+        if (value % 2 == 0) return value;
+        spins += 1;
+        if (spins < 1000) {
+            std.atomic.spinLoopHint();
+            continue;
+        }
+        if (waited_ns >= wait_ns_max) {
+            return status.fail(error.Locked, "store '{s}': a writer has been replacing records " ++
+                "in place for {d} s; is it stuck?", .{ dir.path, wait_ns_max / std.time.ns_per_s });
+        }
+        if (try settler.settleStuck(page)) continue;
+        waited_ns += std.time.ns_per_ms;
+    }
 }
 
 /// Replays `superblock`'s pending records under the sequence lock and
@@ -782,54 +998,6 @@ pub fn settle(dir: io.Dir, handle: *Handle, superblock: *const Superblock) Error
     return replayed;
 }
 
-/// Whether a reader's gather may use the snapshot's bytes: the lock word
-/// was even before and unchanged after.
-pub fn readBegin(page: *const JournalPage) u64 {
-    return @atomicLoad(u64, &page.sequence_lock, .seq_cst);
-}
-
-/// The tail checksum a reader of generation `superblock` must check against.
-pub fn tailChecksum(page: ?*const JournalPage, superblock: *const Superblock) u64 {
-    const shared = page orelse return superblock.tail_checksum;
-    if (!std.mem.eql(u8, &shared.magic, &format.journal_magic)) return superblock.tail_checksum;
-    if (@atomicLoad(u64, &shared.tail_generation, .seq_cst) != superblock.generation) return superblock.tail_checksum;
-    return @atomicLoad(u64, &shared.tail_checksum, .seq_cst);
-}
-
-test "regression: a small record after one larger than a growth step does not zero it" {
-    // Found by the SIGKILL suite: a record larger than `grow_bytes` extended
-    // the journal past `allocated`, and the next small record's growth
-    // wrote zeros over it, so replay after a kill stopped there and lost it
-    // and every later replace.
-    const storage = @import("testing/storage.zig");
-    const Store = @import("store.zig").Store;
-    storage.reset();
-    const stride = 100;
-    const count = 60;
-    var rows: [count * stride]u8 = undefined;
-    var offsets: [count]u64 = undefined;
-    var all: [count]u64 = undefined;
-    for (&offsets, &all, 0..) |*offset, *index, k| {
-        offset.* = k * stride;
-        index.* = k;
-    }
-    @memset(&rows, 1);
-    const store = try Store.open("replay", 1, true, true);
-    _ = try store.append(&rows, &offsets, .raw);
-    for ([_]usize{ 1, count, 1, 1 }, 2..) |replaced, value| {
-        @memset(rows[0 .. replaced * stride], @intCast(value));
-        try store.replace(all[0..replaced], rows[0 .. replaced * stride], offsets[0..replaced], .raw);
-    }
-    // Killed: the handle is dropped without close (no checkpoint).
-    storage.processCrash();
-    const reader = try Store.open("replay", 1, true, true);
-    defer reader.close();
-    var target: [count * stride]u8 = undefined;
-    try reader.gather(&all, &target, null);
-    for (target[0..stride]) |byte| try std.testing.expectEqual(@as(u8, 5), byte);
-    for (target[stride..]) |byte| try std.testing.expectEqual(@as(u8, 3), byte);
-}
-
 test "runEnd: whole blocks covered back to back form their own runs, edges and sparse rows do not" {
     const testing = std.testing;
     const B = block_bytes;
@@ -838,8 +1006,18 @@ test "runEnd: whole blocks covered back to back form their own runs, edges and s
     const patches = try allocator.alloc(Patch, 20_000);
     defer allocator.free(patches);
     const Case = struct {
-        fn fill(out: []Patch, buffer: []const u8, first_row: u64, row_step: u64, stride: u64, count: usize) []Patch {
-            for (out[0..count], 0..) |*patch, k| patch.* = .{ .row = first_row + k * row_step, .bytes = buffer[k * stride ..][0..stride] };
+        fn fill(
+            out: []Patch,
+            buffer: []const u8,
+            first_row: u64,
+            row_step: u64,
+            stride: u64,
+            count: usize,
+        ) []Patch {
+            for (out[0..count], 0..) |*patch, k| patch.* = .{
+                .row = first_row + k * row_step,
+                .bytes = buffer[k * stride ..][0..stride],
+            };
             return out[0..count];
         }
         fn lastBlock(group: []const Patch, stride: u64) u64 {
@@ -882,66 +1060,4 @@ test "runEnd: whole blocks covered back to back form their own runs, edges and s
     last = Case.lastBlock(group, 2_000);
     try testing.expectEqual(@as(u64, 64), runEnd(group, 2_000, 0, last));
     try testing.expectEqual(@as(u64, 128), runEnd(group[(64 * B) / 2_000 ..], 2_000, 64, last));
-}
-
-test "a replace of rows back to back in memory, read from the caller (no copy), survives a kill and a reopen" {
-    // Covers the zero-copy paths: runs the rows cover whole (`covering`,
-    // with `runEnd` splitting off the two edge blocks) and rows written
-    // to the journal straight from the caller (`direct_bytes_min`), live
-    // and in replay; and rows out of memory order, which take the
-    // copying path.
-    const storage = @import("testing/storage.zig");
-    const Store = @import("store.zig").Store;
-    storage.reset();
-    const stride = 100;
-    const count = 2000;
-    const rows = try allocator.alloc(u8, count * stride);
-    defer allocator.free(rows);
-    const model = try allocator.alloc(u8, count * stride);
-    defer allocator.free(model);
-    const offsets = try allocator.alloc(u64, count);
-    defer allocator.free(offsets);
-    const all = try allocator.alloc(u64, count);
-    defer allocator.free(all);
-    for (offsets, all, 0..) |*offset, *index, k| {
-        offset.* = k * stride;
-        index.* = k;
-    }
-    for (model, 0..) |*byte, k| byte.* = @truncate(k *% 7);
-    const store = try Store.open("direct", 1, true, true);
-    _ = try store.append(model, offsets, .raw);
-    // Rows 150..1850 in order, back to back: 170 KB, whole blocks inside.
-    const first = 150;
-    const replaced = 1700;
-    for (rows[0 .. replaced * stride], 0..) |*byte, k| byte.* = @truncate(k *% 13 +% 1);
-    const read_before = storage.readBytes();
-    try store.replace(all[first..][0..replaced], rows[0 .. replaced * stride], offsets[0..replaced], .raw);
-    // Only the two edge blocks are read (for their sums, and again to
-    // apply them), and a journal header: not the ten whole blocks between.
-    try std.testing.expect(storage.readBytes() - read_before <= 4 * format.block_bytes + 4096);
-    @memcpy(model[first * stride ..][0 .. replaced * stride], rows[0 .. replaced * stride]);
-    // Rows 10, 9, ..., 1 from the front of `rows`: sorted by row, their
-    // bytes run backwards in memory.
-    var backwards: [10]u64 = undefined;
-    for (&backwards, 0..) |*index, k| index.* = 10 - k;
-    @memset(rows[0 .. 10 * stride], 0xee);
-    for (0..10) |k| rows[k * stride] = @intCast(k);
-    try store.replace(&backwards, rows[0 .. 10 * stride], offsets[0..10], .raw);
-    for (backwards, 0..) |row, k| @memcpy(model[row * stride ..][0..stride], rows[k * stride ..][0..stride]);
-    const target = try allocator.alloc(u8, count * stride);
-    defer allocator.free(target);
-    try store.gather(all, target, null);
-    try std.testing.expectEqualSlices(u8, model, target);
-    // The block sums of the runs hashed from the caller's memory match.
-    const damaged = try allocator.alloc(u64, count);
-    defer allocator.free(damaged);
-    try std.testing.expectEqual(@as(u64, 0), try store.verify(0, count, damaged));
-    // Killed before a checkpoint: a reader replays both records.
-    storage.processCrash();
-    const reader = try Store.open("direct", 1, true, true);
-    defer reader.close();
-    @memset(target, 0);
-    try reader.gather(all, target, null);
-    try std.testing.expectEqualSlices(u8, model, target);
-    try std.testing.expectEqual(@as(u64, 0), try reader.verify(0, count, damaged));
 }

@@ -19,7 +19,13 @@ const block_bytes = format.block_bytes;
 
 /// Writes `row_count` rows of `stride` bytes from `plan` into `file`,
 /// with block checksums into `sums_file` when given.
-pub fn streamRows(file: io.File, sums_file: ?io.File, row_count: u64, stride: u64, plan: anytype) Error!RowWriter.Written {
+pub fn streamRows(
+    file: io.File,
+    sums_file: ?io.File,
+    row_count: u64,
+    stride: u64,
+    plan: anytype,
+) Error!RowWriter.Written {
     var writer = try RowWriter.init(file, sums_file);
     defer writer.deinit();
     var cursor = plan.begin();
@@ -117,24 +123,34 @@ pub const DeletePlan = struct {
             const plan = cursor.plan;
             const doomed = plan.doomed;
             if (plan.keep_order) {
-                while (cursor.doomed_next < doomed.len and doomed[cursor.doomed_next] == cursor.old_row) {
+                while (cursor.doomed_next < doomed.len and
+                    doomed[cursor.doomed_next] == cursor.old_row)
+                {
                     cursor.doomed_next += 1;
                     cursor.old_row += 1;
                 }
                 var run = rows_max;
-                if (cursor.doomed_next < doomed.len) run = @min(run, doomed[cursor.doomed_next] - cursor.old_row);
+                if (cursor.doomed_next < doomed.len) run = @min(
+                    run,
+                    doomed[cursor.doomed_next] - cursor.old_row,
+                );
                 cursor.old_row += run;
                 return plan.oldRows(cursor.old_row - run, run);
             }
             const is_hole = cursor.doomed_next < doomed.len and doomed[cursor.doomed_next] == row;
             if (!is_hole) {
                 var run = rows_max;
-                if (cursor.doomed_next < doomed.len) run = @min(run, doomed[cursor.doomed_next] - row);
+                if (cursor.doomed_next < doomed.len) run = @min(
+                    run,
+                    doomed[cursor.doomed_next] - row,
+                );
                 return plan.oldRows(row, run);
             }
             cursor.doomed_next += 1;
             // The next survivor in the tail: skip tail rows that are doomed too.
-            while (cursor.tail_doomed < doomed.len and doomed[cursor.tail_doomed] == cursor.old_row) {
+            while (cursor.tail_doomed < doomed.len and
+                doomed[cursor.tail_doomed] == cursor.old_row)
+            {
                 cursor.tail_doomed += 1;
                 cursor.old_row += 1;
             }
@@ -230,7 +246,10 @@ pub const RowWriter = struct {
             const first_block = writer.flushed / block_bytes;
             const full = writer.fill / block_bytes;
             for (0..full) |k| {
-                writer.sums[k] = format.blockChecksum(first_block + k, writer.buffer[k * block_bytes ..][0..block_bytes]);
+                writer.sums[k] = format.blockChecksum(
+                    first_block + k,
+                    writer.buffer[k * block_bytes ..][0..block_bytes],
+                );
             }
             try io.write(sums_file, std.mem.sliceAsBytes(writer.sums[0..full]), first_block * 8);
         }
@@ -245,7 +264,10 @@ pub const RowWriter = struct {
         const tail = writer.fill % block_bytes;
         if (tail != 0 and writer.sums_file != null) {
             const block = (writer.flushed + writer.fill) / block_bytes;
-            tail_checksum = format.blockChecksum(block, writer.buffer[writer.fill - tail .. writer.fill]);
+            tail_checksum = format.blockChecksum(
+                block,
+                writer.buffer[writer.fill - tail .. writer.fill],
+            );
         }
         try writer.flush();
         assert(writer.flushed == writer.position);
@@ -287,7 +309,13 @@ test "a delete plan keeps order or fills holes from the tail, skipping doomed ta
     const old = "01234567";
     const doomed = [_]u64{ 1, 3, 6 };
     for ([_]bool{ true, false }, [_][]const u8{ "02457", "05274" }) |keep_order, expected| {
-        const plan = DeletePlan{ .old = old, .stride = 1, .doomed = &doomed, .remaining = 5, .keep_order = keep_order };
+        const plan = DeletePlan{
+            .old = old,
+            .stride = 1,
+            .doomed = &doomed,
+            .remaining = 5,
+            .keep_order = keep_order,
+        };
         var out: [5]u8 = undefined;
         try drain(&plan, 5, 1, &out);
         try testing.expectEqualStrings(expected, &out);
@@ -326,7 +354,13 @@ test "the row writer checksums every full block and the partial tail, across flu
     for (0..full_blocks) |block| {
         var sum: u64 = undefined;
         _ = try io.read(sums, std.mem.asBytes(&sum), block * 8);
-        try testing.expectEqual(format.blockChecksum(block, content[block * block_bytes ..][0..block_bytes]), sum);
+        try testing.expectEqual(
+            format.blockChecksum(block, content[block * block_bytes ..][0..block_bytes]),
+            sum,
+        );
     }
-    try testing.expectEqual(format.blockChecksum(full_blocks, content[full_blocks * block_bytes ..]), result.tail_checksum);
+    try testing.expectEqual(
+        format.blockChecksum(full_blocks, content[full_blocks * block_bytes ..]),
+        result.tail_checksum,
+    );
 }

@@ -26,7 +26,12 @@ pub fn packLengths(indices: []const u64, offsets: []u64, row_bytes: u64) Error!u
         const length = end.*;
         const whole = if (row_bytes == 0) length == 0 else length % row_bytes == 0;
         if (!whole) {
-            return status.fail(error.InvalidArgument, "record {d} is {d} bytes, not a whole number of {d}-byte rows: the store does not match its schema", .{ index, length, row_bytes });
+            return status.fail(
+                error.InvalidArgument,
+                "record {d} is {d} bytes, not a whole number of {d}-byte rows: the store does " ++
+                    "not match its schema",
+                .{ index, length, row_bytes },
+            );
         }
         end.* = offsets[k] + length;
     }
@@ -48,7 +53,13 @@ pub fn toRows(offsets: []u64, row_bytes: u64) void {
 /// and fills `offsets` (`indices.len + 1` entries) with their row offsets.
 /// Returns the bytes the batch needs: if that is more than `target.len`,
 /// nothing was read and `offsets` hold byte offsets.
-pub fn gatherStore(store: *Store, indices: []const u64, row_bytes: u64, target: []u8, offsets: []u64) Error!u64 {
+pub fn gatherStore(
+    store: *Store,
+    indices: []const u64,
+    row_bytes: u64,
+    target: []u8,
+    offsets: []u64,
+) Error!u64 {
     status.clear();
     assert(offsets.len == indices.len + 1);
     // One snapshot for the lengths and the copy, so they cannot disagree.
@@ -62,7 +73,14 @@ pub fn gatherStore(store: *Store, indices: []const u64, row_bytes: u64, target: 
     for (indices, offsets[1..]) |index, *length| length.* = try snapshot.recordLength(index);
     const total = try packLengths(indices, offsets, row_bytes);
     if (total > target.len) return total;
-    try read.gather(snapshot, store.threads, store.checksReads(snapshot), indices, target[0..total], offsets[0..indices.len]);
+    try read.gather(
+        snapshot,
+        store.threads,
+        store.checksReads(snapshot),
+        indices,
+        target[0..total],
+        offsets[0..indices.len],
+    );
     toRows(offsets, row_bytes);
     return total;
 }

@@ -22,18 +22,31 @@ pub fn checkIndices(snapshot: *const Snapshot, indices: []const u64) Error!void 
     const limit = snapshot.count();
     for (indices) |index| {
         if (index >= limit) {
-            return status.fail(error.IndexOutOfRange, "index {d} is out of range for a store of {d} records", .{ index, limit });
+            return status.fail(
+                error.IndexOutOfRange,
+                "index {d} is out of range for a store of {d} records",
+                .{ index, limit },
+            );
         }
     }
 }
 
-pub fn lengths(snapshot: *const Snapshot, verify_reads: bool, indices: []const u64, out: []u64) Error!void {
+pub fn lengths(
+    snapshot: *const Snapshot,
+    verify_reads: bool,
+    indices: []const u64,
+    out: []u64,
+) Error!void {
     assert(indices.len == out.len);
     try checkIndices(snapshot, indices);
     for (indices, out) |index, *length| {
         length.* = try snapshot.recordLength(index);
         if (verify_reads and !integrity.recordSound(snapshot, index)) {
-            return status.fail(error.ChecksumMismatch, "record {d}: checksum mismatch (the record or its index entry is damaged)", .{index});
+            return status.fail(
+                error.ChecksumMismatch,
+                "record {d}: checksum mismatch (the record or its index entry is damaged)",
+                .{index},
+            );
         }
     }
 }
@@ -74,24 +87,48 @@ fn fixedBytes(snapshot: *const Snapshot, indices: []const u64, target: []const u
     const stride = snapshot.superblock.record_bytes;
     const total = std.math.mul(u64, indices.len, stride) catch std.math.maxInt(u64);
     if (total > target.len) {
-        return status.fail(error.BufferTooSmall, "a batch of {d} records of {d} bytes does not fit the destination: it has {d} bytes, the batch needs {d}", .{ indices.len, stride, target.len, total });
+        return status.fail(
+            error.BufferTooSmall,
+            "a batch of {d} records of {d} bytes does not fit the destination: it has {d} " ++
+                "bytes, the batch needs {d}",
+            .{ indices.len, stride, target.len, total },
+        );
     }
     return total;
 }
 
 /// The bytes of records `indices`, each checked to fit the destination at
 /// its offset.
-fn checkedBytes(snapshot: *const Snapshot, indices: []const u64, target: []const u8, target_offsets: ?[]const u64, target_stride: u64) Error!u64 {
+fn checkedBytes(
+    snapshot: *const Snapshot,
+    indices: []const u64,
+    target: []const u8,
+    target_offsets: ?[]const u64,
+    target_stride: u64,
+) Error!u64 {
     var total_bytes: u64 = 0;
     for (indices, 0..) |index, k| {
         const length = try snapshot.recordLength(index);
         if (target_offsets == null and length != target_stride) {
-            return status.fail(error.InvalidArgument, "record {d} has {d} bytes but record {d} has {d}: records of different lengths need explicit destination offsets", .{ index, length, indices[0], target_stride });
+            return status.fail(
+                error.InvalidArgument,
+                "record {d} has {d} bytes but record {d} has {d}: records of different lengths " ++
+                    "need explicit destination offsets",
+                .{ index, length, indices[0], target_stride },
+            );
         }
-        const start = if (target_offsets) |offsets| offsets[k] else std.math.mul(u64, k, target_stride) catch std.math.maxInt(u64);
+        const start = if (target_offsets) |offsets|
+            offsets[k]
+        else
+            std.math.mul(u64, k, target_stride) catch std.math.maxInt(u64);
         const end = std.math.add(u64, start, length) catch std.math.maxInt(u64);
         if (end > target.len) {
-            return status.fail(error.BufferTooSmall, "record {d} ({d} bytes) does not fit the destination at offset {d}: the destination has {d} bytes", .{ index, length, start, target.len });
+            return status.fail(
+                error.BufferTooSmall,
+                "record {d} ({d} bytes) does not fit the destination at offset {d}: the " ++
+                    "destination has {d} bytes",
+                .{ index, length, start, target.len },
+            );
         }
         total_bytes += length;
     }
@@ -136,15 +173,27 @@ const GatherJob = struct {
             if (job.verify_reads and !integrity.fixedRangeSound(snapshot, first * stride, bytes)) {
                 for (first..first + count) |index| {
                     if (!integrity.fixedRangeSound(snapshot, index * stride, stride)) {
-                        return job.failure.set(error.ChecksumMismatch, index, "checksum mismatch (the data file is damaged)");
+                        return job.failure.set(
+                            error.ChecksumMismatch,
+                            index,
+                            "checksum mismatch (the data file is damaged)",
+                        );
                     }
                 }
             }
             const target = job.target[at..][0..bytes];
             if (bytes >= prefetch_bytes_min) {
                 copyRun(snapshot, first * stride, target) catch |err| switch (err) {
-                    error.Io => return job.failure.set(error.Io, first, "cannot read the data file"),
-                    error.Corrupt => return job.failure.set(error.Corrupt, first, "the data file is shorter than committed"),
+                    error.Io => return job.failure.set(
+                        error.Io,
+                        first,
+                        "cannot read the data file",
+                    ),
+                    error.Corrupt => return job.failure.set(
+                        error.Corrupt,
+                        first,
+                        "the data file is shorter than committed",
+                    ),
                 };
             } else {
                 @memcpy(target, snapshot.dataBytes()[first * stride ..][0..bytes]);
@@ -168,7 +217,11 @@ const GatherJob = struct {
             if (io.populateIfCached(source)) {
                 @memcpy(piece, source);
             } else {
-                const read = io.read(snapshot.data.?.file, piece, offset + done) catch return error.Io;
+                const read = io.read(
+                    snapshot.data.?.file,
+                    piece,
+                    offset + done,
+                ) catch return error.Io;
                 if (read != piece.len) return error.Corrupt;
             }
             done += piece.len;
@@ -194,16 +247,44 @@ const GatherJob = struct {
             const payload = snapshot.dataBytes()[entry.offset..][0..entry.storedBytes()];
             prefetch(payload);
             if (job.verify_reads and entry.payloadChecksum(payload) != entry.checksum) {
-                return job.failure.set(error.ChecksumMismatch, index, "checksum mismatch (the record is damaged)");
+                return job.failure.set(
+                    error.ChecksumMismatch,
+                    index,
+                    "checksum mismatch (the record is damaged)",
+                );
             }
             const record_codec = entry.codec().?;
             if (record_codec != .raw and decoder == null) {
-                decoder = codec.takeDecoder() catch return job.failure.set(error.OutOfMemory, index, "out of memory for a zstd context");
+                decoder = codec.takeDecoder() catch return job.failure.set(
+                    error.OutOfMemory,
+                    index,
+                    "out of memory for a zstd context",
+                );
             }
-            codec.decode(decoder, record_codec, snapshot.dictionary, payload, job.target[at..][0..entry.raw_bytes], &shuffled) catch |err| switch (err) {
-                error.OutOfMemory => return job.failure.set(error.OutOfMemory, index, "out of memory for the shuffled copy of the record"),
-                error.Corrupt => return job.failure.set(error.Corrupt, index, "the stored frame does not decode to the record's length (the store is damaged)"),
-                error.NoDictionary => return job.failure.set(error.Corrupt, index, "record needs the store's dictionary, which is missing"),
+            codec.decode(
+                decoder,
+                record_codec,
+                snapshot.dictionary,
+                payload,
+                job.target[at..][0..entry.raw_bytes],
+                &shuffled,
+            ) catch |err| switch (err) {
+                error.OutOfMemory => return job.failure.set(
+                    error.OutOfMemory,
+                    index,
+                    "out of memory for the shuffled copy of the record",
+                ),
+                error.Corrupt => return job.failure.set(
+                    error.Corrupt,
+                    index,
+                    "the stored frame does not decode to the record's length (the store is " ++
+                        "damaged)",
+                ),
+                error.NoDictionary => return job.failure.set(
+                    error.Corrupt,
+                    index,
+                    "record needs the store's dictionary, which is missing",
+                ),
             };
         }
     }

@@ -91,7 +91,13 @@ fn sliceMut(comptime T: type, pointer: ?[*]T, len: u64) []T {
 
 fn codecFrom(value: u32) status.Error!format.Codec {
     return format.Codec.from(value) orelse
-        status.fail(error.InvalidArgument, "unknown codec {d}: use 0 (raw), 1 (zstd), 2 (zstd_dict), or one of them byte-shuffled by 2, 4 or 8-byte elements (0x11, 0x21, 0x31 for zstd; 0x12, 0x22, 0x32 for zstd_dict)", .{value});
+        status.fail(
+            error.InvalidArgument,
+            "unknown codec {d}: use 0 (raw), 1 (zstd), 2 (zstd_dict), or one of them " ++
+                "byte-shuffled by 2, 4 or 8-byte elements (0x11, 0x21, 0x31 for zstd; 0x12, " ++
+                "0x22, 0x32 for zstd_dict)",
+            .{value},
+        );
 }
 
 /// `flags`: bit 0 verifies every read against its checksum; bit 1 opens
@@ -103,8 +109,19 @@ fn codecFrom(value: u32) status.Error!format.Codec {
 export fn lx_store_open(path: [*:0]const u8, threads: u32, flags: u32, out: *?*Store) c_int {
     status.clear();
     out.* = null;
-    const missing: Store.Missing = if (flags & 8 != 0) .refuse else if (flags & 4 != 0) .create_staged else .create;
-    const store = Store.openWith(std.mem.span(path), threads, flags & 1 != 0, flags & 2 == 0, missing) catch |err| return result(err);
+    const missing: Store.Missing = if (flags & 8 != 0)
+        .refuse
+    else if (flags & 4 != 0)
+        .create_staged
+    else
+        .create;
+    const store = Store.openWith(
+        std.mem.span(path),
+        threads,
+        flags & 1 != 0,
+        flags & 2 == 0,
+        missing,
+    ) catch |err| return result(err);
     store.verify_indexed_reads = flags & 16 != 0;
     out.* = store;
     return 0;
@@ -144,7 +161,11 @@ export fn lx_store_append(
 ) c_int {
     status.clear();
     const record_codec = codecFrom(codec) catch |err| return result(err);
-    first_out.* = store.append(slice(u8, source, source_bytes), slice(u64, offsets, count), record_codec) catch |err| return result(err);
+    first_out.* = store.append(
+        slice(u8, source, source_bytes),
+        slice(u64, offsets, count),
+        record_codec,
+    ) catch |err| return result(err);
     return 0;
 }
 
@@ -175,7 +196,13 @@ export fn lx_store_gather_rows(
     needed_bytes_out: *u64,
 ) c_int {
     const target_slice = sliceMut(u8, target, target_bytes);
-    needed_bytes_out.* = ragged.gatherStore(store, slice(u64, indices, count), row_bytes, target_slice, offsets_out[0 .. count + 1]) catch |err| return result(err);
+    needed_bytes_out.* = ragged.gatherStore(
+        store,
+        slice(u64, indices, count),
+        row_bytes,
+        target_slice,
+        offsets_out[0 .. count + 1],
+    ) catch |err| return result(err);
     return 0;
 }
 
@@ -184,7 +211,12 @@ export fn lx_store_lengths(store: *Store, indices: ?[*]const u64, count: u64, ou
     return result(store.lengths(slice(u64, indices, count), out_slice));
 }
 
-export fn lx_store_delete(store: *Store, indices: ?[*]const u64, count: u64, keep_order: u32) c_int {
+export fn lx_store_delete(
+    store: *Store,
+    indices: ?[*]const u64,
+    count: u64,
+    keep_order: u32,
+) c_int {
     return result(store.delete(slice(u64, indices, count), keep_order != 0));
 }
 
@@ -199,7 +231,14 @@ export fn lx_store_replace(
 ) c_int {
     status.clear();
     const record_codec = codecFrom(codec) catch |err| return result(err);
-    return result(store.replace(slice(u64, indices, count), slice(u8, source, source_bytes), slice(u64, offsets, count), record_codec));
+    return result(
+        store.replace(
+            slice(u64, indices, count),
+            slice(u8, source, source_bytes),
+            slice(u64, offsets, count),
+            record_codec,
+        ),
+    );
 }
 
 export fn lx_store_compact(store: *Store) c_int {
@@ -224,13 +263,23 @@ export fn lx_store_train_dict(
         for (slice(u64, sizes, count)) |size| total +|= size;
         break :blk total;
     };
-    dict_bytes_out.* = store.trainDict(slice(u8, samples, samples_bytes), slice(u64, sizes, count), target_bytes) catch |err| return result(err);
+    dict_bytes_out.* = store.trainDict(
+        slice(u8, samples, samples_bytes),
+        slice(u64, sizes, count),
+        target_bytes,
+    ) catch |err| return result(err);
     return 0;
 }
 
 /// Writes the damaged indices in [start, end) to `damaged_out`, which holds
 /// at least end - start values, and their number to `damaged_count_out`.
-export fn lx_store_verify(store: *Store, start: u64, end: u64, damaged_out: ?[*]u64, damaged_count_out: *u64) c_int {
+export fn lx_store_verify(
+    store: *Store,
+    start: u64,
+    end: u64,
+    damaged_out: ?[*]u64,
+    damaged_count_out: *u64,
+) c_int {
     status.clear();
     damaged_count_out.* = 0;
     const capacity = if (end > start) end - start else 0;
@@ -253,7 +302,12 @@ export fn lx_encoded_bytes(
     status.clear();
     const record_codec = codecFrom(codec) catch |err| return result(err);
     const thread_count = if (threads == 0) workers.cpuCount() else threads;
-    stored_bytes_out.* = encode.encodedBytes(thread_count, slice(u8, source, source_bytes), slice(u64, offsets, count), record_codec) catch |err| return result(err);
+    stored_bytes_out.* = encode.encodedBytes(
+        thread_count,
+        slice(u8, source, source_bytes),
+        slice(u64, offsets, count),
+        record_codec,
+    ) catch |err| return result(err);
     return 0;
 }
 
@@ -324,7 +378,10 @@ export fn lx_sampler_batch(
     sampler.validate(config) catch |err| return result(err);
     if (target_count < config.batch_size) {
         return result(status.fail(error.BufferTooSmall, "sampler target holds {d} indices " ++
-            "but batch_size is {d}: pass a uint64 buffer of batch_size", .{ target_count, config.batch_size }));
+            "but batch_size is {d}: pass a uint64 buffer of batch_size", .{
+            target_count,
+            config.batch_size,
+        }));
     }
     sampler.batch(config, step, target[0..config.batch_size]);
     return 0;
@@ -353,11 +410,26 @@ const Shards = shards_module.Shards;
 
 /// A read handle over `shard_count` open stores, shard s holding global rows
 /// `row_starts[s]..row_starts[s + 1]`. It borrows the stores: close it first.
-export fn lx_shards_open(stores: [*]const *Store, row_starts: [*]const u64, shard_count: u64, threads: u32, out: *?*Shards) c_int {
+export fn lx_shards_open(
+    stores: [*]const *Store,
+    row_starts: [*]const u64,
+    shard_count: u64,
+    threads: u32,
+    out: *?*Shards,
+) c_int {
     out.* = null;
-    if (shard_count > shards_module.shard_count_max) return result(status.fail(error.InvalidArgument, "too many shards ({d})", .{shard_count}));
-    out.* = Shards.create(stores[0..shard_count], row_starts[0 .. shard_count + 1], threads) catch |err| return result(err);
+    // Shards.create checks the count first (shard_count_max): the slices
+    // are only bounds, not reads.
+    const shard_stores = stores[0..shard_count];
+    out.* = Shards.create(shard_stores, row_starts[0..shard_count +| 1], threads) catch |err| {
+        return result(err);
+    };
     return 0;
+}
+
+/// The most shards one handle reads (shards.zig), for Python's checks.
+export fn lx_shard_count_max() u64 {
+    return shards_module.shard_count_max;
 }
 
 export fn lx_shards_close(shards: *Shards) void {
@@ -390,11 +462,21 @@ export fn lx_shards_gather_rows(
     needed_bytes_out: *u64,
 ) c_int {
     const target_slice = sliceMut(u8, target, target_bytes);
-    needed_bytes_out.* = shards.gatherRows(slice(u64, indices, count), row_bytes, target_slice, offsets_out[0 .. count + 1]) catch |err| return result(err);
+    needed_bytes_out.* = shards.gatherRows(
+        slice(u64, indices, count),
+        row_bytes,
+        target_slice,
+        offsets_out[0 .. count + 1],
+    ) catch |err| return result(err);
     return 0;
 }
 
-export fn lx_shards_lengths(shards: *Shards, indices: ?[*]const u64, count: u64, out: ?[*]u64) c_int {
+export fn lx_shards_lengths(
+    shards: *Shards,
+    indices: ?[*]const u64,
+    count: u64,
+    out: ?[*]u64,
+) c_int {
     const out_slice: []u64 = if (count == 0) &.{} else out.?[0..count];
     return result(shards.lengths(slice(u64, indices, count), out_slice));
 }

@@ -72,7 +72,11 @@ pub fn validate(config: *const Config) status.Error!void {
             "1 (IID) or 2 (CYCLIC)", .{config.mode});
     }
     if (config.reserved != 0) {
-        return status.fail(invalid, "sampler config field `reserved` is {d}: set it to 0", .{config.reserved});
+        return status.fail(
+            invalid,
+            "sampler config field `reserved` is {d}: set it to 0",
+            .{config.reserved},
+        );
     }
     if (config.length == 0) {
         return status.fail(invalid, "sampler length is 0: the index space must hold at least " ++
@@ -83,7 +87,11 @@ pub fn validate(config: *const Config) status.Error!void {
             "signed 64-bit integer", .{config.length});
     }
     if (config.batch_size == 0) {
-        return status.fail(invalid, "sampler batch_size is 0: ask for at least one index per batch", .{});
+        return status.fail(
+            invalid,
+            "sampler batch_size is 0: ask for at least one index per batch",
+            .{},
+        );
     }
     if (config.world_size == 0) {
         return status.fail(invalid, "sampler world_size is 0: a shard (rank, world_size) " ++
@@ -176,7 +184,10 @@ fn iidVector(counter: u64, length: u64, target: []u64) usize {
         const randoms: [iid_lanes]u64 = mixLanes(iid_lanes, counters);
         // Unrolled: left a loop, its shape (and speed) would vary with the
         // CPU model the compiler tunes for.
-        inline for (target[done..][0..iid_lanes], randoms) |*slot, random| slot.* = bounded(random, length);
+        inline for (target[done..][0..iid_lanes], randoms) |*slot, random| slot.* = bounded(
+            random,
+            length,
+        );
         counters +%= @splat(iid_lanes *% gamma);
     }
     assert(done % iid_lanes == 0 and target.len - done < iid_lanes);
@@ -382,7 +393,11 @@ const Permutation = struct {
     }
 
     /// One pass of the network over the domain, for n positions at once.
-    fn encrypt(permutation: *const Permutation, comptime n: comptime_int, values: @Vector(n, u64)) @Vector(n, u64) {
+    fn encrypt(
+        permutation: *const Permutation,
+        comptime n: comptime_int,
+        values: @Vector(n, u64),
+    ) @Vector(n, u64) {
         const Half = @Vector(n, u32);
         const radix: Half = @splat(permutation.radix_high);
         var high: Half = narrow(n, values >> @splat(permutation.bits_low));
@@ -404,7 +419,11 @@ const Permutation = struct {
         var round: u32 = permutation.rounds;
         while (round > 0) : (round -= 2) {
             low ^= roundHash(1, .{high}, permutation.keys[round - 1])[0] >> permutation.shift_low;
-            const step = reduce(1, roundHash(1, .{low}, permutation.keys[round - 2]), .{permutation.radix_high})[0];
+            const step = reduce(
+                1,
+                roundHash(1, .{low}, permutation.keys[round - 2]),
+                .{permutation.radix_high},
+            )[0];
             high = if (high >= step) high - step else high + permutation.radix_high - step;
         }
         return (@as(u64, high) << permutation.bits_low) | low;
@@ -428,7 +447,10 @@ fn narrow(comptime n: comptime_int, values: @Vector(n, u64)) @Vector(n, u32) {
 fn widen(comptime n: comptime_int, halves: @Vector(n, u32)) @Vector(n, u64) {
     if (n % 2 != 0) return halves;
     const pairs: @Vector(n / 2, u64) = @bitCast(halves);
-    return std.simd.join(pairs & @as(@Vector(n / 2, u64), @splat(0xffff_ffff)), pairs >> @splat(32));
+    return std.simd.join(
+        pairs & @as(@Vector(n / 2, u64), @splat(0xffff_ffff)),
+        pairs >> @splat(32),
+    );
 }
 
 /// Maps a 32-bit hash into 0..radix by multiply-shift; the slight unevenness
@@ -629,7 +651,9 @@ test "decrypt undoes encrypt over the whole domain, up to 2^63" {
     for (lengths) |length| {
         const permutation = Permutation.init(length, mix(length));
         const domain = @as(u64, permutation.radix_high) << permutation.bits_low;
-        try testing.expect(domain >= length and domain - length < @as(u64, 1) << permutation.bits_low);
+        try testing.expect(
+            domain >= length and domain - length < @as(u64, 1) << permutation.bits_low,
+        );
         for (0..1000) |i| {
             const value = mix(i) % domain;
             const encrypted = permutation.encrypt(1, .{value})[0];
@@ -670,7 +694,9 @@ test "cyclic lengths up to 256 are exact shuffles, one per cycle" {
         batch(&config, 1, second[0..length]);
         try expectPermutation(first[0..length]);
         try expectPermutation(second[0..length]);
-        if (length >= 16) try testing.expect(!std.mem.eql(u64, first[0..length], second[0..length]));
+        if (length >= 16) try testing.expect(
+            !std.mem.eql(u64, first[0..length], second[0..length]),
+        );
     }
 }
 

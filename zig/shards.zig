@@ -49,16 +49,24 @@ pub const RowIndex = struct {
     /// Indexes `row_starts` (validated by the caller: increasing, from 0,
     /// at most `shard_count_max + 1` entries); keeps a copy.
     pub fn init(row_starts: []const u64) Error!RowIndex {
-        assert(row_starts.len >= 2 and row_starts.len <= shard_count_max + 1 and row_starts[0] == 0);
+        assert(
+            row_starts.len >= 2 and row_starts.len <= shard_count_max + 1 and row_starts[0] == 0,
+        );
         const shard_count = row_starts.len - 1;
         const total = row_starts[shard_count];
         // The smallest power of two at or above total / (buckets_per_shard *
         // shard_count) rows, so there are at most that many buckets. Four
         // per shard leave most buckets inside one shard (no search step),
         // for 16 bytes a shard.
-        const bucket_rows_min = @max(1, std.math.divCeil(u64, total, buckets_per_shard * shard_count) catch unreachable);
+        const bucket_rows_min = @max(
+            1,
+            std.math.divCeil(u64, total, buckets_per_shard * shard_count) catch unreachable,
+        );
         const bucket_shift: u6 = @intCast(std.math.log2_int_ceil(u64, bucket_rows_min));
-        const bucket_count: usize = if (total == 0) 0 else @intCast(((total - 1) >> bucket_shift) + 1);
+        const bucket_count: usize = if (total == 0)
+            0
+        else
+            @intCast(((total - 1) >> bucket_shift) + 1);
         assert(bucket_count <= buckets_per_shard * shard_count);
         const starts_copy = allocator.dupe(u64, row_starts) catch return error.OutOfMemory;
         errdefer allocator.free(starts_copy);
@@ -69,7 +77,11 @@ pub const RowIndex = struct {
             while (shard + 1 < shard_count and row_starts[shard + 1] <= row) shard += 1;
             entry.* = @intCast(shard);
         }
-        return .{ .row_starts = starts_copy, .bucket_shards = bucket_shards, .bucket_shift = bucket_shift };
+        return .{
+            .row_starts = starts_copy,
+            .bucket_shards = bucket_shards,
+            .bucket_shift = bucket_shift,
+        };
     }
 
     pub fn deinit(rows: *RowIndex) void {
@@ -108,14 +120,26 @@ pub const Shards = struct {
     pub fn create(stores: []const *Store, row_starts: []const u64, threads: u32) Error!*Shards {
         status.clear();
         if (stores.len == 0 or stores.len > shard_count_max) {
-            return status.fail(error.InvalidArgument, "a sharded dataset needs 1 to {d} shards, got {d}", .{ shard_count_max, stores.len });
+            return status.fail(
+                error.InvalidArgument,
+                "a sharded dataset needs 1 to {d} shards, got {d}",
+                .{ shard_count_max, stores.len },
+            );
         }
         if (row_starts.len != stores.len + 1 or row_starts[0] != 0) {
-            return status.fail(error.InvalidArgument, "row_starts must have one entry per shard plus one, starting at 0", .{});
+            return status.fail(
+                error.InvalidArgument,
+                "row_starts must have one entry per shard plus one, starting at 0",
+                .{},
+            );
         }
         for (stores, row_starts[0..stores.len], row_starts[1..], 0..) |store, start, end, shard| {
             if (end < start or store.count() < end - start) {
-                return status.fail(error.InvalidArgument, "shard {d} is listed with rows {d}..{d} but holds {d} records", .{ shard, start, end, store.count() });
+                return status.fail(
+                    error.InvalidArgument,
+                    "shard {d} is listed with rows {d}..{d} but holds {d} records",
+                    .{ shard, start, end, store.count() },
+                );
             }
         }
         const shards = allocator.create(Shards) catch return error.OutOfMemory;
@@ -154,8 +178,15 @@ pub const Shards = struct {
         var plan = try Plan.make(shards, indices);
         defer plan.deinit();
         for (plan.positions, plan.offsets) |position, *offset| {
-            offset.* = if (target_offsets) |offsets| offsets[position] else std.math.mul(u64, position, record_bytes) catch
-                return status.fail(error.BufferTooSmall, "record {d} lands past the end of any destination", .{indices[position]});
+            offset.* = if (target_offsets) |offsets|
+                offsets[position]
+            else
+                std.math.mul(u64, position, record_bytes) catch
+                    return status.fail(
+                        error.BufferTooSmall,
+                        "record {d} lands past the end of any destination",
+                        .{indices[position]},
+                    );
         }
         try run(shards, &plan, target, if (target_offsets == null) record_bytes else null);
     }
@@ -168,7 +199,10 @@ pub const Shards = struct {
             .plan = plan,
             .target = target,
             .record_bytes = record_bytes,
-            .piece_records = if (record_bytes != null and record_bytes.? > 0) @max(1, (store_inline_bytes - 1) / record_bytes.?) else std.math.maxInt(usize),
+            .piece_records = if (record_bytes != null and record_bytes.? > 0)
+                @max(1, (store_inline_bytes - 1) / record_bytes.?)
+            else
+                std.math.maxInt(usize),
         };
         // Split by records, not by shards, so every thread gets an even share
         // however the batch falls into shards.
@@ -180,7 +214,13 @@ pub const Shards = struct {
     /// from the start of `target`, `offsets` (`indices.len + 1`) their row
     /// offsets. Returns the bytes the batch needs; if more than
     /// `target.len`, nothing was read and `offsets` hold byte offsets.
-    pub fn gatherRows(shards: *const Shards, indices: []const u64, row_bytes: u64, target: []u8, offsets: []u64) Error!u64 {
+    pub fn gatherRows(
+        shards: *const Shards,
+        indices: []const u64,
+        row_bytes: u64,
+        target: []u8,
+        offsets: []u64,
+    ) Error!u64 {
         status.clear();
         assert(offsets.len == indices.len + 1);
         var plan = try Plan.make(shards, indices);
@@ -231,7 +271,11 @@ const Plan = struct {
         const shard_of = plan.locals;
         for (indices, shard_of) |index, *shard| {
             if (index >= total) {
-                return status.fail(error.IndexOutOfRange, "index {d} is out of range for a dataset of {d} records", .{ index, total });
+                return status.fail(
+                    error.IndexOutOfRange,
+                    "index {d} is out of range for a dataset of {d} records",
+                    .{ index, total },
+                );
             }
             shard.* = shards.rows.shardOf(index);
         }
@@ -245,7 +289,8 @@ const Plan = struct {
         var group: usize = 0;
         for (plan.positions, plan.offsets, plan.locals, 0..) |position, shard, *local, i| {
             if (i > 0 and plan.offsets[i - 1] != shard) group += 1;
-            if (i == 0 or plan.offsets[i - 1] != shard) plan.groups[group] = .{ .shard = shard, .start = i, .end = i };
+            if (i == 0 or plan.offsets[i - 1] != shard)
+                plan.groups[group] = .{ .shard = shard, .start = i, .end = i };
             plan.groups[group].end = i + 1;
             local.* = indices[position] - shards.rows.row_starts[shard];
         }
@@ -258,7 +303,10 @@ const Plan = struct {
     fn readLengths(plan: *const Plan, shards: *const Shards) Error!void {
         for (plan.groups) |group| {
             const part = plan.offsets[group.start..group.end];
-            shards.stores[group.shard].lengths(plan.locals[group.start..group.end], part) catch |err| {
+            shards.stores[group.shard].lengths(
+                plan.locals[group.start..group.end],
+                part,
+            ) catch |err| {
                 // The message is copied out before it is rewritten with the shard's number.
                 var failure: Failure = .{};
                 failure.set(err, group.shard);
@@ -335,7 +383,11 @@ const Failure = struct {
 
     fn check(failure: *Failure) Error!void {
         const err = failure.err orelse return;
-        return status.fail(err, "shard {d}: {s}", .{ failure.shard, failure.message[0..failure.message_len] });
+        return status.fail(
+            err,
+            "shard {d}: {s}",
+            .{ failure.shard, failure.message[0..failure.message_len] },
+        );
     }
 };
 
@@ -371,7 +423,8 @@ const GatherJob = struct {
             // A fixed layout holds every record at one length, so only an
             // indexed shard needs its records' lengths checked one by one.
             const info = store.info();
-            const fixed = info.layout == @intFromEnum(format.Layout.fixed) and info.record_bytes == record_bytes;
+            const fixed = info.layout == @intFromEnum(format.Layout.fixed) and
+                info.record_bytes == record_bytes;
             if (!fixed) try checkLengths(store, locals, record_bytes);
         }
         try store.gather(locals, job.target, offsets);
@@ -388,7 +441,11 @@ fn checkLengths(store: *Store, locals: []const u64, record_bytes: u64) Error!voi
         try store.lengths(part, lengths[0..part.len]);
         for (part, lengths[0..part.len]) |local, length| {
             if (length != record_bytes) {
-                return status.fail(error.Corrupt, "record {d} has {d} bytes, but every record of this dense dataset has {d}", .{ local, length, record_bytes });
+                return status.fail(
+                    error.Corrupt,
+                    "record {d} has {d} bytes, but every record of this dense dataset has {d}",
+                    .{ local, length, record_bytes },
+                );
             }
         }
     }
@@ -419,7 +476,9 @@ test "shardOf agrees with a linear scan on even, skewed and empty shards" {
         }
         var rows = try RowIndex.init(row_starts[0 .. shard_count + 1]);
         defer rows.deinit();
-        try std.testing.expect(rows.bucket_shards.len <= RowIndex.buckets_per_shard * shard_count + 1);
+        try std.testing.expect(
+            rows.bucket_shards.len <= RowIndex.buckets_per_shard * shard_count + 1,
+        );
         var expected: usize = 0;
         for (0..rows.count()) |index| {
             while (row_starts[expected + 1] <= index) expected += 1;
@@ -430,7 +489,11 @@ test "shardOf agrees with a linear scan on even, skewed and empty shards" {
 
 test "a plan groups a batch by shard and keeps the caller's positions" {
     var stores: [3]*Store = undefined;
-    const shards = Shards{ .stores = &stores, .rows = try RowIndex.init(&.{ 0, 2, 5, 9 }), .threads = 1 };
+    const shards = Shards{
+        .stores = &stores,
+        .rows = try RowIndex.init(&.{ 0, 2, 5, 9 }),
+        .threads = 1,
+    };
     defer @constCast(&shards.rows).deinit();
     var plan = try Plan.make(&shards, &.{ 8, 0, 4, 1, 5 });
     defer plan.deinit();
@@ -438,11 +501,14 @@ test "a plan groups a batch by shard and keeps the caller's positions" {
     try std.testing.expectEqualSlices(u64, &.{ 0, 1, 2, 3, 0 }, plan.locals);
     try std.testing.expectEqual(@as(usize, 3), plan.groups.len);
     try std.testing.expectEqual(@as(usize, 3), plan.groups[2].start);
-    for ([_]usize{ 0, 0, 1, 2, 2 }, 0..) |group, record| try std.testing.expectEqual(group, plan.groupAt(record));
+    for ([_]usize{ 0, 0, 1, 2, 2 }, 0..) |group, record| try std.testing.expectEqual(
+        group,
+        plan.groupAt(record),
+    );
     try std.testing.expectError(error.IndexOutOfRange, Plan.make(&shards, &.{9}));
 }
 
-test "sortByShard groups positions by shard and keeps their order within a shard, over one to three digit passes" {
+test "sortByShard groups positions by shard, in order within one, in 1 to 3 digit passes" {
     var prng = std.Random.DefaultPrng.init(7);
     const random = prng.random();
     for ([_]usize{ 1, 2, 64, 300, 70_000, shard_count_max }) |shard_count| {

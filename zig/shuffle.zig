@@ -42,12 +42,21 @@ pub fn unshuffle(element_bytes: usize, source: []const u8, target: []u8) void {
 
 const Direction = enum { shuffle, unshuffle };
 
-fn transpose(comptime E: usize, comptime direction: Direction, source: []const u8, target: []u8) void {
+fn transpose(
+    comptime E: usize,
+    comptime direction: Direction,
+    source: []const u8,
+    target: []u8,
+) void {
     assert(source.len == target.len);
     // The planes are read while elements are written: the buffers must not overlap.
     const source_start = @intFromPtr(source.ptr);
     const target_start = @intFromPtr(target.ptr);
-    assert(source_start + source.len <= target_start or target_start + target.len <= source_start or source.len == 0);
+    assert(
+        source_start + source.len <= target_start or
+            target_start + target.len <= source_start or
+            source.len == 0,
+    );
     const n = source.len / E;
     var i: usize = 0;
     while (i + lanes <= n) : (i += lanes) {
@@ -143,7 +152,7 @@ fn referenceShuffle(element_bytes: usize, source: []const u8, target: []u8) void
     @memcpy(target[n * element_bytes ..], source[n * element_bytes ..]);
 }
 
-test "shuffle matches the definition and unshuffle undoes it, for every length around the block edges" {
+test "shuffle matches the definition and unshuffle undoes it, at every length near a block edge" {
     var prng = std.Random.DefaultPrng.init(14);
     var source: [700]u8 = undefined;
     prng.random().bytes(&source);

@@ -3,7 +3,7 @@
 //! and reads only bytes its superblock committed.
 //!
 //! Invariant: committed bytes never change under a live mapping, except
-//! inside the journal's sequence lock (journal.zig): an in-place replace
+//! inside the sequence lock (seqlock.zig): an in-place replace
 //! makes the lock odd, writes, and makes it even, and a gather that saw the
 //! lock change retries (Store.gather), so each gather reads one committed
 //! state whole. Otherwise writers append past committed lengths or write new
@@ -16,7 +16,7 @@ const format = @import("format.zig");
 const codec = @import("codec.zig");
 const status = @import("status.zig");
 const io = @import("io.zig");
-const journal = @import("journal.zig");
+const seqlock = @import("seqlock.zig");
 
 const assert = std.debug.assert;
 const allocator = std.heap.c_allocator;
@@ -36,7 +36,13 @@ pub const Mapping = struct {
 
     /// Maps file `id` of `kind`, which must hold at least `needed` bytes, or
     /// returns `reuse` when it is the same file and already maps enough.
-    pub fn open(dir: io.Dir, kind: format.FileKind, id: u64, needed: u64, reuse: ?*Mapping) Error!*Mapping {
+    pub fn open(
+        dir: io.Dir,
+        kind: format.FileKind,
+        id: u64,
+        needed: u64,
+        reuse: ?*Mapping,
+    ) Error!*Mapping {
         if (reuse) |mapping| {
             if (mapping.id == id and mapping.memory.len >= needed) return mapping;
         }
@@ -45,7 +51,11 @@ pub const Mapping = struct {
         errdefer io.closeFile(file);
         const size = try io.length(file);
         if (size < needed) {
-            return status.fail(error.Corrupt, "store '{s}' is damaged: '{s}' holds {d} bytes but the superblock needs {d}", .{ dir.path, file.name(), size, needed });
+            return status.fail(
+                error.Corrupt,
+                "store '{s}' is damaged: '{s}' holds {d} bytes but the superblock needs {d}",
+                .{ dir.path, file.name(), size, needed },
+            );
         }
         const reserve_min: u64 = 64 << 20;
         const grown = std.math.add(u64, needed, needed / 2) catch needed;
@@ -60,21 +70,21 @@ pub const Mapping = struct {
         return mapping;
     }
 
-    /// Maps the shared page of the lock file (journal.zig), or null while
+    /// Maps the shared page of the lock file (seqlock.zig), or null while
     /// the lock file holds none: then no writer has replaced in place since
     /// the store was made or the machine restarted, and the next one writes
     /// it before it does (under the writer lock, which readers check first).
     pub fn openSharedPage(dir: io.Dir) Error!?*Mapping {
-        const file = io.openFile(dir, journal.lock_file_name, .read_only) catch |err| switch (err) {
+        const file = io.openFile(dir, seqlock.lock_file_name, .read_only) catch |err| switch (err) {
             error.NotFound => return null,
             else => return err,
         };
         errdefer io.closeFile(file);
-        if (try io.length(file) < journal.shared_page_bytes) {
+        if (try io.length(file) < seqlock.shared_page_bytes) {
             io.closeFile(file);
             return null;
         }
-        const memory = try io.map(file, journal.shared_page_bytes, journal.shared_page_bytes);
+        const memory = try io.map(file, seqlock.shared_page_bytes, seqlock.shared_page_bytes);
         errdefer io.unmap(memory);
         const mapping = allocator.create(Mapping) catch return error.OutOfMemory;
         mapping.* = .{ .file = file, .memory = memory, .id = 0 };
@@ -135,7 +145,7 @@ pub const Snapshot = struct {
     /// The partial last block's checksum: in-place replaces keep it in the
     /// journal's shared page, under the sequence lock.
     pub fn tailChecksum(snapshot: *const Snapshot) u64 {
-        return journal.tailChecksum(snapshot.journalPage(), &snapshot.superblock);
+        return seqlock.tailChecksum(snapshot.journalPage(), &snapshot.superblock);
     }
 
     /// Raw length of record `index`; Corrupt if its entry is not sound.
@@ -151,24 +161,54 @@ pub const Snapshot = struct {
 
     /// Maps the files `superblock` names, sharing `previous`'s mappings where
     /// they still cover enough.
-    pub fn build(dir: io.Dir, superblock: Superblock, previous: ?*const Snapshot, dictionary: ?*const codec.Dictionary) Error!*Snapshot {
+    pub fn build(
+        dir: io.Dir,
+        superblock: Superblock,
+        previous: ?*const Snapshot,
+        dictionary: ?*const codec.Dictionary,
+    ) Error!*Snapshot {
         assert(superblock.invalidReason() == null);
         const snapshot = allocator.create(Snapshot) catch return error.OutOfMemory;
         snapshot.* = .{ .superblock = superblock, .dictionary = dictionary };
         errdefer snapshot.discard(previous);
         const old: [4]?*Mapping = if (previous) |p| p.mappings() else .{ null, null, null, null };
-        if (superblock.getLayout() == .fixed) snapshot.journal = old[3] orelse try Mapping.openSharedPage(dir);
+        if (superblock.getLayout() == .fixed)
+            snapshot.journal = old[3] orelse try Mapping.openSharedPage(dir);
         switch (superblock.getLayout()) {
             .empty => {},
             .fixed => {
-                snapshot.data = try Mapping.open(dir, .data, superblock.data_file, superblock.data_bytes, old[0]);
+                snapshot.data = try Mapping.open(
+                    dir,
+                    .data,
+                    superblock.data_file,
+                    superblock.data_bytes,
+                    old[0],
+                );
                 const sums_bytes = (superblock.data_bytes / block_bytes) * 8;
-                snapshot.sums = try Mapping.open(dir, .sums, superblock.sums_file, sums_bytes, old[2]);
+                snapshot.sums = try Mapping.open(
+                    dir,
+                    .sums,
+                    superblock.sums_file,
+                    sums_bytes,
+                    old[2],
+                );
             },
             .indexed => {
-                snapshot.data = try Mapping.open(dir, .data, superblock.data_file, superblock.data_bytes, old[0]);
+                snapshot.data = try Mapping.open(
+                    dir,
+                    .data,
+                    superblock.data_file,
+                    superblock.data_bytes,
+                    old[0],
+                );
                 const index_bytes = superblock.record_count * @sizeOf(Entry);
-                snapshot.index = try Mapping.open(dir, .index, superblock.index_file, index_bytes, old[1]);
+                snapshot.index = try Mapping.open(
+                    dir,
+                    .index,
+                    superblock.index_file,
+                    index_bytes,
+                    old[1],
+                );
             },
         }
         return snapshot;

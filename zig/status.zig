@@ -151,9 +151,11 @@ pub fn fromOs(err: anyerror, errno: i32, comptime what: []const u8, args: anytyp
         else => error.Io,
     };
     const hint = switch (kind) {
-        error.NoSpace => " (out of disk space or over a size limit): free some space and retry; committed records are intact",
+        error.NoSpace => " (out of disk space or over a size limit): free some space and retry; " ++
+            "committed records are intact",
         error.ReadOnly => " (permission denied or read-only file system)",
-        else => if (err == error.NameTooLong) " (a name in the path is longer than the file system allows): give a shorter path" else "",
+        else => if (err == error.NameTooLong) " (a name in the path is longer than the file " ++
+            "system allows): give a shorter path" else "",
     };
     const failure = fail(kind, what ++ ": {s}{s}", args ++ .{ @errorName(err), hint });
     os_errno = errno;

@@ -58,7 +58,12 @@ pub const Unusable = struct {
 
 /// What the unusable slot `index` of `bytes` can be, given that the other
 /// slot, `sound`, decodes.
-fn classify(slot_bytes: *const [@sizeOf(Superblock)]u8, index: u1, reason: []const u8, sound: *const Superblock) Unusable {
+fn classify(
+    slot_bytes: *const [@sizeOf(Superblock)]u8,
+    index: u1,
+    reason: []const u8,
+    sound: *const Superblock,
+) Unusable {
     const zeroed = std.mem.allEqual(u8, slot_bytes, 0);
     // Slot 0 holds generation 0 from creation on; slot 1 is first written
     // by a commit, and slot 0 is overwritten only once slot 1 holds the
@@ -66,17 +71,29 @@ fn classify(slot_bytes: *const [@sizeOf(Superblock)]u8, index: u1, reason: []con
     // never have been written.
     const maybe_never_written = index == 1 and sound.generation == 0;
     if (maybe_never_written) {
-        return .{ .slot = index, .reason = if (zeroed) "zeroed" else reason, .kind = if (zeroed) .blank else .torn_or_damaged };
+        return .{
+            .slot = index,
+            .reason = if (zeroed) "zeroed" else reason,
+            .kind = if (zeroed) .blank else .torn_or_damaged,
+        };
     }
     if (zeroed) return .{ .slot = index, .reason = "zeroed", .kind = .damaged };
-    if (std.mem.eql(u8, reason, "wrong magic")) return .{ .slot = index, .reason = reason, .kind = .damaged };
+    if (std.mem.eql(u8, reason, "wrong magic")) return .{
+        .slot = index,
+        .reason = reason,
+        .kind = .damaged,
+    };
     return .{ .slot = index, .reason = reason, .kind = .torn_or_damaged };
 }
 
 /// Reads the newest sound slot of the superblock of the store in `dir`.
 pub fn read(dir: io.Dir) Error!Loaded {
     const file = io.openFile(dir, file_name, .read_only) catch |err| switch (err) {
-        error.NotFound => return status.fail(error.NotAStore, "'{s}' has no superblock; it is not a zrecord store", .{dir.path}),
+        error.NotFound => return status.fail(
+            error.NotAStore,
+            "'{s}' has no superblock; it is not a zrecord store",
+            .{dir.path},
+        ),
         else => return err,
     };
     defer io.closeFile(file);
@@ -89,19 +106,32 @@ pub fn readFile(dir: io.Dir, file: io.File) Error!Loaded {
     var bytes: [format.superblock_file_bytes + 1]u8 = undefined;
     const size = try io.read(file, &bytes, 0);
     if (size != format.superblock_file_bytes) {
-        return status.fail(error.Corrupt, "store '{s}' is damaged: its superblock file holds {d} bytes, not {d} (zrecord never writes it partly); restore the store from a copy", .{ dir.path, size, format.superblock_file_bytes });
+        return status.fail(
+            error.Corrupt,
+            "store '{s}' is damaged: its superblock file holds {d} bytes, not {d} (zrecord " ++
+                "never writes it partly); restore the store from a copy",
+            .{ dir.path, size, format.superblock_file_bytes },
+        );
     }
     var slots: [2]Superblock = undefined;
     var reasons: [2]?[]const u8 = undefined;
     for (&slots, &reasons, 0..) |*slot, *reason, index| {
-        slot.* = std.mem.bytesToValue(Superblock, bytes[index * format.slot_bytes ..][0..@sizeOf(Superblock)]);
+        slot.* = std.mem.bytesToValue(
+            Superblock,
+            bytes[index * format.slot_bytes ..][0..@sizeOf(Superblock)],
+        );
         reason.* = slot.invalidReason();
     }
     // A sound slot of another version means another loaderx wrote here:
     // reading the older slot would silently drop its commits.
     for (reasons) |reason| {
         if (reason != null and std.mem.eql(u8, reason.?, "unsupported version")) {
-            return status.fail(error.UnsupportedVersion, "store '{s}' has an on-disk format version this loaderx cannot read (it reads version {d}); upgrade loaderx", .{ dir.path, format.version });
+            return status.fail(
+                error.UnsupportedVersion,
+                "store '{s}' has an on-disk format version this loaderx cannot read (it reads " ++
+                    "version {d}); upgrade loaderx",
+                .{ dir.path, format.version },
+            );
         }
     }
     if (reasons[0] == null and reasons[1] == null) {
@@ -113,12 +143,26 @@ pub fn readFile(dir: io.Dir, file: io.File) Error!Loaded {
         const other: u1 = @intCast(1 - index);
         const other_bytes = bytes[@as(u64, other) * format.slot_bytes ..][0..@sizeOf(Superblock)];
         const unusable = classify(other_bytes, other, reasons[other].?, &slots[index]);
-        return .{ .superblock = slots[index], .fell_back = unusable.kind != .blank, .unusable = unusable };
+        return .{
+            .superblock = slots[index],
+            .fell_back = unusable.kind != .blank,
+            .unusable = unusable,
+        };
     }
-    if (std.mem.eql(u8, reasons[0].?, "wrong magic") and std.mem.eql(u8, reasons[1].?, "wrong magic")) {
-        return status.fail(error.NotAStore, "'{s}' is not a zrecord store (its superblock has the wrong magic)", .{dir.path});
+    if (std.mem.eql(u8, reasons[0].?, "wrong magic") and
+        std.mem.eql(u8, reasons[1].?, "wrong magic"))
+    {
+        return status.fail(
+            error.NotAStore,
+            "'{s}' is not a zrecord store (its superblock has the wrong magic)",
+            .{dir.path},
+        );
     }
-    return status.fail(error.Corrupt, "store '{s}' is damaged: both superblock slots are unusable ({s}; {s})", .{ dir.path, reasons[0].?, reasons[1].? });
+    return status.fail(
+        error.Corrupt,
+        "store '{s}' is damaged: both superblock slots are unusable ({s}; {s})",
+        .{ dir.path, reasons[0].?, reasons[1].? },
+    );
 }
 
 /// Creates the superblock of an empty store unless one exists. Written whole
@@ -129,7 +173,11 @@ pub fn readFile(dir: io.Dir, file: io.File) Error!Loaded {
 /// synced: `syncCreated` does that later, with the store's first commit.
 pub fn create(dir: io.Dir, durable: bool) Error!void {
     var temp_buffer: [io.File.name_bytes_max]u8 = undefined;
-    const temp = std.fmt.bufPrint(&temp_buffer, temp_prefix ++ "{d}", .{io.processId()}) catch unreachable;
+    const temp = std.fmt.bufPrint(
+        &temp_buffer,
+        temp_prefix ++ "{d}",
+        .{io.processId()},
+    ) catch unreachable;
     const file = try io.createFile(dir, temp, true);
     defer io.unlink(dir, temp) catch {};
     defer io.closeFile(file);
@@ -160,7 +208,13 @@ pub fn syncCreated(dir: io.Dir) Error!void {
 /// Writes `superblock` into `slot` and, when `durable`, makes it durable.
 /// On failure the slot is put back as it was, as far as the disk allows,
 /// and the caller must treat the commit as not made.
-pub fn write(file: io.File, superblock: *const Superblock, overwritten: *const Superblock, slot: u1, durable: bool) Error!void {
+pub fn write(
+    file: io.File,
+    superblock: *const Superblock,
+    overwritten: *const Superblock,
+    slot: u1,
+    durable: bool,
+) Error!void {
     assert(superblock.invalidReason() == null);
     const offset = @as(u64, slot) * format.slot_bytes;
     const outcome = blk: {

@@ -22,7 +22,8 @@ fn workers() ?*std.Thread.Pool {
     pool_mutex.lock();
     defer pool_mutex.unlock();
     if (pool_state.load(.acquire) == 0) {
-        const ok = if (pool.init(.{ .allocator = allocator, .n_jobs = cpuCount() })) true else |_| false;
+        const options: std.Thread.Pool.Options = .{ .allocator = allocator, .n_jobs = cpuCount() };
+        const ok = if (pool.init(options)) true else |_| false;
         pool_state.store(if (ok) 1 else 2, .release);
     }
     return if (pool_state.load(.acquire) == 1) &pool else null;
@@ -86,7 +87,8 @@ fn parallelForRanges(
     assert(threads >= 1);
     if (count == 0) return;
     assert(range >= 1);
-    const runner = if (threads > 1 and total_bytes >= inline_bytes and count > 1) workers() else null;
+    const parallel = threads > 1 and total_bytes >= inline_bytes and count > 1;
+    const runner = if (parallel) workers() else null;
     const pool_pointer = runner orelse return work(context, 0, count);
     const thread_count: u64 = @min(count, threads);
     const Shared = struct {
@@ -132,7 +134,11 @@ pub const Failure = struct {
     /// Returns the recorded failure as an error with its message, if any.
     pub fn check(failure: *Failure, comptime what: []const u8) Error!void {
         if (failure.err) |err| {
-            return status.fail(err, what ++ " record {d}: {s}", .{ failure.record, failure.reason });
+            return status.fail(
+                err,
+                what ++ " record {d}: {s}",
+                .{ failure.record, failure.reason },
+            );
         }
     }
 };

@@ -48,7 +48,11 @@ pub extern fn ZSTD_decompress_usingDDict(
     dictionary: *const DDict,
 ) usize;
 
-pub extern fn ZSTD_createCDict(dictionary: [*]const u8, dictionary_bytes: usize, level: c_int) ?*CDict;
+pub extern fn ZSTD_createCDict(
+    dictionary: [*]const u8,
+    dictionary_bytes: usize,
+    level: c_int,
+) ?*CDict;
 pub extern fn ZSTD_freeCDict(dictionary: ?*CDict) usize;
 pub extern fn ZSTD_createDDict(dictionary: [*]const u8, dictionary_bytes: usize) ?*DDict;
 pub extern fn ZSTD_freeDDict(dictionary: ?*DDict) usize;

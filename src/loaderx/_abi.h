@@ -1,5 +1,5 @@
 /* The C ABI of libloaderx, the single source of truth for the cffi cdef.
- * zig/root.zig implements exactly these functions; tests/test_abi.py checks
+ * zig/root.zig implements exactly these functions; tests/test_native.py checks
  * the sizes of the structs against the library. Every call that can fail
  * returns a status code (LX_OK = 0); the message of the last failure on the
  * calling thread is read with lx_error_message. */
@@ -119,6 +119,8 @@ int lx_sampler_batch(const lx_sampler_config *config, uint64_t step,
  * row_starts[s]..row_starts[s + 1] (shard_count + 1 entries). */
 typedef struct lx_shards lx_shards;
 
+/* The most shards one handle reads: the one definition of the bound. */
+uint64_t lx_shard_count_max(void);
 int lx_shards_open(lx_store *const *stores, const uint64_t *row_starts,
                    uint64_t shard_count, uint32_t threads, lx_shards **out);
 void lx_shards_close(lx_shards *shards);

@@ -72,7 +72,12 @@ const Model = struct {
     }
 
     /// Order-keeping removal, or the store's tail-fills-the-holes rule.
-    fn remove(model: *Model, arena: std.mem.Allocator, indices: []const u64, keep_order: bool) !void {
+    fn remove(
+        model: *Model,
+        arena: std.mem.Allocator,
+        indices: []const u64,
+        keep_order: bool,
+    ) !void {
         const old = model.records.items;
         const doomed = try arena.alloc(bool, old.len);
         @memset(doomed, false);
@@ -124,7 +129,13 @@ const Generator = struct {
         const bytes = try generator.arena.alloc(u8, length);
         if (compressible) {
             // Few distinct words: zstd shrinks it, and so does a dictionary.
-            const words = [_][]const u8{ "token ", "sample ", "label=7 ", "float32 ", "\x00\x00\x00\x01" };
+            const words = [_][]const u8{
+                "token ",
+                "sample ",
+                "label=7 ",
+                "float32 ",
+                "\x00\x00\x00\x01",
+            };
             var at: usize = 0;
             while (at < length) {
                 const word = words[generator.random.uintLessThan(usize, words.len)];
@@ -138,10 +149,18 @@ const Generator = struct {
         return bytes;
     }
 
-    fn records(generator: *Generator, count: usize, record_codec: Codec, fixed: bool) ![]const []const u8 {
+    fn records(
+        generator: *Generator,
+        count: usize,
+        record_codec: Codec,
+        fixed: bool,
+    ) ![]const []const u8 {
         const list = try generator.arena.alloc([]const u8, count);
         for (list) |*item| {
-            const length = if (fixed) fixed_record_bytes else generator.random.uintAtMost(usize, 1500);
+            const length = if (fixed)
+                fixed_record_bytes
+            else
+                generator.random.uintAtMost(usize, 1500);
             item.* = try generator.record(length, record_codec != .raw);
         }
         return list;
@@ -149,8 +168,19 @@ const Generator = struct {
 
     fn pickCodec(generator: *Generator) Codec {
         // The dictionary codecs come last: they are picked only once a dictionary exists.
-        const choices = [_]Codec{ .raw, .zstd, .zstd_shuffle2, .zstd_shuffle4, .zstd_shuffle8, .zstd_dict, .zstd_dict_shuffle4 };
-        const choice = generator.random.uintLessThan(u8, if (generator.dictionary) choices.len else 5);
+        const choices = [_]Codec{
+            .raw,
+            .zstd,
+            .zstd_shuffle2,
+            .zstd_shuffle4,
+            .zstd_shuffle8,
+            .zstd_dict,
+            .zstd_dict_shuffle4,
+        };
+        const choice = generator.random.uintLessThan(
+            u8,
+            if (generator.dictionary) choices.len else 5,
+        );
         return choices[choice];
     }
 
@@ -175,13 +205,24 @@ const Generator = struct {
             const codec_choice: Codec = if (fixed) .raw else generator.pickCodec();
             const count = 1 + generator.random.uintLessThan(usize, 20);
             generator.count += count;
-            return .{ .append = .{ .records = try generator.records(count, codec_choice, fixed), .codec = codec_choice } };
+            return .{
+                .append = .{
+                    .records = try generator.records(count, codec_choice, fixed),
+                    .codec = codec_choice,
+                },
+            };
         }
         if (roll < 55) {
             const count = 1 + generator.random.uintLessThan(usize, @min(generator.count, 6));
             const fixed = generator.random.boolean();
             const codec_choice: Codec = if (fixed) .raw else generator.pickCodec();
-            return .{ .replace = .{ .indices = try generator.indices(count, true), .records = try generator.records(count, codec_choice, fixed), .codec = codec_choice } };
+            return .{
+                .replace = .{
+                    .indices = try generator.indices(count, true),
+                    .records = try generator.records(count, codec_choice, fixed),
+                    .codec = codec_choice,
+                },
+            };
         }
         if (roll < 70 and generator.count > 1) {
             const count = 1 + generator.random.uintLessThan(usize, @min(generator.count - 1, 6));
@@ -207,11 +248,19 @@ const fixed_operations = struct {
         if (generator.count == 0 or roll < 20) {
             const count = 1 + generator.random.uintLessThan(usize, 20);
             generator.count += count;
-            return .{ .append = .{ .records = try generator.records(count, .raw, true), .codec = .raw } };
+            return .{
+                .append = .{ .records = try generator.records(count, .raw, true), .codec = .raw },
+            };
         }
         if (roll < 70) {
             const count = 1 + generator.random.uintLessThan(usize, @min(generator.count, 6));
-            return .{ .replace = .{ .indices = try generator.indices(count, true), .records = try generator.records(count, .raw, true), .codec = .raw } };
+            return .{
+                .replace = .{
+                    .indices = try generator.indices(count, true),
+                    .records = try generator.records(count, .raw, true),
+                    .codec = .raw,
+                },
+            };
         }
         if (roll < 78 and generator.count > 1) {
             const count = 1 + generator.random.uintLessThan(usize, @min(generator.count - 1, 4));
@@ -228,7 +277,11 @@ fn makeWorkload(seed: u64, length: usize, arena: std.mem.Allocator) ![]const Ope
     var prng = std.Random.DefaultPrng.init(seed);
     // Every other workload keeps the store fixed: mostly in-place replaces,
     // with the appends, deletes, syncs and reopens that checkpoint them.
-    var generator = Generator{ .random = prng.random(), .arena = arena, .fixed_only = seed % 2 == 0 };
+    var generator = Generator{
+        .random = prng.random(),
+        .arena = arena,
+        .fixed_only = seed % 2 == 0,
+    };
     const operations = try arena.alloc(Operation, length);
     for (operations) |*operation| operation.* = try generator.next();
     return operations;
@@ -237,7 +290,10 @@ fn makeWorkload(seed: u64, length: usize, arena: std.mem.Allocator) ![]const Ope
 // ---- running a workload --------------------------------------------------------
 
 /// Packs records back to back with their offsets, as append and replace take them.
-fn pack(arena: std.mem.Allocator, records: []const []const u8) !struct { source: []u8, offsets: []u64 } {
+fn pack(
+    arena: std.mem.Allocator,
+    records: []const []const u8,
+) !struct { source: []u8, offsets: []u64 } {
     var total: usize = 0;
     for (records) |item| total += item.len;
     const source = try arena.alloc(u8, total);
@@ -276,7 +332,12 @@ fn perform(store: *?*Store, operation: Operation, arena: std.mem.Allocator) stat
         },
         .replace => |replace| {
             const packed_records = pack(arena, replace.records) catch return error.OutOfMemory;
-            try handle.replace(replace.indices, packed_records.source, packed_records.offsets, replace.codec);
+            try handle.replace(
+                replace.indices,
+                packed_records.source,
+                packed_records.offsets,
+                replace.codec,
+            );
         },
         .delete => |removal| try handle.delete(removal.indices, removal.keep_order),
         .compact => try handle.compact(),
@@ -304,7 +365,10 @@ fn expectState(store: *Store, model: *const Model, arena: std.mem.Allocator) !vo
 
 fn expectRecords(store: *Store, model: *const Model, arena: std.mem.Allocator) !void {
     if (!try sameRecords(store, model, arena)) {
-        std.debug.print("the store holds {d} records that differ from the model's {d}\n", .{ store.count(), model.records.items.len });
+        std.debug.print(
+            "the store holds {d} records that differ from the model's {d}\n",
+            .{ store.count(), model.records.items.len },
+        );
         return error.TestUnexpectedResult;
     }
 }
@@ -385,12 +449,19 @@ const Counts = struct {
 /// Runs `operations` with power lost before call `crash_call`, then brings
 /// power back with `seed` and checks the store that survives. Returns false
 /// when the workload finished before that call (nothing was lost).
-fn powerLossTrial(operations: []const Operation, states: []const Model, crash_call: u64, seed: ?u64) !bool {
+fn powerLossTrial(
+    operations: []const Operation,
+    states: []const Model,
+    crash_call: u64,
+    seed: ?u64,
+) !bool {
     const arena = freshArena();
     storage.reset();
     storage.trace = trace_call == crash_call;
     defer storage.trace = false;
-    if (storage.trace) for (operations, 0..) |operation, k| std.debug.print("operation {d}: {s}\n", .{ k, @tagName(operation) });
+    if (storage.trace) for (operations, 0..) |operation, k| {
+        std.debug.print("operation {d}: {s}\n", .{ k, @tagName(operation) });
+    };
     storage.powerOffAt(crash_call);
     var store: ?*Store = null;
     var acknowledged: usize = 0;
@@ -411,26 +482,65 @@ fn powerLossTrial(operations: []const Operation, states: []const Model, crash_ca
     // A crash cuts commits short; it never damages: no slot loses its
     // magic, and no synced generation is lost.
     if (reopened.damaged) {
-        std.debug.print("after power loss at call {d} (seed {?d}): reported as damage: {s}\n", .{ crash_call, seed, reopened.fallBackReason() });
+        std.debug.print(
+            "after power loss at call {d} (seed {?d}): reported as damage: {s}\n",
+            .{ crash_call, seed, reopened.fallBackReason() },
+        );
         return error.TestUnexpectedResult;
     }
-    // durable=True: every commit is durable when it returns, so the store
-    // holds the state after the acknowledged operations, or after the one
-    // in flight too. durable=False: the state at the last acknowledged
-    // sync (or reopen: close syncs) or any later one, whole.
+    const trial = Trial{ .crash_call = crash_call, .seed = seed, .arena = arena };
+    const expected = try survivingState(reopened, operations, states, acknowledged, trial);
+    try expectState(reopened, expected, arena);
+    return true;
+}
+
+/// Which power-loss trial runs: where the crash came, and how.
+const Trial = struct { crash_call: u64, seed: ?u64, arena: std.mem.Allocator };
+
+/// The model state the store reopened after a crash holds, or a failure
+/// naming the trial. durable=True: every commit is durable when it
+/// returns, so the store holds the state after the acknowledged
+/// operations, or after the one in flight too. durable=False: the state at
+/// the last acknowledged sync (or reopen: close syncs) or any later one,
+/// whole.
+fn survivingState(
+    reopened: *Store,
+    operations: []const Operation,
+    states: []const Model,
+    acknowledged: usize,
+    trial: Trial,
+) !*const Model {
+    const arena = trial.arena;
+    const crash_call = trial.crash_call;
+    const seed = trial.seed;
     const in_flight = @min(acknowledged + 1, states.len - 1);
     // A killed process loses nothing the page cache holds, in either mode.
-    const oldest = if (workload_durable or seed == null) acknowledged else lastSync(operations[0..acknowledged]);
+    const oldest = if (workload_durable or seed == null)
+        acknowledged
+    else
+        lastSync(operations[0..acknowledged]);
     var candidate = in_flight + 1;
     const expected = while (candidate > oldest) {
         candidate -= 1;
         if (try sameRecords(reopened, &states[candidate], arena)) break &states[candidate];
     } else {
-        std.debug.print("after power loss at call {d} (seed {?d}, durable={}), {d} operations acknowledged: the store matches no model from state {d} (the last sync) to {d} (the operation in flight, {s})\n", .{ crash_call, seed, workload_durable, acknowledged, oldest, in_flight, @tagName(operations[@min(acknowledged, operations.len - 1)]) });
+        std.debug.print(
+            "after power loss at call {d} (seed {?d}, durable={}), {d} operations acknowledged: " ++
+                "the store matches no model from state {d} (the last sync) to {d} (the " ++
+                "operation in flight, {s})\n",
+            .{
+                crash_call,
+                seed,
+                workload_durable,
+                acknowledged,
+                oldest,
+                in_flight,
+                @tagName(operations[@min(acknowledged, operations.len - 1)]),
+            },
+        );
         return error.TestUnexpectedResult;
     };
-    try expectState(reopened, expected, arena);
-    return true;
+    return expected;
 }
 
 /// LOADERX_SIM_TRACE=n prints every I/O call of the power-loss trials that
@@ -446,7 +556,12 @@ fn lastSync(done: []const Operation) usize {
     return last;
 }
 
-fn powerLossWorkload(workload_seed: u64, length: usize, seeds_per_call: u64, counts: *Counts) !void {
+fn powerLossWorkload(
+    workload_seed: u64,
+    length: usize,
+    seeds_per_call: u64,
+    counts: *Counts,
+) !void {
     var arena_state = std.heap.ArenaAllocator.init(gpa);
     defer arena_state.deinit();
     const arena = arena_state.allocator();
@@ -458,7 +573,12 @@ fn powerLossWorkload(workload_seed: u64, length: usize, seeds_per_call: u64, cou
         for (0..seeds_per_call + 1) |k| {
             const seed: ?u64 = if (k == 0) null else workload_seed *% 1_000_003 +% call *% 31 +% k;
             const lost = powerLossTrial(operations, states, call, seed) catch |err| {
-                std.debug.print("power-loss trial failed: workload seed {d}, length {d}, crash call {d}, power seed {?d} (null: a process kill) (replay: LOADERX_SIM_SEED={d})\n", .{ workload_seed, length, call, seed, workload_seed });
+                std.debug.print(
+                    "power-loss trial failed: workload seed {d}, length {d}, crash call {d}, " ++
+                        "power seed {?d} (null: a process kill) (replay: " ++
+                        "LOADERX_SIM_SEED={d})\n",
+                    .{ workload_seed, length, call, seed, workload_seed },
+                );
                 return err;
             };
             if (!lost) return;
@@ -491,7 +611,12 @@ const fault_plan = [_]struct { kind: storage.Kind, faults: []const storage.Fault
 /// workload then runs (reopening once if the writer refuses) and the final
 /// store must equal the model without the failed operation. Returns whether
 /// the fault fired.
-fn faultTrial(operations: []const Operation, kind: storage.Kind, at: u64, fault: storage.Fault) !bool {
+fn faultTrial(
+    operations: []const Operation,
+    kind: storage.Kind,
+    at: u64,
+    fault: storage.Fault,
+) !bool {
     const arena = freshArena();
     storage.reset();
     storage.injectFault(kind, at, fault);
@@ -523,7 +648,8 @@ fn faultTrial(operations: []const Operation, kind: storage.Kind, at: u64, fault:
             try after.apply(arena, operation);
             const reader = try Store.open(path, 1, true, true);
             defer reader.close();
-            const committed = poisoned and operation == .replace and try sameRecords(reader, &after, arena);
+            const committed = poisoned and operation == .replace and
+                try sameRecords(reader, &after, arena);
             try expectRecords(reader, if (committed) &after else &model, arena);
             if (store) |handle| try expectRecords(handle, &model, arena);
             // The store works again: at once, or after a reopen.
@@ -547,7 +673,18 @@ fn faultWorkload(workload_seed: u64, length: usize, counts: *Counts) !void {
             var at: u64 = 0;
             while (true) : (at += 1) {
                 const fired = faultTrial(operations, plan.kind, at, fault) catch |err| {
-                    std.debug.print("fault trial failed: workload seed {d}, length {d}, {s} at call {d} of kind {s} (replay: LOADERX_SIM_SEED={d})\n", .{ workload_seed, length, @tagName(fault), at, @tagName(plan.kind), workload_seed });
+                    std.debug.print(
+                        "fault trial failed: workload seed {d}, length {d}, {s} at call {d} of " ++
+                            "kind {s} (replay: LOADERX_SIM_SEED={d})\n",
+                        .{
+                            workload_seed,
+                            length,
+                            @tagName(fault),
+                            at,
+                            @tagName(plan.kind),
+                            workload_seed,
+                        },
+                    );
                     return err;
                 };
                 if (!fired) break;
@@ -569,7 +706,11 @@ fn report(counts: Counts) void {
     const target = std.process.getEnvVarOwned(gpa, "LOADERX_SIM_REPORT") catch return;
     defer gpa.free(target);
     var buffer: [256]u8 = undefined;
-    const text = std.fmt.bufPrint(&buffer, "{{\"power_losses\": {d}, \"faults\": {d}, \"workloads\": {d}}}\n", .{ counts.power_losses, counts.faults, counts.workloads }) catch unreachable;
+    const text = std.fmt.bufPrint(
+        &buffer,
+        "{{\"power_losses\": {d}, \"faults\": {d}, \"workloads\": {d}}}\n",
+        .{ counts.power_losses, counts.faults, counts.workloads },
+    ) catch unreachable;
     const file = std.fs.cwd().createFile(target, .{}) catch return;
     defer file.close();
     file.writeAll(text) catch {};
@@ -629,7 +770,10 @@ test "a failed sync is not retried into a false success" {
     try testing.expectEqual(@as(u64, 1), store.count());
     // The writer refuses until reopened, and says why.
     try testing.expectError(error.Io, store.append("ijkl", &.{0}, .raw));
-    try testing.expect(std.mem.indexOf(u8, status.message(), "reopen") != null or std.mem.indexOf(u8, status.message(), "open it again") != null);
+    try testing.expect(
+        std.mem.indexOf(u8, status.message(), "reopen") != null or
+            std.mem.indexOf(u8, status.message(), "open it again") != null,
+    );
     store.close();
     const reopened = try Store.open(path, 1, true, true);
     defer reopened.close();
@@ -684,7 +828,11 @@ test "recovery truncates files past their committed length and deletes orphans" 
     const stray = try io.createFile(dir, "index-00000000000000ff", true);
     io.closeFile(stray);
     var name_buffer: [format.file_name_bytes]u8 = undefined;
-    const data = try io.openFile(dir, format.fileName(&name_buffer, .data, store.head().superblock.data_file), .read_write);
+    const data = try io.openFile(
+        dir,
+        format.fileName(&name_buffer, .data, store.head().superblock.data_file),
+        .read_write,
+    );
     try io.write(data, "garbage", 8);
     io.closeFile(data);
     store.close();
@@ -700,7 +848,7 @@ test "recovery truncates files past their committed length and deletes orphans" 
     try testing.expectEqualStrings("abcdefghijkl", &target);
 }
 
-test "a durable store's first replace after reopen makes one sync, and its journal survives a power cut" {
+test "a durable store's first replace after reopen: one sync; its journal survives a power cut" {
     // The append that creates a fixed store creates its journal too, under
     // the syncs it makes anyway: the first replace only syncs its record.
     for (0..20) |seed| {
@@ -714,7 +862,10 @@ test "a durable store's first replace after reopen makes one sync, and its journ
         try testing.expect(reopened.head().superblock.journal_file != 0);
         const syncs = storage.kindCount(.sync_file) + storage.kindCount(.sync_dir);
         try reopened.replace(&.{1}, "WXYZ", &.{0}, .raw);
-        try testing.expectEqual(syncs + 1, storage.kindCount(.sync_file) + storage.kindCount(.sync_dir));
+        try testing.expectEqual(
+            syncs + 1,
+            storage.kindCount(.sync_file) + storage.kindCount(.sync_dir),
+        );
     }
 }
 
@@ -737,7 +888,12 @@ test "regression: a checkpoint after the creating append syncs the bytes later r
         // Replaces of rows 0-5 until the journal passes its bound...
         while (true) {
             @memset(rows[0 .. replaced.len * fixed_record_bytes], fill);
-            try store.replace(&replaced, rows[0 .. replaced.len * fixed_record_bytes], offsets[0..replaced.len], .raw);
+            try store.replace(
+                &replaced,
+                rows[0 .. replaced.len * fixed_record_bytes],
+                offsets[0..replaced.len],
+                .raw,
+            );
             fill += 1;
             if (store.writer.?.journal.?.end > @import("../journal.zig").checkpoint_bytes) break;
         }

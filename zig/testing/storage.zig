@@ -31,7 +31,22 @@ const backing = std.heap.c_allocator;
 pub const file_bytes_max: u64 = 16 << 20;
 pub const sector_bytes: u64 = 512;
 
-pub const Kind = enum { open, create, read, write, length, set_length, sync_file, sync_dir, make_dir, link, unlink, list, lock, map };
+pub const Kind = enum {
+    open,
+    create,
+    read,
+    write,
+    length,
+    set_length,
+    sync_file,
+    sync_dir,
+    make_dir,
+    link,
+    unlink,
+    list,
+    lock,
+    map,
+};
 pub const Fault = enum { eio, enospc, short_write, sync_fails };
 
 const Pending = struct {
@@ -105,7 +120,9 @@ pub fn reset() void {
     for (disk.nodes.items) |*node| {
         if (node.visible.len > 0) {
             @memset(node.visible[0..node.visible_bytes], 0);
-            spare_buffers.append(backing, node.visible) catch std.heap.page_allocator.free(node.visible);
+            spare_buffers.append(backing, node.visible) catch std.heap.page_allocator.free(
+                node.visible,
+            );
         }
         node.durable.deinit(backing);
         node.pending.deinit(backing);
@@ -228,7 +245,10 @@ fn settleFile(node: *Node, random: std.Random) void {
     node.pending.clearRetainingCapacity();
     node.lock_holder = null;
     @memcpy(node.visible[0..node.durable.items.len], node.durable.items);
-    @memset(node.visible[node.durable.items.len..@max(node.visible_bytes, node.durable.items.len)], 0);
+    @memset(
+        node.visible[node.durable.items.len..@max(node.visible_bytes, node.durable.items.len)],
+        0,
+    );
     node.visible_bytes = node.durable.items.len;
 }
 
@@ -249,7 +269,10 @@ fn applyWrite(content: *std.ArrayList(u8), op: Pending, tear: ?std.Random) void 
     while (sector_start < end) {
         const sector_end = @min(end, (sector_start / sector_bytes + 1) * sector_bytes);
         const kept = if (tear) |random| random.boolean() else true;
-        if (kept) @memcpy(content.items[sector_start..sector_end], bytes[sector_start - op.offset .. sector_end - op.offset]);
+        if (kept) @memcpy(
+            content.items[sector_start..sector_end],
+            bytes[sector_start - op.offset .. sector_end - op.offset],
+        );
         sector_start = sector_end;
     }
 }
@@ -275,7 +298,11 @@ fn applyDirOp(names: *Names, op: DirOp) void {
 }
 
 /// The names in directory `path`, visible now (for orphan checks).
-pub fn listNames(path: []const u8, out: *std.ArrayList([]const u8), allocator: std.mem.Allocator) !void {
+pub fn listNames(
+    path: []const u8,
+    out: *std.ArrayList([]const u8),
+    allocator: std.mem.Allocator,
+) !void {
     disk.mutex.lock();
     defer disk.mutex.unlock();
     const id = try resolve(path);
@@ -319,7 +346,11 @@ fn enter(kind: Kind) CallError!?Fault {
 fn newNode(is_dir: bool) !u32 {
     var node = Node{ .is_dir = is_dir };
     if (!is_dir) {
-        node.visible = spare_buffers.pop() orelse try std.heap.page_allocator.alignedAlloc(u8, .fromByteUnits(page_size), file_bytes_max);
+        node.visible = spare_buffers.pop() orelse try std.heap.page_allocator.alignedAlloc(
+            u8,
+            .fromByteUnits(page_size),
+            file_bytes_max,
+        );
     }
     try disk.nodes.append(backing, node);
     return @intCast(disk.nodes.items.len - 1);
@@ -525,7 +556,10 @@ pub fn pwrite(handle: i32, bytes: []const u8, offset: u64) !void {
     disk.mutex.lock();
     defer disk.mutex.unlock();
     const fault = try enter(.write);
-    if (trace) std.debug.print("  node {d} at {d}, {d} bytes\n", .{ disk.handles.items[@intCast(handle)].?.node, offset, bytes.len });
+    if (trace) std.debug.print(
+        "  node {d} at {d}, {d} bytes\n",
+        .{ disk.handles.items[@intCast(handle)].?.node, offset, bytes.len },
+    );
     assert(disk.handles.items[@intCast(handle)].?.writable);
     const node = handleNode(handle);
     const written = if (fault == .short_write) bytes[0 .. bytes.len / 2] else bytes;
@@ -533,7 +567,10 @@ pub fn pwrite(handle: i32, bytes: []const u8, offset: u64) !void {
     if (written.len > 0) {
         @memcpy(node.visible[offset..][0..written.len], written);
         node.visible_bytes = @max(node.visible_bytes, offset + written.len);
-        try node.pending.append(backing, .{ .offset = offset, .bytes = try disk.arena.allocator().dupe(u8, written) });
+        try node.pending.append(
+            backing,
+            .{ .offset = offset, .bytes = try disk.arena.allocator().dupe(u8, written) },
+        );
     }
     if (fault == .short_write) return error.NoSpaceLeft;
 }
@@ -549,7 +586,10 @@ pub fn setLength(handle: i32, bytes: u64) !void {
     disk.mutex.lock();
     defer disk.mutex.unlock();
     _ = try enter(.set_length);
-    if (trace) std.debug.print("  node {d} to {d}\n", .{ disk.handles.items[@intCast(handle)].?.node, bytes });
+    if (trace) std.debug.print(
+        "  node {d} to {d}\n",
+        .{ disk.handles.items[@intCast(handle)].?.node, bytes },
+    );
     try setLengthLocked(handleNode(handle), bytes);
 }
 
