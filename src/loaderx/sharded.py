@@ -71,11 +71,9 @@ MANIFEST_FORMAT = "loaderx-shards"
 # loaderx wrote before it, carried its body's SHA-256 and is still read.
 MANIFEST_VERSION = 2
 _SHA256_VERSION = 1
-# Bounds what a damaged manifest can make us allocate or open: 2^20 shards
-# at well under 256 bytes an entry. The bound is zig/shards.zig's (which
-# refuses more); this is its one Python copy, to read from LIMITS once the
-# core exports it.
-SHARD_COUNT_MAX = 1 << 20
+# Bounds what a damaged manifest can make us allocate or open: zig/shards.zig's
+# bound (2^20 shards, at well under 256 bytes an entry), read from the core.
+SHARD_COUNT_MAX = int(lib.lx_shard_count_max())
 _MANIFEST_BYTES_MAX = 256 << 20
 SHARD_PATTERN = re.compile(r"shard-(\d{5,})")
 
