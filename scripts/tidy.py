@@ -275,13 +275,29 @@ class PythonModule:
     tree: ast.Module
     lines: list[str]
     is_package: bool
+    # every node, walked once: the rules that read expressions share the walk
+    nodes: list[ast.AST] = field(default_factory=list)
+    # every import with (is it inside a function, is it under `if TYPE_CHECKING:`)
+    imports: list[tuple[ast.Import | ast.ImportFrom, bool, bool]] = field(default_factory=list)
+
+
+# The fields that hold statements: functions, classes and imports are statements, so the
+# walks that look for them skip expressions, most of a tree.
+STATEMENT_FIELDS = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+def child_statements(node: ast.AST) -> Iterator[ast.AST]:
+    for name in STATEMENT_FIELDS:
+        for child in getattr(node, name, ()):
+            if isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)):
+                yield child
 
 
 def python_functions(path: str, tree: ast.Module) -> list[Function]:
     found = []
 
     def visit(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
+        for child in child_statements(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 name = f"{prefix}{child.name}"
                 lines = (child.end_lineno or child.lineno) - child.lineno + 1
@@ -361,15 +377,13 @@ def walk_imports(
 ) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool, bool]]:
     """Every import with (is it inside a function, is it under `if TYPE_CHECKING:`); the
     `else:` of such an `if` runs, so its imports count as usual."""
-    for child in ast.iter_child_nodes(node):
+    for child in child_statements(node):
         if isinstance(child, (ast.Import, ast.ImportFrom)):
             yield child, in_function, type_checking
         elif is_type_checking(child):
             assert isinstance(child, ast.If)
-            for statement in child.body:
-                yield from walk_imports(ast.Module([statement], []), in_function, True)
-            for statement in child.orelse:
-                yield from walk_imports(ast.Module([statement], []), in_function, type_checking)
+            yield from walk_imports(ast.Module(child.body, []), in_function, True)
+            yield from walk_imports(ast.Module(child.orelse, []), in_function, type_checking)
         else:
             inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
             yield from walk_imports(child, inner, type_checking)
@@ -381,7 +395,7 @@ def check_python_module(
     """The rules of src/loaderx that read one module: import-in-function, private-import and
     status-number (the import graph is `python_graph`'s)."""
     bound: dict[str, str] = {}
-    for node, in_function, _ in walk_imports(module.tree):
+    for node, in_function, _ in module.imports:
         if in_function and not marked_optional(module.lines, node.lineno):
             what = ast.unparse(node).splitlines()[0]
             detail = f"`{what}` inside a function (mark an optional one `{OPTIONAL_MARK}`)"
@@ -408,7 +422,7 @@ def private_attributes(
     """`module._name` on a name an import bound to a loaderx module, walking through
     submodules (`loaderx._native` is a module, so `loaderx._native.lib` is fine)."""
     seen: set[tuple[int, str]] = set()
-    for node in ast.walk(module.tree):
+    for node in module.nodes:
         chain = attribute_chain(node)
         if chain is None or chain[0] not in bound:
             continue
@@ -457,7 +471,7 @@ def is_status(node: ast.AST) -> bool:
 
 def status_numbers(module: PythonModule, errors: set[str]) -> Iterator[Violation]:
     operators = (ast.Eq, ast.NotEq, ast.In, ast.NotIn)
-    for node in ast.walk(module.tree):
+    for node in module.nodes:
         if isinstance(node, ast.Call):
             callee = node.func
             name = callee.attr if isinstance(callee, ast.Attribute) else getattr(callee, "id", "")
@@ -483,7 +497,7 @@ def error_classes(modules: Iterable[PythonModule]) -> set[str]:
     """The names of the package's classes that derive from ZrecordError (and it), by name."""
     bases: dict[str, set[str]] = {}
     for module in modules:
-        for node in ast.walk(module.tree):
+        for node in module.nodes:
             if isinstance(node, ast.ClassDef):
                 names = {
                     b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "")
@@ -503,7 +517,7 @@ def python_graph(module: PythonModule, modules: set[str], deferred: bool = False
     """The package modules this one imports at module level (with `deferred`: inside
     functions too), each with the line of its first import."""
     edges: dict[str, int] = {}
-    for node, in_function, type_checking in walk_imports(module.tree):
+    for node, in_function, type_checking in module.imports:
         if type_checking or (in_function and not deferred):
             continue
         for target, _, _, _ in import_targets(node, module, modules):
@@ -527,7 +541,9 @@ def check_python(root: Path, report: Report) -> None:
         report.functions["python"].extend(python_functions(path, tree))
         if path.startswith("src/loaderx/"):
             name, is_package = module_name(path)
-            package.append(PythonModule(name, path, tree, lines, is_package))
+            module = PythonModule(name, path, tree, lines, is_package, list(ast.walk(tree)))
+            module.imports = list(walk_imports(tree))
+            package.append(module)
     modules = {module.name for module in package}
     errors = error_classes(package)
     for module in package:
