@@ -7,7 +7,12 @@ list, in path and line order, and `tests/test_tidy.py` holds main to an empty on
 
     python scripts/tidy.py             the violations; exit status 1 when there is any
     python scripts/tidy.py --summary   counts per rule, longest functions, import graphs and
-                                       cycles, asserts per function in the Zig store files
+                                       cycles (and the Python cycles that imports inside
+                                       functions hide), asserts per function in the Zig
+                                       store files; exit status as above
+
+Files: src/loaderx/**.py, scripts/*.py, tests/*.py, build_backend/*.py; zig/**.zig, build.zig
+(less src/loaderx/_ffi.py, which the native build writes).
 
 The rules (what each one decides, where the brief left it open):
 
@@ -15,7 +20,9 @@ function-length     a function over 70 lines. Python: from the `def` line (decor
                     counted) to its last line, docstring included; a nested function counts on
                     its own and inside its parent. Zig: from the `fn` line to its closing brace;
                     a `test` block counts as a function too, since a reader has to see a test
-                    whole as much as the code it proves.
+                    whole as much as the code it proves; a declaration without a body
+                    (`extern fn`) is none, and a method of a struct declared inside a function
+                    counts on its own and inside the function.
 line-length         a line over 100 columns (characters, not bytes), comments and Zig multiline
                     strings included.
 import-cycle        a cycle in the import graph. Python: the module-level imports inside
@@ -24,8 +31,9 @@ import-cycle        a cycle in the import graph. Python: the module-level import
                     below). Zig: the `@import("x.zig")` edges between files, leaving out those
                     inside `test` blocks and the imports of `zig/testing/` from files outside
                     it (the simulated storage is compiled into test builds only).
-import-in-function  an `import` inside a function in src/loaderx, unless its line or the line
-                    before says `# optional dependency`.
+import-in-function  an `import` statement inside a function in src/loaderx, unless its line or
+                    the line before says `# optional dependency` (`importlib.import_module`
+                    calls are not looked at).
 private-import      in src/loaderx: a private name (one leading underscore, not a dunder)
                     imported from another module of the package, or read as `module._name`
                     from an imported loaderx module. Private *modules* (`loaderx._fs`) are fine.
