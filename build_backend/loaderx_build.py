@@ -86,10 +86,16 @@ def build_native() -> None:
     for variant, cpu in builds:
         prefix = ROOT / "zig-out" / variant
         command = [
-            sys.executable, "-m", "ziglang", "build",
-            f"-Dtarget={arch}-linux-gnu.{GLIBC_FLOOR}", f"-Dcpu={cpu}", "-Dstrip=true",
+            sys.executable,
+            "-m",
+            "ziglang",
+            "build",
+            f"-Dtarget={arch}-linux-gnu.{GLIBC_FLOOR}",
+            f"-Dcpu={cpu}",
+            "-Dstrip=true",
             f"-Dzstd={find_zstd(arch)}",
-            "--prefix", str(prefix),
+            "--prefix",
+            str(prefix),
         ]
         subprocess.run(command, cwd=ROOT, check=True)
         # Replace the library by rename, never in place: a running process that
@@ -112,11 +118,19 @@ def retag_wheel(wheel_directory: str, name: str, tag: str) -> str:
     record = f"{distribution}-{version}.dist-info/RECORD"
     with zipfile.ZipFile(source) as old:
         wheel_text = old.read(wheel_info).decode()
-        kept = [line for line in wheel_text.splitlines() if line and not line.startswith(("Root-Is-Purelib:", "Tag:"))]
+        kept = [
+            line
+            for line in wheel_text.splitlines()
+            if line and not line.startswith(("Root-Is-Purelib:", "Tag:"))
+        ]
         wheel_bytes = ("\n".join(kept + ["Root-Is-Purelib: false", f"Tag: {tag}"]) + "\n").encode()
-        digest = base64.urlsafe_b64encode(hashlib.sha256(wheel_bytes).digest()).rstrip(b"=").decode()
+        digest = (
+            base64.urlsafe_b64encode(hashlib.sha256(wheel_bytes).digest()).rstrip(b"=").decode()
+        )
         record_lines = [
-            f"{wheel_info},sha256={digest},{len(wheel_bytes)}" if line.startswith(wheel_info + ",") else line
+            f"{wheel_info},sha256={digest},{len(wheel_bytes)}"
+            if line.startswith(wheel_info + ",")
+            else line
             for line in old.read(record).decode().splitlines()
         ]
         with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as new:

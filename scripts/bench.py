@@ -72,9 +72,9 @@ def _memory() -> str:
 
 def _loaderx_version() -> str:
     try:
-        import loaderx._native as native
-
         from importlib.metadata import version
+
+        import loaderx._native as native
 
         return f"{version('loaderx')} (native ABI {native.lib.lx_version()})"
     except Exception as exc:  # the benchmark still reports the machine
@@ -111,7 +111,9 @@ def calibrate(function: Callable[[], object], seconds: float) -> int:
         number *= 4
 
 
-def time_interleaved(functions: dict[str, Callable[[], object]], runs: int, seconds: float) -> dict[str, float]:
+def time_interleaved(
+    functions: dict[str, Callable[[], object]], runs: int, seconds: float
+) -> dict[str, float]:
     """Median seconds per call of each function over `runs` interleaved runs."""
     numbers = {name: calibrate(function, seconds) for name, function in functions.items()}
     samples: dict[str, list[float]] = {name: [] for name in functions}
@@ -164,17 +166,23 @@ def bench_sampler(quick: bool) -> str:
         }
         for name, (function, distinct) in contenders.items():
             _check_indices(name, function(), length, size, distinct)
-        medians = time_interleaved({name: fn for name, (fn, _) in contenders.items()}, runs, seconds)
+        medians = time_interleaved(
+            {name: fn for name, (fn, _) in contenders.items()}, runs, seconds
+        )
         reference = medians["numpy default_rng().integers"]
         for name, median in medians.items():
-            rows.append([
-                name,
-                str(size),
-                f"{median * 1e6:.2f}",
-                f"{size / median / 1e6:.0f}",
-                f"{reference / median:.2f}x",
-            ])
-    table = markdown_table(["sampler", "batch", "µs / batch", "M indices / s", "vs default_rng"], rows)
+            rows.append(
+                [
+                    name,
+                    str(size),
+                    f"{median * 1e6:.2f}",
+                    f"{size / median / 1e6:.0f}",
+                    f"{reference / median:.2f}x",
+                ]
+            )
+    table = markdown_table(
+        ["sampler", "batch", "µs / batch", "M indices / s", "vs default_rng"], rows
+    )
     return (
         f"### sampler: indices over 0..{length:,}, one call per batch\n\n{table}\n\n"
         f"Medians of {runs} interleaved runs of about {seconds * 1e3:.0f} ms each; "
@@ -261,7 +269,9 @@ def resident_bytes(directory: Path) -> int | None:
         return 0
     result = subprocess.run(
         ["fincore", "--bytes", "--noheadings", "--output", "RES", *files],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return sum(int(field) for field in result.stdout.split())
 
@@ -349,7 +359,9 @@ def _loaderx_from_numpy(codec: str) -> tuple[Callable, Callable]:
 
         from_numpy(directory / "store", rows, codec=codec, progress=False)
 
-    return write, _open_loaderx("zstd" if codec == "auto" else codec)  # reads do not depend on the default codec
+    return write, _open_loaderx(
+        "zstd" if codec == "auto" else codec
+    )  # reads do not depend on the default codec
 
 
 SHARD_COUNT = 64
@@ -364,7 +376,9 @@ def _loaderx_sharded(codec: str) -> tuple[Callable, Callable]:
 
         bounds = np.linspace(0, len(rows), SHARD_COUNT + 1).astype(np.int64)
         for k in range(SHARD_COUNT):
-            shards.write_shard(directory / "sharded", k, rows[bounds[k] : bounds[k + 1]], codec=codec)
+            shards.write_shard(
+                directory / "sharded", k, rows[bounds[k] : bounds[k + 1]], codec=codec
+            )
         shards.commit(directory / "sharded")
 
     def open_(directory: Path, rows: np.ndarray) -> Opened:
@@ -399,7 +413,9 @@ def _write_hdf5(compression: str | None) -> Callable[[Path, np.ndarray], None]:
             if compression is None:
                 file.create_dataset("rows", data=rows)  # contiguous, h5py's default
             else:  # one record per chunk: random records decompress nothing extra
-                file.create_dataset("rows", data=rows, chunks=(1, RECORD_FLOATS), compression=compression)
+                file.create_dataset(
+                    "rows", data=rows, chunks=(1, RECORD_FLOATS), compression=compression
+                )
 
     return write
 
@@ -427,7 +443,9 @@ def _lmdb(compress: bool) -> tuple[Callable, Callable]:
             with environment.begin(write=True) as transaction:
                 for index, row in enumerate(rows):
                     value = row.tobytes()
-                    transaction.put(index.to_bytes(8, "big"), zlib.compress(value) if compress else value)
+                    transaction.put(
+                        index.to_bytes(8, "big"), zlib.compress(value) if compress else value
+                    )
         finally:
             environment.close()
 
@@ -441,7 +459,9 @@ def _lmdb(compress: bool) -> tuple[Callable, Callable]:
             with environment.begin() as transaction:
                 for position, index in enumerate(indices.tolist()):
                     value = transaction.get(index.to_bytes(8, "big"))
-                    out[position] = np.frombuffer(zlib.decompress(value) if compress else value, dtype=np.float32)
+                    out[position] = np.frombuffer(
+                        zlib.decompress(value) if compress else value, dtype=np.float32
+                    )
             return out
 
         return read, environment.close
@@ -472,8 +492,11 @@ def _write_zarr(directory: Path, rows: np.ndarray) -> None:
     import zarr
 
     array = zarr.create_array(
-        store=str(directory / "rows.zarr"), shape=rows.shape, dtype=rows.dtype,
-        chunks=(1, RECORD_FLOATS), shards=(_shard_rows(len(rows)), RECORD_FLOATS),
+        store=str(directory / "rows.zarr"),
+        shape=rows.shape,
+        dtype=rows.dtype,
+        chunks=(1, RECORD_FLOATS),
+        shards=(_shard_rows(len(rows)), RECORD_FLOATS),
     )  # zarr's default codec: zstd
     array[...] = rows
 
@@ -492,15 +515,35 @@ def _tensorstore_spec(directory: Path) -> dict:
 def _write_tensorstore(directory: Path, rows: np.ndarray) -> None:
     import tensorstore
 
-    chunk = {"name": "regular", "configuration": {"chunk_shape": [_shard_rows(len(rows)), RECORD_FLOATS]}}
-    inner = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd", "configuration": {"level": 3}}]
-    sharding = {"name": "sharding_indexed", "configuration": {
-        "chunk_shape": [1, RECORD_FLOATS], "codecs": inner,
-        "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
-    }}
-    spec = dict(_tensorstore_spec(directory), create=True, metadata={
-        "shape": list(rows.shape), "data_type": "float32", "chunk_grid": chunk, "codecs": [sharding],
-    })
+    chunk = {
+        "name": "regular",
+        "configuration": {"chunk_shape": [_shard_rows(len(rows)), RECORD_FLOATS]},
+    }
+    inner = [
+        {"name": "bytes", "configuration": {"endian": "little"}},
+        {"name": "zstd", "configuration": {"level": 3}},
+    ]
+    sharding = {
+        "name": "sharding_indexed",
+        "configuration": {
+            "chunk_shape": [1, RECORD_FLOATS],
+            "codecs": inner,
+            "index_codecs": [
+                {"name": "bytes", "configuration": {"endian": "little"}},
+                {"name": "crc32c"},
+            ],
+        },
+    }
+    spec = dict(
+        _tensorstore_spec(directory),
+        create=True,
+        metadata={
+            "shape": list(rows.shape),
+            "data_type": "float32",
+            "chunk_grid": chunk,
+            "codecs": [sharding],
+        },
+    )
     tensorstore.open(spec).result().write(rows).result()
 
 
@@ -558,10 +601,18 @@ def store_contenders() -> list[StoreContender]:
         StoreContender("loaderx zstd_dict", ("loaderx",), "-e .", *ours[2]),
         StoreContender("loaderx zstd_shuffle4", ("loaderx",), "-e .", *_loaderx("zstd_shuffle4")),
         StoreContender("loaderx from_numpy raw", ("loaderx",), "-e .", *_loaderx_from_numpy("raw")),
-        StoreContender("loaderx from_numpy zstd", ("loaderx",), "-e .", *_loaderx_from_numpy("zstd")),
-        StoreContender("loaderx from_numpy auto", ("loaderx",), "-e .", *_loaderx_from_numpy("auto")),
-        StoreContender(f"loaderx raw, {SHARD_COUNT} shards", ("loaderx",), "-e .", *_loaderx_sharded("raw")),
-        StoreContender(f"loaderx zstd, {SHARD_COUNT} shards", ("loaderx",), "-e .", *_loaderx_sharded("zstd")),
+        StoreContender(
+            "loaderx from_numpy zstd", ("loaderx",), "-e .", *_loaderx_from_numpy("zstd")
+        ),
+        StoreContender(
+            "loaderx from_numpy auto", ("loaderx",), "-e .", *_loaderx_from_numpy("auto")
+        ),
+        StoreContender(
+            f"loaderx raw, {SHARD_COUNT} shards", ("loaderx",), "-e .", *_loaderx_sharded("raw")
+        ),
+        StoreContender(
+            f"loaderx zstd, {SHARD_COUNT} shards", ("loaderx",), "-e .", *_loaderx_sharded("zstd")
+        ),
         StoreContender("npy-mmap", (), "", _write_npy, _open_npy),
         StoreContender("hdf5", ("h5py",), "h5py", _write_hdf5(None), _open_hdf5),
         StoreContender("hdf5-gzip", ("h5py",), "h5py", _write_hdf5("gzip"), _open_hdf5),
@@ -569,10 +620,15 @@ def store_contenders() -> list[StoreContender]:
         StoreContender("lmdb-zlib", ("lmdb",), "lmdb", *lmdb_zlib),
         StoreContender("blosc2", ("blosc2",), "blosc2", _write_blosc2, _open_blosc2),
         StoreContender("zarr", ("zarr",), "zarr", _write_zarr, _open_zarr),
-        StoreContender("tensorstore", ("tensorstore",), "tensorstore", _write_tensorstore, _open_tensorstore),
         StoreContender(
-            "arrayrecord", ("array_record.python.array_record_module",), "array-record",
-            _write_arrayrecord, _open_arrayrecord,
+            "tensorstore", ("tensorstore",), "tensorstore", _write_tensorstore, _open_tensorstore
+        ),
+        StoreContender(
+            "arrayrecord",
+            ("array_record.python.array_record_module",),
+            "array-record",
+            _write_arrayrecord,
+            _open_arrayrecord,
         ),
         StoreContender("numpack", ("numpack",), "numpack==0.4.5", _write_numpack, _open_numpack),
     ]
@@ -591,10 +647,14 @@ class StoreResult:
     read_seconds: list[float]
     cold_seconds: list[float]
     failure: str = ""
-    cold_cached: list[int] = field(default_factory=list)  # bytes a cold batch left in the page cache
+    cold_cached: list[int] = field(
+        default_factory=list
+    )  # bytes a cold batch left in the page cache
 
 
-def _write_store(contender: StoreContender, directory: Path, rows: np.ndarray, runs: int) -> StoreResult:
+def _write_store(
+    contender: StoreContender, directory: Path, rows: np.ndarray, runs: int
+) -> StoreResult:
     """Writes `runs` times, each into a fresh `directory` and timed to the last
     fsync; the last write stays for the reads."""
     seconds = []
@@ -615,7 +675,9 @@ def _check_batch(name: str, batch, rows: np.ndarray, indices: np.ndarray) -> Non
     batch = np.asarray(batch)
     expected = rows[indices]
     if batch.shape != expected.shape or batch.dtype != expected.dtype:
-        raise AssertionError(f"{name}: returned {batch.dtype} {batch.shape}, expected {expected.dtype} {expected.shape}")
+        raise AssertionError(
+            f"{name}: returned {batch.dtype} {batch.shape}, expected {expected.dtype} {expected.shape}"
+        )
     if not np.array_equal(batch, expected):
         wrong = int((batch != expected).any(axis=1).sum())
         raise AssertionError(f"{name}: {wrong} of {len(indices)} records differ from the source")
@@ -641,7 +703,9 @@ def _evict_settled(directory: Path, tries: int = 5) -> int | None:
     return cached
 
 
-def _cold_run(result: StoreResult, rows: np.ndarray, batches: np.ndarray) -> tuple[float, int | None]:
+def _cold_run(
+    result: StoreResult, rows: np.ndarray, batches: np.ndarray
+) -> tuple[float, int | None]:
     """Seconds to read `batches`, each from a cold page cache: the store is
     closed (unmapping it), its files evicted, and reopened before every batch;
     only the read is timed. Records in `result.cold_cached` what each batch
@@ -674,30 +738,45 @@ def _store_row(result: StoreResult, source_bytes: int, batch_count: int) -> list
         disk = allocated_bytes(result.directory)
         write = _mib_per_second(source_bytes, statistics.median(result.write_seconds))
         on_disk, ratio = f"{disk / MiB:,.1f} MiB", f"{source_bytes / disk:.2f}x"
-    return [name, write, _mib_per_second(gathered, read), f"{read / batch_count * 1e3:.2f}", on_disk, ratio]
+    return [
+        name,
+        write,
+        _mib_per_second(gathered, read),
+        f"{read / batch_count * 1e3:.2f}",
+        on_disk,
+        ratio,
+    ]
 
 
-def _write_stores(root: Path, rows: np.ndarray, runs: int, contenders: list[StoreContender] | None = None) -> tuple[list[StoreResult], list[str]]:
+def _write_stores(
+    root: Path, rows: np.ndarray, runs: int, contenders: list[StoreContender] | None = None
+) -> tuple[list[StoreResult], list[str]]:
     """Writes every installed contender's store (all of `store_contenders()`
     by default) under `root` and reads its files once; returns the results
     so far and the skipped lines."""
     results, skipped = [], []
     for number, contender in enumerate(store_contenders() if contenders is None else contenders):
         if _missing(contender.modules) is not None:
-            skipped.append(f"skipped: {contender.name} not installed (pip install {contender.install})")
+            skipped.append(
+                f"skipped: {contender.name} not installed (pip install {contender.install})"
+            )
             continue
         directory = root / f"{number:02d}"
         try:
             result = _write_store(contender, directory, rows, runs)
         except Exception as exc:
-            result = StoreResult(contender, directory, [], [], [], f"write raised {type(exc).__name__}: {exc}")
+            result = StoreResult(
+                contender, directory, [], [], [], f"write raised {type(exc).__name__}: {exc}"
+            )
         else:
             warm_tree(directory)
         results.append(result)
     return results, skipped
 
 
-def _time_reads(results: list[StoreResult], rows: np.ndarray, batches: np.ndarray, runs: int) -> None:
+def _time_reads(
+    results: list[StoreResult], rows: np.ndarray, batches: np.ndarray, runs: int
+) -> None:
     """Checks each store's first and last batch against the source (which also
     warms its own caches), then times `runs` passes over all batches,
     interleaved so noise on the shared box hits every store alike. A store
@@ -709,7 +788,9 @@ def _time_reads(results: list[StoreResult], rows: np.ndarray, batches: np.ndarra
         try:
             readers[result.contender.name] = result.contender.open(result.directory, rows)
             for indices in (batches[0], batches[-1]):
-                _check_batch(result.contender.name, readers[result.contender.name][0](indices), rows, indices)
+                _check_batch(
+                    result.contender.name, readers[result.contender.name][0](indices), rows, indices
+                )
         except Exception as exc:
             result.failure = f"{type(exc).__name__}: {exc}"
     for _ in range(runs):
@@ -735,15 +816,26 @@ def bench_store(quick: bool) -> str:
     with tempfile.TemporaryDirectory(prefix="loaderx-bench-store-") as temporary:
         results, skipped = _write_stores(Path(temporary), rows, write_runs)
         _time_reads(results, rows, batches, read_runs)
-        cold = [result for result in results if result.contender.name in COLD_CONTENDERS and not result.failure]
+        cold = [
+            result
+            for result in results
+            if result.contender.name in COLD_CONTENDERS and not result.failure
+        ]
         cold_note = _cold_table(cold, rows, batches[:cold_batches], cold_runs)
         table_rows = [_store_row(result, rows.nbytes, batch_count) for result in results]
         shuffle_notes = _shuffle_ratios(results, "zstd_shuffle4")
     ceilings, ceiling_note = _ceiling_rows(rows, 4, batch_count, read_runs)
     paired = _paired_ceiling_ratios(rows, 4, 1 if quick else 5)
-    failures = [f"FAILED: {result.contender.name}: {result.failure}" for result in results if result.failure]
-    table = markdown_table(["store", "write MiB/s", "gather MiB/s", "ms / batch", "on disk", "ratio"], table_rows + ceilings)
-    notes = "\n".join(skipped + failures + _sharded_ratios(results) + shuffle_notes + [ceiling_note] + paired)
+    failures = [
+        f"FAILED: {result.contender.name}: {result.failure}" for result in results if result.failure
+    ]
+    table = markdown_table(
+        ["store", "write MiB/s", "gather MiB/s", "ms / batch", "on disk", "ratio"],
+        table_rows + ceilings,
+    )
+    notes = "\n".join(
+        skipped + failures + _sharded_ratios(results) + shuffle_notes + [ceiling_note] + paired
+    )
     return (
         f"### store: {count:,} records of {RECORD_BYTES // 1024} KiB (float32, zstd-compressible ~1.3x), "
         f"{batch_count} random batches of {BATCH_SIZE}, warm page cache\n\n{table}\n\n"
@@ -777,9 +869,22 @@ def _libzstd():
     library.ZSTD_createDCtx.restype = ctypes.c_void_p
     library.ZSTD_compressBound.restype = ctypes.c_size_t
     library.ZSTD_compressCCtx.restype = ctypes.c_size_t
-    library.ZSTD_compressCCtx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    library.ZSTD_compressCCtx.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+    ]
     library.ZSTD_decompressDCtx.restype = ctypes.c_size_t
-    library.ZSTD_decompressDCtx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t]
+    library.ZSTD_decompressDCtx.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+    ]
     library.ZSTD_freeCCtx.argtypes = [ctypes.c_void_p]
     library.ZSTD_freeDCtx.argtypes = [ctypes.c_void_p]
     return library
@@ -788,7 +893,9 @@ def _libzstd():
 def _shuffle_rows(rows: np.ndarray, element_bytes: int) -> np.ndarray:
     """Each row byte-shuffled by `element_bytes` (what zstd_shuffleN compresses)."""
     raw = rows.reshape(len(rows), -1).view(np.uint8)
-    return np.ascontiguousarray(raw.reshape(len(rows), -1, element_bytes).transpose(0, 2, 1)).reshape(len(rows), -1)
+    return np.ascontiguousarray(
+        raw.reshape(len(rows), -1, element_bytes).transpose(0, 2, 1)
+    ).reshape(len(rows), -1)
 
 
 def zstd_single_core(rows: np.ndarray, runs: int) -> tuple[float, float, float]:
@@ -808,30 +915,47 @@ def zstd_single_core(rows: np.ndarray, runs: int) -> tuple[float, float, float]:
     for _ in range(runs):
         start = time.perf_counter()
         for k in range(len(raw)):
-            sizes[k] = library.ZSTD_compressCCtx(compressor, target + k * bound, bound, source + k * row_bytes, row_bytes, 3)
+            sizes[k] = library.ZSTD_compressCCtx(
+                compressor, target + k * bound, bound, source + k * row_bytes, row_bytes, 3
+            )
         compress_seconds.append(time.perf_counter() - start)
         start = time.perf_counter()
         for k in range(len(raw)):
-            if library.ZSTD_decompressDCtx(decompressor, back, row_bytes, target + k * bound, int(sizes[k])) != row_bytes:
+            if (
+                library.ZSTD_decompressDCtx(
+                    decompressor, back, row_bytes, target + k * bound, int(sizes[k])
+                )
+                != row_bytes
+            ):
                 raise AssertionError("libzstd ceiling: a frame did not decode to its row")
         decode_seconds.append(time.perf_counter() - start)
     library.ZSTD_freeCCtx(compressor)
     library.ZSTD_freeDCtx(decompressor)
-    return statistics.median(compress_seconds), statistics.median(decode_seconds), raw.nbytes / float(sizes.sum())
+    return (
+        statistics.median(compress_seconds),
+        statistics.median(decode_seconds),
+        raw.nbytes / float(sizes.sum()),
+    )
 
 
 def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
 
 
-def _ceiling_rows(rows: np.ndarray, element_bytes: int, batch_count: int, runs: int) -> tuple[list[list[str]], str]:
+def _ceiling_rows(
+    rows: np.ndarray, element_bytes: int, batch_count: int, runs: int
+) -> tuple[list[list[str]], str]:
     """The compression limit as table rows: single-core libzstd-3 compress
     (write column) and decode (gather column) times the cores, on the plain
     and on the shuffled records."""
     try:
         measured = {
             "plain": zstd_single_core(rows, runs),
-            f"shuffled by {element_bytes}": zstd_single_core(_shuffle_rows(rows, element_bytes), runs),
+            f"shuffled by {element_bytes}": zstd_single_core(
+                _shuffle_rows(rows, element_bytes), runs
+            ),
         }
     except (OSError, AttributeError) as exc:
         return [], f"ceiling rows skipped: the system libzstd could not be loaded ({exc})"
@@ -839,12 +963,20 @@ def _ceiling_rows(rows: np.ndarray, element_bytes: int, batch_count: int, runs: 
     gathered = batch_count * BATCH_SIZE * rows[0].nbytes
     for name, (compress, decode, ratio) in measured.items():
         per_batch = decode / cores * gathered / rows.nbytes / batch_count
-        table_rows.append([
-            f"ceiling: libzstd-3 x {cores} cores, {name}", _mib_per_second(rows.nbytes * cores, compress),
-            _mib_per_second(rows.nbytes * cores, decode), f"{per_batch * 1e3:.2f}", "—", f"{ratio:.2f}x",
-        ])
-    note = (f"Ceilings: single-core libzstd level 3 on the same {len(rows):,} records (one frame each, through "
-            f"ctypes, median of {runs}) times {cores} cores; write = compress, gather = decode, ratio = frames only.")
+        table_rows.append(
+            [
+                f"ceiling: libzstd-3 x {cores} cores, {name}",
+                _mib_per_second(rows.nbytes * cores, compress),
+                _mib_per_second(rows.nbytes * cores, decode),
+                f"{per_batch * 1e3:.2f}",
+                "—",
+                f"{ratio:.2f}x",
+            ]
+        )
+    note = (
+        f"Ceilings: single-core libzstd level 3 on the same {len(rows):,} records (one frame each, through "
+        f"ctypes, median of {runs}) times {cores} cores; write = compress, gather = decode, ratio = frames only."
+    )
     return table_rows, note
 
 
@@ -885,14 +1017,20 @@ def _paired_ceiling_ratios(rows: np.ndarray, element_bytes: int, rounds: int) ->
 
 def _shuffle_ratios(results: list[StoreResult], codec: str) -> list[str]:
     """The shuffled store against plain zstd: gather speed, size and write speed."""
-    by_name = {result.contender.name: result for result in results if not result.failure and result.read_seconds}
+    by_name = {
+        result.contender.name: result
+        for result in results
+        if not result.failure and result.read_seconds
+    }
     plain, shuffled = by_name.get("loaderx zstd"), by_name.get(f"loaderx {codec}")
     if plain is None or shuffled is None:
         return []
     gather = statistics.median(plain.read_seconds) / statistics.median(shuffled.read_seconds)
     size = allocated_bytes(shuffled.directory) / allocated_bytes(plain.directory)
     write = statistics.median(plain.write_seconds) / statistics.median(shuffled.write_seconds)
-    return [f"loaderx {codec} against loaderx zstd: gather {gather:.2f}x, on-disk size {size:.2f}x, write {write:.2f}x (median runs)."]
+    return [
+        f"loaderx {codec} against loaderx zstd: gather {gather:.2f}x, on-disk size {size:.2f}x, write {write:.2f}x (median runs)."
+    ]
 
 
 LABELS_PER_RECORD = RECORD_BYTES // 8
@@ -908,7 +1046,9 @@ def _label_table(quick: bool) -> str:
     contenders = [
         StoreContender("loaderx zstd", ("loaderx",), "-e .", *_loaderx("zstd")),
         StoreContender("loaderx zstd_shuffle8", ("loaderx",), "-e .", *_loaderx("zstd_shuffle8")),
-        StoreContender("loaderx from_numpy auto", ("loaderx",), "-e .", *_loaderx_from_numpy("auto")),
+        StoreContender(
+            "loaderx from_numpy auto", ("loaderx",), "-e .", *_loaderx_from_numpy("auto")
+        ),
     ]
     with tempfile.TemporaryDirectory(prefix="loaderx-bench-labels-") as temporary:
         results, skipped = _write_stores(Path(temporary), labels, write_runs, contenders)
@@ -916,8 +1056,13 @@ def _label_table(quick: bool) -> str:
         table_rows = [_store_row(result, labels.nbytes, batch_count) for result in results]
         ratios = _shuffle_ratios(results, "zstd_shuffle8")
     ceilings, ceiling_note = _ceiling_rows(labels, 8, batch_count, read_runs)
-    failures = [f"FAILED: {result.contender.name}: {result.failure}" for result in results if result.failure]
-    table = markdown_table(["store", "write MiB/s", "gather MiB/s", "ms / batch", "on disk", "ratio"], table_rows + ceilings)
+    failures = [
+        f"FAILED: {result.contender.name}: {result.failure}" for result in results if result.failure
+    ]
+    table = markdown_table(
+        ["store", "write MiB/s", "gather MiB/s", "ms / batch", "on disk", "ratio"],
+        table_rows + ceilings,
+    )
     notes = "\n".join(skipped + failures + ratios + [ceiling_note])
     return (
         f"### store, integer labels: {count:,} records of {LABELS_PER_RECORD:,} int64 class ids (0..999), "
@@ -928,16 +1073,24 @@ def _label_table(quick: bool) -> str:
 
 def _sharded_ratios(results: list[StoreResult]) -> list[str]:
     """Lines comparing each sharded dataset's gather with its single store's."""
-    seconds = {result.contender.name: statistics.median(result.read_seconds) for result in results if result.read_seconds and not result.failure}
+    seconds = {
+        result.contender.name: statistics.median(result.read_seconds)
+        for result in results
+        if result.read_seconds and not result.failure
+    }
     lines = []
     for codec in ("raw", "zstd"):
         single, sharded = f"loaderx {codec}", f"loaderx {codec}, {SHARD_COUNT} shards"
         if single in seconds and sharded in seconds:
-            lines.append(f"{sharded} gathers at {seconds[single] / seconds[sharded]:.2f}x the speed of one {codec} store (median runs).")
+            lines.append(
+                f"{sharded} gathers at {seconds[single] / seconds[sharded]:.2f}x the speed of one {codec} store (median runs)."
+            )
     return lines
 
 
-def _cold_table(results: list[StoreResult], rows: np.ndarray, batches: np.ndarray, runs: int) -> str:
+def _cold_table(
+    results: list[StoreResult], rows: np.ndarray, batches: np.ndarray, runs: int
+) -> str:
     header = f"### store, cold page cache: {len(batches)} batches of {BATCH_SIZE}, files evicted before each batch"
     if not results:
         return f"{header}\n\nskipped: none of {', '.join(COLD_CONTENDERS)} ran"
@@ -960,12 +1113,20 @@ def _cold_table(results: list[StoreResult], rows: np.ndarray, batches: np.ndarra
     for result in results:
         seconds = statistics.median(result.cold_seconds)
         cached = f"{statistics.median(result.cold_cached) / MiB:.1f}" if result.cold_cached else "—"
-        table_rows.append([
-            result.contender.name, _mib_per_second(gathered, seconds), f"{seconds / len(batches) * 1e3:.2f}", cached,
-        ])
-    table = markdown_table(["store", "gather MiB/s", "ms / batch", "MiB cached per batch"], table_rows)
+        table_rows.append(
+            [
+                result.contender.name,
+                _mib_per_second(gathered, seconds),
+                f"{seconds / len(batches) * 1e3:.2f}",
+                cached,
+            ]
+        )
+    table = markdown_table(
+        ["store", "gather MiB/s", "ms / batch", "MiB cached per batch"], table_rows
+    )
     check = (
-        "fincore confirmed every eviction" if verified
+        "fincore confirmed every eviction"
+        if verified
         else "fincore is not installed, so the evictions are unverified"
     )
     return (
@@ -973,7 +1134,7 @@ def _cold_table(results: list[StoreResult], rows: np.ndarray, batches: np.ndarra
         f"evicted with posix_fadvise(POSIX_FADV_DONTNEED) and the store reopened (untimed); {check}. "
         f"`MiB cached per batch` is what one batch of {BATCH_SIZE * RECORD_BYTES / MiB:.0f} MiB of records "
         "brought into the page cache (the kernel reads ahead around each fault or read). "
-        "\"Cold\" here is whatever backs this machine's disk, often a host cache, not a bare device."
+        '"Cold" here is whatever backs this machine\'s disk, often a host cache, not a bare device.'
     )
 
 
@@ -1000,7 +1161,9 @@ class LoaderContender:
     start: Callable[[Path], Started]
 
 
-def _write_loader_data(directory: Path, rows: np.ndarray, labels: np.ndarray, contenders: list[LoaderContender]) -> None:
+def _write_loader_data(
+    directory: Path, rows: np.ndarray, labels: np.ndarray, contenders: list[LoaderContender]
+) -> None:
     """Writes what the runnable `contenders` read: loaderx stores, `.npy` files, an ArrayRecord file."""
     kinds = {contender.data for contender in contenders}
     if "loaderx" in kinds:
@@ -1034,7 +1197,14 @@ def _start_loaderx(codec: str) -> Callable[[Path], Started]:
         from loaderx import DataLoader
 
         streams = _loaderx_streams(directory, codec)
-        loader = DataLoader(streams, num_workers=LOADER_WORKERS, batch_size=BATCH_SIZE, prefetch_size=4, mode=1, seed=42)
+        loader = DataLoader(
+            streams,
+            num_workers=LOADER_WORKERS,
+            batch_size=BATCH_SIZE,
+            prefetch_size=4,
+            mode=1,
+            seed=42,
+        )
 
         def next_batch() -> Batch:
             batch = next(loader)
@@ -1067,7 +1237,9 @@ def _start_bare(codec: str) -> Callable[[Path], Started]:
             nonlocal step
             sampler.batch(step, indices)
             step += 1
-            x = features.gather_into(indices, np.empty((BATCH_SIZE, *features.item_shape), features.dtype))
+            x = features.gather_into(
+                indices, np.empty((BATCH_SIZE, *features.item_shape), features.dtype)
+            )
             y = labels.gather_into(indices, np.empty(BATCH_SIZE, labels.dtype))
             return x, y
 
@@ -1122,11 +1294,18 @@ def _start_torch(batched: bool) -> Callable[[Path], Started]:
         import torch.utils.data as data
 
         # Four workers on fewer cores is this benchmark's point, not a mistake.
-        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+        warnings.filterwarnings(
+            "ignore", message="This DataLoader will create", category=UserWarning
+        )
         dataset = _NpyBatches(directory) if batched else _NpyRecords(directory)
         loader = data.DataLoader(
-            dataset, batch_size=BATCH_SIZE, sampler=data.RandomSampler(dataset), num_workers=LOADER_WORKERS,
-            persistent_workers=True, drop_last=True, collate_fn=_keep_batch if batched else None,
+            dataset,
+            batch_size=BATCH_SIZE,
+            sampler=data.RandomSampler(dataset),
+            num_workers=LOADER_WORKERS,
+            persistent_workers=True,
+            drop_last=True,
+            collate_fn=_keep_batch if batched else None,
         )
         epochs = _endless(loader)
 
@@ -1174,10 +1353,16 @@ def _start_grain(directory: Path) -> Started:
 
     source = ArrayRecordDataSource(str(directory / "xy.array_record"))
     sampler = grain.IndexSampler(
-        num_records=len(source), shard_options=grain.NoSharding(), shuffle=True, num_epochs=None, seed=42,
+        num_records=len(source),
+        shard_options=grain.NoSharding(),
+        shuffle=True,
+        num_epochs=None,
+        seed=42,
     )
     loader = grain.DataLoader(
-        data_source=source, sampler=sampler, operations=[Parse(), grain.Batch(BATCH_SIZE, drop_remainder=True)],
+        data_source=source,
+        sampler=sampler,
+        operations=[Parse(), grain.Batch(BATCH_SIZE, drop_remainder=True)],
         worker_count=LOADER_WORKERS,
     )
     iterator = iter(loader)
@@ -1196,16 +1381,53 @@ def _start_grain(directory: Path) -> Started:
 
 def loader_contenders() -> list[LoaderContender]:
     return [
-        LoaderContender("loaderx zstd", ("loaderx.dataloader",), "-e .", "loaderx", _start_loaderx("zstd")),
-        LoaderContender("loaderx raw", ("loaderx.dataloader",), "-e .", "loaderx", _start_loaderx("raw")),
-        LoaderContender("loaderx zstd_shuffle4", ("loaderx.dataloader",), "-e .", "loaderx", _start_loaderx("zstd_shuffle4")),
-        LoaderContender("bare gather loop, zstd (no DataLoader)", ("loaderx.dataset",), "-e .", "loaderx", _start_bare("zstd")),
-        LoaderContender("bare gather loop, raw (no DataLoader)", ("loaderx.dataset",), "-e .", "loaderx", _start_bare("raw")),
-        LoaderContender("torch DataLoader, npy-mmap, per-record", ("torch",), "torch==2.13.0", "npy", _start_torch(False)),
-        LoaderContender("torch DataLoader, npy-mmap, __getitems__", ("torch",), "torch==2.13.0", "npy", _start_torch(True)),
         LoaderContender(
-            "grain over ArrayRecord", ("grain.python", "array_record.python.array_record_data_source"),
-            "grain array-record", "arrayrecord", _start_grain,
+            "loaderx zstd", ("loaderx.dataloader",), "-e .", "loaderx", _start_loaderx("zstd")
+        ),
+        LoaderContender(
+            "loaderx raw", ("loaderx.dataloader",), "-e .", "loaderx", _start_loaderx("raw")
+        ),
+        LoaderContender(
+            "loaderx zstd_shuffle4",
+            ("loaderx.dataloader",),
+            "-e .",
+            "loaderx",
+            _start_loaderx("zstd_shuffle4"),
+        ),
+        LoaderContender(
+            "bare gather loop, zstd (no DataLoader)",
+            ("loaderx.dataset",),
+            "-e .",
+            "loaderx",
+            _start_bare("zstd"),
+        ),
+        LoaderContender(
+            "bare gather loop, raw (no DataLoader)",
+            ("loaderx.dataset",),
+            "-e .",
+            "loaderx",
+            _start_bare("raw"),
+        ),
+        LoaderContender(
+            "torch DataLoader, npy-mmap, per-record",
+            ("torch",),
+            "torch==2.13.0",
+            "npy",
+            _start_torch(False),
+        ),
+        LoaderContender(
+            "torch DataLoader, npy-mmap, __getitems__",
+            ("torch",),
+            "torch==2.13.0",
+            "npy",
+            _start_torch(True),
+        ),
+        LoaderContender(
+            "grain over ArrayRecord",
+            ("grain.python", "array_record.python.array_record_data_source"),
+            "grain array-record",
+            "arrayrecord",
+            _start_grain,
         ),
     ]
 
@@ -1220,8 +1442,14 @@ def _check_loader_batch(name: str, batch: Batch, rows: np.ndarray, position: np.
         raise AssertionError(f"{name}: features do not match their labels' source records")
 
 
-def _loader_run(contender: LoaderContender, directory: Path, rows: np.ndarray, position: np.ndarray,
-                warmup: int, seconds: float) -> float:
+def _loader_run(
+    contender: LoaderContender,
+    directory: Path,
+    rows: np.ndarray,
+    position: np.ndarray,
+    warmup: int,
+    seconds: float,
+) -> float:
     """Seconds per batch over `seconds` of batches (at least 10), after
     `warmup` checked batches that also start the workers."""
     next_batch, close = contender.start(directory)
@@ -1250,7 +1478,9 @@ def bench_loader(quick: bool) -> str:
         if _missing(contender.modules) is None:
             runnable.append(contender)
         else:
-            lines.append(f"skipped: {contender.name} not installed (pip install {contender.install})")
+            lines.append(
+                f"skipped: {contender.name} not installed (pip install {contender.install})"
+            )
     samples: dict[str, list[float]] = {contender.name: [] for contender in runnable}
     failures: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="loaderx-bench-loader-") as temporary:
@@ -1267,7 +1497,11 @@ def bench_loader(quick: bool) -> str:
                     )
                 except Exception as exc:
                     failures[contender.name] = f"{type(exc).__name__}: {exc}"
-        first_batch = _first_batch_table(directory, 1 if quick else max(5, runs)) if any(c.data == "loaderx" for c in runnable) else ""
+        first_batch = (
+            _first_batch_table(directory, 1 if quick else max(5, runs))
+            if any(c.data == "loaderx" for c in runnable)
+            else ""
+        )
     batch_bytes = BATCH_SIZE * (RECORD_BYTES + 8)
     table_rows = []
     for contender in runnable:
@@ -1276,10 +1510,15 @@ def bench_loader(quick: bool) -> str:
             lines.append(f"FAILED: {contender.name}: {failures[contender.name]}")
             continue
         per_batch = statistics.median(samples[contender.name])
-        table_rows.append([
-            contender.name, f"{1 / per_batch:,.1f}", f"{per_batch * 1e3:.2f}",
-            f"{BATCH_SIZE / per_batch:,.0f}", _mib_per_second(batch_bytes, per_batch),
-        ])
+        table_rows.append(
+            [
+                contender.name,
+                f"{1 / per_batch:,.1f}",
+                f"{per_batch * 1e3:.2f}",
+                f"{BATCH_SIZE / per_batch:,.0f}",
+                _mib_per_second(batch_bytes, per_batch),
+            ]
+        )
     table = markdown_table(["loader", "batches/s", "ms / batch", "samples/s", "MiB/s"], table_rows)
     notes = "\n".join(lines)
     return (
@@ -1322,15 +1561,40 @@ def _first_batch_table(directory: Path, runs: int) -> str:
     for codec in ("zstd", "zstd_shuffle4", "raw"):
         samples = []
         for _ in range(runs):
-            result = subprocess.run([sys.executable, "-c", _FIRST_BATCH_SCRIPT, str(directory), codec, str(LOADER_WORKERS)],
-                                    capture_output=True, text=True, check=True)
+            result = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    _FIRST_BATCH_SCRIPT,
+                    str(directory),
+                    codec,
+                    str(LOADER_WORKERS),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             samples.append([float(value) for value in result.stdout.split()])
-        imported, opened, first = (statistics.median(sample[k] for sample in samples) for k in range(3))
-        rows.append([f"loaderx {codec}", f"{first * 1e3:.1f}", f"{imported * 1e3:.0f}", f"{opened * 1e3:.1f}"])
-    table = markdown_table(["loader", "DataLoader(...) to first batch, ms", "import loaderx, ms", "open streams, ms"], rows)
-    return (f"### loader, time to first batch: a fresh process, median of {runs}\n\n{table}\n\n"
-            "Each run is a new Python process that imports loaderx, opens the two streams and times "
-            "`DataLoader(...)` through `next(loader)` (warm page cache).")
+        imported, opened, first = (
+            statistics.median(sample[k] for sample in samples) for k in range(3)
+        )
+        rows.append(
+            [
+                f"loaderx {codec}",
+                f"{first * 1e3:.1f}",
+                f"{imported * 1e3:.0f}",
+                f"{opened * 1e3:.1f}",
+            ]
+        )
+    table = markdown_table(
+        ["loader", "DataLoader(...) to first batch, ms", "import loaderx, ms", "open streams, ms"],
+        rows,
+    )
+    return (
+        f"### loader, time to first batch: a fresh process, median of {runs}\n\n{table}\n\n"
+        "Each run is a new Python process that imports loaderx, opens the two streams and times "
+        "`DataLoader(...)` through `next(loader)` (warm page cache)."
+    )
 
 
 # -- registry ---------------------------------------------------------------------
@@ -1368,7 +1632,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"### {name}: table not implemented yet")
             continue
         print(table(arguments.quick), flush=True)
-    print(f"\ntotal time: {time.perf_counter() - started:.1f} s ({arguments.table}{' --quick' if arguments.quick else ''})")
+    print(
+        f"\ntotal time: {time.perf_counter() - started:.1f} s ({arguments.table}{' --quick' if arguments.quick else ''})"
+    )
     return 0
 
 

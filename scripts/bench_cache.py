@@ -30,8 +30,9 @@ except ImportError:
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from loaderx import _cache, _remote  # noqa: E402
-from s3_fixture import create_bucket, s3_environment  # noqa: E402
+from s3_fixture import create_bucket, s3_environment
+
+from loaderx import _cache, _remote
 
 
 def start_server() -> tuple[str, object]:
@@ -46,8 +47,13 @@ def start_server() -> tuple[str, object]:
         def log(self, type, message, *args):  # noqa: A002 (werkzeug's names)
             pass  # one line per request
 
-    server = make_server("127.0.0.1", 0, DomainDispatcherApplication(create_backend_app),
-                         threaded=True, request_handler=Quiet)
+    server = make_server(
+        "127.0.0.1",
+        0,
+        DomainDispatcherApplication(create_backend_app),
+        threaded=True,
+        request_handler=Quiet,
+    )
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_address[1]}", server
 
@@ -57,15 +63,22 @@ def run(source, units, sequence, budget, policy) -> tuple[int, int, float, str]:
     threads = 2 if policy == "belady+prefetch" else 0
     with tempfile.TemporaryDirectory() as directory:
         began = time.perf_counter()
-        with _cache.UnitCache(directory, budget, source, plan=plan,
-                              prefetch_threads=threads) as cache:
+        with _cache.UnitCache(
+            directory, budget, source, plan=plan, prefetch_threads=threads
+        ) as cache:
             for step, index in enumerate(sequence):
                 with cache.acquire(units[index], step if plan else None) as pin:
                     pin.read(0, 1)
             stats = cache.stats
             latency, bandwidth = cache.link.fit()
-            link = (f"fit L={latency * 1e3:.1f} ms B={bandwidth / 2**20:.0f} MiB/s "
-                    f"depth={cache.prefetch_depth()}") if threads else ""
+            link = (
+                (
+                    f"fit L={latency * 1e3:.1f} ms B={bandwidth / 2**20:.0f} MiB/s "
+                    f"depth={cache.prefetch_depth()}"
+                )
+                if threads
+                else ""
+            )
         return stats.fetches, stats.bytes_fetched, time.perf_counter() - began, link
 
 
@@ -105,18 +118,25 @@ def main(argv=None) -> int:
         order.shuffle(epoch)
         sequence += epoch
     data = options.units * size
-    print(f"{options.units} units x {options.unit_kib} KiB = {data / 2**20:.1f} MiB, "
-          f"{options.epochs} epochs shuffled per epoch, {len(sequence)} reads")
+    print(
+        f"{options.units} units x {options.unit_kib} KiB = {data / 2**20:.1f} MiB, "
+        f"{options.epochs} epochs shuffled per epoch, {len(sequence)} reads"
+    )
     print("budget  policy           fetches  MiB fetched  x data  seconds")
     for fraction in (0.25, 0.50, 0.75):
         for policy in ("lru", "belady", "belady+prefetch"):
-            fetches, fetched, seconds, link = run(source, units, sequence,
-                                                  int(data * fraction), policy)
-            print(f"{fraction:>5.0%}   {policy:<15} {fetches:>8} {fetched / 2**20:>12.1f} "
-                  f"{fetched / data:>7.2f} {seconds:>8.2f}  {link}")
+            fetches, fetched, seconds, link = run(
+                source, units, sequence, int(data * fraction), policy
+            )
+            print(
+                f"{fraction:>5.0%}   {policy:<15} {fetches:>8} {fetched / 2**20:>12.1f} "
+                f"{fetched / data:>7.2f} {seconds:>8.2f}  {link}"
+            )
     latency, bandwidth = measure_link(source)
-    print(f"server: latency {latency * 1e3:.2f} ms (median 1-byte get), "
-          f"bandwidth {bandwidth / 2**20:.0f} MiB/s (one 16 MiB get)")
+    print(
+        f"server: latency {latency * 1e3:.2f} ms (median 1-byte get), "
+        f"bandwidth {bandwidth / 2**20:.0f} MiB/s (one 16 MiB get)"
+    )
     return 0
 
 

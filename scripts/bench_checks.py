@@ -68,17 +68,28 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=200)
     args = parser.parse_args()
     rng = np.random.default_rng(2)
-    print(f"checked reads: random batches of {BATCH}, {args.batches} batches per pass, "
-          f"median of {args.repeats} passes, warm page cache, cpus={os.cpu_count()}")
-    print("unchecked: verify=False; default: verify=None (checks the indexed layout); all: verify=True "
-          "(every read, and lengths() too)")
-    print(f"{'store':26} {'layout':>8} {'stored/raw':>10} {'unchecked ms':>13} {'default ms':>11} {'ratio':>6} "
-          f"{'all ms':>8} {'ratio':>6}")
+    print(
+        f"checked reads: random batches of {BATCH}, {args.batches} batches per pass, "
+        f"median of {args.repeats} passes, warm page cache, cpus={os.cpu_count()}"
+    )
+    print(
+        "unchecked: verify=False; default: verify=None (checks the indexed layout); all: verify=True "
+        "(every read, and lengths() too)"
+    )
+    print(
+        f"{'store':26} {'layout':>8} {'stored/raw':>10} {'unchecked ms':>13} {'default ms':>11} {'ratio':>6} "
+        f"{'all ms':>8} {'ratio':>6}"
+    )
     with tempfile.TemporaryDirectory() as root:
         for label, codec, lengths in configurations(args.mib):
-            path = build(root, label.replace(" ", "_").replace("(", "").replace(")", ""), codec, lengths, rng)
+            path = build(
+                root, label.replace(" ", "_").replace("(", "").replace(")", ""), codec, lengths, rng
+            )
             handles = {verify: Zrecord(path, verify=verify) for verify in (False, True, None)}
-            batches = [np.sort(rng.integers(0, lengths.size, BATCH)).astype(np.uint64) for _ in range(args.batches)]
+            batches = [
+                np.sort(rng.integers(0, lengths.size, BATCH)).astype(np.uint64)
+                for _ in range(args.batches)
+            ]
             times: dict[bool | None, list[float]] = {verify: [] for verify in handles}
             gather_seconds(handles[False], batches, lengths)  # warm the page cache
             for _ in range(args.repeats):
@@ -87,8 +98,10 @@ def main() -> None:
             unchecked, default, checked = (statistics.median(times[v]) for v in (False, None, True))
             layout = handles[False].stats()["layout"]
             ratio_stored = handles[False].stats()["live_bytes"] / float(lengths.sum())
-            print(f"{label:26} {layout:>8} {ratio_stored:10.2f} {unchecked * 1e3:13.1f} {default * 1e3:11.1f} "
-                  f"{default / unchecked:6.2f} {checked * 1e3:8.1f} {checked / unchecked:6.2f}")
+            print(
+                f"{label:26} {layout:>8} {ratio_stored:10.2f} {unchecked * 1e3:13.1f} {default * 1e3:11.1f} "
+                f"{default / unchecked:6.2f} {checked * 1e3:8.1f} {checked / unchecked:6.2f}"
+            )
             for store in handles.values():
                 store.close()
 

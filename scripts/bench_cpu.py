@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench import BATCH_SIZE, markdown_table, structured_rows  # noqa: E402
+
 from loaderx import Zrecord, _native  # noqa: E402
 from loaderx._native import ffi  # noqa: E402
 
@@ -41,8 +42,15 @@ def native_build(directory: Path) -> Path:
     sys.path.insert(0, str(ROOT / "build_backend"))
     from loaderx_build import find_zstd, target_arch
 
-    command = [sys.executable, "-m", "ziglang", "build", f"-Dzstd={find_zstd(target_arch())}",
-               "--prefix", str(directory)]
+    command = [
+        sys.executable,
+        "-m",
+        "ziglang",
+        "build",
+        f"-Dzstd={find_zstd(target_arch())}",
+        "--prefix",
+        str(directory),
+    ]
     subprocess.run(command, cwd=ROOT, check=True)
     return directory / "lib" / "libloaderx.so"
 
@@ -50,7 +58,9 @@ def native_build(directory: Path) -> Path:
 def load_builds(native: Path) -> dict:
     """name -> loaded library, for the native build and every bundled build this CPU runs."""
     flags = _native.cpu_flags()
-    names = [_native.BASELINE] + [name for name, needed in _native.CPU_LEVELS.items() if needed <= flags]
+    names = [_native.BASELINE] + [
+        name for name, needed in _native.CPU_LEVELS.items() if needed <= flags
+    ]
     builds = {"native": ffi.dlopen(str(native))}
     for name in names:
         if _native.library_path(name).exists():
@@ -61,9 +71,11 @@ def load_builds(native: Path) -> dict:
 def untimed_builds() -> list[str]:
     """One line per bundled build this CPU cannot run (loading it would die with SIGILL), saying what it lacks."""
     flags = _native.cpu_flags()
-    return [f"{name}: not timed, this CPU lacks {', '.join(sorted(needed - flags))}"
-            for name, needed in _native.CPU_LEVELS.items()
-            if not needed <= flags and _native.library_path(name).exists()]
+    return [
+        f"{name}: not timed, this CPU lacks {', '.join(sorted(needed - flags))}"
+        for name, needed in _native.CPU_LEVELS.items()
+        if not needed <= flags and _native.library_path(name).exists()
+    ]
 
 
 def interleaved(builds: dict, run, rounds: int) -> dict:
@@ -86,8 +98,18 @@ def sampler_rows(builds: dict, quick: bool) -> list:
     rows = []
     for mode, label in ((1, "IID"), (2, "CYCLIC")):
         for batch in (256, 1024) if quick else (256, 1024, 8192):
-            config = ffi.new("lx_sampler_config *", {"length": 1_000_000, "batch_size": batch, "seed": 42,
-                                                     "rank": 0, "world_size": 1, "mode": mode, "reserved": 0})
+            config = ffi.new(
+                "lx_sampler_config *",
+                {
+                    "length": 1_000_000,
+                    "batch_size": batch,
+                    "seed": 42,
+                    "rank": 0,
+                    "world_size": 1,
+                    "mode": mode,
+                    "reserved": 0,
+                },
+            )
             out = np.empty(batch, dtype=np.uint64)
             target = ffi.cast("uint64_t *", out.ctypes.data)
             calls = max(1, 200_000 // batch)
@@ -98,7 +120,14 @@ def sampler_rows(builds: dict, quick: bool) -> list:
                     library.lx_sampler_batch(config, step, target, batch)
                 return (time.perf_counter() - started) / calls * 1e6
 
-            rows.append((f"sampler {label} {batch}", "µs / batch", False, interleaved(builds, run, 21 if quick else 301)))
+            rows.append(
+                (
+                    f"sampler {label} {batch}",
+                    "µs / batch",
+                    False,
+                    interleaved(builds, run, 21 if quick else 301),
+                )
+            )
     return rows
 
 
@@ -123,24 +152,49 @@ def store_rows(builds: dict, quick: bool, directory: Path) -> list:
             store = next(h for lib, h in handles.values() if lib is library)
             started = time.perf_counter()
             for indices in batches:
-                status = library.lx_store_gather(store, ffi.cast("uint64_t *", indices.ctypes.data), BATCH_SIZE,
-                                                 ffi.cast("uint8_t *", out.ctypes.data), out.nbytes, ffi.NULL)
+                status = library.lx_store_gather(
+                    store,
+                    ffi.cast("uint64_t *", indices.ctypes.data),
+                    BATCH_SIZE,
+                    ffi.cast("uint8_t *", out.ctypes.data),
+                    out.nbytes,
+                    ffi.NULL,
+                )
                 assert status == 0
             return batches.size * record_bytes / 2**20 / (time.perf_counter() - started)
 
         gather(builds["native"])  # warm the page cache
-        rows.append((f"store gather {codec}", "MiB/s", True, interleaved(builds, gather, 11 if quick else 201)))
+        rows.append(
+            (
+                f"store gather {codec}",
+                "MiB/s",
+                True,
+                interleaved(builds, gather, 11 if quick else 201),
+            )
+        )
         if codec == "zstd":
             damaged, found = np.empty(16, dtype=np.uint64), ffi.new("uint64_t *")
 
             def verify(library, handles=handles) -> float:
                 store = next(h for lib, h in handles.values() if lib is library)
                 started = time.perf_counter()
-                assert library.lx_store_verify(store, 0, 1000, ffi.cast("uint64_t *", damaged.ctypes.data),
-                                               found) == 0 and found[0] == 0
+                assert (
+                    library.lx_store_verify(
+                        store, 0, 1000, ffi.cast("uint64_t *", damaged.ctypes.data), found
+                    )
+                    == 0
+                    and found[0] == 0
+                )
                 return 1000 * record_bytes / 2**20 / (time.perf_counter() - started)
 
-            rows.append(("store verify zstd", "MiB/s", True, interleaved(builds, verify, 11 if quick else 201)))
+            rows.append(
+                (
+                    "store verify zstd",
+                    "MiB/s",
+                    True,
+                    interleaved(builds, verify, 11 if quick else 201),
+                )
+            )
         for library, handle in handles.values():
             library.lx_store_close(handle)
     return rows
@@ -152,14 +206,21 @@ def main(argv: list | None = None) -> int:
     arguments = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="loaderx-bench-cpu-") as temporary:
         builds = load_builds(native_build(Path(temporary) / "native"))
-        rows = sampler_rows(builds, arguments.quick) + store_rows(builds, arguments.quick, Path(temporary))
+        rows = sampler_rows(builds, arguments.quick) + store_rows(
+            builds, arguments.quick, Path(temporary)
+        )
     picked = _native.VARIANT
     table = []
     for row, unit, higher_is_better, samples in rows:
         # The ratio is paired: picked against native within each round, then the median.
-        pairs = [p / n if higher_is_better else n / p for p, n in zip(samples[picked], samples["native"])]
-        table.append([row, unit] + [f"{statistics.median(samples[name]):,.2f}" for name in builds]
-                     + [f"{statistics.median(pairs):.3f}x"])
+        pairs = [
+            p / n if higher_is_better else n / p for p, n in zip(samples[picked], samples["native"])
+        ]
+        table.append(
+            [row, unit]
+            + [f"{statistics.median(samples[name]):,.2f}" for name in builds]
+            + [f"{statistics.median(pairs):.3f}x"]
+        )
     print(f"import picks: {picked}; {len(rows[0][3]['native'])} rounds per sampler row")
     print("".join(f"{line}\n" for line in untimed_builds()))
     print(markdown_table(["row", "unit", *builds, "picked / native"], table))

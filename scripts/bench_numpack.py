@@ -114,8 +114,10 @@ class NumpackOps(ArrayStoreOps):
 
     def replace(self, handle, name, rows, key):
         if not isinstance(key, slice) and len(key) > 1 and not self.index_replace_works:
-            raise RuntimeError("numpack's replace with an index list of several rows writes wrong rows here (and "
-                               "crashes the process on large lists), so it is not run")
+            raise RuntimeError(
+                "numpack's replace with an index list of several rows writes wrong rows here (and "
+                "crashes the process on large lists), so it is not run"
+            )
         handle.replace({name: rows}, key)
 
 
@@ -135,7 +137,9 @@ sys.exit(0 if ok else 1)
 def _numpack_index_replace_works() -> bool:
     """Whether numpack replaces rows at an index list correctly (numpack 0.4.5
     writes garbage past the first row and can segfault), tried in a child."""
-    return subprocess.run([sys.executable, "-c", _NUMPACK_PROBE], capture_output=True).returncode == 0
+    return (
+        subprocess.run([sys.executable, "-c", _NUMPACK_PROBE], capture_output=True).returncode == 0
+    )
 
 
 class NpyOps:
@@ -261,7 +265,11 @@ def fsync_tree(path) -> None:
 
 
 def tree_bytes(path) -> int:
-    return sum(os.path.getsize(os.path.join(directory, file)) for directory, _, files in os.walk(path) for file in files)
+    return sum(
+        os.path.getsize(os.path.join(directory, file))
+        for directory, _, files in os.walk(path)
+        for file in files
+    )
 
 
 # ---- the operations --------------------------------------------------------------------
@@ -318,37 +326,107 @@ def build_operations(a: np.ndarray, b: np.ndarray, seed: int = 0):
     def saved_equal(ops, handle, path, _):
         reopened = ops.open(path)
         try:
-            return np.array_equal(ops.load(reopened, "a"), a) and np.array_equal(ops.load(reopened, "b"), b)
+            return np.array_equal(ops.load(reopened, "a"), a) and np.array_equal(
+                ops.load(reopened, "b"), b
+            )
         finally:
             ops.close(reopened)
 
     operations = [
-        Operation("save", lambda ops, handle, path: ops.save(path, arrays), saved_equal, setup="empty", floor_bytes=a.nbytes + b.nbytes),
-        Operation("full load (a and b)", lambda ops, handle, path: (ops.load(handle, "a"), ops.load(handle, "b")),
-                  lambda ops, handle, path, result: np.array_equal(result[0], a) and np.array_equal(result[1], b)),
-        Operation("selective load (a)", lambda ops, handle, path: ops.load(handle, "a"), lambda ops, handle, path, result: np.array_equal(result, a)),
-        Operation("lazy / mmap load (a and b)", lambda ops, handle, path: (ops.lazy(handle, "a"), ops.lazy(handle, "b")),
-                  lambda ops, handle, path, result: result[0].shape == a.shape and np.array_equal(result[0][5:9], a[5:9])),
-        Operation("replace 1 row", lambda ops, handle, path: ops.replace(handle, "a", one_row, [row]), loaded_equal("a", replaced([row], one_row)), setup="fresh", floor_bytes=one_row.nbytes),
-        Operation("replace 1 row, array in use", lambda ops, handle, path: ops.replace(handle, "a", one_row, [row]),
-                  loaded_equal("a", replaced([warm_row, row], np.concatenate([one_row, one_row]))), setup="fresh",
-                  floor_bytes=one_row.nbytes, warm=lambda ops, handle: ops.replace(handle, "a", one_row, [warm_row])),
-        Operation(f"replace {block:,} contiguous rows", lambda ops, handle, path: ops.replace(handle, "a", block_rows, slice(start, start + block)),
-                  loaded_equal("a", replaced(slice(start, start + block), block_rows)), setup="fresh", floor_bytes=block_rows.nbytes),
-        Operation(f"replace {block:,} random rows", lambda ops, handle, path: ops.replace(handle, "a", block_rows, random_rows),
-                  loaded_equal("a", replaced(random_rows, block_rows)), setup="fresh", floor_bytes=block_rows.nbytes),
-        Operation(f"replace {large:,} rows", lambda ops, handle, path: ops.replace(handle, "a", large_rows, slice(0, large)),
-                  loaded_equal("a", replaced(slice(0, large), large_rows)), setup="fresh", floor_bytes=large_rows.nbytes),
-        Operation("drop array (b)", lambda ops, handle, path: ops.drop_array(handle, "b"),
-                  lambda ops, handle, path, _: np.array_equal(ops.load(handle, "a"), a), setup="fresh"),
-        Operation(f"drop {large:,} rows", lambda ops, handle, path: ops.drop_rows(handle, "a", doomed),
-                  loaded_equal("a", np.delete(a, doomed, axis=0)), setup="fresh"),
-        Operation(f"append {len(b):,} rows (to b)", lambda ops, handle, path: ops.append(handle, "b", b),
-                  loaded_equal("b", np.concatenate([b, b])), setup="fresh", floor_bytes=b.nbytes),
-        Operation(f"{block:,} random-index access", lambda ops, handle, path: ops.getitem(handle, "a", access),
-                  lambda ops, handle, path, result: np.array_equal(result, a[access])),
-        Operation(f"{block:,} random-index access, array in use", lambda ops, handle, path: ops.getitem(handle, "a", access),
-                  lambda ops, handle, path, result: np.array_equal(result, a[access]), warm=lambda ops, handle: ops.getitem(handle, "a", warm_access)),
+        Operation(
+            "save",
+            lambda ops, handle, path: ops.save(path, arrays),
+            saved_equal,
+            setup="empty",
+            floor_bytes=a.nbytes + b.nbytes,
+        ),
+        Operation(
+            "full load (a and b)",
+            lambda ops, handle, path: (ops.load(handle, "a"), ops.load(handle, "b")),
+            lambda ops, handle, path, result: (
+                np.array_equal(result[0], a) and np.array_equal(result[1], b)
+            ),
+        ),
+        Operation(
+            "selective load (a)",
+            lambda ops, handle, path: ops.load(handle, "a"),
+            lambda ops, handle, path, result: np.array_equal(result, a),
+        ),
+        Operation(
+            "lazy / mmap load (a and b)",
+            lambda ops, handle, path: (ops.lazy(handle, "a"), ops.lazy(handle, "b")),
+            lambda ops, handle, path, result: (
+                result[0].shape == a.shape and np.array_equal(result[0][5:9], a[5:9])
+            ),
+        ),
+        Operation(
+            "replace 1 row",
+            lambda ops, handle, path: ops.replace(handle, "a", one_row, [row]),
+            loaded_equal("a", replaced([row], one_row)),
+            setup="fresh",
+            floor_bytes=one_row.nbytes,
+        ),
+        Operation(
+            "replace 1 row, array in use",
+            lambda ops, handle, path: ops.replace(handle, "a", one_row, [row]),
+            loaded_equal("a", replaced([warm_row, row], np.concatenate([one_row, one_row]))),
+            setup="fresh",
+            floor_bytes=one_row.nbytes,
+            warm=lambda ops, handle: ops.replace(handle, "a", one_row, [warm_row]),
+        ),
+        Operation(
+            f"replace {block:,} contiguous rows",
+            lambda ops, handle, path: ops.replace(
+                handle, "a", block_rows, slice(start, start + block)
+            ),
+            loaded_equal("a", replaced(slice(start, start + block), block_rows)),
+            setup="fresh",
+            floor_bytes=block_rows.nbytes,
+        ),
+        Operation(
+            f"replace {block:,} random rows",
+            lambda ops, handle, path: ops.replace(handle, "a", block_rows, random_rows),
+            loaded_equal("a", replaced(random_rows, block_rows)),
+            setup="fresh",
+            floor_bytes=block_rows.nbytes,
+        ),
+        Operation(
+            f"replace {large:,} rows",
+            lambda ops, handle, path: ops.replace(handle, "a", large_rows, slice(0, large)),
+            loaded_equal("a", replaced(slice(0, large), large_rows)),
+            setup="fresh",
+            floor_bytes=large_rows.nbytes,
+        ),
+        Operation(
+            "drop array (b)",
+            lambda ops, handle, path: ops.drop_array(handle, "b"),
+            lambda ops, handle, path, _: np.array_equal(ops.load(handle, "a"), a),
+            setup="fresh",
+        ),
+        Operation(
+            f"drop {large:,} rows",
+            lambda ops, handle, path: ops.drop_rows(handle, "a", doomed),
+            loaded_equal("a", np.delete(a, doomed, axis=0)),
+            setup="fresh",
+        ),
+        Operation(
+            f"append {len(b):,} rows (to b)",
+            lambda ops, handle, path: ops.append(handle, "b", b),
+            loaded_equal("b", np.concatenate([b, b])),
+            setup="fresh",
+            floor_bytes=b.nbytes,
+        ),
+        Operation(
+            f"{block:,} random-index access",
+            lambda ops, handle, path: ops.getitem(handle, "a", access),
+            lambda ops, handle, path, result: np.array_equal(result, a[access]),
+        ),
+        Operation(
+            f"{block:,} random-index access, array in use",
+            lambda ops, handle, path: ops.getitem(handle, "a", access),
+            lambda ops, handle, path, result: np.array_equal(result, a[access]),
+            warm=lambda ops, handle: ops.getitem(handle, "a", warm_access),
+        ),
     ]
     return operations, arrays
 
@@ -427,7 +505,9 @@ def _time_operation(contenders, operation, root: Path, runs: int) -> dict:
             finally:
                 if handle is not None:
                     ops.close(handle)
-    results = {name: (failures.get(name) or statistics.median(values)) for name, values in samples.items()}
+    results = {
+        name: (failures.get(name) or statistics.median(values)) for name, values in samples.items()
+    }
     results[FLOOR] = statistics.median(floors) if floors else None
     return results
 
@@ -442,7 +522,11 @@ def _pairing_best(results: dict, name: str) -> float | None:
     """The fastest time of ``name``'s pairing (None for the references)."""
     for pairing in PAIRINGS:
         if name in pairing:
-            times = [results[member] for member in pairing if member in results and not isinstance(results[member], str)]
+            times = [
+                results[member]
+                for member in pairing
+                if member in results and not isinstance(results[member], str)
+            ]
             return min(times) if times else None
     return None
 
@@ -482,11 +566,25 @@ def bench_numpack(quick: bool) -> str:
         for operation in operations:
             results = _time_operation(contenders, operation, root, runs)
             floor = results.pop(FLOOR)
-            table_rows.append([operation.label] + [_cell(results[ops.name], _pairing_best(results, ops.name)) for ops in contenders]
-                              + ["—" if floor is None else _cell(floor, None)])
-            errors += [f"FAILED: {name}, {operation.label}: {value}" for name, value in results.items() if isinstance(value, str)]
+            table_rows.append(
+                [operation.label]
+                + [_cell(results[ops.name], _pairing_best(results, ops.name)) for ops in contenders]
+                + ["—" if floor is None else _cell(floor, None)]
+            )
+            errors += [
+                f"FAILED: {name}, {operation.label}: {value}"
+                for name, value in results.items()
+                if isinstance(value, str)
+            ]
         npy = sizes["NPY"]
-        table_rows.append(["file size"] + [f"{sizes[ops.name] / 2**20:.2f} MiB ({sizes[ops.name] / npy:.5f}x NPY)" for ops in contenders] + ["—"])
+        table_rows.append(
+            ["file size"]
+            + [
+                f"{sizes[ops.name] / 2**20:.2f} MiB ({sizes[ops.name] / npy:.5f}x NPY)"
+                for ops in contenders
+            ]
+            + ["—"]
+        )
     header = ["operation"] + [ops.name for ops in contenders] + [FLOOR]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows]

@@ -26,7 +26,15 @@ try:
 except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from loaderx import DataLoader, DenseDataset, Packing, RaggedDataset, Sampler, from_iterator, from_numpy
+from loaderx import (
+    DataLoader,
+    DenseDataset,
+    Packing,
+    RaggedDataset,
+    Sampler,
+    from_iterator,
+    from_numpy,
+)
 from loaderx.packing import DOCUMENT_CHUNK
 from loaderx.streams import DenseReader, RaggedReader
 
@@ -58,15 +66,19 @@ def _median_seconds(functions: dict, runs: int) -> tuple[dict[str, float], dict[
             function()
             wall[name].append(time.perf_counter() - start)
             cpu[name].append(time.process_time() - start_cpu)
-    return ({name: statistics.median(values) for name, values in wall.items()},
-            {name: statistics.median(values) for name, values in cpu.items()})
+    return (
+        {name: statistics.median(values) for name, values in wall.items()},
+        {name: statistics.median(values) for name, values in cpu.items()},
+    )
 
 
 def _gather_runner(reader, batches: np.ndarray):
     """One pass over all batches, each into a fresh buffer as the loader allocates it."""
+
     def run() -> None:
         for indices in batches:
             reader.read(indices, reader.allocate())
+
     return run
 
 
@@ -75,7 +87,9 @@ def _check(docs, dense_rows, ragged: RaggedReader, dense: DenseReader, indices: 
     for record, index in zip(got, indices.tolist()):
         if not np.array_equal(record, docs[index]):
             raise AssertionError(f"ragged gather returned wrong tokens for record {index}")
-    if not np.array_equal(dense.read(indices, dense.allocate()), dense_rows[indices.astype(np.int64)]):
+    if not np.array_equal(
+        dense.read(indices, dense.allocate()), dense_rows[indices.astype(np.int64)]
+    ):
         raise AssertionError("dense gather returned wrong rows")
 
 
@@ -93,19 +107,27 @@ def bench_ragged(quick: bool) -> str:
         for codec in ("raw", "zstd"):
             from_iterator(root / f"ragged-{codec}", docs, codec=codec)
             from_numpy(root / f"dense-{codec}", dense_rows, codec=codec)
-            with RaggedDataset(root / f"ragged-{codec}") as ragged, DenseDataset(root / f"dense-{codec}") as dense:
+            with (
+                RaggedDataset(root / f"ragged-{codec}") as ragged,
+                DenseDataset(root / f"dense-{codec}") as dense,
+            ):
                 readers = RaggedReader(ragged), DenseReader(dense, BATCH)
                 _check(docs, dense_rows, *readers, batches[0])
-                seconds, cpu = _median_seconds({
-                    "ragged": _gather_runner(readers[0], batches),
-                    "dense": _gather_runner(readers[1], batches),
-                }, runs)
+                seconds, cpu = _median_seconds(
+                    {
+                        "ragged": _gather_runner(readers[0], batches),
+                        "dense": _gather_runner(readers[1], batches),
+                    },
+                    runs,
+                )
             ragged_speed = ragged_bytes / seconds["ragged"] / 2**20
             dense_speed = dense_bytes / seconds["dense"] / 2**20
             cpu_ratio = (ragged_bytes / cpu["ragged"]) / (dense_bytes / cpu["dense"])
-            rows.append(f"| {codec} | {dense_speed:,.0f} | {ragged_speed:,.0f} | {ragged_speed / dense_speed:.2f}x "
-                        f"| {cpu_ratio:.2f}x | {seconds['dense'] / batch_count * 1e3:.3f} "
-                        f"| {seconds['ragged'] / batch_count * 1e3:.3f} |")
+            rows.append(
+                f"| {codec} | {dense_speed:,.0f} | {ragged_speed:,.0f} | {ragged_speed / dense_speed:.2f}x "
+                f"| {cpu_ratio:.2f}x | {seconds['dense'] / batch_count * 1e3:.3f} "
+                f"| {seconds['ragged'] / batch_count * 1e3:.3f} |"
+            )
     return (
         f"### ragged: gather of {count:,} token documents (log-normal, median {MEDIAN_TOKENS}, mean {mean}) "
         f"vs dense records of {mean} tokens, {batch_count} random batches of {BATCH}\n\n"
@@ -143,8 +165,11 @@ def python_packer(dataset: RaggedDataset, rows: int, seq_len: int):
             read += 1
             while len(tokens) >= size:
                 segment_ids, positions = _row_segments(documents_of[:size], rows, seq_len)
-                batch = {"tokens": np.array(tokens[:size], dtype=np.int32).reshape(rows, seq_len),
-                         "segment_ids": segment_ids, "positions": positions}
+                batch = {
+                    "tokens": np.array(tokens[:size], dtype=np.int32).reshape(rows, seq_len),
+                    "segment_ids": segment_ids,
+                    "positions": positions,
+                }
                 del tokens[:size], documents_of[:size]
                 yield batch
 
@@ -154,14 +179,16 @@ def _row_segments(documents_of: list, rows: int, seq_len: int) -> tuple[np.ndarr
     segment_ids, positions = [], []
     for row in range(rows):
         number, position, last = 0, 0, None
-        for document in documents_of[row * seq_len:(row + 1) * seq_len]:
+        for document in documents_of[row * seq_len : (row + 1) * seq_len]:
             if document != last:
                 number, position, last = number + 1, 0, document
             segment_ids.append(number)
             positions.append(position)
             position += 1
     shape = (rows, seq_len)
-    return np.array(segment_ids, dtype=np.int32).reshape(shape), np.array(positions, dtype=np.int32).reshape(shape)
+    return np.array(segment_ids, dtype=np.int32).reshape(shape), np.array(
+        positions, dtype=np.int32
+    ).reshape(shape)
 
 
 def _tokens_per_second(batches, count: int) -> float:
@@ -183,17 +210,32 @@ def bench_packing(quick: bool) -> str:
         from_iterator(Path(temporary) / "tokens", docs, codec="raw")
         with RaggedDataset(Path(temporary) / "tokens") as dataset:
             for _ in range(runs):
-                with DataLoader({"tokens": dataset}, num_workers=2, batch_size=PACK_ROWS, packing=Packing(SEQ_LEN)) as loader:
+                with DataLoader(
+                    {"tokens": dataset},
+                    num_workers=2,
+                    batch_size=PACK_ROWS,
+                    packing=Packing(SEQ_LEN),
+                ) as loader:
                     first = next(loader)
-                    padding = float((first["segment_ids"] == 0).mean())  # a padded token has no segment
+                    padding = float(
+                        (first["segment_ids"] == 0).mean()
+                    )  # a padded token has no segment
                     samples["loaderx"].append(_tokens_per_second(loader, batches))
                 reference = next(python_packer(dataset, PACK_ROWS, SEQ_LEN))
                 if not all(np.array_equal(first[name], reference[name]) for name in first):
-                    raise AssertionError("the Python packer and loaderx disagree on the first batch")
-                samples["python"].append(_tokens_per_second(python_packer(dataset, PACK_ROWS, SEQ_LEN), batches))
+                    raise AssertionError(
+                        "the Python packer and loaderx disagree on the first batch"
+                    )
+                samples["python"].append(
+                    _tokens_per_second(python_packer(dataset, PACK_ROWS, SEQ_LEN), batches)
+                )
                 first_fit = Packing(SEQ_LEN, Packing.Strategy.FIRST_FIT)
-                with DataLoader({"tokens": dataset}, num_workers=2, batch_size=PACK_ROWS, packing=first_fit) as loader:
-                    padded = [float((next(loader)["segment_ids"] == 0).mean()) for _ in range(batches)]
+                with DataLoader(
+                    {"tokens": dataset}, num_workers=2, batch_size=PACK_ROWS, packing=first_fit
+                ) as loader:
+                    padded = [
+                        float((next(loader)["segment_ids"] == 0).mean()) for _ in range(batches)
+                    ]
                     first_fit_padding.append(statistics.mean(padded))
                     samples["first_fit"].append(_tokens_per_second(loader, batches))
     speed = {name: statistics.median(values) for name, values in samples.items()}
@@ -218,7 +260,10 @@ def bench_packing(quick: bool) -> str:
 
 # ---- transforms: threads vs processes ------------------------------------------------
 
-PYTHON_WORK = {"small": 20_000, "large": 200_000}  # loop iterations: about 1 ms and 10 ms of pure Python
+PYTHON_WORK = {
+    "small": 20_000,
+    "large": 200_000,
+}  # loop iterations: about 1 ms and 10 ms of pure Python
 
 
 class PythonAugment:
@@ -234,11 +279,18 @@ class PythonAugment:
         return {"x": batch["x"], "y": batch["y"], "checksum": total}
 
 
-def _loader_seconds(directory: Path, transform, processes: bool, workers: int, batches: int) -> float:
+def _loader_seconds(
+    directory: Path, transform, processes: bool, workers: int, batches: int
+) -> float:
     streams = {"x": DenseDataset(directory / "x"), "y": DenseDataset(directory / "y")}
     try:
-        with DataLoader(streams, num_workers=workers, batch_size=BATCH, transform=transform,
-                        transform_processes=processes) as loader:
+        with DataLoader(
+            streams,
+            num_workers=workers,
+            batch_size=BATCH,
+            transform=transform,
+            transform_processes=processes,
+        ) as loader:
             first = next(loader)  # starts the workers (and the processes)
             if first["checksum"] != transform({"x": None, "y": None})["checksum"]:
                 raise AssertionError("the transform returned a wrong result")
@@ -262,7 +314,12 @@ def bench_processes(quick: bool) -> str:
     runs = 1 if quick else 5
     batch_counts = {"small": 10, "large": 2} if quick else {"small": 200, "large": 30}
     rows = np.random.default_rng(5).random((4096, 256), dtype=np.float32)
-    configurations = [(size, workers, processes) for size in PYTHON_WORK for workers in (1, 2) for processes in (False, True)]
+    configurations = [
+        (size, workers, processes)
+        for size in PYTHON_WORK
+        for workers in (1, 2)
+        for processes in (False, True)
+    ]
     samples: dict = {configuration: [] for configuration in configurations}
     transforms = {size: PythonAugment(work) for size, work in PYTHON_WORK.items()}
     milliseconds = {size: _transform_ms(transform) for size, transform in transforms.items()}
@@ -273,13 +330,18 @@ def bench_processes(quick: bool) -> str:
         for _ in range(runs):
             for size, workers, processes in configurations:
                 samples[size, workers, processes].append(
-                    _loader_seconds(directory, transforms[size], processes, workers, batch_counts[size]))
+                    _loader_seconds(
+                        directory, transforms[size], processes, workers, batch_counts[size]
+                    )
+                )
     table = []
     for size, workers, processes in configurations:
         seconds = statistics.median(samples[size, workers, processes])
         threads = statistics.median(samples[size, workers, False])
-        table.append(f"| {milliseconds[size]:.1f} | {'processes' if processes else 'threads'} | {workers} | "
-                     f"{1 / seconds:,.0f} | {seconds * 1e3:.2f} | {threads / seconds:.2f}x |")
+        table.append(
+            f"| {milliseconds[size]:.1f} | {'processes' if processes else 'threads'} | {workers} | "
+            f"{1 / seconds:,.0f} | {seconds * 1e3:.2f} | {threads / seconds:.2f}x |"
+        )
     return (
         f"### processes: a pure-Python transform, threads vs worker processes, batches of {BATCH} x "
         "(1 KiB float32 + int64 label)\n\n"

@@ -52,7 +52,9 @@ def ray_blocks(ray, features, labels):
 
     bounds = np.linspace(0, len(labels), BLOCKS + 1).astype(np.int64).tolist()
     tables = [
-        pa.table({"features": ArrowTensorArray.from_numpy(features[a:b]), "label": pa.array(labels[a:b])})
+        pa.table(
+            {"features": ArrowTensorArray.from_numpy(features[a:b]), "label": pa.array(labels[a:b])}
+        )
         for a, b in zip(bounds[:-1], bounds[1:])
     ]
     return ray.data.from_arrow(tables).materialize()
@@ -114,14 +116,18 @@ def main(argv=None) -> int:
                 shutil.rmtree(directory)
     ray.shutdown()
     total = features.nbytes + labels.nbytes
-    print(f"### conversion: {rows:,} rows of {FEATURE_FLOATS * 4 // 1024} KiB float32 + int64 label "
-          f"({total / 1e6:,.0f} MB), codec zstd, {os.cpu_count()} cores\n")
+    print(
+        f"### conversion: {rows:,} rows of {FEATURE_FLOATS * 4 // 1024} KiB float32 + int64 label "
+        f"({total / 1e6:,.0f} MB), codec zstd, {os.cpu_count()} cores\n"
+    )
     print("| way | MB/s | seconds |\n|---|---|---|")
     for name, values in seconds.items():
         median = statistics.median(values)
         print(f"| {name} | {total / 1e6 / median:,.0f} | {median:.2f} |")
-    print(f"\nMedian of {runs} interleaved runs, each into a fresh directory and timed to the commit "
-          f"(the manifests for Ray); the Ray source is {BLOCKS} blocks already in the object store.")
+    print(
+        f"\nMedian of {runs} interleaved runs, each into a fresh directory and timed to the commit "
+        f"(the manifests for Ray); the Ray source is {BLOCKS} blocks already in the object store."
+    )
     return 0
 
 

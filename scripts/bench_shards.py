@@ -37,7 +37,9 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--codec", choices=["raw", "zstd"], default="zstd")
     options = parser.parse_args(argv)
-    rows = (np.random.default_rng(0).normal(size=(COUNT, FLOATS)) * 4).round().astype(np.float32) / 4
+    rows = (np.random.default_rng(0).normal(size=(COUNT, FLOATS)) * 4).round().astype(
+        np.float32
+    ) / 4
     batches = np.random.default_rng(1).integers(0, COUNT, (BATCHES, BATCH)).astype(np.uint64)
     out = np.empty((BATCH, FLOATS), np.float32)
     with tempfile.TemporaryDirectory(prefix="loaderx-bench-shards-") as temporary:
@@ -45,9 +47,14 @@ def main(argv=None) -> int:
         from_numpy(root / "single", rows, codec=options.codec, progress=False)
         bounds = np.linspace(0, COUNT, SHARDS + 1).astype(np.int64)
         for k in range(SHARDS):
-            shards.write_shard(root / "sharded", k, rows[bounds[k] : bounds[k + 1]], codec=options.codec)
+            shards.write_shard(
+                root / "sharded", k, rows[bounds[k] : bounds[k + 1]], codec=options.codec
+            )
         shards.commit(root / "sharded")
-        stores = [("one store", DenseDataset(root / "single")), (f"{SHARDS} shards", DenseDataset(root / "sharded"))]
+        stores = [
+            ("one store", DenseDataset(root / "single")),
+            (f"{SHARDS} shards", DenseDataset(root / "sharded")),
+        ]
         for _, dataset in stores:
             dataset.store.gather(batches[0], out)
             assert np.array_equal(out, rows[batches[0].astype(np.int64)])
@@ -62,9 +69,12 @@ def main(argv=None) -> int:
             dataset.close()
     medians = {name: statistics.median(values) * 1e3 for name, values in seconds.items()}
     single, sharded = medians.values()
-    print(f"codec {options.codec}: " + ", ".join(f"{name} {value:.3f} ms" for name, value in medians.items())
-          + f"; {SHARDS} shards at {single / sharded:.2f}x the speed of one store "
-          f"(medians of {options.runs} x {BATCHES} batches of {BATCH})")
+    print(
+        f"codec {options.codec}: "
+        + ", ".join(f"{name} {value:.3f} ms" for name, value in medians.items())
+        + f"; {SHARDS} shards at {single / sharded:.2f}x the speed of one store "
+        f"(medians of {options.runs} x {BATCHES} batches of {BATCH})"
+    )
     return 0
 
 

@@ -48,10 +48,10 @@ try:
 except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from bench_numpack import NUMPACK_INSTALL, fsync_tree  # noqa: E402
+from bench_numpack import NUMPACK_INSTALL, fsync_tree
 
-from loaderx import ArrayStore  # noqa: E402
-from loaderx.zrecord import Zrecord  # noqa: E402
+from loaderx import ArrayStore
+from loaderx.zrecord import Zrecord
 
 BLOCK_BYTES = 16 * 1024  # a fixed store's checksum block
 RECORD_HEADER_BYTES = 72  # a journal record's header
@@ -62,7 +62,9 @@ def store_files(array_dir: Path) -> dict[str, str]:
     """The names of the array's data, sums and journal files."""
     names = {}
     for kind in ("data", "sums", "journal"):
-        (names[kind],) = [path.name for path in array_dir.iterdir() if path.name.startswith(kind + "-")]
+        (names[kind],) = [
+            path.name for path in array_dir.iterdir() if path.name.startswith(kind + "-")
+        ]
     return names
 
 
@@ -104,7 +106,9 @@ def bare(array_dir: Path, files: dict[str, str], rows: np.ndarray, start: int) -
 
 def measure(saved: dict, work: Path, rows: np.ndarray, length: int, runs: int, numpack) -> dict:
     """Samples (seconds) per variant for replacing ``rows`` at varying starts."""
-    variants = ["ArrayStore", "Zrecord", "replica", "bare"] + (["numpack + fsync"] if numpack else [])
+    variants = ["ArrayStore", "Zrecord", "replica", "bare"] + (
+        ["numpack + fsync"] if numpack else []
+    )
     samples: dict[str, list[float]] = {name: [] for name in variants + ["Zrecord open"]}
     offsets = np.arange(len(rows), dtype=np.uint64) * np.uint64(rows.shape[1] * rows.itemsize)
     files = store_files(saved["loaderx"] / "a")  # every copy has the saved store's names
@@ -127,7 +131,9 @@ def measure(saved: dict, work: Path, rows: np.ndarray, length: int, runs: int, n
             if name == "Zrecord":
                 handle = Zrecord(work / "a", _existing=True)
                 samples["Zrecord open"].append(time.perf_counter() - started)
-                handle.replace(np.arange(start, start + len(rows), dtype=np.uint64), rows, offsets, codec="raw")
+                handle.replace(
+                    np.arange(start, start + len(rows), dtype=np.uint64), rows, offsets, codec="raw"
+                )
             elif name == "replica":
                 replica(work / "a", files, rows, start)
             elif name == "bare":
@@ -144,14 +150,21 @@ def measure(saved: dict, work: Path, rows: np.ndarray, length: int, runs: int, n
 
 
 def cell(values: list[float]) -> str:
-    return f"{statistics.median(values) * 1e3:.3f} ms ({np.percentile(values, 25) * 1e3:.3f})" if values else "skipped"
+    return (
+        f"{statistics.median(values) * 1e3:.3f} ms ({np.percentile(values, 25) * 1e3:.3f})"
+        if values
+        else "skipped"
+    )
 
 
 def first_write_floors(quick: bool, runs: int) -> str:
     length = 100_000 if quick else 1_000_000
     block = 1_000 if quick else 10_000
     rng = np.random.default_rng(7)
-    arrays = {"a": rng.random((length, 10), dtype=np.float32), "b": rng.random((length // 2, 5), dtype=np.float32)}
+    arrays = {
+        "a": rng.random((length, 10), dtype=np.float32),
+        "b": rng.random((length // 2, 5), dtype=np.float32),
+    }
     try:
         from numpack import NumPack
     except ImportError:
@@ -169,7 +182,10 @@ def first_write_floors(quick: bool, runs: int) -> str:
         if NumPack is not None:
             with NumPack(str(saved["numpack"]), drop_if_exists=True) as pack:
                 pack.save(arrays)
-        columns = {label: measure(saved, root / "work", rows, length, runs, NumPack) for label, rows in sizes.items()}
+        columns = {
+            label: measure(saved, root / "work", rows, length, runs, NumPack)
+            for label, rows in sizes.items()
+        }
     names = ["ArrayStore", "Zrecord", "Zrecord open", "replica", "bare", "numpack + fsync"]
     lines = [
         f"### first write: replace rows of a in a fresh copy of a = {length:,} x 10 and b = {length // 2:,} x 5 float32, median (p25) of {runs} runs",
@@ -178,7 +194,11 @@ def first_write_floors(quick: bool, runs: int) -> str:
         "|---" * (len(columns) + 1) + "|",
     ]
     for name in names:
-        lines.append(f"| {name} | " + " | ".join(cell(samples.get(name, [])) for samples in columns.values()) + " |")
+        lines.append(
+            f"| {name} | "
+            + " | ".join(cell(samples.get(name, [])) for samples in columns.values())
+            + " |"
+        )
     if NumPack is None:
         lines += ["", f"skipped: numpack not installed (pip install {NUMPACK_INSTALL})"]
     return "\n".join(lines)
@@ -187,7 +207,9 @@ def first_write_floors(quick: bool, runs: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="100,000 rows and 3 runs")
-    parser.add_argument("--runs", type=int, default=None, help="runs per variant (default 30, 3 with --quick)")
+    parser.add_argument(
+        "--runs", type=int, default=None, help="runs per variant (default 30, 3 with --quick)"
+    )
     arguments = parser.parse_args()
     runs = arguments.runs or (3 if arguments.quick else 30)
     print(first_write_floors(arguments.quick, runs))

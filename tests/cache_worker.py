@@ -70,8 +70,17 @@ def main() -> None:
             if measured > int(budget):
                 over += 1
         stats = cache.stats
-    print(json.dumps({"fetches": stats.fetches, "over": over, "hits": stats.hits,
-                      "waits": stats.waits, "evictions": stats.evictions}))
+    print(
+        json.dumps(
+            {
+                "fetches": stats.fetches,
+                "over": over,
+                "hits": stats.hits,
+                "waits": stats.waits,
+                "evictions": stats.evictions,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

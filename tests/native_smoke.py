@@ -16,8 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loaderx import DataLoader, DenseDataset, Sampler, Zrecord, from_numpy
-from loaderx import _native
+from loaderx import DataLoader, DenseDataset, Sampler, Zrecord, _native, from_numpy
 
 ROWS = 3000
 

@@ -131,7 +131,9 @@ class SimFs:
             elif choice == 2:
                 for start in range(0, len(payload), SECTOR_BYTES):
                     if rng.random() < 0.5:
-                        self._write_durable(inode, offset + start, payload[start : start + SECTOR_BYTES])
+                        self._write_durable(
+                            inode, offset + start, payload[start : start + SECTOR_BYTES]
+                        )
         for directory, changes in self.pending_entries:
             if rng.random() < 0.5:
                 self._apply(self.durable_entries[directory], changes)
@@ -169,7 +171,9 @@ class SimFs:
             return
         at, code, sticky = self.fault
         if index == at or (sticky and index > at):
-            raise OSError(code, f"cannot {kind} (simulated fault at call {index}): {os.strerror(code)}")
+            raise OSError(
+                code, f"cannot {kind} (simulated fault at call {index}): {os.strerror(code)}"
+            )
 
     def _write_durable(self, inode: int, offset: int, payload: bytes) -> None:
         old = self.durable_data.get(inode, b"")
@@ -289,7 +293,9 @@ class SimFs:
             return os.stat(real)
         if inode is None:
             raise FileNotFoundError(errno.ENOENT, f"cannot stat '{path}': no such file")
-        return types.SimpleNamespace(st_size=len(self.data.get(inode, b"")), st_mtime=0.0, st_ino=inode)
+        return types.SimpleNamespace(
+            st_size=len(self.data.get(inode, b"")), st_mtime=0.0, st_ino=inode
+        )
 
     def read_file(self, path: str, bytes_max: int) -> bytes:
         self._fallible("read")
@@ -344,7 +350,10 @@ class SimFs:
             raise FileNotFoundError(errno.ENOENT, f"cannot rename '{source}': no such file")
         existing = self.entries[parent].get(target_name)
         if existing is not None and self.kinds[existing] != "file" and self._nonempty(existing):
-            raise OSError(errno.ENOTEMPTY, f"cannot rename '{source}' to '{target}': the target is a non-empty directory")
+            raise OSError(
+                errno.ENOTEMPTY,
+                f"cannot rename '{source}' to '{target}': the target is a non-empty directory",
+            )
         self._change(parent, {source_name: None, target_name: inode})
 
     def _nonempty(self, inode: int) -> bool:
@@ -360,7 +369,9 @@ class SimFs:
         _, target_name = self._parent(target)
         names = self.entries[parent]
         if source_name not in names or target_name not in names:
-            raise FileNotFoundError(errno.ENOENT, f"cannot swap '{source}' and '{target}': one is missing")
+            raise FileNotFoundError(
+                errno.ENOENT, f"cannot swap '{source}' and '{target}': one is missing"
+            )
         self._change(parent, {source_name: names[target_name], target_name: names[source_name]})
         return True
 
@@ -390,7 +401,7 @@ class SimFs:
             for child in list(self.entries[inode].values()):
                 self._empty(child)
             if self.entries[inode]:
-                self._change(inode, {name: None for name in self.entries[inode]})
+                self._change(inode, dict.fromkeys(self.entries[inode]))
 
     def build_store(self, path: str, build) -> None:
         self._mutation("build")
@@ -408,7 +419,9 @@ class SimFs:
             # in the schema file, so this build's schema file is the
             # memoised one's with it.
             schema = msgpack.unpackb(self._real_bytes(self.blobs[inode], SCHEMA_FILE), raw=False)
-            self.overlays[inode] = {SCHEMA_FILE: msgpack.packb({**schema, "generation": generation}, use_bin_type=True)}
+            self.overlays[inode] = {
+                SCHEMA_FILE: msgpack.packb({**schema, "generation": generation}, use_bin_type=True)
+            }
 
     @staticmethod
     def _real_bytes(directory: str, name: str) -> bytes:
@@ -423,7 +436,10 @@ class SimFs:
             self.builds += 1
             build(real)
             return real
-        key = (build.func.__qualname__, tuple((name, _fingerprint(value)) for name, value in sorted(keywords.items())))
+        key = (
+            build.func.__qualname__,
+            tuple((name, _fingerprint(value)) for name, value in sorted(keywords.items())),
+        )
         if key not in self.memo:
             real = os.path.join(tempfile.mkdtemp(dir=self.workdir), "store")
             self.builds += 1
@@ -450,7 +466,9 @@ class SimFs:
         self._mutation("fsync")
         inode, real = self._lookup(path)
         if inode is None or real is not None or self.kinds[inode] != "dir":
-            raise FileNotFoundError(errno.ENOENT, f"cannot fsync directory '{path}': no such directory")
+            raise FileNotFoundError(
+                errno.ENOENT, f"cannot fsync directory '{path}': no such directory"
+            )
         self._sync_entries(inode)
 
     def _sync_entries(self, inode: int) -> None:

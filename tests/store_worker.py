@@ -66,7 +66,9 @@ def model_delete(records: list, indices, keep_order: bool) -> list:
 VARIANTS = ("mixed", "fixed", "mixed-lazy", "fixed-lazy")
 
 
-def make_ops(seed: int, op_count: int = 14, variant: str = "mixed") -> tuple[list[dict], list[list[bytes]]]:
+def make_ops(
+    seed: int, op_count: int = 14, variant: str = "mixed"
+) -> tuple[list[dict], list[list[bytes]]]:
     """A deterministic op sequence and states[j], the records after j ops.
     A "fixed" variant keeps the store fixed (equal-length raw records), so
     its replaces go through the journal in place; "-lazy" ones open the
@@ -86,7 +88,9 @@ def make_ops(seed: int, op_count: int = 14, variant: str = "mixed") -> tuple[lis
         elif n == 0:
             kind = rng.choice(["append_fixed", "append_var"])
         elif variant.startswith("fixed"):
-            kind = rng.choices(["append_fixed", "replace_fixed", "delete", "sync"], [20, 60, 10, 10])[0]
+            kind = rng.choices(
+                ["append_fixed", "replace_fixed", "delete", "sync"], [20, 60, 10, 10]
+            )[0]
         else:
             kind = rng.choices(
                 ["append_fixed", "append_var", "replace", "delete", "compact", "sync"],
@@ -94,20 +98,35 @@ def make_ops(seed: int, op_count: int = 14, variant: str = "mixed") -> tuple[lis
             )[0]
         op: dict = {"kind": kind}
         if kind == "append_fixed":
-            op.update(kind="append", codec="raw", compressible=False, lengths=[fixed] * rng.randint(1, 24))
+            op.update(
+                kind="append", codec="raw", compressible=False, lengths=[fixed] * rng.randint(1, 24)
+            )
         elif kind == "append_var":
-            op.update(kind="append", codec=rng.choice(["zstd", "zstd", "raw"]), compressible=rng.random() < 0.8,
-                      lengths=[variable_length(rng) for _ in range(rng.randint(1, 8))])
+            op.update(
+                kind="append",
+                codec=rng.choice(["zstd", "zstd", "raw"]),
+                compressible=rng.random() < 0.8,
+                lengths=[variable_length(rng) for _ in range(rng.randint(1, 8))],
+            )
         elif kind == "replace_fixed":
             idxs = rng.sample(range(n), rng.randint(1, min(n, 40)))
-            op.update(kind="replace", codec="raw", compressible=False, lengths=[fixed] * len(idxs), idxs=idxs)
+            op.update(
+                kind="replace",
+                codec="raw",
+                compressible=False,
+                lengths=[fixed] * len(idxs),
+                idxs=idxs,
+            )
         elif kind == "replace":
             idxs = rng.sample(range(n), rng.randint(1, min(n, 6)))
             if rng.random() < 0.5:
                 op.update(codec="raw", compressible=False, lengths=[fixed] * len(idxs))
             else:
-                op.update(codec="zstd", compressible=rng.random() < 0.8,
-                          lengths=[variable_length(rng) for _ in idxs])
+                op.update(
+                    codec="zstd",
+                    compressible=rng.random() < 0.8,
+                    lengths=[variable_length(rng) for _ in idxs],
+                )
             op["idxs"] = idxs
         elif kind == "delete":
             count = rng.randint(1, max(1, min(n, n // 3 + 1)))
@@ -128,7 +147,9 @@ def make_ops(seed: int, op_count: int = 14, variant: str = "mixed") -> tuple[lis
 
 
 def payloads(seed: int, j: int, op: dict) -> list[bytes]:
-    return [record(seed, j, k, length, op["compressible"]) for k, length in enumerate(op["lengths"])]
+    return [
+        record(seed, j, k, length, op["compressible"]) for k, length in enumerate(op["lengths"])
+    ]
 
 
 def pack(records: list[bytes]) -> tuple[bytes, np.ndarray]:
@@ -173,8 +194,20 @@ SLOT_BYTES = 4096
 SUPERBLOCK_BYTES = 256
 SUPERBLOCK_SEED = 0x5355_5045_5242_4C4B
 FIELDS = (
-    "version", "layout", "generation", "record_count", "record_bytes", "data_file", "data_bytes",
-    "index_file", "sums_file", "tail_checksum", "live_bytes", "dict_file", "dict_bytes", "dict_checksum",
+    "version",
+    "layout",
+    "generation",
+    "record_count",
+    "record_bytes",
+    "data_file",
+    "data_bytes",
+    "index_file",
+    "sums_file",
+    "tail_checksum",
+    "live_bytes",
+    "dict_file",
+    "dict_bytes",
+    "dict_checksum",
 )
 HEAD = struct.Struct("<8sII12Q")  # magic, version, layout, generation .. dict_checksum
 FIELD_OFFSETS = {"magic": 0, "version": 8, "layout": 12}
@@ -210,13 +243,18 @@ def seal(raw: bytes) -> bytes:
 def read_slots(path) -> list[dict]:
     with open(f"{path}/superblock", "rb") as f:
         raw = f.read(2 * SLOT_BYTES)
-    return [parse_slot(raw[i * SLOT_BYTES:][:SUPERBLOCK_BYTES]) for i in range(2)
-            if len(raw) >= i * SLOT_BYTES + SUPERBLOCK_BYTES]
+    return [
+        parse_slot(raw[i * SLOT_BYTES :][:SUPERBLOCK_BYTES])
+        for i in range(2)
+        if len(raw) >= i * SLOT_BYTES + SUPERBLOCK_BYTES
+    ]
 
 
 def committed_superblock(path) -> dict:
     """The slot a reader uses: the newest sound one."""
-    sound = [s for s in read_slots(path) if s["magic"] == MAGIC and s["sealed"] and s["version"] == 1]
+    sound = [
+        s for s in read_slots(path) if s["magic"] == MAGIC and s["sealed"] and s["version"] == 1
+    ]
     assert sound, f"no sound superblock slot in {path}"
     return max(sound, key=lambda s: s["generation"])
 
@@ -250,13 +288,21 @@ _SECRET = bytes.fromhex(
     "2b16be587d47a1fc8ff8b8d17ad031ce45cb3a8f95160428afd7fbcabb4b407e"
 )
 _P32_1, _P32_2, _P32_3 = 0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D
-_P64 = (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5)
+_P64 = (
+    0x9E3779B185EBCA87,
+    0xC2B2AE3D27D4EB4F,
+    0x165667B19E3779F9,
+    0x85EBCA77C2B2AE63,
+    0x27D4EB2F165667C5,
+)
 
 
 def xxh3_64_long(data: bytes, seed: int) -> int:
     assert len(data) > 240
     words = struct.unpack("<24Q", _SECRET)
-    secret = struct.pack("<24Q", *[(w + seed if i % 2 == 0 else w - seed) & _M for i, w in enumerate(words)])
+    secret = struct.pack(
+        "<24Q", *[(w + seed if i % 2 == 0 else w - seed) & _M for i, w in enumerate(words)]
+    )
     r64 = lambda buffer, offset: struct.unpack_from("<Q", buffer, offset)[0]  # noqa: E731
     acc = [_P32_3, _P64[0], _P64[1], _P64[2], _P64[3], _P32_2, _P64[4], _P32_1]
 
@@ -281,7 +327,9 @@ def xxh3_64_long(data: bytes, seed: int) -> int:
     accumulate(len(data) - 64, len(secret) - 64 - 7)
     result = (len(data) * _P64[0]) & _M
     for i in range(4):
-        product = (acc[2 * i] ^ r64(secret, 11 + 16 * i)) * (acc[2 * i + 1] ^ r64(secret, 19 + 16 * i))
+        product = (acc[2 * i] ^ r64(secret, 11 + 16 * i)) * (
+            acc[2 * i + 1] ^ r64(secret, 19 + 16 * i)
+        )
         result = (result + ((product ^ (product >> 64)) & _M)) & _M
     result ^= result >> 37
     result = (result * 0x165667919E3779F9) & _M
@@ -341,7 +389,7 @@ def read_all(store) -> list[bytes]:
     offsets = np.cumsum([0] + lengths[:-1], dtype=np.uint64)
     buffer = bytearray(sum(lengths))
     store.gather(np.arange(n), buffer, offsets)
-    return [bytes(buffer[int(o):int(o) + length]) for o, length in zip(offsets, lengths)]
+    return [bytes(buffer[int(o) : int(o) + length]) for o, length in zip(offsets, lengths)]
 
 
 def describe(records: list[bytes]) -> str:
@@ -378,8 +426,11 @@ def run_recover(path: str, seed: int, acked: int, variant: str = "mixed") -> Non
         report["first"] = store.append(extra, [0])
         report["after_append_ok"] = read_all(store) == state + [extra]
         report["named"] = named_files(committed_superblock(path))
-        report["on_disk"] = {name: os.path.getsize(f"{path}/{name}") for name in os.listdir(path)
-                             if name not in ("superblock", "lock")}
+        report["on_disk"] = {
+            name: os.path.getsize(f"{path}/{name}")
+            for name in os.listdir(path)
+            if name not in ("superblock", "lock")
+        }
         report["verify_after"] = store.verify()
     with Zrecord(path, verify=True) as store:
         report["reopen_ok"] = read_all(store) == state + [extra]
@@ -440,14 +491,16 @@ def run_check(path: str, spec_path: str) -> None:
         order = list(range(count))
         rng.shuffle(order)
         for start in range(0, count, 7):
-            idxs = order[start:start + 7]
+            idxs = order[start : start + 7]
             offsets = np.cumsum([0] + [room[i] for i in idxs[:-1]], dtype=np.uint64)
             buffer = bytearray(sum(room[i] for i in idxs))
 
             def batch(idxs=idxs, offsets=offsets, buffer=buffer):
                 lengths = [int(x) for x in store.lengths(idxs)]
                 store.gather(idxs, buffer, offsets)
-                return [digest(buffer[int(o):int(o) + length]) for o, length in zip(offsets, lengths)]
+                return [
+                    digest(buffer[int(o) : int(o) + length]) for o, length in zip(offsets, lengths)
+                ]
 
             batches.append([idxs, outcome(batch)])
         report["batches"] = batches
@@ -462,7 +515,9 @@ def run_check(path: str, spec_path: str) -> None:
         idxs = list(range(count))
         offsets = np.cumsum([0] + [room[i] for i in idxs[:-1]], dtype=np.uint64)
         buffer = bytearray(sum(room[i] for i in idxs) + 1)
-        report["plain_gather"] = outcome(lambda: plain.gather(idxs, buffer, offsets) if idxs else None)
+        report["plain_gather"] = outcome(
+            lambda: plain.gather(idxs, buffer, offsets) if idxs else None
+        )
         plain.close()
     report["maxrss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     say(json.dumps(report))

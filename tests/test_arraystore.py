@@ -32,14 +32,31 @@ from loaderx._fs import OS_FS
 from loaderx.arraystore import LazyArray
 from loaderx.zrecord import StoreClosedError, StoreLockedError, Zrecord
 
-DTYPES = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.float16, np.float32, np.float64]
+DTYPES = [
+    np.bool_,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.uint64,
+    np.float16,
+    np.float32,
+    np.float64,
+]
 CRASH_TRIALS = int(os.environ.get("LOADERX_TRIALS", "8"))
 
 
 def same(actual, expected) -> bool:
     """Equal dtype, shape and bytes (so NaNs and -0.0 compare exactly)."""
     actual = np.asarray(actual)
-    return actual.dtype == expected.dtype and actual.shape == expected.shape and actual.tobytes() == expected.tobytes()
+    return (
+        actual.dtype == expected.dtype
+        and actual.shape == expected.shape
+        and actual.tobytes() == expected.tobytes()
+    )
 
 
 def snapshot(root: str) -> dict:
@@ -49,7 +66,11 @@ def snapshot(root: str) -> dict:
     with ArrayStore(root) as reader:
         for name in reader:
             superblock = os.path.join(root, name, "superblock")
-            state[name] = (reader.load(name).tobytes(), reader.get_shape(name), os.stat(superblock).st_mtime_ns)
+            state[name] = (
+                reader.load(name).tobytes(),
+                reader.get_shape(name),
+                os.stat(superblock).st_mtime_ns,
+            )
     return state
 
 
@@ -66,7 +87,15 @@ def test_every_numpack_dtype_and_shape_round_trips(root, dtype):
     """Each of numpack's dtypes (and float16) round-trips in 0-d, empty,
     1-D, 2-D and 3-D arrays, through a reopen, whole and lazily."""
     rng = np.random.default_rng(0)
-    shapes = {"scalar": (), "empty": (0,), "empty_rows": (0, 3), "vector": (7,), "matrix": (5, 3), "cube": (4, 2, 3), "no_bytes": (3, 0)}
+    shapes = {
+        "scalar": (),
+        "empty": (0,),
+        "empty_rows": (0, 3),
+        "vector": (7,),
+        "matrix": (5, 3),
+        "cube": (4, 2, 3),
+        "no_bytes": (3, 0),
+    }
     arrays = {name: (rng.random(shape) * 100).astype(dtype) for name, shape in shapes.items()}
     with ArrayStore(root) as store:
         store.save(arrays)
@@ -175,7 +204,9 @@ def test_codecs_per_array(root):
 # ---- the stateful model ------------------------------------------------------------
 
 NAMES = st.sampled_from(["a", "b", "c"])
-SMALL_DTYPES = st.sampled_from([np.bool_, np.int8, np.uint16, np.int64, np.float16, np.float32, np.float64])
+SMALL_DTYPES = st.sampled_from(
+    [np.bool_, np.int8, np.uint16, np.int64, np.float16, np.float32, np.float64]
+)
 
 
 @st.composite
@@ -195,7 +226,10 @@ def row_selectors(draw, length: int):
     if kind == "int" and length:
         return draw(st.integers(-length, length - 1))
     if kind == "slice":
-        start, stop = draw(st.integers(-length - 1, length + 1)), draw(st.integers(-length - 1, length + 1))
+        start, stop = (
+            draw(st.integers(-length - 1, length + 1)),
+            draw(st.integers(-length - 1, length + 1)),
+        )
         return slice(start, stop, draw(st.sampled_from([None, 1, 2, -1])))
     rows = draw(st.lists(st.integers(0, max(length - 1, 0)), unique=True, max_size=length))
     return [row - length if draw(st.booleans()) else row for row in rows] if length else []
@@ -203,7 +237,12 @@ def row_selectors(draw, length: int):
 
 # One rule picks the operation: with a rule per operation Hypothesis mostly
 # draws the argument-free ones (compact, reopen). Edits are listed twice.
-OPERATIONS = ("replace", "append", "drop_rows", "save") * 2 + ("drop_array", "compact", "reopen", "sync")
+OPERATIONS = ("replace", "append", "drop_rows", "save") * 2 + (
+    "drop_array",
+    "compact",
+    "reopen",
+    "sync",
+)
 
 
 class ArrayStoreMachine(RuleBasedStateMachine):
@@ -224,12 +263,18 @@ class ArrayStoreMachine(RuleBasedStateMachine):
     @rule(operation=st.sampled_from(OPERATIONS), data=st.data())
     def step(self, operation, data):
         with_rows = sorted(name for name, array in self.model.items() if array.ndim)
-        if (operation in ("replace", "append", "drop_rows") and not with_rows) or (operation == "drop_array" and not self.model):
+        if (operation in ("replace", "append", "drop_rows") and not with_rows) or (
+            operation == "drop_array" and not self.model
+        ):
             operation = "save"
         if operation in ("replace", "append", "drop_rows"):
             getattr(self, operation)(data.draw(st.sampled_from(with_rows), label="name"), data)
         elif operation == "save":
-            self.save(data.draw(NAMES, label="name"), data.draw(saved_arrays(), label="array"), data.draw(st.sampled_from(["raw", "raw", "zstd"]), label="codec"))
+            self.save(
+                data.draw(NAMES, label="name"),
+                data.draw(saved_arrays(), label="array"),
+                data.draw(st.sampled_from(["raw", "raw", "zstd"]), label="codec"),
+            )
         elif operation == "drop_array":
             name = data.draw(st.sampled_from(sorted(self.model)), label="name")
             self.store.drop(name)
@@ -256,7 +301,10 @@ class ArrayStoreMachine(RuleBasedStateMachine):
 
     def append(self, name, data):
         expected = self.model[name]
-        rows = data.draw(hnp.arrays(expected.dtype, (data.draw(st.integers(0, 4)), *expected.shape[1:])), label="values")
+        rows = data.draw(
+            hnp.arrays(expected.dtype, (data.draw(st.integers(0, 4)), *expected.shape[1:])),
+            label="values",
+        )
         self.store.append({name: rows})
         self.model[name] = np.concatenate([expected, rows])
 
@@ -275,7 +323,9 @@ class ArrayStoreMachine(RuleBasedStateMachine):
 
 
 ArrayStoreMachine.TestCase.settings = settings(
-    max_examples=int(os.environ.get("LOADERX_EXAMPLES", "50")), stateful_step_count=20, deadline=None,
+    max_examples=int(os.environ.get("LOADERX_EXAMPLES", "50")),
+    stateful_step_count=20,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestArrayStoreModel = ArrayStoreMachine.TestCase
@@ -288,7 +338,9 @@ class NotDurableArrayStoreMachine(ArrayStoreMachine):
 
 
 NotDurableArrayStoreMachine.TestCase.settings = settings(
-    max_examples=int(os.environ.get("LOADERX_EXAMPLES", "15")), stateful_step_count=20, deadline=None,
+    max_examples=int(os.environ.get("LOADERX_EXAMPLES", "15")),
+    stateful_step_count=20,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestNotDurableArrayStoreModel = NotDurableArrayStoreMachine.TestCase
@@ -362,7 +414,11 @@ def test_lazy_mask_tuple_and_zero_d(root):
         assert same(lazy[..., 1], matrix[..., 1])
         assert same(np.stack(list(lazy)), matrix)
         scalar = store.load("s", lazy=True)
-        assert scalar.shape == () and same(scalar[()], np.array(7, np.int32)) and same(np.asarray(scalar), np.array(7, np.int32))
+        assert (
+            scalar.shape == ()
+            and same(scalar[()], np.array(7, np.int32))
+            and same(np.asarray(scalar), np.array(7, np.int32))
+        )
         with pytest.raises(IndexError):
             scalar[0]
         with pytest.raises(TypeError):
@@ -400,7 +456,12 @@ def test_metadata_iteration_and_streaming(root):
         store.save({"a": a, "b": np.arange(3)})
         assert store.get_shape("a") == (10, 5) and store.get_shape() == {"a": (10, 5), "b": (3,)}
         assert list(store) == ["a", "b"] == store.get_member_list() and len(store) == 2
-        assert "a" in store and store.has_array("b") and "c" not in store and not store.has_array("../a")
+        assert (
+            "a" in store
+            and store.has_array("b")
+            and "c" not in store
+            and not store.has_array("../a")
+        )
         meta = store.get_metadata()["arrays"]["a"]
         assert meta["shape"] == [10, 5] and meta["dtype"] == "<f8" and meta["nbytes"] == 400
         assert meta["disk_bytes"] >= 400
@@ -426,7 +487,13 @@ def test_every_bad_input_raises_and_changes_nothing(root):
     a non-dict) before anything is written: listing, contents and commit
     times stay as they were."""
     with ArrayStore(root) as store:
-        store.save({"a": np.arange(12, dtype=np.int8).reshape(4, 3), "v": np.arange(5, dtype=np.float32), "s": np.float64(1)})
+        store.save(
+            {
+                "a": np.arange(12, dtype=np.int8).reshape(4, 3),
+                "v": np.arange(5, dtype=np.float32),
+                "s": np.float64(1),
+            }
+        )
     before = snapshot(root)
     good = np.zeros((1, 3), np.int8)
     bad_calls = [
@@ -453,7 +520,10 @@ def test_every_bad_input_raises_and_changes_nothing(root):
         (IndexError, lambda s: s.replace({"v": np.zeros(1, np.float32), "a": good}, [4])),
         (KeyError, lambda s: s.replace({"v": np.zeros(1, np.float32), "missing": good}, 0)),
         (KeyError, lambda s: s.append({"missing": good})),
-        (ValueError, lambda s: s.append({"v": np.zeros(2, np.float32), "a": np.zeros((1, 2), np.int8)})),
+        (
+            ValueError,
+            lambda s: s.append({"v": np.zeros(2, np.float32), "a": np.zeros((1, 2), np.int8)}),
+        ),
         (ValueError, lambda s: s.append({"a": np.zeros((1, 3), np.float64)})),
         (ValueError, lambda s: s.append({"s": np.zeros(1)})),
         (KeyError, lambda s: s.drop("missing")),
@@ -521,7 +591,10 @@ def test_an_array_whose_schema_is_gone_is_damage_not_absence(root, capsys):
     assert main(["verify", root]) == 1
     out = capsys.readouterr().out
     assert "x: DAMAGED" in out and "ok, 3 records verified" in out
-    assert "no readable schema.msgpack; restore the array from a copy" in out and "from_numpy" not in out
+    assert (
+        "no readable schema.msgpack; restore the array from a copy" in out
+        and "from_numpy" not in out
+    )
 
 
 def test_a_closed_store_refuses_calls(root):
@@ -530,7 +603,12 @@ def test_a_closed_store_refuses_calls(root):
     store.save({"a": np.zeros(2)})
     store.close()
     store.close()
-    for call in (lambda: store.load("a"), lambda: store.save({"b": np.zeros(1)}), lambda: list(store), lambda: store.sync()):
+    for call in (
+        lambda: store.load("a"),
+        lambda: store.save({"b": np.zeros(1)}),
+        lambda: list(store),
+        lambda: store.sync(),
+    ):
         with pytest.raises(StoreClosedError):
             call()
     assert issubclass(StoreClosedError, ValueError)
@@ -549,7 +627,9 @@ def test_paths_that_are_not_array_stores(tmp_path):
         ArrayStore(foreign)
     newer = tmp_path / "newer"
     ArrayStore(newer).close()
-    (newer / ".arraystore.msgpack").write_bytes(msgpack.packb({"format": "loaderx-arraystore", "version": 99}))
+    (newer / ".arraystore.msgpack").write_bytes(
+        msgpack.packb({"format": "loaderx-arraystore", "version": 99})
+    )
     with pytest.raises(ValueError, match="upgrade"):
         ArrayStore(newer)
     empty = tmp_path / "empty"
@@ -610,7 +690,12 @@ def test_a_commit_record_left_by_a_crash_is_replayed_on_open(root):
     with ArrayStore(root) as store:
         store.save({"a": np.arange(3), "b": np.arange(4), "c": np.arange(5)})
     shutil.copytree(os.path.join(root, "b"), os.path.join(root, ".new-a"))
-    record = {"format": "loaderx-arraystore-commit", "version": 1, "save": {"a": os.stat(os.path.join(root, ".new-a")).st_ino}, "drop": ["c"]}
+    record = {
+        "format": "loaderx-arraystore-commit",
+        "version": 1,
+        "save": {"a": os.stat(os.path.join(root, ".new-a")).st_ino},
+        "drop": ["c"],
+    }
     payload = msgpack.packb(record)
     with open(os.path.join(root, ".commit.msgpack"), "wb") as handle:
         handle.write(payload + zlib.crc32(payload).to_bytes(4, "little"))
@@ -769,8 +854,20 @@ with ArrayStore(root, durable=durable) as store:
 STAGING = (".new-", ".prev-", ".old-", ".drop-", ".commit.msgpack")
 
 
-@pytest.mark.parametrize("mode, durable", [("exchange", "durable"), ("fallback", "durable"), ("drop", "durable"), ("one", "durable"),
-                                          ("exchange", "not"), ("drop", "not"), ("one", "not"), ("rows", "durable"), ("rows", "not")])
+@pytest.mark.parametrize(
+    "mode, durable",
+    [
+        ("exchange", "durable"),
+        ("fallback", "durable"),
+        ("drop", "durable"),
+        ("one", "durable"),
+        ("exchange", "not"),
+        ("drop", "not"),
+        ("one", "not"),
+        ("rows", "durable"),
+        ("rows", "not"),
+    ],
+)
 def test_save_and_drop_survive_sigkill(tmp_path, mode, durable):
     """A writer killed with SIGKILL mid-save (or mid-drop) of two arrays
     leaves both old or both new (or both absent after a drop), each whole,
@@ -788,7 +885,9 @@ def test_save_and_drop_survive_sigkill(tmp_path, mode, durable):
         root = str(tmp_path / f"{mode}-{trial}")
         with ArrayStore(root) as store:
             store.save({"a": old, "other": other})
-        child = subprocess.Popen([sys.executable, "-c", WORKER, root, mode, durable], stdout=subprocess.PIPE)
+        child = subprocess.Popen(
+            [sys.executable, "-c", WORKER, root, mode, durable], stdout=subprocess.PIPE
+        )
         try:
             assert child.stdout.readline() == b"ready\n"
             time.sleep(rng.uniform(0.0, 0.15))
@@ -803,7 +902,9 @@ def test_save_and_drop_survive_sigkill(tmp_path, mode, durable):
             present = [name for name in ("a", "b") if name in store]
             if mode == "rows":
                 loaded = store.load("a")
-                assert present == ["a"] and loaded.shape[1:] == (16,) and len(loaded) in (19999, 20000), context
+                assert (
+                    present == ["a"] and loaded.shape[1:] == (16,) and len(loaded) in (19999, 20000)
+                ), context
                 assert np.unique(loaded).size == 1, f"a row edit was torn ({context})"
             elif mode == "one":
                 loaded = store.load("a")
@@ -813,14 +914,18 @@ def test_save_and_drop_survive_sigkill(tmp_path, mode, durable):
                 assert same(store.load("a"), old), context  # the first save did not commit
             elif present == ["a", "b"]:
                 loaded = [store.load(name) for name in present]
-                assert all(same(array, old) for array in loaded) or all(same(array, new) for array in loaded), context
+                assert all(same(array, old) for array in loaded) or all(
+                    same(array, new) for array in loaded
+                ), context
             else:
                 assert present == [] and mode == "drop", context
             assert same(store.load("other"), other), context
         assert [name for name in os.listdir(root) if name.startswith(STAGING)] == []
     # Most kills land inside an operation (about 5 in 6 here); none would mean
     # the test exercised nothing.
-    assert interrupted > 0 or mode == "rows", f"no kill landed mid-operation in {CRASH_TRIALS} trials (seed {seed})"
+    assert interrupted > 0 or mode == "rows", (
+        f"no kill landed mid-operation in {CRASH_TRIALS} trials (seed {seed})"
+    )
 
 
 # ---- regressions of issue 11 ---------------------------------------------------------
@@ -870,7 +975,17 @@ class CountingFs(type(OS_FS)):
 
     def __getattribute__(self, name):
         attribute = super().__getattribute__(name)
-        if name in ("mkdir", "write_new", "rename", "exchange", "unlink", "rmtree", "build_store", "fsync_file", "fsync_dir"):
+        if name in (
+            "mkdir",
+            "write_new",
+            "rename",
+            "exchange",
+            "unlink",
+            "rmtree",
+            "build_store",
+            "fsync_file",
+            "fsync_dir",
+        ):
             calls = super().__getattribute__("calls")
 
             def counted(*args, **kwargs):
@@ -917,7 +1032,9 @@ def test_not_durable_arrays_edit_through_a_non_durable_store_handle(root):
         store.append({"x": np.full((2, 3), 7, np.int32)})
         expected = np.zeros((12, 3), np.int32)
         expected[4], expected[10:] = 1, 7
-        assert same(store.load("x"), expected) and same(store.getitem("x", [4, 11]), expected[[4, 11]])
+        assert same(store.load("x"), expected) and same(
+            store.getitem("x", [4, 11]), expected[[4, 11]]
+        )
         assert store._entry("x").store.durable is False
     with ArrayStore(root) as store:
         assert same(store.load("x"), expected)

@@ -41,16 +41,17 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
+from simfs import MOUNT, PowerLoss, SimFs
 
 import loaderx._arraycommit as arraycommit_module
 import loaderx._arrayview as arrayview_module
 import loaderx.arraystore as arraystore_module
 from loaderx import ArrayStore
-from loaderx.arraystore import COMMIT_FILE, LOCK_FILE, MARKER_FILE, ArrayStoreIOError
-
-from simfs import MOUNT, PowerLoss, SimFs
+from loaderx.arraystore import COMMIT_FILE, LOCK_FILE, MARKER_FILE
 
 ROOT = MOUNT + "/store"
+
+
 def workload_seed() -> int:
     """The random workloads' seed: LOADERX_SIM_SEED, or a fresh one (printed)."""
     seed = int(os.environ.get("LOADERX_SIM_SEED", random.randrange(1 << 30)))
@@ -70,8 +71,20 @@ ARRAYS = [A, B, C, D, E]
 # Short workloads, swept exhaustively: multi-array saves over existing and new
 # names, a replace of a whole array, drops of one and several, reset.
 WORKLOADS = {
-    "save-drop": [("save", {"x": A, "y": B}), ("save", {"x": C, "y": A}), ("drop", ["y"]), ("save", {"y": D, "z": E}), ("drop", ["x", "z"]), ("reset",)],
-    "replace": [("save", {"x": A}), ("save", {"x": B}), ("save", {"x": C, "w": E}), ("drop", ["w", "x"])],
+    "save-drop": [
+        ("save", {"x": A, "y": B}),
+        ("save", {"x": C, "y": A}),
+        ("drop", ["y"]),
+        ("save", {"y": D, "z": E}),
+        ("drop", ["x", "z"]),
+        ("reset",),
+    ],
+    "replace": [
+        ("save", {"x": A}),
+        ("save", {"x": B}),
+        ("save", {"x": C, "w": E}),
+        ("drop", ["w", "x"]),
+    ],
 }
 
 
@@ -128,7 +141,9 @@ def settle_and_list(store: ArrayStore, sim: SimFs) -> list:
 
 def assert_clean(listing: list, state: dict, context: str) -> None:
     allowed = {MARKER_FILE, LOCK_FILE, *state}
-    assert set(listing) <= allowed, f"leftovers after recovery: {sorted(set(listing) - allowed)} ({context})"
+    assert set(listing) <= allowed, (
+        f"leftovers after recovery: {sorted(set(listing) - allowed)} ({context})"
+    )
 
 
 def new_sim(workdir: str, memo: dict, exchange: bool) -> SimFs:
@@ -261,7 +276,12 @@ def test_power_loss_at_random_calls_of_random_workloads(workdir, memo):
 
 # ---- faults ---------------------------------------------------------------------
 
-CODES = {"fsync": [errno.EIO], "write": [errno.EIO, errno.ENOSPC], "build": [errno.EIO, errno.ENOSPC], "mkdir": [errno.EIO, errno.ENOSPC]}
+CODES = {
+    "fsync": [errno.EIO],
+    "write": [errno.EIO, errno.ENOSPC],
+    "build": [errno.EIO, errno.ENOSPC],
+    "mkdir": [errno.EIO, errno.ENOSPC],
+}
 
 
 def fallible_kinds(workdir, memo, ops, exchange: bool) -> list:
@@ -275,7 +295,9 @@ def fallible_kinds(workdir, memo, ops, exchange: bool) -> list:
 
 def check_error(exc: OSError, code: int, context: str) -> None:
     assert exc.errno == code, f"lost the errno: {exc!r} ({context})"
-    assert re.search(r"cannot \w+", str(exc)), f"the message does not say what failed: {exc} ({context})"
+    assert re.search(r"cannot \w+", str(exc)), (
+        f"the message does not say what failed: {exc} ({context})"
+    )
 
 
 def run_fault(workdir, memo, ops, at: int, code: int, sticky: bool, exchange: bool = True) -> str:
@@ -303,13 +325,21 @@ def run_fault(workdir, memo, ops, at: int, code: int, sticky: bool, exchange: bo
             check_error(exc, code, context)
             sim.clear_faults()
             outcome = getattr(exc, "outcome", "unchanged")
-        expected = {"unchanged": [states[step - 1]], "committed": [states[step]], "unknown": [states[step - 1], states[step]]}[outcome]
-        assert read_state(store) in expected, f"the state is not what a {outcome!r} error says ({context})"
+        expected = {
+            "unchanged": [states[step - 1]],
+            "committed": [states[step]],
+            "unknown": [states[step - 1], states[step]],
+        }[outcome]
+        assert read_state(store) in expected, (
+            f"the state is not what a {outcome!r} error says ({context})"
+        )
         sim.crash(at)  # what the error says must also be what is durable
         abandon(store)
         store = ArrayStore(ROOT, _fs=sim)
         state = read_state(store)
-        assert state in expected, f"after a power cut the state is not what a {outcome!r} error says ({context})"
+        assert state in expected, (
+            f"after a power cut the state is not what a {outcome!r} error says ({context})"
+        )
         if state == states[step - 1]:
             apply_op(store, op)  # the store works again: the retried call succeeds
     sim.clear_faults()
@@ -333,7 +363,9 @@ def sweep_faults(workdir, memo, ops, exchange: bool, outcomes: dict) -> None:
 def sweep_random_faults(workdir, memo, target: int, seed: int, outcomes: dict) -> None:
     rng = random.Random(seed)
     while sum(outcomes.values()) < target:
-        sweep_faults(workdir, memo, random_workload(rng, rng.randint(2, 6)), rng.random() < 0.7, outcomes)
+        sweep_faults(
+            workdir, memo, random_workload(rng, rng.randint(2, 6)), rng.random() < 0.7, outcomes
+        )
 
 
 def test_every_fault_at_every_call_of_save_and_drop(workdir, memo):
@@ -348,7 +380,9 @@ def test_every_fault_at_every_call_of_save_and_drop(workdir, memo):
     seed = workload_seed()
     sweep_random_faults(workdir, memo, 5_000, seed, outcomes)
     total = sum(outcomes.values())
-    print(f"\n{total} injected faults in {time.perf_counter() - started:.1f} s (workload seed {seed}): {outcomes}")
+    print(
+        f"\n{total} injected faults in {time.perf_counter() - started:.1f} s (workload seed {seed}): {outcomes}"
+    )
     # One-shot faults after the commit point are absorbed (a retry finishes
     # the commit); every other fault surfaces, with the outcome it says.
     for outcome in ("unchanged", "committed", "unknown", "absorbed", "open"):
@@ -395,7 +429,9 @@ def test_a_damaged_commit_record_is_refused(workdir, memo):
     sim.write_new(f"{ROOT}/{COMMIT_FILE}", b"\x93not a record")
     with pytest.raises(CorruptStoreError, match="checksum"):
         ArrayStore(ROOT, _fs=sim)
-    payload = msgpack.packb({"format": "loaderx-arraystore-commit", "version": 1, "save": {}, "drop": ["../x"]})
+    payload = msgpack.packb(
+        {"format": "loaderx-arraystore-commit", "version": 1, "save": {}, "drop": ["../x"]}
+    )
     sim.write_new(f"{ROOT}/{COMMIT_FILE}", payload + zlib.crc32(payload).to_bytes(4, "little"))
     with pytest.raises(CorruptStoreError, match="invalid"):
         ArrayStore(ROOT, _fs=sim)
@@ -408,7 +444,10 @@ def test_arraystore_makes_no_file_system_call_outside_the_seam():
     its tests)."""
     modules = (arraystore_module, arraycommit_module, arrayview_module)
     source = "\n".join(Path(module.__file__).read_text() for module in modules)
-    calls = re.findall(r"\b(?:os\.(?!path\.join|fspath|getpid)\w+|shutil\.\w+|fcntl\.\w+|(?<![.\w])(?<!def )open\()", source)
+    calls = re.findall(
+        r"\b(?:os\.(?!path\.join|fspath|getpid)\w+|shutil\.\w+|fcntl\.\w+|(?<![.\w])(?<!def )open\()",
+        source,
+    )
     assert calls == [], f"file-system calls outside the seam: {calls}"
 
 
@@ -425,7 +464,9 @@ def test_soak_power_loss(workdir, memo):
     seed = workload_seed()
     started = time.perf_counter()
     crashes = sweep_crashes(workdir, memo, seeds=64)
-    crashes += sweep_random_crashes(workdir, memo, workloads=2000, points=(SOAK_COUNT - crashes) // 2000 + 1, seed=seed)
+    crashes += sweep_random_crashes(
+        workdir, memo, workloads=2000, points=(SOAK_COUNT - crashes) // 2000 + 1, seed=seed
+    )
     print(f"{crashes} simulated power losses in {time.perf_counter() - started:.0f} s")
     assert crashes >= SOAK_COUNT
 
@@ -437,7 +478,9 @@ def test_soak_faults(workdir, memo):
     started = time.perf_counter()
     outcomes = {}
     sweep_random_faults(workdir, memo, SOAK_COUNT, seed, outcomes)
-    print(f"{sum(outcomes.values())} injected faults in {time.perf_counter() - started:.0f} s: {outcomes}")
+    print(
+        f"{sum(outcomes.values())} injected faults in {time.perf_counter() - started:.0f} s: {outcomes}"
+    )
     assert sum(outcomes.values()) >= SOAK_COUNT
 
 
@@ -446,8 +489,24 @@ def test_soak_faults(workdir, memo):
 # One-array calls (the rename commit, fsync deferred to sync()), a multi-array
 # save (the commit record, which fsyncs in both modes) and sync() between them.
 NOT_DURABLE_WORKLOADS = [
-    [("save", {"x": A}), ("save", {"y": B}), ("sync",), ("save", {"x": C}), ("drop", ["y"]), ("save", {"y": E}), ("sync",), ("drop", ["x"])],
-    [("save", {"x": A, "y": B}), ("save", {"x": D}), ("drop", ["x"]), ("save", {"x": E, "y": C}), ("save", {"y": A}), ("sync",)],
+    [
+        ("save", {"x": A}),
+        ("save", {"y": B}),
+        ("sync",),
+        ("save", {"x": C}),
+        ("drop", ["y"]),
+        ("save", {"y": E}),
+        ("sync",),
+        ("drop", ["x"]),
+    ],
+    [
+        ("save", {"x": A, "y": B}),
+        ("save", {"x": D}),
+        ("drop", ["x"]),
+        ("save", {"x": E, "y": C}),
+        ("save", {"y": A}),
+        ("sync",),
+    ],
 ]
 
 
@@ -462,8 +521,14 @@ def run_crash_not_durable(workdir, memo, ops, at: int, seed: int, exchange: bool
     """With durable=False a power cut leaves each array whole, at a value it
     had at the last acknowledged sync() or after (possibly the call in flight);
     the record-committed multi-array calls are durable when they return."""
-    states = model_states([op if op[0] != "sync" else ("save", {}) for op in ops])  # a sync changes nothing
-    synced = [0] + [index + 1 for index, op in enumerate(ops) if op[0] == "sync" or (op[0] == "save" and len(op[1]) > 1)]
+    states = model_states(
+        [op if op[0] != "sync" else ("save", {}) for op in ops]
+    )  # a sync changes nothing
+    synced = [0] + [
+        index + 1
+        for index, op in enumerate(ops)
+        if op[0] == "sync" or (op[0] == "save" and len(op[1]) > 1)
+    ]
     sim = new_sim(workdir, memo, exchange)
     acked, _ = run_until_cut(sim, ops, at, seed, apply_not_durable, durable=False)
     context = f"durable=False, exchange={exchange}, ops={ops_text(ops)}, crash before mutation {at}, seed {seed}"
@@ -473,7 +538,9 @@ def run_crash_not_durable(workdir, memo, ops, at: int, seed: int, exchange: bool
         state = read_state(reopened)
         for name in {name for candidate in window for name in candidate} | set(state):
             allowed = [candidate.get(name) for candidate in window]
-            assert state.get(name) in allowed, f"'{name}' is at no state since the last sync ({context})"
+            assert state.get(name) in allowed, (
+                f"'{name}' is at no state since the last sync ({context})"
+            )
         assert_clean(settle_and_list(reopened, sim), state, context)
 
 
@@ -481,7 +548,11 @@ def test_power_loss_with_durable_false(workdir, memo):
     """Exhaustive over the mutating calls of workloads of one-array calls and
     sync() with durable=False, with and without RENAME_EXCHANGE, 8 seeds each:
     never a torn array, never older than the last sync()."""
-    runs = sum(sweep_not_durable(workdir, memo, ops, exchange, seeds=8) for ops in NOT_DURABLE_WORKLOADS for exchange in (True, False))
+    runs = sum(
+        sweep_not_durable(workdir, memo, ops, exchange, seeds=8)
+        for ops in NOT_DURABLE_WORKLOADS
+        for exchange in (True, False)
+    )
     assert runs >= 500
 
 
@@ -498,14 +569,19 @@ def sweep_not_durable(workdir, memo, ops, exchange: bool, seeds: int) -> int:
 
 
 @pytest.mark.parametrize("last", [("save", {"x": C}), ("drop", ["y"])], ids=["overwrite", "drop"])
-def test_regression_durable_false_keeps_the_synced_copy_until_the_swap_is_durable(workdir, memo, last):
+def test_regression_durable_false_keeps_the_synced_copy_until_the_swap_is_durable(
+    workdir, memo, last
+):
     """Regression: with durable=False, save({"x": ...}) after the last sync()
     exchanged .new-x and x without an fsync and then deleted .new-x (the old,
     synced copy); a cut keeping the unlinks and dropping the exchange lost x
     (drop("y") the same for y). The simulator's rmtree now queues the unlinks
     of the tree (tests/simfs.py), and every cut leaves x and y whole."""
     ops = [("save", {"x": A}), ("save", {"y": B}), ("sync",), last, ("save", {"z": E})]
-    assert sum(sweep_not_durable(workdir, memo, ops, exchange, seeds=16) for exchange in (True, False)) >= 300
+    assert (
+        sum(sweep_not_durable(workdir, memo, ops, exchange, seeds=16) for exchange in (True, False))
+        >= 300
+    )
 
 
 @pytest.mark.soak
@@ -513,7 +589,16 @@ def test_soak_power_loss_with_durable_false(workdir, memo):
     """The durable=False workloads (and the overwrite/drop-after-sync ones)
     with 256 crash seeds per crash point, with and without RENAME_EXCHANGE."""
     started = time.perf_counter()
-    workloads = NOT_DURABLE_WORKLOADS + [[("save", {"x": A}), ("save", {"y": B}), ("sync",), last, ("save", {"z": E})] for last in (("save", {"x": C}), ("drop", ["y"]))]
-    runs = sum(sweep_not_durable(workdir, memo, ops, exchange, seeds=256) for ops in workloads for exchange in (True, False))
-    print(f"\n{runs} simulated power losses with durable=False in {time.perf_counter() - started:.0f} s")
+    workloads = NOT_DURABLE_WORKLOADS + [
+        [("save", {"x": A}), ("save", {"y": B}), ("sync",), last, ("save", {"z": E})]
+        for last in (("save", {"x": C}), ("drop", ["y"]))
+    ]
+    runs = sum(
+        sweep_not_durable(workdir, memo, ops, exchange, seeds=256)
+        for ops in workloads
+        for exchange in (True, False)
+    )
+    print(
+        f"\n{runs} simulated power losses with durable=False in {time.perf_counter() - started:.0f} s"
+    )
     assert runs >= 75_000

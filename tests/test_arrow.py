@@ -10,12 +10,11 @@ import textwrap
 import msgpack
 import numpy as np
 import pytest
-
-from loaderx.zrecord import Zrecord
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loaderx import DataLoader, DenseDataset, RaggedDataset, _writing, from_iterator, from_numpy
+from loaderx.zrecord import Zrecord
 
 
 def _require(name: str):
@@ -38,19 +37,26 @@ def mixed_table(rows: int = 37) -> "pa.Table":
     lengths = rng.integers(0, 6, rows)
     tokens = [rng.integers(0, 50_000, n).astype(np.int32) for n in lengths]
     vectors = [rng.random((n, 4), dtype=np.float32) for n in lengths]
-    return pa.table({
-        "label": pa.array(np.arange(rows, dtype=np.int64)),
-        "small": pa.array((np.arange(rows) % 100).astype(np.int8)),
-        "half": pa.array(rng.random(rows).astype(np.float16)),
-        "flag": pa.array(np.arange(rows) % 3 == 0),
-        "image": pa.array(list(rng.integers(0, 255, (rows, 2, 3), dtype=np.uint8).tolist()), pa.list_(pa.list_(pa.uint8(), 3), 2)),
-        "tensor": pa.FixedShapeTensorArray.from_numpy_ndarray(rng.random((rows, 3, 2))),
-        "digest": pa.array([bytes([i % 256]) * 8 for i in range(rows)], pa.binary(8)),
-        "tokens": pa.array(tokens, pa.list_(pa.int32())),
-        "vectors": pa.array([v.tolist() for v in vectors], pa.large_list(pa.list_(pa.float32(), 4))),
-        "text": pa.array(["é" * (i % 4) + str(i) if i % 5 else "" for i in range(rows)]),
-        "blob": pa.array([bytes(range(i % 7)) for i in range(rows)], pa.large_binary()),
-    })
+    return pa.table(
+        {
+            "label": pa.array(np.arange(rows, dtype=np.int64)),
+            "small": pa.array((np.arange(rows) % 100).astype(np.int8)),
+            "half": pa.array(rng.random(rows).astype(np.float16)),
+            "flag": pa.array(np.arange(rows) % 3 == 0),
+            "image": pa.array(
+                list(rng.integers(0, 255, (rows, 2, 3), dtype=np.uint8).tolist()),
+                pa.list_(pa.list_(pa.uint8(), 3), 2),
+            ),
+            "tensor": pa.FixedShapeTensorArray.from_numpy_ndarray(rng.random((rows, 3, 2))),
+            "digest": pa.array([bytes([i % 256]) * 8 for i in range(rows)], pa.binary(8)),
+            "tokens": pa.array(tokens, pa.list_(pa.int32())),
+            "vectors": pa.array(
+                [v.tolist() for v in vectors], pa.large_list(pa.list_(pa.float32(), 4))
+            ),
+            "text": pa.array(["é" * (i % 4) + str(i) if i % 5 else "" for i in range(rows)]),
+            "blob": pa.array([bytes(range(i % 7)) for i in range(rows)], pa.large_binary()),
+        }
+    )
 
 
 def expected(table, name: str) -> list:
@@ -59,9 +65,19 @@ def expected(table, name: str) -> list:
     if name == "tensor":
         return list(column.to_numpy_ndarray())
     values = column.to_pylist()
-    kinds = {"image": np.uint8, "digest": np.uint8, "tokens": np.int32, "vectors": np.float32, "text": np.uint8, "blob": np.uint8}
+    kinds = {
+        "image": np.uint8,
+        "digest": np.uint8,
+        "tokens": np.int32,
+        "vectors": np.float32,
+        "text": np.uint8,
+        "blob": np.uint8,
+    }
     if name in ("text", "blob", "digest"):
-        return [np.frombuffer(value.encode() if isinstance(value, str) else value, np.uint8) for value in values]
+        return [
+            np.frombuffer(value.encode() if isinstance(value, str) else value, np.uint8)
+            for value in values
+        ]
     if name == "vectors":
         return [np.asarray(value, np.float32).reshape(-1, 4) for value in values]
     dtype = kinds[name] if name in kinds else table.schema.field(name).type.to_pandas_dtype()
@@ -93,7 +109,10 @@ def test_every_column_kind_round_trips_through_small_batches(tmp_path):
     assert from_arrow(tmp_path / "out", table, chunk_bytes=64) == table.num_rows
     assert_columns_equal(tmp_path / "out", table)
     columns = open_columns(tmp_path / "out")
-    kinds = {name: (type(dataset).__name__, dataset.dtype.str, dataset.item_shape) for name, dataset in columns.items()}
+    kinds = {
+        name: (type(dataset).__name__, dataset.dtype.str, dataset.item_shape)
+        for name, dataset in columns.items()
+    }
     for dataset in columns.values():
         dataset.close()
     assert kinds == {
@@ -124,7 +143,10 @@ def test_sliced_and_chunked_tables_and_readers(tmp_path):
     assert_columns_equal(tmp_path / "chunked", table)
     from_arrow(tmp_path / "batch", sliced.combine_chunks().to_batches()[0])
     assert_columns_equal(tmp_path / "batch", sliced)
-    from_arrow(tmp_path / "reader", pa.RecordBatchReader.from_batches(table.schema, table.to_batches(max_chunksize=9)))
+    from_arrow(
+        tmp_path / "reader",
+        pa.RecordBatchReader.from_batches(table.schema, table.to_batches(max_chunksize=9)),
+    )
     assert_columns_equal(tmp_path / "reader", table)
 
 
@@ -134,7 +156,9 @@ def test_sliced_and_chunked_tables_and_readers(tmp_path):
     chunk_bytes=st.integers(1, 600),
     start=st.integers(0, 5),
 )
-def test_token_lists_round_trip_for_any_lengths_and_chunks(tmp_path_factory, lengths, chunk_bytes, start):
+def test_token_lists_round_trip_for_any_lengths_and_chunks(
+    tmp_path_factory, lengths, chunk_bytes, start
+):
     """Property: list<int32> rows of any lengths, any slice and any chunk size
     come back as exactly their records, in order."""
     rows = [list(range(sum(lengths[:i]), sum(lengths[:i]) + n)) for i, n in enumerate(lengths)]
@@ -148,7 +172,9 @@ def test_token_lists_round_trip_for_any_lengths_and_chunks(tmp_path_factory, len
 def test_columns_select_rename_and_codecs(tmp_path):
     """columns= picks and orders columns and renames them; codec= may differ per store."""
     table = mixed_table()
-    from_arrow(tmp_path / "out", table, columns={"text": "caption", "label": "y"}, codec={"y": "raw"})
+    from_arrow(
+        tmp_path / "out", table, columns={"text": "caption", "label": "y"}, codec={"y": "raw"}
+    )
     columns = open_columns(tmp_path / "out")
     assert list(columns) == ["caption", "y"]
     assert columns["y"].codec == "raw" and columns["caption"].codec == "zstd"
@@ -165,17 +191,26 @@ def test_auto_codec_is_from_numpys_and_from_iterators_choice(tmp_path):
     zstd for text, as from_numpy and from_iterator pick on the same data."""
     grid = np.linspace(0, 1, 256, dtype=np.float32)
     smooth = np.round(np.sin(np.outer(np.arange(1, 201), grid)) * 65536).astype(np.float32) / 65536
-    table = pa.table({
-        "smooth": pa.FixedSizeListArray.from_arrays(pa.array(smooth.reshape(-1)), 256),
-        "tokens": pa.array([np.arange(n, dtype=np.int32) * 3 for n in range(1, 201)], type=pa.list_(pa.int32())),
-        "text": pa.array([f"row {n} " * (n % 7) for n in range(200)]),
-    })
+    table = pa.table(
+        {
+            "smooth": pa.FixedSizeListArray.from_arrays(pa.array(smooth.reshape(-1)), 256),
+            "tokens": pa.array(
+                [np.arange(n, dtype=np.int32) * 3 for n in range(1, 201)], type=pa.list_(pa.int32())
+            ),
+            "text": pa.array([f"row {n} " * (n % 7) for n in range(200)]),
+        }
+    )
     from_arrow(tmp_path / "out", table)
     columns = open_columns(tmp_path / "out")
     try:
         from_numpy(tmp_path / "numpy", smooth)
-        from_iterator(tmp_path / "iterator", [np.arange(n, dtype=np.int32) * 3 for n in range(1, 201)])
-        with DenseDataset(tmp_path / "numpy") as dense, RaggedDataset(tmp_path / "iterator") as ragged:
+        from_iterator(
+            tmp_path / "iterator", [np.arange(n, dtype=np.int32) * 3 for n in range(1, 201)]
+        )
+        with (
+            DenseDataset(tmp_path / "numpy") as dense,
+            RaggedDataset(tmp_path / "iterator") as ragged,
+        ):
             assert columns["smooth"].codec == dense.codec == "zstd_shuffle4"
             assert columns["tokens"].codec == ragged.codec
         assert columns["text"].codec == "zstd"
@@ -185,7 +220,10 @@ def test_auto_codec_is_from_numpys_and_from_iterators_choice(tmp_path):
             dataset.close()
     from_arrow(tmp_path / "forced", table, codec={"smooth": "zstd"})
     forced = open_columns(tmp_path / "forced")
-    assert [forced[name].codec for name in ("smooth", "tokens")] == ["zstd", columns["tokens"].codec]
+    assert [forced[name].codec for name in ("smooth", "tokens")] == [
+        "zstd",
+        columns["tokens"].codec,
+    ]
     for dataset in forced.values():
         dataset.close()
 
@@ -196,7 +234,9 @@ def test_a_shuffled_dictionary_codec_trains_on_shuffled_records(tmp_path):
     does, and the rows read back."""
     grid = np.linspace(0, 1, 256, dtype=np.float32)
     smooth = np.round(np.sin(np.outer(np.arange(1, 401), grid)) * 65536).astype(np.float32) / 65536
-    table = pa.table({"smooth": pa.FixedSizeListArray.from_arrays(pa.array(smooth.reshape(-1)), 256)})
+    table = pa.table(
+        {"smooth": pa.FixedSizeListArray.from_arrays(pa.array(smooth.reshape(-1)), 256)}
+    )
     from_arrow(tmp_path / "out", table, codec="zstd_dict_shuffle4")
     columns = open_columns(tmp_path / "out")
     try:
@@ -212,8 +252,15 @@ def test_a_shuffled_dictionary_codec_trains_on_shuffled_records(tmp_path):
 def test_dense_columns_feed_the_dataloader_row_aligned(tmp_path):
     """The dense stores of a column directory are DataLoader streams whose row i lines up."""
     rows = 256
-    table = pa.table({"x": pa.array(list(np.arange(rows * 4, dtype=np.float32).reshape(rows, 4).tolist()), pa.list_(pa.float32(), 4)),
-                      "y": pa.array(np.arange(rows, dtype=np.int64))})
+    table = pa.table(
+        {
+            "x": pa.array(
+                list(np.arange(rows * 4, dtype=np.float32).reshape(rows, 4).tolist()),
+                pa.list_(pa.float32(), 4),
+            ),
+            "y": pa.array(np.arange(rows, dtype=np.int64)),
+        }
+    )
     from_arrow(tmp_path / "out", table)
     columns = open_columns(tmp_path / "out")
     with DataLoader(columns, batch_size=32, mode=2, seed=3, num_workers=2) as loader:
@@ -256,18 +303,25 @@ def test_parquet_files_of_another_schema_are_refused(tmp_path):
 
 def hugging_face_dataset(cache, rows: int = 40):
     """A Dataset built locally, its cache files under ``cache`` (a tmp_path)."""
-    features = datasets.Features({
-        "pixels": datasets.Array2D((2, 3), "float32"),
-        "input_ids": datasets.Sequence(datasets.Value("int32")),
-        "text": datasets.Value("string"),
-        "label": datasets.ClassLabel(names=["neg", "pos"]),
-        "pair": datasets.Sequence(datasets.Value("float64"), length=2),
-    })
+    features = datasets.Features(
+        {
+            "pixels": datasets.Array2D((2, 3), "float32"),
+            "input_ids": datasets.Sequence(datasets.Value("int32")),
+            "text": datasets.Value("string"),
+            "label": datasets.ClassLabel(names=["neg", "pos"]),
+            "pair": datasets.Sequence(datasets.Value("float64"), length=2),
+        }
+    )
 
     def rows_of():
         for i in range(rows):
-            yield {"pixels": np.full((2, 3), i, np.float32), "input_ids": list(range(i % 9)), "text": "t" * (i % 5),
-                   "label": i % 2, "pair": [i, -i]}
+            yield {
+                "pixels": np.full((2, 3), i, np.float32),
+                "input_ids": list(range(i % 9)),
+                "text": "t" * (i % 5),
+                "label": i % 2,
+                "pair": [i, -i],
+            }
 
     return datasets.Dataset.from_generator(rows_of, features=features, cache_dir=str(cache))
 
@@ -281,7 +335,9 @@ def test_hugging_face_dataset_in_its_row_order(tmp_path):
     columns = open_columns(tmp_path / "all")
     assert columns["pixels"].item_shape == (2, 3) and columns["pair"].item_shape == (2,)
     np.testing.assert_array_equal(columns["pixels"][:][:, 1, 2], np.arange(40))
-    assert [record.tolist() for record in columns["input_ids"][:5]] == [list(range(i)) for i in range(5)]
+    assert [record.tolist() for record in columns["input_ids"][:5]] == [
+        list(range(i)) for i in range(5)
+    ]
     assert bytes(columns["text"][4]) == b"tttt"
     for column in columns.values():
         column.close()
@@ -289,7 +345,10 @@ def test_hugging_face_dataset_in_its_row_order(tmp_path):
     from_arrow(tmp_path / "picked", picked, columns=["label", "pair"])
     with DenseDataset(tmp_path / "picked" / "pair") as pair:
         np.testing.assert_array_equal(pair[:][:, 0], np.asarray(picked["pair"])[:, 0])
-    assert from_arrow(tmp_path / "iterable", dataset.to_iterable_dataset(), columns=["input_ids"]) == 40
+    assert (
+        from_arrow(tmp_path / "iterable", dataset.to_iterable_dataset(), columns=["input_ids"])
+        == 40
+    )
     with RaggedDataset(tmp_path / "iterable" / "input_ids") as ids:
         assert ids[39].tolist() == list(range(39 % 9))
     with pytest.raises(TypeError, match="pick a split"):
@@ -300,7 +359,11 @@ def test_hugging_face_array_with_a_free_first_dimension_is_ragged(tmp_path):
     """Array2D((None, 3)) rows of any count become a ragged store of (3,) rows."""
     features = datasets.Features({"v": datasets.Array2D((None, 3), "float32")})
     records = [np.full((n, 3), n, np.float32) for n in (2, 0, 4, 1)]
-    from_arrow(tmp_path / "out", datasets.Dataset.from_dict({"v": records}, features=features), chunk_bytes=40)
+    from_arrow(
+        tmp_path / "out",
+        datasets.Dataset.from_dict({"v": records}, features=features),
+        chunk_bytes=40,
+    )
     with RaggedDataset(tmp_path / "out" / "v") as ragged:
         assert ragged.item_shape == (3,)
         for got, want in zip(ragged[:], records):
@@ -318,8 +381,18 @@ def test_unsupported_types_and_names_fail_before_writing(tmp_path):
         (pa.table({"l": pa.array([[[1]]])}), {}, TypeError, "cannot store"),
         (pa.table({"../x": [1]}), {}, ValueError, "not a plain file name"),
         (pa.table({"a": [1]}), {"columns": ["b"]}, ValueError, "no column 'b'"),
-        (pa.table({"a": [1], "b": [2]}), {"columns": {"a": "c", "b": "c"}}, ValueError, "share the store name"),
-        (pa.table({"a": [1]}), {"columns": {"a": COLUMNS_FILE}}, ValueError, "not a plain file name"),
+        (
+            pa.table({"a": [1], "b": [2]}),
+            {"columns": {"a": "c", "b": "c"}},
+            ValueError,
+            "share the store name",
+        ),
+        (
+            pa.table({"a": [1]}),
+            {"columns": {"a": COLUMNS_FILE}},
+            ValueError,
+            "not a plain file name",
+        ),
         (pa.table({"a": [1]}), {"codec": "lz4"}, ValueError, "codec"),
     ]
     for table, options, error, message in cases:
@@ -333,7 +406,9 @@ def test_nulls_late_in_the_source_leave_nothing_behind(tmp_path):
     the call wrote; an empty target directory stays, empty."""
     good = pa.table({"a": pa.array(np.arange(100)), "t": pa.array([[1, 2]] * 100)})
     bad = pa.table({"a": pa.array([1, None], pa.int64()), "t": pa.array([[1], [2]])})
-    reader = pa.RecordBatchReader.from_batches(good.schema, [*good.to_batches(max_chunksize=10), *bad.to_batches()])
+    reader = pa.RecordBatchReader.from_batches(
+        good.schema, [*good.to_batches(max_chunksize=10), *bad.to_batches()]
+    )
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="column 'a' has 1 null"):
         from_arrow(tmp_path / "empty", reader)
@@ -401,7 +476,10 @@ def test_damaged_or_hostile_listing_raises(tmp_path):
     cases = [
         (lambda listing: listing["columns"][0].update(name="../outside"), "bad column entry"),
         (lambda listing: listing["columns"][0].update(name=str(outside / "a")), "bad column entry"),
-        (lambda listing: listing["columns"].append(dict(listing["columns"][0])), "bad column entry"),
+        (
+            lambda listing: listing["columns"].append(dict(listing["columns"][0])),
+            "bad column entry",
+        ),
         (lambda listing: listing["columns"][0].update(kind="sparse"), "bad column entry"),
         (lambda listing: listing.update(rows=11), "holds 10 records"),
         (lambda listing: listing.update(version=99), "upgrade loaderx"),
@@ -492,14 +570,23 @@ def test_parquet_conversion_memory_is_bounded(tmp_path):
     rows = 4096  # x 64 KiB images = 256 MiB, plus 2.4 MiB of tokens
     parquet = tmp_path / "big.parquet"
     run = [sys.executable, "-c", MEMORY_SCRIPT]
-    written = subprocess.run([*run, "write", str(parquet), str(rows)], capture_output=True, text=True, timeout=300)
+    written = subprocess.run(
+        [*run, "write", str(parquet), str(rows)], capture_output=True, text=True, timeout=300
+    )
     assert written.returncode == 0, written.stderr
-    result = subprocess.run([*run, "read", str(parquet), str(rows), str(tmp_path / "out")], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [*run, "read", str(parquet), str(rows), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     before_kib, peak_kib = map(int, result.stdout.split())
     print(f"peak anonymous memory of the conversion: {(peak_kib - before_kib) / 1024:.0f} MiB")
     before_kib, peak_kib = map(int, result.stdout.split())
-    assert peak_kib - before_kib < 300 * 1024, f"conversion used {(peak_kib - before_kib) / 1024:.0f} MiB of anonymous memory"
+    assert peak_kib - before_kib < 300 * 1024, (
+        f"conversion used {(peak_kib - before_kib) / 1024:.0f} MiB of anonymous memory"
+    )
 
 
 def test_readme_conversion_block_runs(tmp_path, monkeypatch):
@@ -508,8 +595,12 @@ def test_readme_conversion_block_runs(tmp_path, monkeypatch):
     from pathlib import Path
 
     monkeypatch.chdir(tmp_path)
-    readme = (Path(__file__).resolve().parent.parent / "docs" / "guides" / "datasets.md").read_text()
-    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if 'from_arrow("converted"' in b)
+    readme = (
+        Path(__file__).resolve().parent.parent / "docs" / "guides" / "datasets.md"
+    ).read_text()
+    block = next(
+        b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if 'from_arrow("converted"' in b
+    )
     namespace = {}
     exec(compile(block, "datasets guide conversion block", "exec"), namespace)
     assert namespace["batch"]["image"].shape == (32, 8, 8)

@@ -17,7 +17,17 @@ import pytest
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench.py"
 
 # The optional contenders (the `bench` extra), by top-level module.
-CONTENDERS = ("h5py", "lmdb", "blosc2", "zarr", "tensorstore", "array_record", "numpack", "torch", "grain")
+CONTENDERS = (
+    "h5py",
+    "lmdb",
+    "blosc2",
+    "zarr",
+    "tensorstore",
+    "array_record",
+    "numpack",
+    "torch",
+    "grain",
+)
 
 # Runs a script with modules unimportable, as on a machine with only
 # `.[test]`: argv is the script, the modules to hide, "--", its arguments.
@@ -58,7 +68,9 @@ def run(command):
 
 
 def check_output(result):
-    assert result.returncode == 0, f"bench.py exited {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == 0, (
+        f"bench.py exited {result.returncode}\n{result.stdout}\n{result.stderr}"
+    )
     for header in HEADERS:
         assert header in result.stdout, f"missing {header!r} in:\n{result.stdout}"
     # A contender may fail its own correctness check (numpack 0.4.5's
@@ -68,13 +80,18 @@ def check_output(result):
             assert "loaderx" not in line or "FAILED" not in line, line
     assert "FAILED: loaderx" not in result.stdout, result.stdout
     assert "| loaderx zstd |" in result.stdout
-    assert "| replace 1 row, array in use |" in result.stdout and "random-index access, array in use |" in result.stdout
+    assert (
+        "| replace 1 row, array in use |" in result.stdout
+        and "random-index access, array in use |" in result.stdout
+    )
 
 
 @pytest.mark.parametrize("contenders", ["as installed", "hidden"])
 def test_bench_all_quick_prints_every_table(contenders):
     if contenders == "hidden":
-        result = run([sys.executable, "-c", HIDING_RUNNER, str(SCRIPT), *CONTENDERS, "--", "all", "--quick"])
+        result = run(
+            [sys.executable, "-c", HIDING_RUNNER, str(SCRIPT), *CONTENDERS, "--", "all", "--quick"]
+        )
     else:
         result = run([sys.executable, str(SCRIPT), "all", "--quick"])
     check_output(result)
@@ -92,11 +109,19 @@ def test_first_write_floors_quick_times_every_variant(numpack):
         result = run([sys.executable, "-c", HIDING_RUNNER, str(FLOORS), "numpack", "--", "--quick"])
     else:
         result = run([sys.executable, str(FLOORS), "--quick"])
-    assert result.returncode == 0, f"first_write_floors.py exited {result.returncode}\n{result.stdout}\n{result.stderr}"
-    rows = {line.split(" | ")[0].lstrip("| "): line for line in result.stdout.splitlines() if line.startswith("| ")}
+    assert result.returncode == 0, (
+        f"first_write_floors.py exited {result.returncode}\n{result.stdout}\n{result.stderr}"
+    )
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line
+        for line in result.stdout.splitlines()
+        if line.startswith("| ")
+    }
     for variant in ("ArrayStore", "Zrecord", "Zrecord open", "replica", "bare"):
         cells = rows[variant].strip(" |").split(" | ")[1:]
-        assert len(cells) == 3 and all(cell.endswith(")") and " ms (" in cell for cell in cells), rows[variant]
+        assert len(cells) == 3 and all(cell.endswith(")") and " ms (" in cell for cell in cells), (
+            rows[variant]
+        )
     # numpack is timed exactly when the script could import it.
     skipped = "skipped: numpack not installed" in result.stdout
     assert ("skipped" in rows["numpack + fsync"]) == skipped, result.stdout
@@ -131,8 +156,15 @@ def test_numpack_rows_of_an_array_in_use_run_their_warm_call_first(tmp_path):
     rng = np.random.default_rng(0)
     a, b = rng.random((1000, 10), dtype=np.float32), rng.random((500, 5), dtype=np.float32)
     operations, arrays = bench_numpack.build_operations(a, b)
-    in_use = {operation.label: operation for operation in operations if operation.label.endswith(", array in use")}
-    assert sorted(in_use) == ["100 random-index access, array in use", "replace 1 row, array in use"]
+    in_use = {
+        operation.label: operation
+        for operation in operations
+        if operation.label.endswith(", array in use")
+    }
+    assert sorted(in_use) == [
+        "100 random-index access, array in use",
+        "replace 1 row, array in use",
+    ]
     ops = Recording(durable=True)
     ops.save(str(tmp_path / "saved"), arrays)
     for operation in in_use.values():
@@ -142,7 +174,9 @@ def test_numpack_rows_of_an_array_in_use_run_their_warm_call_first(tmp_path):
                 operation.warm = None
             ops.calls.clear()
             try:
-                handle, path = bench_numpack._prepare(ops, operation, tmp_path / "work", tmp_path / "saved")
+                handle, path = bench_numpack._prepare(
+                    ops, operation, tmp_path / "work", tmp_path / "saved"
+                )
             finally:
                 operation.warm = kept
             try:
@@ -154,7 +188,9 @@ def test_numpack_rows_of_an_array_in_use_run_their_warm_call_first(tmp_path):
             if not warm:
                 assert kinds == ["replace" if operation.writes else "getitem"], ops.calls
             elif operation.writes:  # another row first, made durable before the timed call
-                assert kinds == ["replace", "settle", "replace"] and ops.calls[0][1] != ops.calls[2][1], ops.calls
+                assert (
+                    kinds == ["replace", "settle", "replace"] and ops.calls[0][1] != ops.calls[2][1]
+                ), ops.calls
             else:  # a few rows first
                 assert ops.calls == [("getitem", 10), ("getitem", 100)], ops.calls
             # The replace's check expects both rows replaced: it holds only after the warm call.

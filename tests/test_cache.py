@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
+from s3_fixture import s3, s3_endpoint  # noqa: F401 (fixtures)
 
 from loaderx import _cache, _remote
 from loaderx._cache import CacheBusyError, CacheTooSmallError, Plan, UnitCache
 from loaderx._remote import Fault, FaultySource, ObjectInfo, RemoteIntegrityError
-from s3_fixture import s3, s3_endpoint  # noqa: F401 (fixtures)
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "cache_worker.py"
@@ -49,7 +49,7 @@ class MemorySource:
 
     def get_range(self, key, start, length, etag=None):
         self.gets += 1
-        return self.objects[key][start:start + length]
+        return self.objects[key][start : start + length]
 
     def put(self, key, data):
         self.objects[key] = bytes(data)
@@ -232,8 +232,9 @@ def test_network_fault_is_retried_or_fails_clean(tmp_path):
     with UnitCache(tmp_path / "a", 1000, once, prefetch_threads=0) as cache:
         assert cache.acquire(unit).read() == b"z" * 500
         assert once.retries == 1
-    down = _remote.RetryingSource(FaultySource(inner, [Fault(n, "fail") for n in range(3)]),
-                                  sleep=lambda _: None)
+    down = _remote.RetryingSource(
+        FaultySource(inner, [Fault(n, "fail") for n in range(3)]), sleep=lambda _: None
+    )
     with UnitCache(tmp_path / "b", 1000, down, prefetch_threads=0) as cache:
         with pytest.raises(_remote.RemoteNetworkError, match="gave up after 3 attempts"):
             cache.acquire(unit)
@@ -250,7 +251,7 @@ def test_ranges_of_one_object_are_separate_units(tmp_path):
     with UnitCache(tmp_path / "c", 5000, source, plan=[[u] for u in units]) as cache:
         for step, unit in enumerate(units):
             with cache.acquire(unit, step) as pin:
-                assert pin.read() == data[unit.start:unit.start + 2500]
+                assert pin.read() == data[unit.start : unit.start + 2500]
     with pytest.raises(ValueError, match="not inside"):
         _cache.range_unit(info, 9000, 2000)
 
@@ -260,8 +261,9 @@ def test_prefetch_fetches_ahead_without_evicting_what_is_needed_sooner(tmp_path)
     that fits is fetched once."""
     source, units = uniform(6)
     sequence = list(range(6)) * 2
-    with UnitCache(tmp_path / "c", 600, source, plan=[[units[i]] for i in sequence],
-                   prefetch_threads=2) as cache:
+    with UnitCache(
+        tmp_path / "c", 600, source, plan=[[units[i]] for i in sequence], prefetch_threads=2
+    ) as cache:
         for step, index in enumerate(sequence):
             cache.acquire(units[index], step).release()
         assert cache.stats.fetches == 6
@@ -373,12 +375,26 @@ def test_leftover_of_a_dead_download_is_cleaned_at_open(tmp_path):
 
 
 def worker(mode, cache_dir, data_dir, budget, seed, steps):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")]),
+    )
     return subprocess.Popen(
-        [sys.executable, str(WORKER), mode, str(cache_dir), str(data_dir), str(budget),
-         str(seed), str(steps)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-        text=True)
+        [
+            sys.executable,
+            str(WORKER),
+            mode,
+            str(cache_dir),
+            str(data_dir),
+            str(budget),
+            str(seed),
+            str(steps),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
 
 
 def finish(process):
@@ -432,8 +448,11 @@ def test_killed_download_leaves_nothing_that_breaks_the_next(tmp_path, data_dir)
     source = _remote.open_source(f"file://{data}")
     stalled = next(p.name for p in parts.iterdir())
     infos = {info.key: info for info in source.list()}
-    unit = next(_cache.object_unit(infos[f"unit-{i}"]) for i in range(cache_worker.UNIT_COUNT)
-                if _cache.object_unit(infos[f"unit-{i}"]).name(source.url) + ".part" == stalled)
+    unit = next(
+        _cache.object_unit(infos[f"unit-{i}"])
+        for i in range(cache_worker.UNIT_COUNT)
+        if _cache.object_unit(infos[f"unit-{i}"]).name(source.url) + ".part" == stalled
+    )
     began = time.monotonic()
     with UnitCache(tmp_path / "c", 10**6, source, wait_seconds=0.5) as waiting:
         with pytest.raises(CacheBusyError, match="another process is downloading it"):

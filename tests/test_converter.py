@@ -10,8 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from loaderx import DenseDataset, RaggedDataset, Zrecord, from_iterator, from_numpy
-from loaderx import _writing
+from loaderx import DenseDataset, RaggedDataset, Zrecord, _writing, from_iterator, from_numpy
 from loaderx.dataset import read_schema, write_schema
 
 
@@ -32,7 +31,12 @@ def test_from_numpy_round_trip(tmp_path, codec):
     """Each codec stores every row and reads it back exactly; the count is returned."""
     rng = np.random.default_rng(1)
     array = rng.integers(0, 8, size=(600, 4, 8)).astype(np.float32)
-    assert from_numpy(tmp_path / "store", array, codec=codec, dict_size=4096 if codec == "zstd_dict" else None) == 600
+    assert (
+        from_numpy(
+            tmp_path / "store", array, codec=codec, dict_size=4096 if codec == "zstd_dict" else None
+        )
+        == 600
+    )
     with DenseDataset(tmp_path / "store") as dataset:
         assert dataset.codec == codec and dataset.item_shape == (4, 8)
         np.testing.assert_array_equal(dataset[:], array)
@@ -42,7 +46,9 @@ def test_from_numpy_round_trip(tmp_path, codec):
 
 def test_from_numpy_default_dictionary_size(tmp_path):
     """zstd_dict without dict_size trains a default-size dictionary, clamped to the data."""
-    array = np.tile(np.arange(256, dtype=np.uint8), (300, 1)) ^ np.arange(300, dtype=np.uint8)[:, None]
+    array = (
+        np.tile(np.arange(256, dtype=np.uint8), (300, 1)) ^ np.arange(300, dtype=np.uint8)[:, None]
+    )
     from_numpy(tmp_path / "store", array, codec="zstd_dict")
     with DenseDataset(tmp_path / "store") as dataset:
         assert dataset.store.has_dict()
@@ -80,12 +86,15 @@ def test_from_numpy_one_dimensional_is_scalar_records(tmp_path):
     assert read_schema(tmp_path / "labels").item_shape == ()
 
 
-@pytest.mark.parametrize("make", [
-    lambda a: a[:, ::2],
-    lambda a: np.asfortranarray(a),
-    lambda a: a[::-1],
-    lambda a: a.transpose(0, 2, 1),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda a: a[:, ::2],
+        lambda a: np.asfortranarray(a),
+        lambda a: a[::-1],
+        lambda a: a.transpose(0, 2, 1),
+    ],
+)
 def test_from_numpy_non_contiguous(tmp_path, make):
     """Strided, reversed, transposed and Fortran-ordered input is copied chunk by chunk."""
     source = make(np.arange(40 * 6 * 4, dtype=np.int16).reshape(40, 6, 4))
@@ -110,6 +119,7 @@ def test_from_numpy_array_likes(tmp_path):
 
     class Lazy:
         """Like an HDF5 dataset: shape, dtype and slicing, no __array__."""
+
         shape = (5, 3)
         dtype = np.dtype("<f8")
 
@@ -155,12 +165,15 @@ def test_from_numpy_appends_when_the_schema_matches(tmp_path):
         np.testing.assert_array_equal(dataset[:], np.concatenate([first, first * 2]))
 
 
-@pytest.mark.parametrize("other, kwargs, message", [
-    (np.zeros((3, 2), np.int32), {}, "dtype is <i8"),
-    (np.zeros((3, 5), np.int64), {}, "item shape is"),
-    (np.zeros((3, 2), np.int64), {"codec": "zstd"}, "codec='raw'"),
-    (np.zeros(3, np.int64), {"codec": "raw"}, "item shape"),
-])
+@pytest.mark.parametrize(
+    "other, kwargs, message",
+    [
+        (np.zeros((3, 2), np.int32), {}, "dtype is <i8"),
+        (np.zeros((3, 5), np.int64), {}, "item shape is"),
+        (np.zeros((3, 2), np.int64), {"codec": "zstd"}, "codec='raw'"),
+        (np.zeros(3, np.int64), {"codec": "raw"}, "item shape"),
+    ],
+)
 def test_schema_mismatch_writes_nothing(tmp_path, other, kwargs, message):
     """Appending data of another dtype, shape or codec raises and leaves every file as it was."""
     base = np.arange(20, dtype=np.int64).reshape(10, 2)
@@ -275,12 +288,20 @@ def test_conversion_syncs_once_before_its_schema(tmp_path, monkeypatch, mode):
 
     monkeypatch.setattr(_writing, "Zrecord", Spy)
     monkeypatch.setattr(_writing, "write_schema", schema)
-    from_numpy(tmp_path / "store", np.arange(100, dtype=np.float32), codec="zstd", chunk_bytes=1280, mode=mode)  # 20 rows a chunk
+    from_numpy(
+        tmp_path / "store",
+        np.arange(100, dtype=np.float32),
+        codec="zstd",
+        chunk_bytes=1280,
+        mode=mode,
+    )  # 20 rows a chunk
     assert opened == [False]
     assert events == ["append"] * 5 + (["sync", "schema"] if mode == "w" else ["sync"])
     monkeypatch.undo()
     with DenseDataset(tmp_path / "store") as dataset:
-        expected = np.arange(100) if mode == "w" else np.concatenate([np.arange(10), np.arange(100)])
+        expected = (
+            np.arange(100) if mode == "w" else np.concatenate([np.arange(10), np.arange(100)])
+        )
         np.testing.assert_array_equal(dataset[:], expected)
 
 
@@ -313,7 +334,9 @@ def test_more_than_2_24_samples(tmp_path):
         assert len(dataset) == count
         tail = np.arange(count - 10, count)
         np.testing.assert_array_equal(dataset[tail], tail % 251)
-        np.testing.assert_array_equal(dataset[[1 << 24, -1, 0]], [(1 << 24) % 251, (count - 1) % 251, 0])
+        np.testing.assert_array_equal(
+            dataset[[1 << 24, -1, 0]], [(1 << 24) % 251, (count - 1) % 251, 0]
+        )
 
 
 @pytest.mark.parametrize("codec", ["raw", "zstd"])
@@ -382,7 +405,9 @@ def test_bounded_memory_converting_a_large_memmap(tmp_path):
     try:
         result = subprocess.run(
             [sys.executable, "-c", MEMORY_SCRIPT, str(npy), str(tmp_path / "store"), str(rows)],
-            capture_output=True, text=True, timeout=300,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert result.returncode == 0, result.stderr
         before_kib, peak_kib = map(int, result.stdout.split())
@@ -391,7 +416,9 @@ def test_bounded_memory_converting_a_large_memmap(tmp_path):
         if npy.exists():
             npy.unlink()
         shutil.rmtree(tmp_path / "store", ignore_errors=True)
-    assert peak_kib - before_kib < 300 * 1024, f"conversion used {(peak_kib - before_kib) / 1024:.0f} MiB of anonymous memory"
+    assert peak_kib - before_kib < 300 * 1024, (
+        f"conversion used {(peak_kib - before_kib) / 1024:.0f} MiB of anonymous memory"
+    )
 
 
 # ---- from_iterator -----------------------------------------------------------------
@@ -421,6 +448,7 @@ def test_from_iterator_many_chunks_and_appends(tmp_path):
 
 def test_from_iterator_source_may_reuse_its_buffer(tmp_path):
     """A source that refills one array for every record is stored record by record."""
+
     def source():
         buffer = np.empty(4, np.int32)
         for i in range(50):
@@ -434,12 +462,15 @@ def test_from_iterator_source_may_reuse_its_buffer(tmp_path):
             assert (record == i).all() and record.size in (4, 40)
 
 
-@pytest.mark.parametrize("bad, message", [
-    (np.zeros(3, np.float64), "record 2 has dtype float64"),
-    (np.zeros((3, 2), np.int32), r"record 2 has rows of shape \(2,\)"),
-    (np.int32(5), "record 2 is a scalar"),
-    (np.array([None, 1]), "record 2 has dtype object"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (np.zeros(3, np.float64), "record 2 has dtype float64"),
+        (np.zeros((3, 2), np.int32), r"record 2 has rows of shape \(2,\)"),
+        (np.int32(5), "record 2 is a scalar"),
+        (np.array([None, 1]), "record 2 has dtype object"),
+    ],
+)
 def test_from_iterator_bad_record_writes_nothing(tmp_path, bad, message):
     """A record of another dtype or row shape raises naming it; the call keeps nothing."""
     good = [np.arange(4, dtype=np.int32), np.arange(2, dtype=np.int32)]
@@ -457,6 +488,7 @@ def test_from_iterator_bad_record_writes_nothing(tmp_path, bad, message):
 
 def test_from_iterator_source_error_rolls_back(tmp_path):
     """An exception raised by the source itself propagates and the call keeps nothing."""
+
     def source():
         for i in range(50):
             yield np.arange(i, dtype=np.uint16)
@@ -550,7 +582,7 @@ def test_converting_twice_does_not_double_the_dataset(tmp_path):
 
 
 def test_mode_w_replaces_another_schema_and_mode_a_appends(tmp_path):
-    """"w" may change dtype and shape; "a" appends; "x" refuses an existing store."""
+    """ "w" may change dtype and shape; "a" appends; "x" refuses an existing store."""
     from_numpy(tmp_path / "store", np.zeros((4, 2), np.float32))
     from_numpy(tmp_path / "store", np.arange(3, dtype=np.int16), mode="w")
     assert from_numpy(tmp_path / "store", np.arange(2, dtype=np.int16), mode="a") == 2
@@ -609,4 +641,8 @@ def test_progress_on_a_given_stream(tmp_path):
     """progress=<stream> draws the bar there even though it is no terminal, from the first chunk."""
     stream = io.StringIO()
     from_numpy(tmp_path / "store", np.zeros((64, 16)), chunk_bytes=1024, progress=stream)
-    assert "from_numpy [" in stream.getvalue() and "100%" in stream.getvalue() and stream.getvalue().endswith("\n")
+    assert (
+        "from_numpy [" in stream.getvalue()
+        and "100%" in stream.getvalue()
+        and stream.getvalue().endswith("\n")
+    )

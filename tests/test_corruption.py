@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import store_worker as worker
+
 from loaderx.zrecord import ChecksumError, CorruptStoreError, Zrecord
 
 WORKER = str(Path(__file__).with_name("store_worker.py"))
@@ -62,7 +62,7 @@ class Reference:
             self.states[g] = self.states[before]
         self.states[generation] = contents(self.store)
 
-    def finish(self) -> "Reference":
+    def finish(self) -> Reference:
         self.store.close()
         self.store = None
         final = max(self.states)
@@ -74,7 +74,9 @@ class Reference:
 
 
 def rand_records(rng: np.random.Generator, lengths, compressible=True) -> tuple[bytes, np.ndarray]:
-    records = [rng.integers(0, 4 if compressible else 256, n, dtype=np.uint8).tobytes() for n in lengths]
+    records = [
+        rng.integers(0, 4 if compressible else 256, n, dtype=np.uint8).tobytes() for n in lengths
+    ]
     return worker.pack(records)
 
 
@@ -92,16 +94,37 @@ def build_fixed(path: Path) -> Reference:
 def build_indexed(path: Path) -> Reference:
     ref, rng, lengths = Reference(path), np.random.default_rng(2), random.Random(2)
     for count in (30, 20, 10):
-        ref.step(lambda s, c=count: s.append(*rand_records(rng, [0, 70000] + variable_lengths(lengths, c))))
+        ref.step(
+            lambda s, c=count: s.append(
+                *rand_records(rng, [0, 70000] + variable_lengths(lengths, c))
+            )
+        )
     ref.step(lambda s: s.append(*rand_records(rng, variable_lengths(lengths, 8), False)))
     # Byte-shuffled records (odd lengths included) beside the plain ones.
-    ref.step(lambda s: s.append(*rand_records(rng, [3, 70001] + variable_lengths(lengths, 10)), codec="zstd_shuffle4"))
+    ref.step(
+        lambda s: s.append(
+            *rand_records(rng, [3, 70001] + variable_lengths(lengths, 10)), codec="zstd_shuffle4"
+        )
+    )
     return ref.finish()
 
 
 def build_dictionary(path: Path) -> Reference:
     ref, rng = Reference(path), random.Random(3)
-    words = [b"alpha", b"beta", b"gamma", b"delta", b"label", b"image", b"width", b"height", b"{", b"}", b":", b","]
+    words = [
+        b"alpha",
+        b"beta",
+        b"gamma",
+        b"delta",
+        b"label",
+        b"image",
+        b"width",
+        b"height",
+        b"{",
+        b"}",
+        b":",
+        b",",
+    ]
 
     def text(n):
         return b" ".join(rng.choice(words) + str(rng.randrange(1000)).encode() for _ in range(n))
@@ -120,8 +143,14 @@ def build_garbage(path: Path) -> Reference:
     """Indexed, with replaced and deleted records still in the data file."""
     ref, rng, lengths = Reference(path), np.random.default_rng(4), random.Random(4)
     ref.step(lambda s: s.append(*rand_records(rng, variable_lengths(lengths, 40))))
-    ref.step(lambda s: s.replace([3, 17, 0, 39, 20], *rand_records(rng, variable_lengths(lengths, 5))))
-    ref.step(lambda s: s.replace([8, 9], *rand_records(rng, variable_lengths(lengths, 2)), codec="zstd_shuffle8"))
+    ref.step(
+        lambda s: s.replace([3, 17, 0, 39, 20], *rand_records(rng, variable_lengths(lengths, 5)))
+    )
+    ref.step(
+        lambda s: s.replace(
+            [8, 9], *rand_records(rng, variable_lengths(lengths, 2)), codec="zstd_shuffle8"
+        )
+    )
     ref.step(lambda s: s.delete([5, 6, 7, 30], keep_order=True))
     ref.step(lambda s: s.delete([0, 2, 33, 35, 35], keep_order=False))
     ref.step(lambda s: s.append(*rand_records(rng, variable_lengths(lengths, 10))))
@@ -155,12 +184,21 @@ def references(tmp_path_factory) -> dict[str, Reference]:
     refs = {name: build(root / name) for name, build in BUILDERS.items()}
     for name, ref in refs.items():
         assert max(ref.accepted) - 1 in ref.accepted, name
-        room = [max((len(s[i]) for s in ref.accepted.values() if i < len(s)), default=0)
-                for i in range(max(len(s) for s in ref.accepted.values()))]
+        room = [
+            max((len(s[i]) for s in ref.accepted.values() if i < len(s)), default=0)
+            for i in range(max(len(s) for s in ref.accepted.values()))
+        ]
         ref.spec = root / f"{name}.json"
         ref.spec.write_text(json.dumps({"room": room, "read_limit": len(room)}))
         ref.digests = {g: [worker.digest(r) for r in s] for g, s in ref.accepted.items()}
-    assert {f.split("-")[0] for ref in refs.values() for f in ref.files} >= {"superblock", "lock", "data", "index", "sums", "dict"}
+    assert {f.split("-")[0] for ref in refs.values() for f in ref.files} >= {
+        "superblock",
+        "lock",
+        "data",
+        "index",
+        "sums",
+        "dict",
+    }
     yield refs
     shutil.rmtree(root)
 
@@ -172,11 +210,18 @@ def damage(path: Path, rng: random.Random) -> tuple[str, str, str]:
     """Damages one file of the store at `path`; returns what it did, to which
     kind of file, with which kind of damage."""
     files = sorted(os.listdir(path))
-    weights = [{"superblock": 4, "lock": 1, "data": 4, "index": 4, "sums": 3, "dict": 3, "journal": 2}[f.split("-")[0]] for f in files]
+    weights = [
+        {"superblock": 4, "lock": 1, "data": 4, "index": 4, "sums": 3, "dict": 3, "journal": 2}[
+            f.split("-")[0]
+        ]
+        for f in files
+    ]
     name = rng.choices(files, weights)[0]
     target = path / name
     data = bytearray(target.read_bytes())
-    kind = rng.choices(["flip", "bytes", "zero_page", "truncate", "delete", "extend"], [33, 20, 15, 20, 7, 5])[0]
+    kind = rng.choices(
+        ["flip", "bytes", "zero_page", "truncate", "delete", "extend"], [33, 20, 15, 20, 7, 5]
+    )[0]
     if not data and kind in ("flip", "bytes", "zero_page", "truncate"):
         kind = "extend"
 
@@ -193,11 +238,11 @@ def damage(path: Path, rng: random.Random) -> tuple[str, str, str]:
     elif kind == "bytes":
         at = offset()
         count = min(rng.randint(1, 8), len(data) - at)
-        data[at:at + count] = bytes(rng.randrange(256) for _ in range(count))
+        data[at : at + count] = bytes(rng.randrange(256) for _ in range(count))
         what = f"overwrote {count} bytes at {at}"
     elif kind == "zero_page":
         page = rng.randrange((len(data) + 4095) // 4096)
-        data[page * 4096:(page + 1) * 4096] = bytes(len(data[page * 4096:(page + 1) * 4096]))
+        data[page * 4096 : (page + 1) * 4096] = bytes(len(data[page * 4096 : (page + 1) * 4096]))
         what = f"zeroed page {page}"
     elif kind == "truncate":
         size = rng.choice([0, len(data) - 1, rng.randrange(len(data))])
@@ -214,8 +259,27 @@ def damage(path: Path, rng: random.Random) -> tuple[str, str, str]:
     return f"{name}: {what}", name.split("-")[0], kind
 
 
-HOSTILE_VALUES = (0, 1, 2, 7, 31, 32, 4096, 1 << 16, 1 << 31, 1 << 32, (1 << 32) + 1, 1 << 40, 1 << 47,
-                  (1 << 48) - 1, 1 << 48, (1 << 48) + 1, 1 << 56, 1 << 63, (1 << 64) - 1)
+HOSTILE_VALUES = (
+    0,
+    1,
+    2,
+    7,
+    31,
+    32,
+    4096,
+    1 << 16,
+    1 << 31,
+    1 << 32,
+    (1 << 32) + 1,
+    1 << 40,
+    1 << 47,
+    (1 << 48) - 1,
+    1 << 48,
+    (1 << 48) + 1,
+    1 << 56,
+    1 << 63,
+    (1 << 64) - 1,
+)
 
 
 def reseal(path: Path, rng: random.Random) -> str:
@@ -232,15 +296,22 @@ def reseal(path: Path, rng: random.Random) -> str:
         if fields["layout"] == 1:
             stride = rng.choice([1, 3, 64, 199, 201, 4096, 20000, fields["data_bytes"] or 1])
             count = fields["data_bytes"] // stride
-            lies = {"record_bytes": stride, "record_count": count, "data_bytes": stride * count,
-                    "live_bytes": stride * count, "tail_checksum": fields["tail_checksum"]}
+            lies = {
+                "record_bytes": stride,
+                "record_count": count,
+                "data_bytes": stride * count,
+                "live_bytes": stride * count,
+                "tail_checksum": fields["tail_checksum"],
+            }
         else:
-            lies = rng.choice([
-                {"record_count": rng.randrange(fields["record_count"] + 1)},
-                {"data_bytes": rng.randrange(fields["live_bytes"], fields["data_bytes"] + 1)},
-                {"data_bytes": fields["data_bytes"] + rng.randint(1, 70000)},
-                {"index_file": fields["data_file"], "data_file": fields["index_file"]},
-            ])
+            lies = rng.choice(
+                [
+                    {"record_count": rng.randrange(fields["record_count"] + 1)},
+                    {"data_bytes": rng.randrange(fields["live_bytes"], fields["data_bytes"] + 1)},
+                    {"data_bytes": fields["data_bytes"] + rng.randint(1, 70000)},
+                    {"index_file": fields["data_file"], "data_file": fields["index_file"]},
+                ]
+            )
         for field, value in lies.items():
             struct.pack_into("<Q", raw, base + worker.FIELD_OFFSETS[field], value)
             changes.append(f"{field} {fields[field]} -> {value}")
@@ -248,12 +319,17 @@ def reseal(path: Path, rng: random.Random) -> str:
         field = rng.choice(worker.FIELDS[1:])  # everything but the version
         at = base + worker.FIELD_OFFSETS[field]
         width = 4 if field == "layout" else 8
-        old = int.from_bytes(raw[at:at + width], "little")
-        value = rng.choice(HOSTILE_VALUES + (old + 1, old - 1 if old else 0, old * 2, old // 2, rng.getrandbits(64)))
+        old = int.from_bytes(raw[at : at + width], "little")
+        value = rng.choice(
+            HOSTILE_VALUES
+            + (old + 1, old - 1 if old else 0, old * 2, old // 2, rng.getrandbits(64))
+        )
         value &= (1 << (8 * width)) - 1
-        raw[at:at + width] = value.to_bytes(width, "little")
+        raw[at : at + width] = value.to_bytes(width, "little")
         changes.append(f"{field} {old} -> {value}")
-    raw[base:base + worker.SUPERBLOCK_BYTES] = worker.seal(raw[base:base + worker.SUPERBLOCK_BYTES])
+    raw[base : base + worker.SUPERBLOCK_BYTES] = worker.seal(
+        raw[base : base + worker.SUPERBLOCK_BYTES]
+    )
     (path / "superblock").write_bytes(bytes(raw))
     return f"superblock slot {slot} resealed with {', '.join(changes)}"
 
@@ -263,8 +339,12 @@ def reseal(path: Path, rng: random.Random) -> str:
 
 def check_in_subprocess(path: Path, spec: Path) -> tuple[int, dict | None, str]:
     try:
-        proc = subprocess.run([sys.executable, WORKER, "check", str(path), str(spec)],
-                              capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
+        proc = subprocess.run(
+            [sys.executable, WORKER, "check", str(path), str(spec)],
+            capture_output=True,
+            text=True,
+            timeout=CASE_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
         return 0, None, f"hung: no answer within {CASE_TIMEOUT_S} s"
     report = None
@@ -276,8 +356,12 @@ def check_in_subprocess(path: Path, spec: Path) -> tuple[int, dict | None, str]:
 def judge(report: dict, ref: Reference, strict: bool) -> list[str]:
     """What is wrong with a case's outcome (empty when it is acceptable)."""
     problems = []
-    outcomes = [v for k, v in report.items() if k.startswith("open") or k in ("verify", "plain_gather")]
-    outcomes += report.get("single", []) + [b for _, b in report.get("batches", []) if isinstance(b, str)]
+    outcomes = [
+        v for k, v in report.items() if k.startswith("open") or k in ("verify", "plain_gather")
+    ]
+    outcomes += report.get("single", []) + [
+        b for _, b in report.get("batches", []) if isinstance(b, str)
+    ]
     for value in outcomes:
         if isinstance(value, str) and value.startswith("X:"):
             problems.append(f"raised something other than ZrecordError: {value}")
@@ -287,10 +371,14 @@ def judge(report: dict, ref: Reference, strict: bool) -> list[str]:
         return problems
     generation, n = report["generation"], report["n"]
     if generation not in ref.accepted:
-        return problems + [f"opened at generation {generation}; only {sorted(ref.accepted)} were committed last"]
+        return problems + [
+            f"opened at generation {generation}; only {sorted(ref.accepted)} were committed last"
+        ]
     expected = ref.digests[generation]
     if n != len(expected):
-        return problems + [f"generation {generation} holds {len(expected)} records but the store says {n}"]
+        return problems + [
+            f"generation {generation} holds {len(expected)} records but the store says {n}"
+        ]
     single = report["single"]
     for i, got in enumerate(single):
         if not got.startswith(("E:", "X:")) and got != expected[i]:
@@ -302,13 +390,17 @@ def judge(report: dict, ref: Reference, strict: bool) -> list[str]:
                 problems.append(f"gather returned wrong bytes for records {wrong}")
     verified = report["verify"]
     if isinstance(verified, list):
-        unflagged = [i for i, got in enumerate(single) if got.startswith(("E:", "X:")) and i not in verified]
+        unflagged = [
+            i for i, got in enumerate(single) if got.startswith(("E:", "X:")) and i not in verified
+        ]
         if unflagged:
             problems.append(f"records {unflagged} fail to read but verify() returned {verified}")
     return problems
 
 
-def run_case(root: Path, refs: dict[str, Reference], case: int, hostile: bool) -> tuple[str | None, str, str]:
+def run_case(
+    root: Path, refs: dict[str, Reference], case: int, hostile: bool
+) -> tuple[str | None, str, str]:
     """Damages a copy of one reference store and judges the outcome: the
     failure message (None when acceptable), the file kind and damage kind."""
     rng = random.Random(f"{BASE_SEED}:{case}:{hostile}")
@@ -316,7 +408,9 @@ def run_case(root: Path, refs: dict[str, Reference], case: int, hostile: bool) -
     ref = refs[name]
     path = root / f"{'hostile' if hostile else 'case'}-{case}-{name}"
     shutil.copytree(ref.path, path)
-    what, file_kind, damage_kind = (reseal(path, rng), "superblock", "reseal") if hostile else damage(path, rng)
+    what, file_kind, damage_kind = (
+        (reseal(path, rng), "superblock", "reseal") if hostile else damage(path, rng)
+    )
     returncode, report, stderr = check_in_subprocess(path, ref.spec)
     if returncode < 0:
         when = "after printing its report (at exit)" if report else "while reading"
@@ -328,11 +422,20 @@ def run_case(root: Path, refs: dict[str, Reference], case: int, hostile: bool) -
     if not problems:
         shutil.rmtree(path)
         return None, file_kind, damage_kind
-    return (f"{name} store, {what} (LOADERX_SEED={BASE_SEED}, case {case}); damaged copy kept at {path}:\n    "
-            + "\n    ".join(problems[:6]) + (f"\n    stderr: {stderr[-800:]}" if stderr.strip() else "")), file_kind, damage_kind
+    return (
+        (
+            f"{name} store, {what} (LOADERX_SEED={BASE_SEED}, case {case}); damaged copy kept at {path}:\n    "
+            + "\n    ".join(problems[:6])
+            + (f"\n    stderr: {stderr[-800:]}" if stderr.strip() else "")
+        ),
+        file_kind,
+        damage_kind,
+    )
 
 
-def run_cases(root: Path, refs: dict[str, Reference], count: int, hostile: bool) -> tuple[list[str], set]:
+def run_cases(
+    root: Path, refs: dict[str, Reference], count: int, hostile: bool
+) -> tuple[list[str], set]:
     """Runs `count` cases on two processes; returns the failures and the
     (file kind, damage kind) pairs covered."""
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -345,9 +448,19 @@ def test_random_damage_to_every_file_gives_right_bytes_or_a_zrecord_error(tmp_pa
     deletions and extensions across every file of five stores (fixed,
     indexed, with a dictionary, with garbage, converted and compacted)."""
     failures, covered = run_cases(tmp_path, references, CASES, hostile=False)
-    assert {f for f, _ in covered} == {"superblock", "lock", "data", "index", "sums", "dict", "journal"}
+    assert {f for f, _ in covered} == {
+        "superblock",
+        "lock",
+        "data",
+        "index",
+        "sums",
+        "dict",
+        "journal",
+    }
     assert {d for _, d in covered} == {"flip", "bytes", "zero_page", "truncate", "delete", "extend"}
-    assert not failures, f"{len(failures)} of {CASES} damaged stores misbehaved:\n" + "\n".join(failures[:40])
+    assert not failures, f"{len(failures)} of {CASES} damaged stores misbehaved:\n" + "\n".join(
+        failures[:40]
+    )
 
 
 def test_hostile_superblocks_with_valid_checksums_never_crash(tmp_path, references):
@@ -355,7 +468,10 @@ def test_hostile_superblocks_with_valid_checksums_never_crash(tmp_path, referenc
     valid checksum: a ZrecordError or some bytes, never a signal, a hang or a
     wild allocation."""
     failures, _ = run_cases(tmp_path, references, HOSTILE_CASES, hostile=True)
-    assert not failures, f"{len(failures)} of {HOSTILE_CASES} hostile stores misbehaved:\n" + "\n".join(failures[:40])
+    assert not failures, (
+        f"{len(failures)} of {HOSTILE_CASES} hostile stores misbehaved:\n"
+        + "\n".join(failures[:40])
+    )
 
 
 @pytest.mark.soak
@@ -383,9 +499,9 @@ def rewrite_slots(path: Path, edit, slots=(0, 1)) -> None:
     raw = bytearray((path / "superblock").read_bytes())
     for slot in slots:
         base = slot * worker.SLOT_BYTES
-        body = bytearray(raw[base:base + worker.SUPERBLOCK_BYTES])
+        body = bytearray(raw[base : base + worker.SUPERBLOCK_BYTES])
         edit(body)
-        raw[base:base + worker.SUPERBLOCK_BYTES] = worker.seal(body)
+        raw[base : base + worker.SUPERBLOCK_BYTES] = worker.seal(body)
     (path / "superblock").write_bytes(bytes(raw))
 
 
@@ -429,8 +545,10 @@ def test_newer_format_version_in_the_newest_slot_is_refused(store_copy):
         store = Zrecord(path)
         stale = (len(store), store.stats()["generation"])
         store.close()
-        pytest.fail(f"opened the older slot: {stale[0]} records at generation {stale[1]} "
-                    f"instead of {len(ref.accepted[max(ref.accepted)])} at {max(ref.accepted)}")
+        pytest.fail(
+            f"opened the older slot: {stale[0]} records at generation {stale[1]} "
+            f"instead of {len(ref.accepted[max(ref.accepted)])} at {max(ref.accepted)}"
+        )
 
 
 @pytest.mark.parametrize("name", ["fixed", "indexed"])
@@ -447,7 +565,9 @@ def test_truncated_data_file_is_named_at_open(store_copy, name):
 @pytest.mark.parametrize("kind", ["data", "index", "sums", "dict"])
 def test_missing_store_file_is_named_at_open(store_copy, kind):
     """A file the superblock names is gone: CorruptStoreError naming it."""
-    path, _ = store_copy({"data": "indexed", "index": "indexed", "sums": "fixed", "dict": "dictionary"}[kind])
+    path, _ = store_copy(
+        {"data": "indexed", "index": "indexed", "sums": "fixed", "dict": "dictionary"}[kind]
+    )
     victim = next(f for f in os.listdir(path) if f.startswith(kind + "-"))
     os.unlink(path / victim)
     with pytest.raises(CorruptStoreError, match=victim):
@@ -472,7 +592,7 @@ def forget_synced_generation(path: Path) -> None:
     writer killed (or a power cut) before it recorded its last commit leaves,
     like a store written by an older loaderx."""
     raw = bytearray((path / "lock").read_bytes())
-    raw[SYNCED_OFFSET:SYNCED_OFFSET + 16] = bytes(16)
+    raw[SYNCED_OFFSET : SYNCED_OFFSET + 16] = bytes(16)
     (path / "lock").write_bytes(bytes(raw))
 
 
@@ -497,7 +617,11 @@ def test_a_torn_newest_slot_falls_back_to_the_previous_commit(store_copy, name):
         return
     with store:
         stats = store.stats()
-        assert (stats["generation"], stats["fell_back"], stats["damaged"]) == (previous, True, False)
+        assert (stats["generation"], stats["fell_back"], stats["damaged"]) == (
+            previous,
+            True,
+            False,
+        )
         assert "cut short by a crash" in stats["fell_back_reason"]
         assert contents(store) == ref.accepted[previous]
         assert store.verify() == []
@@ -505,12 +629,14 @@ def test_a_torn_newest_slot_falls_back_to_the_previous_commit(store_copy, name):
         store.append(b"after the fallback", [0])
         assert contents(store) == ref.accepted[previous] + [b"after the fallback"]
     named = worker.named_files(worker.committed_superblock(path))
-    on_disk = {f: os.path.getsize(path / f) for f in os.listdir(path) if f not in ("superblock", "lock")}
+    on_disk = {
+        f: os.path.getsize(path / f) for f in os.listdir(path) if f not in ("superblock", "lock")
+    }
     assert on_disk == named
 
 
 def zero_slot(raw: bytearray, slot: int) -> None:
-    raw[slot * worker.SLOT_BYTES:(slot + 1) * worker.SLOT_BYTES] = bytes(worker.SLOT_BYTES)
+    raw[slot * worker.SLOT_BYTES : (slot + 1) * worker.SLOT_BYTES] = bytes(worker.SLOT_BYTES)
 
 
 def flip_slot(raw: bytearray, slot: int) -> None:
@@ -518,7 +644,7 @@ def flip_slot(raw: bytearray, slot: int) -> None:
 
 
 def swap_slots(raw: bytearray, slot: int) -> None:
-    first, second = bytes(raw[:worker.SLOT_BYTES]), bytes(raw[worker.SLOT_BYTES:])
+    first, second = bytes(raw[: worker.SLOT_BYTES]), bytes(raw[worker.SLOT_BYTES :])
     raw[:] = second + first
 
 
@@ -575,13 +701,22 @@ def test_every_slot_damage_has_its_exact_outcome(case, tmp_path, references, con
     SLOT_DAMAGE[damage_kind](raw, newest if which in ("newest", "both") else 1 - newest)
     (path / "superblock").write_bytes(bytes(raw))
     expected_generation, fell_back, damaged = SLOT_CASES[case]
-    expected_generation = {"final": final, "previous": final - 1}.get(expected_generation, expected_generation)
+    expected_generation = {"final": final, "previous": final - 1}.get(
+        expected_generation, expected_generation
+    )
     with Zrecord(path) as store:
         stats = store.stats()
-        assert (stats["generation"], stats["fell_back"], stats["damaged"]) == (expected_generation, fell_back, damaged)
+        assert (stats["generation"], stats["fell_back"], stats["damaged"]) == (
+            expected_generation,
+            fell_back,
+            damaged,
+        )
         assert (stats["fell_back_reason"] is None) == (not fell_back)
         if damaged:
-            assert "damaged" in stats["fell_back_reason"] or "no longer holds it" in stats["fell_back_reason"]
+            assert (
+                "damaged" in stats["fell_back_reason"]
+                or "no longer holds it" in stats["fell_back_reason"]
+            )
             with pytest.raises(CorruptStoreError, match="is damaged"):
                 store.verify()
             with pytest.raises(CorruptStoreError, match="Writes are refused"):
@@ -599,7 +734,9 @@ def test_every_slot_damage_has_its_exact_outcome(case, tmp_path, references, con
 
 
 @pytest.mark.parametrize("which", ["newest", "older"])
-def test_a_truncated_superblock_file_is_refused_whichever_slot_it_cuts(tmp_path, converted_store, which):
+def test_a_truncated_superblock_file_is_refused_whichever_slot_it_cuts(
+    tmp_path, converted_store, which
+):
     """A superblock file cut to one slot (slot 1 holds the converted store's
     newest generation, so cutting it drops the newest; with the slots swapped
     it drops the older): refused at open, never opened at the slot left."""
@@ -608,7 +745,7 @@ def test_a_truncated_superblock_file_is_refused_whichever_slot_it_cuts(tmp_path,
     raw = bytearray((path / "superblock").read_bytes())
     if which == "older":
         swap_slots(raw, 0)
-    (path / "superblock").write_bytes(bytes(raw[:worker.SLOT_BYTES]))
+    (path / "superblock").write_bytes(bytes(raw[: worker.SLOT_BYTES]))
     with pytest.raises(CorruptStoreError, match="superblock file holds 4096 bytes"):
         Zrecord(path)
 
@@ -627,13 +764,18 @@ def test_loaderx_verify_fails_on_a_zeroed_newest_slot(tmp_path, converted_store,
     (path / "superblock").write_bytes(bytes(raw))
     assert main(["verify", str(path)]) == 1
     out = capsys.readouterr().out
-    assert "DAMAGED, opened at an older state than it committed" in out and "generation 2 was committed" in out
+    assert (
+        "DAMAGED, opened at an older state than it committed" in out
+        and "generation 2 was committed" in out
+    )
     flip = bytearray((converted_store / "superblock").read_bytes())
     flip_slot(flip, 1)
     (path / "superblock").write_bytes(bytes(flip))
     forget_synced_generation(path)
     assert main(["verify", str(path)]) == 0
-    assert "ok, 0 records verified (note: superblock slot 1 does not decode" in capsys.readouterr().out
+    assert (
+        "ok, 0 records verified (note: superblock slot 1 does not decode" in capsys.readouterr().out
+    )
 
 
 def test_damaged_records_are_named_by_verify_and_refused_by_verified_reads(store_copy):

@@ -49,7 +49,12 @@ def body_of(path) -> dict:
 def seal(path, body: dict, version: int = 1) -> None:
     """Writes ``body`` as the manifest with a valid checksum."""
     packed = msgpack.packb(body, use_bin_type=True)
-    envelope = {"format": "loaderx-shards", "version": version, "body": packed, "sha256": hashlib.sha256(packed).digest()}
+    envelope = {
+        "format": "loaderx-shards",
+        "version": version,
+        "body": packed,
+        "sha256": hashlib.sha256(packed).digest(),
+    }
     (path / MANIFEST_FILE).write_bytes(msgpack.packb(envelope, use_bin_type=True))
 
 
@@ -92,7 +97,9 @@ def test_every_truncation_and_extension_is_refused(dataset):
 def edit_shards(dataset, edit) -> None:
     body = body_of(dataset)
     edit(body["shards"])
-    body["rows"] = sum(entry["rows"] for entry in body["shards"] if isinstance(entry.get("rows"), int))
+    body["rows"] = sum(
+        entry["rows"] for entry in body["shards"] if isinstance(entry.get("rows"), int)
+    )
     seal(dataset, body)
 
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import store_worker as worker
+
 from loaderx.zrecord import StoreLockedError, Zrecord, ZrecordError
 
 WORKER = str(Path(__file__).with_name("store_worker.py"))
@@ -83,7 +83,8 @@ def run_trial(path: Path, seed: int, variant: str = "mixed") -> dict:
     delay = 0.0 if rng.random() < 0.15 else 10 ** rng.uniform(-5, -1.7)
     proc = subprocess.Popen(
         [sys.executable, WORKER, "crash", str(path), str(seed), variant],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     reader = LineReader(proc)
     deadline = time.monotonic() + TRIAL_TIMEOUT_S
@@ -110,7 +111,9 @@ def run_trial(path: Path, seed: int, variant: str = "mixed") -> dict:
         assert proc.returncode == 0, f"{context}: the writer failed on its own:\n{stderr}"
     else:
         # The child may finish its last op and exit before the signal lands.
-        assert proc.returncode in (-signal.SIGKILL, 0), f"{context}: writer exit {proc.returncode}:\n{stderr}"
+        assert proc.returncode in (-signal.SIGKILL, 0), (
+            f"{context}: writer exit {proc.returncode}:\n{stderr}"
+        )
     acked = sum(1 for line in lines if line.startswith("A "))
 
     # Before any writer recovers: what the crash left behind.
@@ -130,24 +133,37 @@ def run_trial(path: Path, seed: int, variant: str = "mixed") -> dict:
     kept = path.with_name(path.name + "-after-crash")
     shutil.copytree(path, kept)
     context += f"; the store as the crash left it is kept at {kept}"
-    check = subprocess.run([sys.executable, WORKER, "recover", str(path), str(seed), str(acked), variant],
-                           capture_output=True, text=True, timeout=TRIAL_TIMEOUT_S)
-    assert check.returncode == 0, f"{context}: the check process exited {check.returncode}:\n{check.stderr[-3000:]}"
+    check = subprocess.run(
+        [sys.executable, WORKER, "recover", str(path), str(seed), str(acked), variant],
+        capture_output=True,
+        text=True,
+        timeout=TRIAL_TIMEOUT_S,
+    )
+    assert check.returncode == 0, (
+        f"{context}: the check process exited {check.returncode}:\n{check.stderr[-3000:]}"
+    )
     report = json.loads(check.stdout.strip().splitlines()[-1])
     assert report["match"] is not None, (
         f"{context}: after {acked} acknowledged ops the store holds {report['found']}, "
         f"expected one of {report['expected']}"
     )
     assert report["verify"] == [] and report["verify_after"] == [], f"{context}: {report}"
-    assert report["first"] == report["expected_first"] and report["after_append_ok"] and report["reopen_ok"], (
-        f"{context}: after recovery the store does not hold the state plus the new record: {report}"
-    )
+    assert (
+        report["first"] == report["expected_first"]
+        and report["after_append_ok"]
+        and report["reopen_ok"]
+    ), f"{context}: after recovery the store does not hold the state plus the new record: {report}"
     assert report["on_disk"] == report["named"], (
         f"{context}: after recovery the directory holds {report['on_disk']}, the superblock names {report['named']}"
     )
     shutil.rmtree(kept)
-    return {"acked": acked, "in_flight_applied": report["match"] == acked + 1, "debris": debris, "killed": killed,
-            "op": ops[target]["kind"] if killed else None}
+    return {
+        "acked": acked,
+        "in_flight_applied": report["match"] == acked + 1,
+        "debris": debris,
+        "killed": killed,
+        "op": ops[target]["kind"] if killed else None,
+    }
 
 
 def run_trials(tmp_path: Path, trials: int, variant: str = "mixed") -> list[dict]:
@@ -198,7 +214,9 @@ def test_sigkill_during_in_place_replaces_and_checkpoints(tmp_path, variant):
     killed = [r for r in results if r["killed"]]
     assert len(killed) >= len(results) * 0.8, summarize(results)
     if variant.startswith("fixed"):
-        assert any(r["op"] == "replace" for r in killed), f"no kill landed in a replace: {summarize(results)}"
+        assert any(r["op"] == "replace" for r in killed), (
+            f"no kill landed in a replace: {summarize(results)}"
+        )
 
 
 @pytest.mark.soak
@@ -213,10 +231,16 @@ def test_second_writer_process_is_refused_while_the_first_holds_the_lock(tmp_pat
     lock is free."""
     path = tmp_path / "locked"
     for ending in ("close", "kill"):
-        proc = subprocess.Popen([sys.executable, WORKER, "hold", str(path)], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, WORKER, "hold", str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         try:
-            assert LineReader(proc).next_line(time.monotonic() + TRIAL_TIMEOUT_S) == "locked", proc.stderr.read()
+            assert LineReader(proc).next_line(time.monotonic() + TRIAL_TIMEOUT_S) == "locked", (
+                proc.stderr.read()
+            )
             with Zrecord(path) as store:
                 before = worker.read_all(store)
                 for attempt in (
@@ -260,8 +284,11 @@ def test_reader_in_another_process_sees_a_consistent_prefix_while_a_writer_appen
     for j in range(batches):
         expected += worker.appender_batch(seed, j)
         boundaries.add(len(expected))
-    proc = subprocess.Popen([sys.executable, WORKER, "appender", str(path), str(seed), str(batches)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, WORKER, "appender", str(path), str(seed), str(batches)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     reader = LineReader(proc)
     deadline = time.monotonic() + TRIAL_TIMEOUT_S
     try:
@@ -276,14 +303,18 @@ def test_reader_in_another_process_sees_a_consistent_prefix_while_a_writer_appen
             n = fresh.refresh()
             assert n in boundaries, f"reader saw {n} records, not a whole number of batches"
             seen.add(n)
-            sample = sorted(set(range(max(0, n - 30), n)) | set(random.sample(range(n), min(n, 30))))
+            sample = sorted(
+                set(range(max(0, n - 30), n)) | set(random.sample(range(n), min(n, 30)))
+            )
             if sample:
                 lengths = [int(x) for x in fresh.lengths(sample)]
                 offsets = np.cumsum([0] + lengths[:-1], dtype=np.uint64)
                 buffer = bytearray(sum(lengths))
                 fresh.gather(sample, buffer, offsets)
                 for i, o, length in zip(sample, offsets, lengths):
-                    assert bytes(buffer[int(o):int(o) + length]) == expected[i], f"record {i} of {n}"
+                    assert bytes(buffer[int(o) : int(o) + length]) == expected[i], (
+                        f"record {i} of {n}"
+                    )
             assert len(stale) == len(stale_records) and worker.read_all(stale) == stale_records
             if finished:
                 break
@@ -292,7 +323,9 @@ def test_reader_in_another_process_sees_a_consistent_prefix_while_a_writer_appen
         assert proc.returncode == 0, proc.stderr.read()
         assert reader.rest()[-1:] == ["DONE"]
         assert n == len(expected)
-        assert len(seen) > 3, f"the reader saw only {sorted(seen)}; the test did not overlap the writer"
+        assert len(seen) > 3, (
+            f"the reader saw only {sorted(seen)}; the test did not overlap the writer"
+        )
         assert fresh.stats()["layout"] == "indexed"
         assert worker.read_all(fresh) == expected
         stale.close()

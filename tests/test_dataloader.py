@@ -21,7 +21,7 @@ MODES = [Sampler.Mode.SEQUENTIAL, Sampler.Mode.IID, Sampler.Mode.CYCLIC]
 def stores(tmp_path_factory):
     """Two aligned streams of LENGTH records: features (row i is i*10 + j) and labels i."""
     root = tmp_path_factory.mktemp("loader")
-    features = (np.arange(LENGTH * 10, dtype=np.float32).reshape(LENGTH, 10))
+    features = np.arange(LENGTH * 10, dtype=np.float32).reshape(LENGTH, 10)
     labels = np.arange(LENGTH, dtype=np.int64)
     from_numpy(root / "features", features)
     from_numpy(root / "labels", labels, codec="raw")
@@ -76,8 +76,10 @@ def test_readme_quick_start(tmp_path, monkeypatch):
     from_numpy("train_data", np.load("data.npy", mmap_mode="r"))
     from_numpy("train_label", np.load("label.npy", mmap_mode="r"))
 
-    loader = DataLoader({"data": DenseDataset("train_data"), "label": DenseDataset("train_label")},
-                        transform=lambda batch: batch)
+    loader = DataLoader(
+        {"data": DenseDataset("train_data"), "label": DenseDataset("train_label")},
+        transform=lambda batch: batch,
+    )
 
     for i, batch in enumerate(loader):
         if i >= 256:
@@ -102,7 +104,9 @@ def test_readme_collate_example(tmp_path, monkeypatch):
     def collate(batch):
         return {"input_ids": batch["tokens"], "label": batch["label"]}
 
-    loader = DataLoader({"tokens": dense_tokens, "label": labelset}, batch_size=32, transform=collate)
+    loader = DataLoader(
+        {"tokens": dense_tokens, "label": labelset}, batch_size=32, transform=collate
+    )
     batch = next(loader)
     assert set(batch) == {"input_ids", "label"}
     assert batch["input_ids"].shape == (32, 6) and batch["label"].shape == (32,)
@@ -119,7 +123,15 @@ def test_readme_collate_example(tmp_path, monkeypatch):
 @pytest.mark.parametrize("workers", [1, 2, 4, 8])
 def test_batch_k_is_the_samplers_step_k(stores, streams, mode, workers):
     """For any worker count and completion order, batch k is the sampler's step k."""
-    with DataLoader(streams, num_workers=workers, batch_size=16, prefetch_size=6, mode=mode, seed=7, transform=jitter) as loader:
+    with DataLoader(
+        streams,
+        num_workers=workers,
+        batch_size=16,
+        prefetch_size=6,
+        mode=mode,
+        seed=7,
+        transform=jitter,
+    ) as loader:
         got = take(loader, 24)
     assert_same_batches(got, list(expected_batches(stores, 24, 16, mode, seed=7)))
 
@@ -153,7 +165,9 @@ def test_streams_line_up(streams):
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
-@pytest.mark.parametrize("stop, before, after", [(0, 4, 1), (1, 2, 8), (5, 1, 4), (37, 8, 0), (12, 3, 3)])
+@pytest.mark.parametrize(
+    "stop, before, after", [(0, 4, 1), (1, 2, 8), (5, 1, 4), (37, 8, 0), (12, 3, 3)]
+)
 def test_resume_continues_exactly(stores, streams, mode, stop, before, after):
     """A state saved after `stop` batches resumes with batch `stop`, for any num_workers."""
     with DataLoader(streams, num_workers=before, batch_size=8, mode=mode, seed=3) as loader:
@@ -174,15 +188,33 @@ def test_state_dict_is_small_and_versioned(streams):
     with DataLoader(streams, batch_size=8, mode=0, seed=5, shard=(1, 2)) as loader:
         take(loader, 3)
         state = loader.state_dict()
-    assert state == {"version": 2, "step": 3, "seed": 5, "mode": 0, "batch_size": 8, "shard": [1, 2], "length": LENGTH,
-                     "global_batch": 16, "anchor": None}
+    assert state == {
+        "version": 2,
+        "step": 3,
+        "seed": 5,
+        "mode": 0,
+        "batch_size": 8,
+        "shard": [1, 2],
+        "length": LENGTH,
+        "global_batch": 16,
+        "anchor": None,
+    }
     assert len(msgpack.packb(state)) < 100
 
 
-@pytest.mark.parametrize("change", [
-    {"seed": 43}, {"mode": 2}, {"batch_size": 16}, {"shard": (0, 2)}, {"length": LENGTH + 1},
-    {"version": 3}, {"step": -1}, {"step": 1.5},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"seed": 43},
+        {"mode": 2},
+        {"batch_size": 16},
+        {"shard": (0, 2)},
+        {"length": LENGTH + 1},
+        {"version": 3},
+        {"step": -1},
+        {"step": 1.5},
+    ],
+)
 def test_load_state_dict_rejects_another_configuration(streams, change):
     """A state from another seed, mode, batch size, shard, length or version raises ValueError."""
     with DataLoader(streams, batch_size=8) as loader:
@@ -213,7 +245,9 @@ def test_shards_concatenate_to_the_single_host_stream(stores, streams, mode):
     world_size, share, steps = 3, 5, 12
     per_rank = []
     for rank in range(world_size):
-        with DataLoader(streams, num_workers=2, batch_size=share, mode=mode, shard=(rank, world_size)) as loader:
+        with DataLoader(
+            streams, num_workers=2, batch_size=share, mode=mode, shard=(rank, world_size)
+        ) as loader:
             per_rank.append(take(loader, steps))
     with DataLoader(streams, num_workers=3, batch_size=share * world_size, mode=mode) as single:
         whole = take(single, steps)
@@ -228,6 +262,7 @@ def test_shards_concatenate_to_the_single_host_stream(stores, streams, mode):
 
 def test_transform_error_reaches_the_consumer(streams):
     """An exception in the transform is raised from next() at its step, chained, with its message."""
+
     def transform(batch):
         if batch["y"].sum() == boom_sum:
             raise KeyError("no such feature")
@@ -274,7 +309,9 @@ def test_close_is_prompt_with_full_queues_and_stuck_transforms(streams):
 
     baseline = threading.active_count()
     release = threading.Event()
-    stuck = DataLoader(streams, num_workers=2, batch_size=8, transform=lambda batch: release.wait(30) and batch)
+    stuck = DataLoader(
+        streams, num_workers=2, batch_size=8, transform=lambda batch: release.wait(30) and batch
+    )
     waiter = threading.Thread(target=lambda: pytest.raises(RuntimeError, next, stuck))
     waiter.start()
     time.sleep(0.05)  # the consumer waits, both workers are inside the transform
@@ -323,7 +360,9 @@ def test_at_most_prefetch_size_batches_in_flight(streams):
             counts["most"] = max(counts["most"], counts["made"] - counts["taken"])
         return batch
 
-    with DataLoader(streams, num_workers=8, batch_size=4, prefetch_size=3, transform=transform) as loader:
+    with DataLoader(
+        streams, num_workers=8, batch_size=4, prefetch_size=3, transform=transform
+    ) as loader:
         for _ in range(30):
             next(loader)
             with lock:
@@ -358,7 +397,10 @@ def test_rejects_bad_streams_and_arguments(stores, streams, tmp_path):
     with pytest.raises(ValueError, match="DenseDataset"):
         DataLoader({"x": np.zeros((5, 2))})
     from_numpy(tmp_path / "short", np.zeros(LENGTH - 1))
-    with DenseDataset(tmp_path / "short") as short, pytest.raises(ValueError, match="equal lengths"):
+    with (
+        DenseDataset(tmp_path / "short") as short,
+        pytest.raises(ValueError, match="equal lengths"),
+    ):
         DataLoader({"x": streams["x"], "short": short})
     with pytest.raises(TypeError, match="callable"):
         DataLoader(streams, transform="collate")
@@ -380,6 +422,7 @@ def test_rejects_bad_streams_and_arguments(stores, streams, tmp_path):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_keyboard_interrupt_in_the_transform_propagates_as_itself(streams, workers):
     """Ctrl-C in a transform is a KeyboardInterrupt for the consumer, not a LoaderError."""
+
     def transform(batch):
         raise KeyboardInterrupt
 
@@ -392,7 +435,9 @@ def test_keyboard_interrupt_in_the_transform_propagates_as_itself(streams, worke
 def test_mode_by_name(stores, streams):
     """mode="cyclic" is Sampler.Mode.CYCLIC."""
     with DataLoader(streams, batch_size=8, mode="cyclic", num_workers=1) as loader:
-        assert_same_batches(take(loader, 3), list(expected_batches(stores, 3, 8, Sampler.Mode.CYCLIC)))
+        assert_same_batches(
+            take(loader, 3), list(expected_batches(stores, 3, 8, Sampler.Mode.CYCLIC))
+        )
 
 
 def test_dataloader_refuses_to_pickle(streams):
@@ -416,13 +461,17 @@ def test_the_first_batch_is_computed_alone(streams):
             first = not overlaps
             if first:
                 overlaps.append(active[0])
-        time.sleep(0.05 if first else 0.001)  # long enough for idle workers to join in, were they free to
+        time.sleep(
+            0.05 if first else 0.001
+        )  # long enough for idle workers to join in, were they free to
         with lock:
             overlaps.append(active[0])
             active[0] -= 1
         return batch
 
-    with DataLoader(streams, num_workers=4, batch_size=8, prefetch_size=4, transform=transform) as loader:
+    with DataLoader(
+        streams, num_workers=4, batch_size=8, prefetch_size=4, transform=transform
+    ) as loader:
         next(loader)
         next(loader)
     assert overlaps[:2] == [1, 1], overlaps
@@ -436,11 +485,15 @@ def test_an_edited_state_gets_its_own_message_and_the_saved_one_resumes(stores, 
         take(loader, 3)
         state = loader.state_dict()
     with DataLoader(streams, num_workers=0, batch_size=8, mode="sequential", shard=(0, 2)) as rank0:
-        with pytest.raises(ValueError, match=r"its batch_size or shard was edited after state_dict\(\) returned it"):
+        with pytest.raises(
+            ValueError, match=r"its batch_size or shard was edited after state_dict\(\) returned it"
+        ):
             rank0.load_state_dict({**state, "shard": [0, 2], "batch_size": 8})
     rows = []
     for rank in range(2):
-        with DataLoader(streams, num_workers=0, batch_size=8, mode="sequential", shard=(rank, 2)) as resumed:
+        with DataLoader(
+            streams, num_workers=0, batch_size=8, mode="sequential", shard=(rank, 2)
+        ) as resumed:
             resumed.load_state_dict(state)
             rows.append(next(resumed)["y"])
     # 3 batches of 8 were read: the 16-row global batch continues at sample 24.

@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaderx import CorruptStoreError, DenseDataset, RaggedDataset, Zrecord, from_iterator, from_numpy, pad
+from loaderx import (
+    CorruptStoreError,
+    DenseDataset,
+    RaggedDataset,
+    Zrecord,
+    from_iterator,
+    from_numpy,
+    pad,
+)
 from loaderx.dataset import SCHEMA_FILE, Schema, read_schema, write_schema
 
 
@@ -24,7 +32,10 @@ def dense(tmp_path):
 @pytest.fixture
 def ragged(tmp_path):
     """A ragged store of int16 records with 2-column rows, zero rows included."""
-    records = [np.arange(rows * 2, dtype=np.int16).reshape(rows, 2) + 100 * i for i, rows in enumerate([3, 0, 1, 5, 2, 0, 4])]
+    records = [
+        np.arange(rows * 2, dtype=np.int16).reshape(rows, 2) + 100 * i
+        for i, rows in enumerate([3, 0, 1, 5, 2, 0, 4])
+    ]
     from_iterator(tmp_path / "ragged", records)
     with RaggedDataset(tmp_path / "ragged") as dataset:
         yield dataset, records
@@ -39,7 +50,9 @@ def test_readme_dense_example(tmp_path, monkeypatch):
     from_numpy("data", np.arange(64, dtype=np.float32).reshape(8, 2, 4))
     ds = DenseDataset("data")
     assert ds[[0, 5, 2]].shape == (3, 2, 4)
-    np.testing.assert_array_equal(ds[[0, 5, 2]], np.arange(64, dtype=np.float32).reshape(8, 2, 4)[[0, 5, 2]])
+    np.testing.assert_array_equal(
+        ds[[0, 5, 2]], np.arange(64, dtype=np.float32).reshape(8, 2, 4)[[0, 5, 2]]
+    )
     ds.close()
 
 
@@ -89,10 +102,22 @@ def test_dense_int_returns_one_item(dense, key):
 @pytest.mark.parametrize(
     "key",
     [
-        slice(None), slice(2, 7), slice(None, None, 3), slice(8, 1, -2), slice(None, None, -1),
-        slice(5, 5), slice(-3, None), slice(-100, 100),
-        [3, 1, 3, 0], [], [-1, -10, 5], np.array([9, 0, 9], dtype=np.uint64),
-        np.array([[1, 2], [3, 4]]), np.arange(10) % 3 == 0, [True] * 10, np.zeros(10, dtype=bool),
+        slice(None),
+        slice(2, 7),
+        slice(None, None, 3),
+        slice(8, 1, -2),
+        slice(None, None, -1),
+        slice(5, 5),
+        slice(-3, None),
+        slice(-100, 100),
+        [3, 1, 3, 0],
+        [],
+        [-1, -10, 5],
+        np.array([9, 0, 9], dtype=np.uint64),
+        np.array([[1, 2], [3, 4]]),
+        np.arange(10) % 3 == 0,
+        [True] * 10,
+        np.zeros(10, dtype=bool),
     ],
 )
 def test_dense_selectors_match_numpy(dense, key):
@@ -104,14 +129,18 @@ def test_dense_selectors_match_numpy(dense, key):
     np.testing.assert_array_equal(result, expected)
 
 
-@pytest.mark.parametrize("key", [(0, 1), (slice(1, 4), 0), ([2, 5], slice(None), 2), (Ellipsis, 1), (-1, 0, 2), ()])
+@pytest.mark.parametrize(
+    "key", [(0, 1), (slice(1, 4), 0), ([2, 5], slice(None), 2), (Ellipsis, 1), (-1, 0, 2), ()]
+)
 def test_dense_tuple_indexes_into_items(dense, key):
     """A tuple selects records with its first element and indexes the items with the rest."""
     dataset, array = dense
     np.testing.assert_array_equal(dataset[key], array[key])
 
 
-@pytest.mark.parametrize("key", [10, -11, 2**40, [0, 10], [-11], np.array([3, 2**63], dtype=np.uint64)])
+@pytest.mark.parametrize(
+    "key", [10, -11, 2**40, [0, 10], [-11], np.array([3, 2**63], dtype=np.uint64)]
+)
 def test_dense_out_of_range_raises_index_error(dense, key):
     """Any index outside -len..len-1 raises IndexError."""
     dataset, _ = dense
@@ -207,17 +236,34 @@ def test_ragged_attributes_and_int(ragged):
     np.testing.assert_array_equal(dataset.row_counts(), [3, 0, 1, 5, 2, 0, 4])
 
 
-@pytest.mark.parametrize("key", [slice(None), slice(1, 6, 2), slice(None, None, -1), [6, 1, 6, 0], [], np.array([-1, 3]), np.arange(7) % 2 == 1])
+@pytest.mark.parametrize(
+    "key",
+    [
+        slice(None),
+        slice(1, 6, 2),
+        slice(None, None, -1),
+        [6, 1, 6, 0],
+        [],
+        np.array([-1, 3]),
+        np.arange(7) % 2 == 1,
+    ],
+)
 def test_ragged_selectors(ragged, key):
     """Every selector returns a list of records in selection order."""
     dataset, records = ragged
-    expected = [records[i] for i in np.arange(7)[key]] if not isinstance(key, list) else [records[i] for i in key]
+    expected = (
+        [records[i] for i in np.arange(7)[key]]
+        if not isinstance(key, list)
+        else [records[i] for i in key]
+    )
     result = dataset[key]
     assert isinstance(result, list) and len(result) == len(expected)
     for got, want in zip(result, expected):
         assert got.shape == want.shape
         np.testing.assert_array_equal(got, want)
-    assert len(dataset.__getitems__(list(np.arange(7)[key]) if not isinstance(key, list) else key)) == len(expected)
+    assert len(
+        dataset.__getitems__(list(np.arange(7)[key]) if not isinstance(key, list) else key)
+    ) == len(expected)
 
 
 @pytest.mark.parametrize("key", [7, -8, [0, 7], np.ones(3, dtype=bool)])
@@ -242,7 +288,11 @@ def test_ragged_bytes_records(tmp_path):
 
 def test_pad_rows_with_tail_and_value():
     """pad fills past each record with pad_value, keeps the row shape, reports lengths."""
-    records = [np.ones((2, 3), np.float32), np.zeros((0, 3), np.float32), np.full((4, 3), 2, np.float32)]
+    records = [
+        np.ones((2, 3), np.float32),
+        np.zeros((0, 3), np.float32),
+        np.full((4, 3), 2, np.float32),
+    ]
     padded, lengths = pad(records, pad_value=-1)
     assert padded.shape == (3, 4, 3) and padded.dtype == np.float32
     np.testing.assert_array_equal(lengths, [2, 0, 4])
@@ -276,10 +326,29 @@ def test_schema_file_fields(dense, tmp_path):
     """schema.msgpack names the format, version, kind, dtype, item shape and codec."""
     with open(tmp_path / "dense" / SCHEMA_FILE, "rb") as handle:
         data = msgpack.unpackb(handle.read())
-    assert data == {"format": "loaderx", "version": 1, "kind": "dense", "dtype": "<f4", "item_shape": [2, 3], "codec": "zstd"}
+    assert data == {
+        "format": "loaderx",
+        "version": 1,
+        "kind": "dense",
+        "dtype": "<f4",
+        "item_shape": [2, 3],
+        "codec": "zstd",
+    }
 
 
-@pytest.mark.parametrize("dtype", ["<f8", ">i4", "|S5", "<U3", "<M8[s]", "<c8", [("a", "<i4"), ("b", "<f8", (2,))], [("x", [("y", "u1"), ("z", ">u2")])]])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        "<f8",
+        ">i4",
+        "|S5",
+        "<U3",
+        "<M8[s]",
+        "<c8",
+        [("a", "<i4"), ("b", "<f8", (2,))],
+        [("x", [("y", "u1"), ("z", ">u2")])],
+    ],
+)
 def test_schema_round_trips_dtypes(tmp_path, dtype):
     """Every non-object dtype (structured and byte-swapped ones too) survives the schema file."""
     schema = Schema("dense", np.dtype(dtype), (3,), "raw")
@@ -339,11 +408,70 @@ def test_open_with_the_wrong_kind(dense, ragged, tmp_path):
         (b"\xc1garbage", "damaged"),
         (msgpack.packb([1, 2]), "not a loaderx schema"),
         (msgpack.packb({"format": "other", "version": 1}), "not a loaderx schema"),
-        (msgpack.packb({"format": "loaderx", "version": 2, "kind": "dense", "dtype": "<f4", "item_shape": [], "codec": "raw"}), "newer"),
-        (msgpack.packb({"format": "loaderx", "version": 1, "kind": "dense", "dtype": "<f4", "item_shape": []}), "lacks codec"),
-        (msgpack.packb({"format": "loaderx", "version": 1, "kind": "sparse", "dtype": "<f4", "item_shape": [], "codec": "raw"}), "kind"),
-        (msgpack.packb({"format": "loaderx", "version": 1, "kind": "dense", "dtype": "|O", "item_shape": [], "codec": "raw"}), "objects"),
-        (msgpack.packb({"format": "loaderx", "version": 1, "kind": "dense", "dtype": "<f4", "item_shape": [-1], "codec": "raw"}), "item_shape"),
+        (
+            msgpack.packb(
+                {
+                    "format": "loaderx",
+                    "version": 2,
+                    "kind": "dense",
+                    "dtype": "<f4",
+                    "item_shape": [],
+                    "codec": "raw",
+                }
+            ),
+            "newer",
+        ),
+        (
+            msgpack.packb(
+                {
+                    "format": "loaderx",
+                    "version": 1,
+                    "kind": "dense",
+                    "dtype": "<f4",
+                    "item_shape": [],
+                }
+            ),
+            "lacks codec",
+        ),
+        (
+            msgpack.packb(
+                {
+                    "format": "loaderx",
+                    "version": 1,
+                    "kind": "sparse",
+                    "dtype": "<f4",
+                    "item_shape": [],
+                    "codec": "raw",
+                }
+            ),
+            "kind",
+        ),
+        (
+            msgpack.packb(
+                {
+                    "format": "loaderx",
+                    "version": 1,
+                    "kind": "dense",
+                    "dtype": "|O",
+                    "item_shape": [],
+                    "codec": "raw",
+                }
+            ),
+            "objects",
+        ),
+        (
+            msgpack.packb(
+                {
+                    "format": "loaderx",
+                    "version": 1,
+                    "kind": "dense",
+                    "dtype": "<f4",
+                    "item_shape": [-1],
+                    "codec": "raw",
+                }
+            ),
+            "item_shape",
+        ),
     ],
 )
 def test_damaged_schema_raises_value_error(dense, tmp_path, payload, message):
@@ -365,14 +493,17 @@ def test_dense_store_not_matching_its_schema(tmp_path):
 # ---- regressions of issue 11 ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("records, pad_value", [
-    ([np.arange(3), np.arange(1)], 0.5),                         # used to pad with 0
-    ([np.arange(3, dtype=np.uint8)], -1),                        # used to raise OverflowError
-    ([np.arange(3, dtype=np.uint8), np.arange(1, dtype=np.uint8)], 256),
-    ([np.arange(3, dtype=np.int32), np.arange(1, dtype=np.int32)], float("nan")),
-    ([np.array([True]), np.array([False, True])], 2),
-    ([np.arange(3, dtype=np.float32), np.arange(1, dtype=np.float32)], "x"),
-])
+@pytest.mark.parametrize(
+    "records, pad_value",
+    [
+        ([np.arange(3), np.arange(1)], 0.5),  # used to pad with 0
+        ([np.arange(3, dtype=np.uint8)], -1),  # used to raise OverflowError
+        ([np.arange(3, dtype=np.uint8), np.arange(1, dtype=np.uint8)], 256),
+        ([np.arange(3, dtype=np.int32), np.arange(1, dtype=np.int32)], float("nan")),
+        ([np.array([True]), np.array([False, True])], 2),
+        ([np.arange(3, dtype=np.float32), np.arange(1, dtype=np.float32)], "x"),
+    ],
+)
 def test_pad_refuses_a_value_the_dtype_cannot_hold(records, pad_value):
     """pad raises ValueError naming the dtype instead of padding with another value."""
     with pytest.raises(ValueError, match="pad_value"):

@@ -35,13 +35,34 @@ def environment(root: Path) -> dict:
 
 
 def common_arguments() -> list:
-    return ["--rows", str(ROWS), "--batch-size", str(BATCH), "--steps", str(STEPS), "--seed", str(SEED), "--mode", "cyclic"]
+    return [
+        "--rows",
+        str(ROWS),
+        "--batch-size",
+        str(BATCH),
+        "--steps",
+        str(STEPS),
+        "--seed",
+        str(SEED),
+        "--mode",
+        "cyclic",
+    ]
 
 
 def torchrun(root: Path, *args: str) -> str:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}",
-               str(EXAMPLES / "ddp_train.py"), *common_arguments(), *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment(root))
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={WORLD}",
+        str(EXAMPLES / "ddp_train.py"),
+        *common_arguments(),
+        *args,
+    ]
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, env=environment(root)
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 
@@ -52,9 +73,24 @@ def jax_processes(root: Path, *args: str) -> str:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     processes = [
-        subprocess.Popen([sys.executable, str(EXAMPLES / "jax_train.py"), "--coordinator", f"127.0.0.1:{port}",
-                          "--num-processes", str(WORLD), "--process-id", str(process), *common_arguments(), *args],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment(root))
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(EXAMPLES / "jax_train.py"),
+                "--coordinator",
+                f"127.0.0.1:{port}",
+                "--num-processes",
+                str(WORLD),
+                "--process-id",
+                str(process),
+                *common_arguments(),
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=environment(root),
+        )
         for process in range(WORLD)
     ]
     outputs = []
@@ -82,8 +118,27 @@ def runs(request, tmp_path_factory):
     launch = LAUNCHERS[engine]
     root = tmp_path_factory.mktemp(engine)
     data, checkpoint = str(root / "data"), str(root / "checkpoint")
-    full = launch(root, "--data", data, "--save-at", str(SAVE_AT), "--checkpoint", checkpoint, "--trace", str(root / "full.npz"))
-    resumed = launch(root, "--data", data, "--checkpoint", checkpoint, "--resume", "--trace", str(root / "resumed.npz"))
+    full = launch(
+        root,
+        "--data",
+        data,
+        "--save-at",
+        str(SAVE_AT),
+        "--checkpoint",
+        checkpoint,
+        "--trace",
+        str(root / "full.npz"),
+    )
+    resumed = launch(
+        root,
+        "--data",
+        data,
+        "--checkpoint",
+        checkpoint,
+        "--resume",
+        "--trace",
+        str(root / "resumed.npz"),
+    )
     print(full, resumed)
     return engine, data, np.load(root / "full.npz"), np.load(root / "resumed.npz")
 
@@ -96,7 +151,9 @@ def test_rank_batches_concatenated_are_the_single_process_batches(runs):
     streams = {"id": DenseDataset(os.path.join(data, "id"))}
     with DataLoader(streams, batch_size=BATCH * WORLD, mode=2, seed=SEED, num_workers=1) as single:
         for step in range(STEPS):
-            np.testing.assert_array_equal(full["ids"][step], next(single)["id"], err_msg=f"step {step}")
+            np.testing.assert_array_equal(
+                full["ids"][step], next(single)["id"], err_msg=f"step {step}"
+            )
     streams["id"].close()
 
 
@@ -107,7 +164,9 @@ def test_ranks_together_see_every_index_once_per_cycle(runs):
     for cycle in range(STEPS // steps_per_cycle):
         seen = full["ids"][cycle * steps_per_cycle : (cycle + 1) * steps_per_cycle].reshape(-1)
         np.testing.assert_array_equal(np.sort(seen), np.arange(ROWS), err_msg=f"cycle {cycle}")
-    assert not np.array_equal(full["ids"][:steps_per_cycle], full["ids"][steps_per_cycle:2 * steps_per_cycle])
+    assert not np.array_equal(
+        full["ids"][:steps_per_cycle], full["ids"][steps_per_cycle : 2 * steps_per_cycle]
+    )
 
 
 def test_checkpoint_resume_on_both_ranks_continues_exactly(runs):
@@ -144,12 +203,16 @@ def train_on_global_batches(engine: str, data: str):
         torch = _require("torch")
         model, optimizer = example("ddp_train").model_and_optimizer()
         for batch in batches:
-            loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(batch["x"])), torch.from_numpy(batch["y"]))
+            loss = torch.nn.functional.cross_entropy(
+                model(torch.from_numpy(batch["x"])), torch.from_numpy(batch["y"])
+            )
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
-        return losses, torch.cat([parameter.detach().reshape(-1) for parameter in model.parameters()]).numpy()
+        return losses, torch.cat(
+            [parameter.detach().reshape(-1) for parameter in model.parameters()]
+        ).numpy()
     module = example("jax_train")
     weights = module.initial_weights()
     for batch in batches:
@@ -178,17 +241,23 @@ def test_resume_on_another_world_size_continues_the_global_stream(tmp_path):
 
     from_numpy(tmp_path / "id", np.arange(ROWS, dtype=np.int64))
     dataset = DenseDataset(tmp_path / "id")
-    with DataLoader({"id": dataset}, batch_size=24, mode=2, seed=SEED, shard=(1, 2), num_workers=1) as old:
+    with DataLoader(
+        {"id": dataset}, batch_size=24, mode=2, seed=SEED, shard=(1, 2), num_workers=1
+    ) as old:
         for _ in range(7):
             next(old)
         old_state = old.state_dict()
     resumed = []
     for rank in range(4):
-        with DataLoader({"id": dataset}, batch_size=12, mode=2, seed=SEED, shard=(rank, 4), num_workers=1) as loader:
+        with DataLoader(
+            {"id": dataset}, batch_size=12, mode=2, seed=SEED, shard=(rank, 4), num_workers=1
+        ) as loader:
             loader.load_state_dict({**old_state, "shard": [rank, 4], "batch_size": 12})
             resumed.append([next(loader)["id"] for _ in range(5)])
     with DataLoader({"id": dataset}, batch_size=48, mode=2, seed=SEED, num_workers=1) as single:
         expected = [next(single)["id"] for _ in range(12)][7:]
     for step in range(5):
-        np.testing.assert_array_equal(np.concatenate([resumed[rank][step] for rank in range(4)]), expected[step])
+        np.testing.assert_array_equal(
+            np.concatenate([resumed[rank][step] for rank in range(4)]), expected[step]
+        )
     dataset.close()

@@ -80,7 +80,9 @@ def needed_extras(source: str) -> list[str]:
 
 
 def expected_prints(source: str) -> list[str]:
-    return [match.group(1).rstrip() for line in source.split("\n") if (match := PRINTS.search(line))]
+    return [
+        match.group(1).rstrip() for line in source.split("\n") if (match := PRINTS.search(line))
+    ]
 
 
 BLOCKS = all_blocks()
@@ -119,13 +121,20 @@ def test_every_block_is_counted():
     marked = [block for block in BLOCKS if block["skip"]]
     commands = sum(len(re.findall(r"^```(?:sh|bash)$", page.read_text(), re.M)) for page in pages())
     extras = [block for block in BLOCKS if not block["skip"] and needed_extras(block["source"])]
-    print(f"{len(BLOCKS)} python blocks in README.md and docs/: {len(marked)} marked not to run, "
-          f"{len(extras)} need an optional extra ({', '.join(sorted({m for b in extras for m in needed_extras(b['source'])}))}); "
-          f"{commands} shell blocks (commands, such as a torchrun launch) are not executed")
+    print(
+        f"{len(BLOCKS)} python blocks in README.md and docs/: {len(marked)} marked not to run, "
+        f"{len(extras)} need an optional extra ({', '.join(sorted({m for b in extras for m in needed_extras(b['source'])}))}); "
+        f"{commands} shell blocks (commands, such as a torchrun launch) are not executed"
+    )
     assert len(BLOCKS) >= 20
     pages_with_blocks = {block["id"].split(":")[0] for block in BLOCKS}
-    for page in ("README.md", "docs/getting-started/dense.md", "docs/getting-started/tokens.md",
-                 "docs/getting-started/arrays.md", "docs/guides/dataloader.md"):
+    for page in (
+        "README.md",
+        "docs/getting-started/dense.md",
+        "docs/getting-started/tokens.md",
+        "docs/getting-started/arrays.md",
+        "docs/guides/dataloader.md",
+    ):
         assert page in pages_with_blocks, page
 
 
@@ -135,7 +144,8 @@ def test_no_python_block_hides_under_another_fence_name():
         for number, line in enumerate(page.read_text().split("\n"), start=1):
             info = line.strip()[3:].strip() if line.strip().startswith("```") else ""
             assert info.split(" ")[0] not in ("py", "python3", "pycon", "Python") and not (
-                info.startswith("python") and info != "python"), f"{page}:{number}: use a plain ```python fence"
+                info.startswith("python") and info != "python"
+            ), f"{page}:{number}: use a plain ```python fence"
 
 
 def test_prints_convention_fails_on_a_wrong_promise(tmp_path, monkeypatch):
@@ -151,4 +161,7 @@ def test_blocks_needing_an_extra_are_recognised():
     assert needed_extras("import numpy as np\nfrom loaderx import DataLoader\n") == []
     assert needed_extras("from loaderx.arrow import from_arrow\n") == ["pyarrow"]
     assert needed_extras("import ray\nfrom loaderx.ray import write_dataset\n") == ["ray"]
-    assert needed_extras("import torch.distributed as dist\nimport jax.numpy as jnp\n") == ["jax", "torch"]
+    assert needed_extras("import torch.distributed as dist\nimport jax.numpy as jnp\n") == [
+        "jax",
+        "torch",
+    ]

@@ -39,25 +39,50 @@ def site(tmp_path_factory) -> Path:
     """The site built with `mkdocs build --strict` into a temporary directory."""
     for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python"):
         if importlib.util.find_spec(module.split(".")[0]) is None or (
-                "." in module and importlib.util.find_spec(module) is None):
-            pytest.skip(f"the docs build needs {module}: pip install -c .ci/constraints.txt -e '.[docs]'")
+            "." in module and importlib.util.find_spec(module) is None
+        ):
+            pytest.skip(
+                f"the docs build needs {module}: pip install -c .ci/constraints.txt -e '.[docs]'"
+            )
     target = tmp_path_factory.mktemp("site")
     result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
-         "--site-dir", str(target)],
-        capture_output=True, text=True, timeout=BUILD_TIMEOUT_SECONDS, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(target),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT_SECONDS,
+        cwd=ROOT,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
-    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == 0, (
+        f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
+    )
     return target
 
 
 def test_strict_build_has_every_page_and_api_object(site):
     """The strict build succeeds and holds the required pages, the API reference of DataLoader among them."""
-    for page in ("index.html", "getting-started/dense/index.html", "getting-started/tokens/index.html",
-                 "getting-started/arrays/index.html", "guides/migration/index.html", "troubleshooting/index.html",
-                 "architecture/index.html", "concepts/guarantees/index.html", "benchmarks/index.html",
-                 "search/search_index.json"):
+    for page in (
+        "index.html",
+        "getting-started/dense/index.html",
+        "getting-started/tokens/index.html",
+        "getting-started/arrays/index.html",
+        "guides/migration/index.html",
+        "troubleshooting/index.html",
+        "architecture/index.html",
+        "concepts/guarantees/index.html",
+        "benchmarks/index.html",
+        "search/search_index.json",
+    ):
         assert (site / page).is_file(), page
     api = (site / "reference/dataloader/index.html").read_text()
     assert 'id="loaderx.DataLoader.state_dict"' in api  # generated from the docstrings
@@ -130,20 +155,43 @@ class Browser:
             os.dup2(101, 4)
 
         self._process = subprocess.Popen(
-            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
-             "--remote-debugging-pipe", f"--user-data-dir={profile}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=wire_pipes, pass_fds=(3, 4),  # kept open: close_fds runs after preexec_fn
+            [
+                binary,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                "--no-first-run",
+                "--remote-debugging-pipe",
+                f"--user-data-dir={profile}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=wire_pipes,
+            pass_fds=(3, 4),  # kept open: close_fds runs after preexec_fn
         )
         os.close(to_child_read)
         os.close(from_child_write)
         self._buffer = b""
         self._next_id = 0
         target = self.call("Target.createTarget", {"url": "about:blank"})["targetId"]
-        self._session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        self.call("Emulation.setDeviceMetricsOverride",
-                  {"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": False}, session=True)
+        self._session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})[
+            "sessionId"
+        ]
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": False},
+            session=True,
+        )
 
-    def call(self, method: str, params: dict, session: bool = False, timeout: float = BROWSER_WAIT_SECONDS) -> dict:
+    def call(
+        self,
+        method: str,
+        params: dict,
+        session: bool = False,
+        timeout: float = BROWSER_WAIT_SECONDS,
+    ) -> dict:
         self._next_id += 1
         message = {"id": self._next_id, "method": method, "params": params}
         if session:
@@ -170,7 +218,9 @@ class Browser:
         return json.loads(message)
 
     def evaluate(self, expression: str):
-        result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session=True)
+        result = self.call(
+            "Runtime.evaluate", {"expression": expression, "returnByValue": True}, session=True
+        )
         return result["result"].get("value")
 
     def open_until(self, url: str, condition: str) -> None:
@@ -182,8 +232,10 @@ class Browser:
                 time.sleep(0.3)  # let fonts and the last layout settle before the screenshot
                 return
             time.sleep(0.1)
-        raise AssertionError(f"{url}: `{condition}` never held; the page shows: "
-                             f"{self.evaluate('document.body ? document.body.innerText.slice(0, 500) : null')!r}")
+        raise AssertionError(
+            f"{url}: `{condition}` never held; the page shows: "
+            f"{self.evaluate('document.body ? document.body.innerText.slice(0, 500) : null')!r}"
+        )
 
     def screenshot(self, path: Path) -> None:
         data = self.call("Page.captureScreenshot", {"format": "png"}, session=True)["data"]
@@ -205,14 +257,24 @@ NAV = "document.querySelector('nav.md-nav--primary') && document.querySelectorAl
 PAGES = [
     # (screenshot name, path, what must hold once rendered)
     ("home", "", NAV + " && document.querySelector('h1').textContent.includes('loaderx')"),
-    ("api-dataloader", "reference/dataloader/",
-     NAV + " && document.getElementById('loaderx.DataLoader') && document.getElementById('loaderx.DataLoader.load_state_dict')"
-     " && document.querySelector('.md-nav__link--active').textContent.trim() === 'DataLoader'"),
-    ("guide-dataloader", "guides/dataloader/",
-     NAV + " && document.querySelector('h1').textContent.includes('The DataLoader')"
-     " && document.querySelector('.md-nav__link--active').textContent.trim() === 'The DataLoader'"),
-    ("search-arraystore", "?q=ArrayStore",
-     "[...document.querySelectorAll('.md-search-result__item')].some(item => item.textContent.includes('ArrayStore'))"),
+    (
+        "api-dataloader",
+        "reference/dataloader/",
+        NAV
+        + " && document.getElementById('loaderx.DataLoader') && document.getElementById('loaderx.DataLoader.load_state_dict')"
+        " && document.querySelector('.md-nav__link--active').textContent.trim() === 'DataLoader'",
+    ),
+    (
+        "guide-dataloader",
+        "guides/dataloader/",
+        NAV + " && document.querySelector('h1').textContent.includes('The DataLoader')"
+        " && document.querySelector('.md-nav__link--active').textContent.trim() === 'The DataLoader'",
+    ),
+    (
+        "search-arraystore",
+        "?q=ArrayStore",
+        "[...document.querySelectorAll('.md-search-result__item')].some(item => item.textContent.includes('ArrayStore'))",
+    ),
 ]
 
 
@@ -221,10 +283,14 @@ def test_site_renders_and_searches_in_chromium(site, tmp_path):
     search finds ArrayStore, in headless Chromium; a screenshot of each is saved and its path printed."""
     binary = chromium_binary()
     if binary is None:
-        pytest.skip("no chromium binary: install Debian's chromium (apt-get install chromium, as .ci/run does)")
+        pytest.skip(
+            "no chromium binary: install Debian's chromium (apt-get install chromium, as .ci/run does)"
+        )
     artifacts = Path(os.environ.get("LOADERX_ARTIFACTS", tmp_path / "artifacts"))
     artifacts.mkdir(parents=True, exist_ok=True)
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(site)))
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(site))
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     browser = Browser(binary, tmp_path / "profile")
@@ -251,7 +317,11 @@ def test_troubleshooting_names_every_exception_class():
     classes = []
     for module in sorted((ROOT / "src" / "loaderx").glob("*.py")):
         for node in ast.walk(ast.parse(module.read_text())):
-            if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and node.name.endswith(("Error", "Exception")):
+            if (
+                isinstance(node, ast.ClassDef)
+                and not node.name.startswith("_")
+                and node.name.endswith(("Error", "Exception"))
+            ):
                 # An internal module's class is public once loaderx exports it;
                 # until then its callers turn it into one of theirs.
                 if not module.name.startswith("_") or node.name in loaderx.__all__:

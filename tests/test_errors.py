@@ -66,8 +66,15 @@ def test_a_status_without_an_errno_keeps_its_class():
     assert type(exc).__name__ == "CorruptStoreError" and not isinstance(exc, OSError)
 
 
-@pytest.mark.parametrize("code,cls", [(errno.ENOSPC, StoreFullError), (errno.EDQUOT, StoreFullError),
-                                      (errno.EROFS, StoreReadOnlyError), (errno.EACCES, StoreReadOnlyError)])
+@pytest.mark.parametrize(
+    "code,cls",
+    [
+        (errno.ENOSPC, StoreFullError),
+        (errno.EDQUOT, StoreFullError),
+        (errno.EROFS, StoreReadOnlyError),
+        (errno.EACCES, StoreReadOnlyError),
+    ],
+)
 def test_arraystore_io_errors_are_the_store_classes_with_their_outcome(code, cls):
     """ArrayStore's disk errors carry `.outcome` and are the same classes."""
     exc = ArrayStoreIOError(code, "save of 'x' failed, nothing changed", "unchanged")
@@ -124,8 +131,13 @@ def test_a_failed_append_gives_the_disk_back(tmp_path):
     )
     assert resource.getrlimit(resource.RLIMIT_FSIZE)[1] == resource.RLIM_INFINITY
     path = tmp_path / "s"
-    done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ})
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ},
+    )
     assert done.returncode == 0, done.stderr
     assert int(done.stdout.split()[-1]) == errno.EFBIG
     with Zrecord(path) as store:

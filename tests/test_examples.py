@@ -3,7 +3,6 @@
 Every block also runs on its own in tests/test_docs_examples.py; these tests
 check what particular blocks leave behind."""
 
-import os
 import builtins
 import re
 import subprocess
@@ -17,8 +16,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_quickstart_script_runs():
     """examples/quickstart.py (the README's first command) prints the batch shapes."""
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "quickstart.py")],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "data batch: (256, 32, 32, 3) uint8" in result.stdout
     assert "label batch: (256,) int64" in result.stdout
@@ -42,7 +45,7 @@ def test_readme_quick_start_block_runs(tmp_path, monkeypatch):
     """The README's quick start block runs as written, twice in a row, and the
     second run replaces the stores instead of doubling them."""
     monkeypatch.chdir(tmp_path)
-    block = next(b for b in readme_blocks() if "from_numpy(\"train_data\"" in b)
+    block = next(b for b in readme_blocks() if 'from_numpy("train_data"' in b)
     for _ in range(2):
         namespace = {}
         exec(compile(block, "README quick start", "exec"), namespace)
@@ -56,14 +59,21 @@ def test_the_exceptions_the_docs_name_import_from_loaderx():
     import loaderx
 
     named = set(re.findall(r"`(\w+Error)`", documentation_text())) - set(dir(builtins))
-    named -= {"CommandError"}  # the CLI's own, turned into its exit status 2: it never reaches a caller
-    named -= {"EnvelopeError"}  # _envelope's, turned into each metadata file's own error: never reaches a caller
+    named -= {
+        "CommandError"
+    }  # the CLI's own, turned into its exit status 2: it never reaches a caller
+    named -= {
+        "EnvelopeError"
+    }  # _envelope's, turned into each metadata file's own error: never reaches a caller
     assert {"LoaderError", "StoreLockedError", "ChecksumError"} <= named
     for name in named:
         cls = getattr(loaderx, name)
         assert name in loaderx.__all__
         assert issubclass(cls, Exception), name
-        if cls.__module__ in ("loaderx._native", "loaderx.zrecord"):  # the store's errors are one family
+        if cls.__module__ in (
+            "loaderx._native",
+            "loaderx.zrecord",
+        ):  # the store's errors are one family
             assert issubclass(cls, loaderx.ZrecordError), name
     assert issubclass(loaderx.LoaderError, RuntimeError)
 
@@ -75,9 +85,9 @@ def test_readme_dataset_and_store_blocks_run(tmp_path, monkeypatch):
     ragged = {}
     store = {}
     for block in python_blocks():
-        if "RaggedDataset(\"tokens\")" in block:
+        if 'RaggedDataset("tokens")' in block:
             exec(compile(block, "README dataset block", "exec"), ragged)
-        if "Zrecord(\"store\"" in block:
+        if 'Zrecord("store"' in block:
             exec(compile(block, "README zrecord block", "exec"), store)
     assert ragged["lengths"].tolist() == [3, 4]
     assert ragged["padded"].shape == (2, 4)

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -35,7 +34,11 @@ def packed(rows):
 
 
 def read_rows(store, indices=None, width=ROW):
-    indices = np.arange(len(store), dtype=np.uint64) if indices is None else np.asarray(indices, dtype=np.uint64)
+    indices = (
+        np.arange(len(store), dtype=np.uint64)
+        if indices is None
+        else np.asarray(indices, dtype=np.uint64)
+    )
     out = np.empty((len(indices), width), dtype=np.uint8)
     store.gather(indices, out)
     return out
@@ -153,7 +156,9 @@ def test_each_gather_sees_one_committed_state_while_rows_are_replaced_in_place(t
         thread.start()
     try:
         for version in range(1, 120):
-            writer.replace(np.arange(count, dtype=np.uint64), *packed(rows_of(np.full(count, version))))
+            writer.replace(
+                np.arange(count, dtype=np.uint64), *packed(rows_of(np.full(count, version)))
+            )
             # A read that starts after replace returns sees the new rows.
             assert np.unique(read_rows(readers[0])).tolist() == [version % 256]
     finally:
@@ -202,12 +207,19 @@ def test_a_reader_in_another_process_sees_each_replace_whole_and_at_once(tmp_pat
     count = 2000
     writer = make_store(path, count)
     writer.replace(np.arange(count, dtype=np.uint64), *packed(rows_of(np.zeros(count))))
-    child = subprocess.Popen([sys.executable, "-c", READER_CHILD, str(path), str(count)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", READER_CHILD, str(path), str(count)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout.readline().strip() == "ready", child.stderr.read()
         for version in range(1, 60):
-            writer.replace(np.arange(count, dtype=np.uint64), *packed(rows_of(np.full(count, version))))
+            writer.replace(
+                np.arange(count, dtype=np.uint64), *packed(rows_of(np.full(count, version)))
+            )
             child.stdin.write(f"{version}\n")
             child.stdin.flush()
             assert child.stdout.readline().strip() == "ok", child.stderr.read()
@@ -225,8 +237,13 @@ def test_a_reader_in_another_process_sees_each_replace_whole_and_at_once(tmp_pat
 def kill_after_replace(script, path):
     """Runs `script` on the store at `path` until it prints "replaced", then
     SIGKILLs it: a writer that dies without checkpointing its journal."""
-    child = subprocess.Popen([sys.executable, "-c", script, str(path)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout.readline().strip() == "replaced", child.stderr.read()
         child.send_signal(signal.SIGKILL)
@@ -254,7 +271,9 @@ def test_a_killed_writer_leaves_its_replaces_for_the_next_reader(tmp_path):
     make_store(path, 3000).close()
     kill_after_replace(KILLED_WRITER, path)
     journal = path / journal_files(path)[0]
-    assert journal.read_bytes().count(b"ZJOURNAL") == 2  # the page's header and the record, not replayed yet
+    assert (
+        journal.read_bytes().count(b"ZJOURNAL") == 2
+    )  # the page's header and the record, not replayed yet
     with Zrecord(path, verify=True) as reader:
         assert read_rows(reader, [5])[0, 0] == 99 and reader.verify() == []
     with Zrecord(path, codec="raw") as writer:  # raw: the store stays fixed and keeps its journal
@@ -292,7 +311,9 @@ def test_dead_records_a_checkpoint_left_in_the_journal_are_never_replayed(tmp_pa
     # The page's header, the live record and the dead one after it.
     assert (path / journal_files(path)[0]).read_bytes().count(b"ZJOURNAL") == 3
     with Zrecord(path, verify=True) as reader:
-        assert read_rows(reader, [5, 8, 3000])[:, 0].tolist() == [30, 1, 7] and reader.verify() == []
+        assert (
+            read_rows(reader, [5, 8, 3000])[:, 0].tolist() == [30, 1, 7] and reader.verify() == []
+        )
     with Zrecord(path, codec="raw") as writer:
         writer.append(*packed(rows_of([2])))
     # The next writer cut it back to its page.
@@ -346,7 +367,9 @@ class InPlaceMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.model) > 10)
     @rule(data=st.data())
     def delete(self, data):
-        idx = data.draw(st.lists(st.integers(0, len(self.model) - 1), min_size=1, max_size=5, unique=True))
+        idx = data.draw(
+            st.lists(st.integers(0, len(self.model) - 1), min_size=1, max_size=5, unique=True)
+        )
         self.store.delete(idx, keep_order=True)
         self.model = np.delete(self.model, idx, axis=0)
 
@@ -377,8 +400,12 @@ class LazyInPlaceMachine(InPlaceMachine):
     durable = False
 
 
-_settings = settings(max_examples=25, stateful_step_count=15, deadline=None,
-                     suppress_health_check=[HealthCheck.too_slow])
+_settings = settings(
+    max_examples=25,
+    stateful_step_count=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 TestInPlaceMachine = InPlaceMachine.TestCase
 TestInPlaceMachine.settings = _settings
 TestLazyInPlaceMachine = LazyInPlaceMachine.TestCase
@@ -405,8 +432,12 @@ def test_a_killed_writers_replaces_in_a_read_only_place_raise_a_clear_error():
             "if os.geteuid() == 0:\n    os.setuid(65534)\n"
             f"try:\n    Zrecord({path!r})\nexcept StoreReadOnlyError as e:\n    print('refused:', e)\n"
         )
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-        assert "refused:" in result.stdout and "open it once for writing" in result.stdout, result.stdout + result.stderr
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+        assert "refused:" in result.stdout and "open it once for writing" in result.stdout, (
+            result.stdout + result.stderr
+        )
         os.chmod(path, 0o755)
         for name in os.listdir(path):
             os.chmod(os.path.join(path, name), 0o644)

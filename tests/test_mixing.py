@@ -22,8 +22,12 @@ def sources(tmp_path_factory):
     for number, length in enumerate(LENGTHS):
         labels = number * 1000 + np.arange(length, dtype=np.int64)
         from_numpy(root / f"y{number}", labels)
-        from_iterator(root / f"r{number}", [np.full(i % 4, label) for i, label in enumerate(labels)])
-        opened.append({"y": DenseDataset(root / f"y{number}"), "r": RaggedDataset(root / f"r{number}")})
+        from_iterator(
+            root / f"r{number}", [np.full(i % 4, label) for i, label in enumerate(labels)]
+        )
+        opened.append(
+            {"y": DenseDataset(root / f"y{number}"), "r": RaggedDataset(root / f"r{number}")}
+        )
     yield opened
     for source in opened:
         for dataset in source.values():
@@ -46,7 +50,9 @@ def assert_from_own_sampler(batch, step, batch_size, mode, seed, shard=None):
 @pytest.mark.parametrize("workers", [0, 3])
 def test_mixed_samples_come_from_their_sources_sampler(sources, mode, workers):
     """Every sample is its source's sampler record at the same step and position, dense and ragged."""
-    with DataLoader(sources, weights=[2, 1, 1], num_workers=workers, batch_size=12, mode=mode, seed=8) as loader:
+    with DataLoader(
+        sources, weights=[2, 1, 1], num_workers=workers, batch_size=12, mode=mode, seed=8
+    ) as loader:
         for step in range(10):
             assert_from_own_sampler(next(loader), step, 12, mode, 8)
 
@@ -85,12 +91,16 @@ def test_mixed_shards_concatenate_to_the_global_batch(sources):
     """Ranks' mixed batches joined in rank order are the unsharded batch."""
     parts = []
     for rank in range(3):
-        with DataLoader(sources, weights=[1, 1, 2], batch_size=4, shard=(rank, 3), mode=0) as loader:
+        with DataLoader(
+            sources, weights=[1, 1, 2], batch_size=4, shard=(rank, 3), mode=0
+        ) as loader:
             parts.append(take(loader, 6))
     with DataLoader(sources, weights=[1, 1, 2], batch_size=12, mode=0) as single:
         for step, whole in enumerate(take(single, 6)):
             for name in ("y", "source"):
-                np.testing.assert_array_equal(np.concatenate([part[step][name] for part in parts]), whole[name])
+                np.testing.assert_array_equal(
+                    np.concatenate([part[step][name] for part in parts]), whole[name]
+                )
 
 
 def test_new_weights_on_resume_change_only_the_choices(sources):
@@ -129,9 +139,15 @@ def test_mixing_rejects_what_it_cannot_mix(sources, tmp_path):
             DataLoader([a, b], weights=weights)
     with DataLoader([a, b], weights=[1, 1], batch_size=8) as loader:
         state = loader.state_dict()
-    with DataLoader([a, b], weights=[1, 1], batch_size=4) as other, pytest.raises(ElasticError, match="global batch"):
+    with (
+        DataLoader([a, b], weights=[1, 1], batch_size=4) as other,
+        pytest.raises(ElasticError, match="global batch"),
+    ):
         other.load_state_dict(state)
-    with DataLoader([b, a], weights=[1, 1], batch_size=8) as swapped, pytest.raises(ValueError, match="length"):
+    with (
+        DataLoader([b, a], weights=[1, 1], batch_size=8) as swapped,
+        pytest.raises(ValueError, match="length"),
+    ):
         swapped.load_state_dict(state)
     with DataLoader(a, batch_size=8) as plain, pytest.raises(ValueError, match="mixing"):
         plain.load_state_dict(state)

@@ -20,9 +20,22 @@ def test_zig_unit_tests_pass():
     # The power-loss simulation runs in tests/test_simulation.py (ReleaseSafe).
     env = {**os.environ, "LOADERX_SIM_SCALE": "0"}
     result = subprocess.run(
-        [sys.executable, "-m", "ziglang", "build", "test", "-Doptimize=Debug",
-         f"-Dzstd={find_zstd()}", "--summary", "all"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900, env=env,
+        [
+            sys.executable,
+            "-m",
+            "ziglang",
+            "build",
+            "test",
+            "-Doptimize=Debug",
+            f"-Dzstd={find_zstd()}",
+            "--summary",
+            "all",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "tests passed" in result.stdout + result.stderr
@@ -92,7 +105,10 @@ def test_only_the_io_seam_touches_the_file_system():
                 offenders.append(f"{path.name}:{number}: {line.strip()}")
     assert not offenders, "file-system calls outside zig/io.zig:\n" + "\n".join(offenders)
     # The check can fail: the seam itself is caught by it.
-    assert any(forbidden.search(line.split("//", 1)[0]) for line in (ROOT / "zig" / "io.zig").read_text().splitlines())
+    assert any(
+        forbidden.search(line.split("//", 1)[0])
+        for line in (ROOT / "zig" / "io.zig").read_text().splitlines()
+    )
 
 
 def test_limits_come_from_the_core():

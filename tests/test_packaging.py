@@ -30,7 +30,9 @@ ON_X86_64 = platform.machine().lower() in ("x86_64", "amd64")
 
 def slow(test):
     """Mark a test slow: it runs only with LOADERX_SLOW=1."""
-    skip = pytest.mark.skipif(os.environ.get("LOADERX_SLOW") != "1", reason="slow test: set LOADERX_SLOW=1 to run")
+    skip = pytest.mark.skipif(
+        os.environ.get("LOADERX_SLOW") != "1", reason="slow test: set LOADERX_SLOW=1 to run"
+    )
     return pytest.mark.slow(skip(test))
 
 
@@ -40,23 +42,30 @@ def slow(test):
 def elf_sections(data: bytes) -> list:
     """(name, type, offset, size, link, info) of each section of a 64-bit little-endian ELF file."""
     assert data[:6] == b"\x7fELF\x02\x01", "not a 64-bit little-endian ELF file"
-    section_offset, = struct.unpack_from("<Q", data, 0x28)
+    (section_offset,) = struct.unpack_from("<Q", data, 0x28)
     entry_size, count, names_index = struct.unpack_from("<HHH", data, 0x3A)
-    headers = [struct.unpack_from("<IIQQQQIIQQ", data, section_offset + i * entry_size) for i in range(count)]
+    headers = [
+        struct.unpack_from("<IIQQQQIIQQ", data, section_offset + i * entry_size)
+        for i in range(count)
+    ]
     names_offset = headers[names_index][4]
-    return [(c_string(data, names_offset + name), kind, offset, size, link, info)
-            for name, kind, _, _, offset, size, link, info, _, _ in headers]
+    return [
+        (c_string(data, names_offset + name), kind, offset, size, link, info)
+        for name, kind, _, _, offset, size, link, info, _, _ in headers
+    ]
 
 
 def c_string(data: bytes, start: int) -> str:
-    return data[start:data.index(b"\0", start)].decode()
+    return data[start : data.index(b"\0", start)].decode()
 
 
 def glibc_versions(path: Path) -> set:
     """The GLIBC_x.y symbol versions the library needs (its .gnu.version_r entries)."""
     data = path.read_bytes()
     sections = elf_sections(data)
-    _, _, offset, _, link, count = next(section for section in sections if section[0] == ".gnu.version_r")
+    _, _, offset, _, link, count = next(
+        section for section in sections if section[0] == ".gnu.version_r"
+    )
     strings_offset = sections[link][2]
     versions = set()
     for _ in range(count):
@@ -79,7 +88,9 @@ def bundled_libraries(directory: Path) -> list:
 def assert_portable(library: Path) -> None:
     """Stripped, and no glibc symbol newer than the floor the wheel's tag promises."""
     sections = {section[0] for section in elf_sections(library.read_bytes())}
-    assert ".symtab" not in sections and ".debug_info" not in sections, f"{library.name} is not stripped"
+    assert ".symtab" not in sections and ".debug_info" not in sections, (
+        f"{library.name} is not stripped"
+    )
     newest = max(glibc_versions(library))
     assert newest <= GLIBC_FLOOR, f"{library.name} needs GLIBC_{'.'.join(map(str, newest))}"
 
@@ -105,7 +116,9 @@ def test_override_forces_a_build_and_refuses_what_the_cpu_lacks():
     assert _native.pick_variant(V4_FLAGS, "baseline") == _native.BASELINE
     with pytest.raises(ImportError, match=r"LOADERX_CPU=x86_64_v4 asks for instructions.*avx512f"):
         _native.pick_variant(V3_FLAGS, "x86_64_v4")
-    with pytest.raises(ImportError, match=r"no libloaderx-pentium4\.so; it has builds for baseline"):
+    with pytest.raises(
+        ImportError, match=r"no libloaderx-pentium4\.so; it has builds for baseline"
+    ):
         _native.pick_variant(V4_FLAGS, "pentium4")
 
 
@@ -114,21 +127,33 @@ def test_install_carries_every_level_and_loaded_the_best():
     """The build made all three libraries, all portable, and import loaded the best this CPU runs."""
     libraries = bundled_libraries(_native.library_path(_native.BASELINE).parent)
     assert [library.name for library in libraries] == [
-        "libloaderx-x86_64_v3.so", "libloaderx-x86_64_v4.so", "libloaderx.so"]
+        "libloaderx-x86_64_v3.so",
+        "libloaderx-x86_64_v4.so",
+        "libloaderx.so",
+    ]
     for library in libraries:
         assert_portable(library)
     if "LOADERX_CPU" not in os.environ:
-        assert _native.VARIANT == _native.pick_variant(_native.cpu_flags(), None)
+        assert _native.pick_variant(_native.cpu_flags(), None) == _native.VARIANT
 
 
-def smoke(variant: str, *prefix: str, env_python: str = sys.executable) -> subprocess.CompletedProcess:
-    return subprocess.run([*prefix, env_python, str(SMOKE)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "LOADERX_CPU": variant})
+def smoke(
+    variant: str, *prefix: str, env_python: str = sys.executable
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*prefix, env_python, str(SMOKE)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "LOADERX_CPU": variant},
+    )
 
 
 def runnable_variants() -> list:
     flags = _native.cpu_flags()
-    return [_native.BASELINE] + [name for name, needed in _native.CPU_LEVELS.items() if needed <= flags]
+    return [_native.BASELINE] + [
+        name for name, needed in _native.CPU_LEVELS.items() if needed <= flags
+    ]
 
 
 def test_every_level_this_cpu_runs_gives_the_same_results():
@@ -146,8 +171,10 @@ def test_every_level_this_cpu_runs_gives_the_same_results():
 
 
 @pytest.mark.skipif(not ON_X86_64, reason="the emulated-CPU test is for x86-64")
-@pytest.mark.skipif(shutil.which("qemu-x86_64") is None,
-                    reason="qemu-x86_64 is not installed (Debian/Ubuntu: apt-get install qemu-user)")
+@pytest.mark.skipif(
+    shutil.which("qemu-x86_64") is None,
+    reason="qemu-x86_64 is not installed (Debian/Ubuntu: apt-get install qemu-user)",
+)
 @slow
 def test_baseline_runs_on_a_cpu_without_avx():
     """Under qemu emulating a Nehalem (SSE4.2, no AVX), the baseline build passes the smoke script.
@@ -163,29 +190,49 @@ def test_baseline_runs_on_a_cpu_without_avx():
     assert result.stdout == native.stdout
     if "avx2" in _native.cpu_flags():
         control = smoke("x86_64_v3", *emulated)
-        assert control.returncode == -4 or control.returncode == 128 + 4, (control.returncode, control.stderr)
+        assert control.returncode == -4 or control.returncode == 128 + 4, (
+            control.returncode,
+            control.stderr,
+        )
 
 
 # -- sdist and wheel round trips -----------------------------------------------------
 
 
-SDIST_NEEDS = ("LICENSE", "README.md", "pyproject.toml", "build.zig", "build_backend/loaderx_build.py",
-               "zig/root.zig", "examples/quickstart.py", "tests/conftest.py", "src/loaderx/_abi.h",
-               "src/loaderx/py.typed", "mkdocs.yml", "docs/index.md")
+SDIST_NEEDS = (
+    "LICENSE",
+    "README.md",
+    "pyproject.toml",
+    "build.zig",
+    "build_backend/loaderx_build.py",
+    "zig/root.zig",
+    "examples/quickstart.py",
+    "tests/conftest.py",
+    "src/loaderx/_abi.h",
+    "src/loaderx/py.typed",
+    "mkdocs.yml",
+    "docs/index.md",
+)
 
 
 @pytest.fixture(scope="module")
 def artefacts(tmp_path_factory) -> dict:
     """`python -m build`: the sdist from this checkout, then the wheel from that sdist."""
     out = tmp_path_factory.mktemp("dist")
-    result = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
-                            capture_output=True, text=True, timeout=1800)
+    result = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return {"sdist": next(out.glob("loaderx-*.tar.gz")), "wheel": next(out.glob("loaderx-*.whl"))}
 
 
 def wheel_tag() -> str:
-    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(
+        platform.machine().lower(), platform.machine().lower()
+    )
     return f"py3-none-manylinux_{GLIBC_FLOOR[0]}_{GLIBC_FLOOR[1]}_{arch}"
 
 
@@ -212,7 +259,9 @@ def test_wheel_is_a_portable_platform_wheel(artefacts, tmp_path):
         for name, digest, size in csv.reader(archive.read(record).decode().splitlines()):
             if name != record:
                 data = archive.read(name)
-                expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+                expected = (
+                    base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+                )
                 assert (digest, int(size)) == (f"sha256={expected}", len(data)), name
         assert any(name.endswith(".dist-info/licenses/LICENSE") for name in archive.namelist())
         assert "loaderx/py.typed" in archive.namelist()  # PEP 561: the package is typed
@@ -236,13 +285,27 @@ def test_artefact_installs_in_a_fresh_venv_and_runs_the_quick_start(artefacts, k
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python = str(venv / "bin" / "python")
-    install = subprocess.run([python, "-m", "pip", "install", str(artefacts[kind])],
-                             capture_output=True, text=True, timeout=1800)
+    install = subprocess.run(
+        [python, "-m", "pip", "install", str(artefacts[kind])],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert install.returncode == 0, install.stdout[-4000:] + install.stderr[-4000:]
-    where = subprocess.run([python, "-c", "import loaderx; print(loaderx.__file__)"], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=300)
+    where = subprocess.run(
+        [python, "-c", "import loaderx; print(loaderx.__file__)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert where.stdout.startswith(str(venv)), where.stdout + where.stderr
-    result = subprocess.run([python, str(ROOT / "examples" / "quickstart.py")], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [python, str(ROOT / "examples" / "quickstart.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     assert "data batch: (256, 32, 32, 3) uint8" in result.stdout

@@ -7,7 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loaderx import DataLoader, DenseDataset, Packing, RaggedDataset, Sampler, from_iterator, from_numpy
+from loaderx import (
+    DataLoader,
+    DenseDataset,
+    Packing,
+    RaggedDataset,
+    Sampler,
+    from_iterator,
+    from_numpy,
+)
 from loaderx.packing import SEQ_LEN_MAX, WINDOW_MAX
 
 LENGTH = 40
@@ -71,8 +79,14 @@ def test_packed_rows_are_the_concatenated_stream(corpus, mode, workers, seq_len)
     """Batch k holds rows k*B.. of the concatenated document stream: no token lost,
     none padded, segment ids and positions restart at each document and row."""
     _, docs, dataset = corpus
-    with DataLoader({"tokens": dataset}, num_workers=workers, batch_size=3, mode=mode, seed=5,
-                    packing=Packing(seq_len)) as loader:
+    with DataLoader(
+        {"tokens": dataset},
+        num_workers=workers,
+        batch_size=3,
+        mode=mode,
+        seed=5,
+        packing=Packing(seq_len),
+    ) as loader:
         for step in range(8):
             assert_rows(next(loader), expected_rows(docs, mode, 5, step * 3, 3, seq_len))
 
@@ -86,15 +100,24 @@ def test_packed_rows_are_the_concatenated_stream(corpus, mode, workers, seq_len)
     new_share=st.integers(1, 4),
     new_world=st.integers(1, 3),
 )
-def test_packed_resume_continues_the_token_stream(corpus, mode, stop, share, world_size, new_share, new_world):
+def test_packed_resume_continues_the_token_stream(
+    corpus, mode, stop, share, world_size, new_share, new_world
+):
     """A packed state resumes exactly, also with another world size and batch size:
     the ranks' rows continue the same token stream with the next token."""
     _, docs, dataset = corpus
     seq_len = 9
     states = []
     for rank in range(world_size):
-        with DataLoader({"tokens": dataset}, num_workers=1, batch_size=share, mode=mode, seed=2,
-                        shard=(rank, world_size), packing=Packing(seq_len)) as loader:
+        with DataLoader(
+            {"tokens": dataset},
+            num_workers=1,
+            batch_size=share,
+            mode=mode,
+            seed=2,
+            shard=(rank, world_size),
+            packing=Packing(seq_len),
+        ) as loader:
             for _ in range(stop):
                 next(loader)
             states.append(json.loads(json.dumps(loader.state_dict())))
@@ -102,8 +125,15 @@ def test_packed_resume_continues_the_token_stream(corpus, mode, stop, share, wor
     assert all({**state, "shard": None} == {**states[0], "shard": None} for state in states)
     done_rows = stop * share * world_size
     for rank in range(new_world):
-        with DataLoader({"tokens": dataset}, num_workers=2, batch_size=new_share, mode=mode, seed=2,
-                        shard=(rank, new_world), packing=Packing(seq_len)) as resumed:
+        with DataLoader(
+            {"tokens": dataset},
+            num_workers=2,
+            batch_size=new_share,
+            mode=mode,
+            seed=2,
+            shard=(rank, new_world),
+            packing=Packing(seq_len),
+        ) as resumed:
             resumed.load_state_dict(states[-1])
             for step in range(3):
                 first = done_rows + (step * new_world + rank) * new_share
@@ -115,13 +145,17 @@ def test_packed_shards_concatenate_to_the_global_batch(corpus):
     _, _, dataset = corpus
     parts = []
     for rank in range(3):
-        with DataLoader({"tokens": dataset}, batch_size=2, shard=(rank, 3), packing=Packing(5)) as loader:
+        with DataLoader(
+            {"tokens": dataset}, batch_size=2, shard=(rank, 3), packing=Packing(5)
+        ) as loader:
             parts.append([next(loader) for _ in range(4)])
     with DataLoader({"tokens": dataset}, batch_size=6, packing=Packing(5)) as single:
         for step in range(4):
             whole = next(single)
             for name in ("tokens", "segment_ids", "positions"):
-                np.testing.assert_array_equal(np.concatenate([part[step][name] for part in parts]), whole[name])
+                np.testing.assert_array_equal(
+                    np.concatenate([part[step][name] for part in parts]), whole[name]
+                )
 
 
 def test_packing_rejects_what_it_cannot_pack(corpus, tmp_path):
@@ -146,9 +180,15 @@ def test_packing_rejects_what_it_cannot_pack(corpus, tmp_path):
         DataLoader({"tokens": dataset}, packing=8)
     with DataLoader({"tokens": dataset}, batch_size=2, packing=Packing(8)) as loader:
         state = loader.state_dict()
-    with DataLoader({"tokens": dataset}, batch_size=2, packing=Packing(9)) as other, pytest.raises(ValueError, match="seq_len"):
+    with (
+        DataLoader({"tokens": dataset}, batch_size=2, packing=Packing(9)) as other,
+        pytest.raises(ValueError, match="seq_len"),
+    ):
         other.load_state_dict(state)
-    with DataLoader({"tokens": dataset}, batch_size=2) as plain, pytest.raises(ValueError, match="packing"):
+    with (
+        DataLoader({"tokens": dataset}, batch_size=2) as plain,
+        pytest.raises(ValueError, match="packing"),
+    ):
         plain.load_state_dict(state)
     from_iterator(tmp_path / "empty", [np.zeros(0, dtype=np.int32)] * 5)
     with RaggedDataset(tmp_path / "empty") as empty:
@@ -170,7 +210,9 @@ def first_fit_rows(docs, mode, seed, seq_len, window, count):
         for index in Sampler(LENGTH, LENGTH, mode, seed=seed).batch(chunk).tolist():
             for start in range(0, len(docs[index]), seq_len):
                 piece = (index, start, min(seq_len, len(docs[index]) - start))
-                row = next((row for row in open_rows if seq_len - sum(p[2] for p in row) >= piece[2]), None)
+                row = next(
+                    (row for row in open_rows if seq_len - sum(p[2] for p in row) >= piece[2]), None
+                )
                 if row is None:
                     row = []
                     open_rows.append(row)
@@ -191,9 +233,9 @@ def expected_first_fit(docs, rows, seq_len):
     for number, row in enumerate(rows):
         column = 0
         for segment, (index, start, count) in enumerate(row, 1):
-            tokens[number, column:column + count] = docs[index][start:start + count]
-            segment_ids[number, column:column + count] = segment
-            positions[number, column:column + count] = np.arange(count)
+            tokens[number, column : column + count] = docs[index][start : start + count]
+            segment_ids[number, column : column + count] = segment
+            positions[number, column : column + count] = np.arange(count)
             column += count
     return tokens, segment_ids, positions
 
@@ -205,48 +247,84 @@ def test_first_fit_rows_match_the_reference(corpus, mode, seq_len, window):
     longer than a row), padded with token 0 and segment id 0."""
     _, docs, dataset = corpus
     rows = first_fit_rows(docs, mode, 6, seq_len, window, 5 * 4)
-    with DataLoader({"tokens": dataset}, num_workers=2, batch_size=4, mode=mode, seed=6,
-                    packing=Packing(seq_len, FIRST_FIT, window=window)) as loader:
+    with DataLoader(
+        {"tokens": dataset},
+        num_workers=2,
+        batch_size=4,
+        mode=mode,
+        seed=6,
+        packing=Packing(seq_len, FIRST_FIT, window=window),
+    ) as loader:
         for step in range(5):
-            assert_rows(next(loader), expected_first_fit(docs, rows[step * 4:(step + 1) * 4], seq_len))
+            assert_rows(
+                next(loader), expected_first_fit(docs, rows[step * 4 : (step + 1) * 4], seq_len)
+            )
 
 
 @settings(max_examples=20, deadline=None)
-@given(stop=st.integers(0, 8), share=st.integers(1, 3), world_size=st.integers(1, 3),
-       new_share=st.integers(1, 3), new_world=st.integers(1, 3), window=st.integers(1, 6))
-def test_first_fit_resume_continues_the_rows(corpus, stop, share, world_size, new_share, new_world, window):
+@given(
+    stop=st.integers(0, 8),
+    share=st.integers(1, 3),
+    world_size=st.integers(1, 3),
+    new_share=st.integers(1, 3),
+    new_world=st.integers(1, 3),
+    window=st.integers(1, 6),
+)
+def test_first_fit_resume_continues_the_rows(
+    corpus, stop, share, world_size, new_share, new_world, window
+):
     """A FIRST_FIT state (open and ready rows included) resumes exactly, with any
     world size and batch size: the ranks continue the same row stream."""
     _, docs, dataset = corpus
     packing = Packing(16, FIRST_FIT, window=window)
-    with DataLoader({"tokens": dataset}, num_workers=1, batch_size=share, shard=(0, world_size), seed=1,
-                    packing=packing) as loader:
+    with DataLoader(
+        {"tokens": dataset},
+        num_workers=1,
+        batch_size=share,
+        shard=(0, world_size),
+        seed=1,
+        packing=packing,
+    ) as loader:
         for _ in range(stop):
             next(loader)
         state = json.loads(json.dumps(loader.state_dict()))
     done = stop * share * world_size
     rows = first_fit_rows(docs, Sampler.Mode.IID, 1, 16, window, done + 3 * new_share * new_world)
     for rank in range(new_world):
-        with DataLoader({"tokens": dataset}, num_workers=2, batch_size=new_share, shard=(rank, new_world), seed=1,
-                        packing=packing) as resumed:
+        with DataLoader(
+            {"tokens": dataset},
+            num_workers=2,
+            batch_size=new_share,
+            shard=(rank, new_world),
+            seed=1,
+            packing=packing,
+        ) as resumed:
             resumed.load_state_dict(state)
             for step in range(3):
                 first = done + (step * new_world + rank) * new_share
-                assert_rows(next(resumed), expected_first_fit(docs, rows[first:first + new_share], 16))
+                assert_rows(
+                    next(resumed), expected_first_fit(docs, rows[first : first + new_share], 16)
+                )
 
 
 def test_first_fit_state_is_checked(corpus):
     """A FIRST_FIT state with another window or damaged rows is refused."""
     _, _, dataset = corpus
-    with DataLoader({"tokens": dataset}, batch_size=2, packing=Packing(16, FIRST_FIT, window=4)) as loader:
+    with DataLoader(
+        {"tokens": dataset}, batch_size=2, packing=Packing(16, FIRST_FIT, window=4)
+    ) as loader:
         next(loader)
         state = loader.state_dict()
-    with DataLoader({"tokens": dataset}, batch_size=2, packing=Packing(16, FIRST_FIT, window=5)) as other:
+    with DataLoader(
+        {"tokens": dataset}, batch_size=2, packing=Packing(16, FIRST_FIT, window=5)
+    ) as other:
         with pytest.raises(ValueError, match="window"):
             other.load_state_dict(state)
     damaged = json.loads(json.dumps(state))
     damaged["packing"]["open"] = [[1, 2]]
-    with DataLoader({"tokens": dataset}, batch_size=2, packing=Packing(16, FIRST_FIT, window=4)) as other:
+    with DataLoader(
+        {"tokens": dataset}, batch_size=2, packing=Packing(16, FIRST_FIT, window=4)
+    ) as other:
         with pytest.raises(ValueError, match="triples"):
             other.load_state_dict(damaged)
 
@@ -257,19 +335,31 @@ def test_every_packing_state_holds_document_and_token(corpus, strategy):
     lacked "token"), and a FIRST_FIT state saved without "token" still resumes exactly."""
     _, _, dataset = corpus
     packing = Packing(16, strategy, window=4)
-    with DataLoader({"tokens": dataset}, num_workers=0, batch_size=2, seed=5, packing=packing) as loader:
+    with DataLoader(
+        {"tokens": dataset}, num_workers=0, batch_size=2, seed=5, packing=packing
+    ) as loader:
         next(loader)
         state = loader.state_dict()
         following = next(loader)
     assert {"document", "token"} <= set(state["packing"])
     if strategy is FIRST_FIT:
         assert state["packing"]["token"] == 0
-        old = {**state, "packing": {key: value for key, value in state["packing"].items() if key != "token"}}
-        with DataLoader({"tokens": dataset}, num_workers=0, batch_size=2, seed=5, packing=packing) as resumed:
+        old = {
+            **state,
+            "packing": {key: value for key, value in state["packing"].items() if key != "token"},
+        }
+        with DataLoader(
+            {"tokens": dataset}, num_workers=0, batch_size=2, seed=5, packing=packing
+        ) as resumed:
             resumed.load_state_dict(old)
-            assert_rows(next(resumed), (following["tokens"], following["segment_ids"], following["positions"]))
-        with DataLoader({"tokens": dataset}, batch_size=2, seed=5, packing=packing) as other, \
-                pytest.raises(ValueError, match="token must be 0"):
+            assert_rows(
+                next(resumed),
+                (following["tokens"], following["segment_ids"], following["positions"]),
+            )
+        with (
+            DataLoader({"tokens": dataset}, batch_size=2, seed=5, packing=packing) as other,
+            pytest.raises(ValueError, match="token must be 0"),
+        ):
             other.load_state_dict({**state, "packing": {**state["packing"], "token": 3}})
 
 
@@ -287,5 +377,8 @@ def test_packing_sizes_have_a_range(corpus):
     with DataLoader({"tokens": dataset}, batch_size=2, packing=Packing(8)) as loader:
         state = loader.state_dict()
     with DataLoader({"tokens": dataset}, batch_size=2, packing=Packing(8)) as other:
-        with pytest.raises(ValueError, match=r"document must be in 0\.\.18,446,744,073,709,551,615, got 18,446,744,073,709,551,616"):
+        with pytest.raises(
+            ValueError,
+            match=r"document must be in 0\.\.18,446,744,073,709,551,615, got 18,446,744,073,709,551,616",
+        ):
             other.load_state_dict({**state, "packing": {**state["packing"], "document": 2**64}})

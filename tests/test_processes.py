@@ -18,7 +18,11 @@ def python_transform(batch):
     """Pure Python work on every sample, and a result of nested arrays and plain values."""
     tokens = batch["tokens"]
     sums = [int(tokens[i].sum()) for i in range(len(tokens))]
-    return {"x": batch["x"] * 2, "tokens": tokens, "extra": (np.array(sums), {"count": len(sums), "name": "ok"})}
+    return {
+        "x": batch["x"] * 2,
+        "tokens": tokens,
+        "extra": (np.array(sums), {"count": len(sums), "name": "ok"}),
+    }
 
 
 def fail_at_step_3(batch):
@@ -65,7 +69,11 @@ def streams(tmp_path_factory):
 
 
 def shm_files():
-    return {name for name in os.listdir("/dev/shm") if name.startswith("loaderx-")} if os.path.isdir("/dev/shm") else set()
+    return (
+        {name for name in os.listdir("/dev/shm") if name.startswith("loaderx-")}
+        if os.path.isdir("/dev/shm")
+        else set()
+    )
 
 
 def assert_same(got, want):
@@ -79,17 +87,31 @@ def test_processes_give_the_threads_batches_and_resume_exactly(streams):
     """Processes return what threads return, step for step (dense, ragged, nested results),
     and a state saved from a process loader resumes exactly; no block is left in /dev/shm."""
     before = shm_files()
-    with DataLoader(streams, num_workers=1, batch_size=8, mode=0, transform=python_transform) as threads:
+    with DataLoader(
+        streams, num_workers=1, batch_size=8, mode=0, transform=python_transform
+    ) as threads:
         want = [next(threads) for _ in range(12)]
-    with DataLoader(streams, num_workers=2, batch_size=8, mode=0, transform=python_transform,
-                    transform_processes=True) as processes:
+    with DataLoader(
+        streams,
+        num_workers=2,
+        batch_size=8,
+        mode=0,
+        transform=python_transform,
+        transform_processes=True,
+    ) as processes:
         got = [next(processes) for _ in range(6)]
         state = processes.state_dict()
         assert processes.stats()["transform_seconds"] > 0
     for a, b in zip(got, want):
         assert_same(a, b)
-    with DataLoader(streams, num_workers=2, batch_size=8, mode=0, transform=python_transform,
-                    transform_processes=True) as resumed:
+    with DataLoader(
+        streams,
+        num_workers=2,
+        batch_size=8,
+        mode=0,
+        transform=python_transform,
+        transform_processes=True,
+    ) as resumed:
         resumed.load_state_dict(state)
         for a, b in zip([next(resumed) for _ in range(6)], want[6:]):
             assert_same(a, b)
@@ -99,8 +121,14 @@ def test_processes_give_the_threads_batches_and_resume_exactly(streams):
 
 def test_results_larger_than_the_blocks(streams):
     """A result that outgrows the output block (several times) comes back whole."""
-    with DataLoader(streams, num_workers=1, batch_size=8, mode=0, transform=grow_result,
-                    transform_processes=True) as loader:
+    with DataLoader(
+        streams,
+        num_workers=1,
+        batch_size=8,
+        mode=0,
+        transform=grow_result,
+        transform_processes=True,
+    ) as loader:
         for step in range(4):
             big = next(loader)["big"]
             assert big.shape == (50_000 * (1 + step),) and (big == step * 8).all()
@@ -109,18 +137,34 @@ def test_results_larger_than_the_blocks(streams):
 def test_transform_errors_and_crashes_surface(streams):
     """An exception in the child is raised at its step, chained; one that cannot be pickled
     and a child that dies are failures of their step too."""
-    with DataLoader(streams, num_workers=2, batch_size=8, mode=0, transform=fail_at_step_3,
-                    transform_processes=True) as loader:
+    with DataLoader(
+        streams,
+        num_workers=2,
+        batch_size=8,
+        mode=0,
+        transform=fail_at_step_3,
+        transform_processes=True,
+    ) as loader:
         for _ in range(3):
             next(loader)
-        with pytest.raises(LoaderError, match="batch 3: transform raised ValueError: bad sample 24") as caught:
+        with pytest.raises(
+            LoaderError, match="batch 3: transform raised ValueError: bad sample 24"
+        ) as caught:
             next(loader)
         assert isinstance(caught.value.__cause__, ValueError) and loader.closed
-    with DataLoader(streams, num_workers=1, batch_size=8, transform=raise_unpicklable, transform_processes=True) as loader:
+    with DataLoader(
+        streams, num_workers=1, batch_size=8, transform=raise_unpicklable, transform_processes=True
+    ) as loader:
         with pytest.raises(LoaderError, match="Unpicklable"):
             next(loader)
-    with DataLoader(streams, num_workers=1, batch_size=8, mode=0, transform=die_at_step_2,
-                    transform_processes=True) as loader:
+    with DataLoader(
+        streams,
+        num_workers=1,
+        batch_size=8,
+        mode=0,
+        transform=die_at_step_2,
+        transform_processes=True,
+    ) as loader:
         next(loader), next(loader)
         with pytest.raises(LoaderError, match="process ended"):
             next(loader)
@@ -129,7 +173,14 @@ def test_transform_errors_and_crashes_surface(streams):
 def test_close_is_prompt_with_a_stuck_process(streams):
     """close() kills children stuck in the transform and returns promptly; a consumer
     waiting in next() is released with an error."""
-    loader = DataLoader(streams, num_workers=2, batch_size=8, transform=stuck, transform_processes=True, prefetch_size=2)
+    loader = DataLoader(
+        streams,
+        num_workers=2,
+        batch_size=8,
+        transform=stuck,
+        transform_processes=True,
+        prefetch_size=2,
+    )
     outcome = []
     waiter = threading.Thread(target=lambda: outcome.append(_next_or_error(loader)), daemon=True)
     waiter.start()

@@ -10,7 +10,9 @@ import os
 import numpy as np
 import pytest
 
-ray = pytest.importorskip("ray", reason="the [ray] extra is not installed (pip install -e '.[test,ray]')")
+ray = pytest.importorskip(
+    "ray", reason="the [ray] extra is not installed (pip install -e '.[test,ray]')"
+)
 
 from loaderx import DenseDataset, RaggedDataset, from_numpy, shards  # noqa: E402
 from loaderx.ray import read_dataset, write_dataset  # noqa: E402
@@ -62,19 +64,26 @@ def shuffled_pipeline(count: int = ROWS):
         time.sleep(0.2 if batch["label"][0] < count // 3 else 0.0)
         return batch
 
-    return ray.data.from_items(items(count), override_num_blocks=6).map_batches(slow_start, batch_size=None, num_cpus=0.5)
+    return ray.data.from_items(items(count), override_num_blocks=6).map_batches(
+        slow_start, batch_size=None, num_cpus=0.5
+    )
 
 
 def test_a_dataset_converts_column_by_column_in_block_order(tmp_path):
     """Each column becomes one sharded dataset, dense or ragged by its Arrow
     type, holding the rows in the Ray dataset's order, one shard per task."""
     rows = write_dataset(shuffled_pipeline(), tmp_path / "out", concurrency=2)
-    assert rows == {name: ROWS for name in ("x", "label", "tokens", "text", "blob")}
+    assert rows == dict.fromkeys(("x", "label", "tokens", "text", "blob"), ROWS)
     expected = expected_columns()
-    with DenseDataset(tmp_path / "out" / "x") as x, DenseDataset(tmp_path / "out" / "label") as label:
+    with (
+        DenseDataset(tmp_path / "out" / "x") as x,
+        DenseDataset(tmp_path / "out" / "label") as label,
+    ):
         np.testing.assert_array_equal(x[:], expected["x"])
         np.testing.assert_array_equal(label[:], expected["label"])
-        assert len(x.store.shards) == len(shards.read_manifest(tmp_path / "out" / "label").names) > 1
+        assert (
+            len(x.store.shards) == len(shards.read_manifest(tmp_path / "out" / "label").names) > 1
+        )
     with RaggedDataset(tmp_path / "out" / "tokens") as tokens:
         assert tokens.dtype == np.int32
         for got, want in zip(tokens[:], expected["tokens"]):
@@ -88,9 +97,13 @@ def test_a_dataset_converts_column_by_column_in_block_order(tmp_path):
 def test_the_conversion_is_deterministic(tmp_path):
     """Two runs of the same pipeline write identical manifests."""
     for run in ("a", "b"):
-        write_dataset(shuffled_pipeline(), tmp_path / run, columns=["label", "tokens"], concurrency=2)
+        write_dataset(
+            shuffled_pipeline(), tmp_path / run, columns=["label", "tokens"], concurrency=2
+        )
     for name in ("label", "tokens"):
-        assert (tmp_path / "a" / name / "manifest.msgpack").read_bytes() == (tmp_path / "b" / name / "manifest.msgpack").read_bytes()
+        assert (tmp_path / "a" / name / "manifest.msgpack").read_bytes() == (
+            tmp_path / "b" / name / "manifest.msgpack"
+        ).read_bytes()
 
 
 def test_an_interrupted_conversion_resumes_keeping_complete_shards(tmp_path):
@@ -153,6 +166,10 @@ def test_readme_ray_block_runs(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     readme = (Path(__file__).resolve().parent.parent / "docs" / "guides" / "scaling.md").read_text()
-    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if 'write_dataset(ds, "converted")' in b)
+    block = next(
+        b
+        for b in re.findall(r"```python\n(.*?)```", readme, re.S)
+        if 'write_dataset(ds, "converted")' in b
+    )
     exec(compile(block, "scaling guide Ray block", "exec"), {})
     assert sorted(os.listdir(tmp_path / "converted")) == ["image", "label", "tokens"]

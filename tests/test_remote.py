@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from s3_fixture import s3, s3_endpoint  # noqa: F401 (fixtures)
 
 from loaderx import _remote
 from loaderx._remote import (
@@ -19,21 +20,24 @@ from loaderx._remote import (
     RetryingSource,
     parse_url,
 )
-from s3_fixture import s3, s3_endpoint  # noqa: F401 (fixtures)
 
 obstore = pytest.importorskip(
-    "obstore", reason="obstore is not installed: pip install 'loaderx[remote]'")
+    "obstore", reason="obstore is not installed: pip install 'loaderx[remote]'"
+)
 
 
-@pytest.mark.parametrize("url, scheme, bucket, prefix", [
-    ("s3://bucket/a/b/", "s3", "bucket", "a/b"),
-    ("s3://bucket", "s3", "bucket", ""),
-    ("gs://gbucket/train", "gs", "gbucket", "train"),
-    ("az://container/x/y", "az", "container", "x/y"),
-    ("https://example.com/data/set", "https", "example.com", "data/set"),
-    ("http://127.0.0.1:9000/d", "http", "127.0.0.1:9000", "d"),
-    ("file:///tmp/data/", "file", "", "/tmp/data"),
-])
+@pytest.mark.parametrize(
+    "url, scheme, bucket, prefix",
+    [
+        ("s3://bucket/a/b/", "s3", "bucket", "a/b"),
+        ("s3://bucket", "s3", "bucket", ""),
+        ("gs://gbucket/train", "gs", "gbucket", "train"),
+        ("az://container/x/y", "az", "container", "x/y"),
+        ("https://example.com/data/set", "https", "example.com", "data/set"),
+        ("http://127.0.0.1:9000/d", "http", "127.0.0.1:9000", "d"),
+        ("file:///tmp/data/", "file", "", "/tmp/data"),
+    ],
+)
 def test_parse_url_per_scheme(url, scheme, bucket, prefix):
     """Each scheme splits into its bucket (or host) and a prefix without slashes at its ends."""
     parsed = parse_url(url)
@@ -111,8 +115,12 @@ def test_credentials_from_environment_and_storage_options(s3, monkeypatch):
     _remote.open_source(s3.url()).put("k", b"v")
     for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
         monkeypatch.delenv(name)
-    options = {"endpoint": s3.endpoint, "access_key_id": "testing",
-               "secret_access_key": "testing", "region": "us-east-1"}
+    options = {
+        "endpoint": s3.endpoint,
+        "access_key_id": "testing",
+        "secret_access_key": "testing",
+        "region": "us-east-1",
+    }
     assert _remote.open_source(s3.url(), options).get("k") == b"v"
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
     monkeypatch.setenv("AWS_REGION", "us-east-1")
@@ -125,8 +133,9 @@ def test_credentials_from_environment_and_storage_options(s3, monkeypatch):
 
 def test_error_mapping_names_the_url():
     """Client errors become RemoteError subclasses whose message names the URL."""
-    assert isinstance(_remote.map_error(FileNotFoundError("x"), "s3://b/k", "read"),
-                      RemoteNotFoundError)
+    assert isinstance(
+        _remote.map_error(FileNotFoundError("x"), "s3://b/k", "read"), RemoteNotFoundError
+    )
     denied = _remote.map_error(PermissionError("x"), "s3://b/k", "read")
     assert isinstance(denied, RemotePermissionError) and "s3://b/k" in str(denied)
     network = _remote.map_error(RuntimeError("reset"), "s3://b/k", "read")
@@ -137,8 +146,13 @@ def test_error_mapping_names_the_url():
 def test_unreachable_endpoint_is_a_network_error(monkeypatch):
     """Nothing listening: RemoteNetworkError naming the object, within the client's bounds."""
     monkeypatch.setattr(_remote, "CLIENT_RETRIES", 0)
-    options = {"endpoint": "http://127.0.0.1:9", "access_key_id": "a",
-               "secret_access_key": "b", "region": "us-east-1", "connect_timeout": "1s"}
+    options = {
+        "endpoint": "http://127.0.0.1:9",
+        "access_key_id": "a",
+        "secret_access_key": "b",
+        "region": "us-east-1",
+        "connect_timeout": "1s",
+    }
     with pytest.raises(RemoteNetworkError, match="s3://b/p/k"):
         _remote.open_source("s3://b/p", options).head("k")
 
@@ -174,7 +188,7 @@ class MemorySource:
         return self.objects[key]
 
     def get_range(self, key, start, length, etag=None):
-        return self.objects[key][start:start + length]
+        return self.objects[key][start : start + length]
 
     def put(self, key, data):
         self.objects[key] = bytes(data)
@@ -197,17 +211,20 @@ def test_nth_call_fails_then_retried():
     assert source.get("k") == b"abc"  # call 1 fails, call 2 succeeds
     assert source.retries == 1 and len(waits) == 1 and 0 <= waits[0] <= 0.05
     assert [f.call for f in faulty.injected] == [1]
-    always = FaultySource(MemorySource({"k": b"abc"}),
-                          [Fault(call=n, kind="fail") for n in range(3)])
+    always = FaultySource(
+        MemorySource({"k": b"abc"}), [Fault(call=n, kind="fail") for n in range(3)]
+    )
     with pytest.raises(RemoteNetworkError, match="gave up after 3 attempts"):
         RetryingSource(always, attempts=3, sleep=waits.append).get("k")
 
 
 def test_faults_are_deterministic():
     """Truncate, flip and per-method faults hit exactly the calls named, run after run."""
-    faults = [Fault(call=0, kind="truncate", amount=2, method="get"),
-              Fault(call=1, kind="flip", method="get"),
-              Fault(call=0, kind="delay", seconds=0.01, method="head")]
+    faults = [
+        Fault(call=0, kind="truncate", amount=2, method="get"),
+        Fault(call=1, kind="flip", method="get"),
+        Fault(call=0, kind="delay", seconds=0.01, method="head"),
+    ]
     for _ in range(2):
         source = FaultySource(MemorySource({"k": b"abcdef"}), faults)
         assert source.head("k").size == 6

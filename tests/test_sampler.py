@@ -138,7 +138,10 @@ def test_seeds_give_different_streams(mode):
 def test_sequential_slides_and_wraps_around_the_end():
     sampler = Sampler(10, 4, SEQUENTIAL)
     assert [sampler.next().tolist() for _ in range(4)] == [
-        [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1], [2, 3, 4, 5],
+        [0, 1, 2, 3],
+        [4, 5, 6, 7],
+        [8, 9, 0, 1],
+        [2, 3, 4, 5],
     ]
 
 
@@ -278,8 +281,10 @@ def test_shards_concatenate_to_the_global_stream(mode, length, share, world_size
     if mode is CYCLIC and length < share * world_size:
         length = share * world_size
     whole = Sampler(length, share * world_size, mode, seed=seed).batch(step)
-    parts = [Sampler(length, share, mode, seed=seed, shard=(rank, world_size)).batch(step)
-             for rank in range(world_size)]
+    parts = [
+        Sampler(length, share, mode, seed=seed, shard=(rank, world_size)).batch(step)
+        for rank in range(world_size)
+    ]
     np.testing.assert_array_equal(np.concatenate(parts), whole)
 
 
@@ -287,7 +292,9 @@ def test_shards_concatenate_to_the_global_stream(mode, length, share, world_size
 def test_shards_are_disjoint_in_cyclic_and_agree_in_every_mode(mode):
     world_size, share = 4, 25
     whole = Sampler(10_000, share * world_size, mode, seed=6)
-    ranks = [Sampler(10_000, share, mode, seed=6, shard=(rank, world_size)) for rank in range(world_size)]
+    ranks = [
+        Sampler(10_000, share, mode, seed=6, shard=(rank, world_size)) for rank in range(world_size)
+    ]
     for _ in range(120):  # more than one cycle of 100 batches
         expected = whole.next()
         parts = [rank.next() for rank in ranks]
@@ -326,7 +333,11 @@ def test_shards_are_disjoint_in_cyclic_and_agree_in_every_mode(mode):
         (dict(shard="01"), TypeError, "pair"),
         (dict(shard=(0.0, 2)), TypeError, "rank"),
         (dict(batch_size=2**24, shard=(0, 2**40)), ValueError, "64 bits"),
-        (dict(length=10, batch_size=2**62), ValueError, "batch_size must be in 1..2**24"),  # 32 EiB at the first batch
+        (
+            dict(length=10, batch_size=2**62),
+            ValueError,
+            "batch_size must be in 1..2**24",
+        ),  # 32 EiB at the first batch
         (dict(batch_size=2**24 + 1), ValueError, "batch_size must be in 1..2**24"),
         (dict(length=100, batch_size=30, mode=CYCLIC, shard=(0, 4)), ValueError, "CYCLIC"),
         (dict(length=5, batch_size=6, mode=CYCLIC), ValueError, "smaller batch"),
@@ -344,7 +355,9 @@ def test_cyclic_batch_equal_to_length_and_other_modes_beyond_it_are_fine():
     assert Sampler(5, 6, SEQUENTIAL).next().tolist() == [0, 1, 2, 3, 4, 0]
 
 
-@pytest.mark.parametrize("step, error", [(-1, ValueError), (2**64, ValueError), (1.0, TypeError), ("3", TypeError)])
+@pytest.mark.parametrize(
+    "step, error", [(-1, ValueError), (2**64, ValueError), (1.0, TypeError), ("3", TypeError)]
+)
 def test_bad_steps_raise(step, error):
     sampler = Sampler(100, 8, SEQUENTIAL)
     with pytest.raises(error, match="step"):
@@ -376,7 +389,9 @@ def test_bad_output_buffers_raise(out, error, words):
 
 
 def native_config(**fields):
-    values = dict(length=100, batch_size=8, seed=1, rank=0, world_size=1, mode=1, reserved=0) | fields
+    values = (
+        dict(length=100, batch_size=8, seed=1, rank=0, world_size=1, mode=1, reserved=0) | fields
+    )
     return ffi.new("lx_sampler_config *", values)
 
 
@@ -418,7 +433,9 @@ def test_mode_names_work_like_the_ints():
     for name, mode in [("sequential", SEQUENTIAL), ("iid", IID), ("CYCLIC", CYCLIC), ("Iid", IID)]:
         by_name = Sampler(100, 10, name, seed=5)
         assert by_name.mode is mode
-        np.testing.assert_array_equal(by_name.batch(3), Sampler(100, 10, int(mode), seed=5).batch(3))
+        np.testing.assert_array_equal(
+            by_name.batch(3), Sampler(100, 10, int(mode), seed=5).batch(3)
+        )
 
 
 def test_sampler_pickles_as_its_parameters_and_step():

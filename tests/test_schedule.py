@@ -17,7 +17,9 @@ NONE = np.empty(0, dtype=np.uint64)
 
 def global_indices(schedule, first, count):
     out = np.empty(schedule.sampler.batch_size, dtype=np.uint64)
-    return np.concatenate([NONE] + [schedule.indices(step, out).copy() for step in range(first, first + count)])
+    return np.concatenate(
+        [NONE] + [schedule.indices(step, out).copy() for step in range(first, first + count)]
+    )
 
 
 def permutation(length, seed, cycle):
@@ -34,7 +36,7 @@ def expected_cyclic(length, seed, runs):
         for _ in range(steps):
             if offset + global_batch > length:
                 cycle, offset = cycle + 1, 0
-            out.append(permutation(length, seed, cycle)[offset:offset + global_batch])
+            out.append(permutation(length, seed, cycle)[offset : offset + global_batch])
             offset += global_batch
     return np.concatenate([NONE, *out])
 
@@ -53,7 +55,11 @@ def test_cyclic_elastic_resume_continues_the_global_order(length, seed, runs):
     schedule, step, got = None, 0, []
     for global_batch, steps in runs:
         fresh = Schedule(Sampler(length, global_batch, CYCLIC, seed=seed))
-        schedule = fresh if schedule is None else Schedule(fresh.sampler, elastic_anchor(schedule, step, fresh))
+        schedule = (
+            fresh
+            if schedule is None
+            else Schedule(fresh.sampler, elastic_anchor(schedule, step, fresh))
+        )
         got.append(global_indices(schedule, step, steps))
         step += steps
     np.testing.assert_array_equal(np.concatenate([NONE, *got]), expected_cyclic(length, seed, runs))
@@ -69,7 +75,11 @@ def test_sequential_elastic_resume_continues_the_window(length, runs):
     schedule, step, got = None, 0, []
     for global_batch, steps in runs:
         fresh = Schedule(Sampler(length, global_batch, SEQUENTIAL))
-        schedule = fresh if schedule is None else Schedule(fresh.sampler, elastic_anchor(schedule, step, fresh))
+        schedule = (
+            fresh
+            if schedule is None
+            else Schedule(fresh.sampler, elastic_anchor(schedule, step, fresh))
+        )
         got.append(global_indices(schedule, step, steps))
         step += steps
     total = sum(batch * steps for batch, steps in runs)
@@ -84,14 +94,22 @@ def test_sequential_elastic_resume_continues_the_window(length, runs):
     anchor_offset=st.integers(0, 60),
     steps=st.integers(1, 12),
 )
-def test_anchored_shards_concatenate_to_the_global_batch(mode, share, world_size, anchor_offset, steps):
+def test_anchored_shards_concatenate_to_the_global_batch(
+    mode, share, world_size, anchor_offset, steps
+):
     """After an elastic resume, the ranks' batches joined in rank order are still the global batch."""
     length = 61
     global_batch = share * world_size
-    anchor = ({"step": 3, "cycle": 2, "offset": anchor_offset % length} if mode == CYCLIC
-              else {"step": 3, "position": anchor_offset % length})
+    anchor = (
+        {"step": 3, "cycle": 2, "offset": anchor_offset % length}
+        if mode == CYCLIC
+        else {"step": 3, "position": anchor_offset % length}
+    )
     whole = Schedule(Sampler(length, global_batch, mode, seed=9), anchor)
-    ranks = [Schedule(Sampler(length, share, mode, seed=9, shard=(rank, world_size)), anchor) for rank in range(world_size)]
+    ranks = [
+        Schedule(Sampler(length, share, mode, seed=9, shard=(rank, world_size)), anchor)
+        for rank in range(world_size)
+    ]
     for step in range(3, 3 + steps):
         joined = np.concatenate([global_indices(rank, step, 1) for rank in ranks])
         np.testing.assert_array_equal(joined, global_indices(whole, step, 1))
@@ -164,7 +182,10 @@ def test_iid_loader_refuses_another_global_batch(labels):
     """An IID state resumed with another global batch raises ElasticError saying why."""
     with loader(labels, batch_size=8, mode=IID) as old:
         state = old.state_dict()
-    with loader(labels, batch_size=4, mode=IID) as new, pytest.raises(ElasticError, match="global batch"):
+    with (
+        loader(labels, batch_size=4, mode=IID) as new,
+        pytest.raises(ElasticError, match="global batch"),
+    ):
         new.load_state_dict(state)
 
 
@@ -197,24 +218,32 @@ def test_packed_and_mixed_loaders_have_no_epochs(labels, tmp_path):
         with DataLoader({"t": docs}, mode=CYCLIC, batch_size=4, packing=Packing(8)) as packed:
             with pytest.raises(ValueError, match="no epochs"):
                 packed.epoch
-    with DataLoader([{"y": labels}, {"y": labels}], weights=[1, 1], mode=CYCLIC, batch_size=4) as mixed:
+    with DataLoader(
+        [{"y": labels}, {"y": labels}], weights=[1, 1], mode=CYCLIC, batch_size=4
+    ) as mixed:
         with pytest.raises(ValueError, match="no epochs"):
             mixed.steps_per_epoch
 
 
 def test_stats_count_batches_stages_and_stalls(labels):
     """stats() counts delivered batches, consumer stall time and per-stage worker time."""
+
     def slow(batch):
         import time
+
         time.sleep(0.01)
         return batch
 
-    with loader(labels, batch_size=10, transform=slow, num_workers=1, prefetch_size=2) as slow_loader:
+    with loader(
+        labels, batch_size=10, transform=slow, num_workers=1, prefetch_size=2
+    ) as slow_loader:
         assert slow_loader.stats()["batches"] == 0
         [next(slow_loader) for _ in range(6)]
         stats = slow_loader.stats()
     assert stats["batches"] == 6 and stats["step"] == 6
-    assert stats["transform_seconds"] >= 0.05  # at least 6 transforms of 10 ms, minus the prefetched ones
+    assert (
+        stats["transform_seconds"] >= 0.05
+    )  # at least 6 transforms of 10 ms, minus the prefetched ones
     assert stats["stall_seconds"] >= 0.03  # one worker at 10 ms a batch: the consumer waits
     assert stats["gather_seconds"] > 0 and stats["sample_seconds"] > 0
     assert 0 <= stats["queue_depth"] <= 2

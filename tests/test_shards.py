@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loaderx import DataLoader, DenseDataset, RaggedDataset, from_iterator, from_numpy, shards
+from loaderx import DataLoader, DenseDataset, RaggedDataset, from_numpy, shards
 from loaderx.zrecord import ChecksumError
 
 
@@ -42,11 +42,26 @@ def test_shards_read_as_one_index_space(dense):
     root, array = dense
     rng = np.random.default_rng(1)
     mask = rng.random(len(array)) < 0.3
-    selectors = [5, -1, 499, slice(None), slice(10, 400, 7), slice(None, None, -3), [499, 0, 0, 60, 200],
-                 rng.integers(0, 500, 300), rng.integers(-500, 500, (4, 5)), mask, np.array([], dtype=np.int64)]
+    selectors = [
+        5,
+        -1,
+        499,
+        slice(None),
+        slice(10, 400, 7),
+        slice(None, None, -3),
+        [499, 0, 0, 60, 200],
+        rng.integers(0, 500, 300),
+        rng.integers(-500, 500, (4, 5)),
+        mask,
+        np.array([], dtype=np.int64),
+    ]
     with DenseDataset(root / "sharded") as sharded, DenseDataset(root / "single") as single:
         assert len(sharded) == 500 and sharded.shape == (500, 3, 2)
-        assert (sharded.dtype, sharded.item_shape, sharded.codec) == (single.dtype, single.item_shape, single.codec)
+        assert (sharded.dtype, sharded.item_shape, sharded.codec) == (
+            single.dtype,
+            single.item_shape,
+            single.codec,
+        )
         for selector in selectors:
             np.testing.assert_array_equal(sharded[selector], array[selector])
             np.testing.assert_array_equal(sharded[selector], single[selector])
@@ -61,7 +76,9 @@ def test_shards_read_as_one_index_space(dense):
         assert sharded.store.verify() == []
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     cuts=st.lists(st.integers(0, 120), max_size=9),
     picks=st.lists(st.integers(0, 119), min_size=1, max_size=80),
@@ -99,10 +116,20 @@ def test_ragged_shards_read_as_one(tmp_path):
 def test_bytes_and_object_arrays_become_ragged_shards(tmp_path):
     """bytes records and object arrays of arrays are ragged; a plain array is dense."""
     shards.write_shard(tmp_path / "b", 0, [b"ab", b"", b"xyz"])
-    shards.write_shard(tmp_path / "b", 1, np.array([np.arange(3, dtype=np.uint8), np.arange(1, dtype=np.uint8)], dtype=object))
+    shards.write_shard(
+        tmp_path / "b",
+        1,
+        np.array([np.arange(3, dtype=np.uint8), np.arange(1, dtype=np.uint8)], dtype=object),
+    )
     shards.commit(tmp_path / "b")
     with RaggedDataset(tmp_path / "b") as dataset:
-        assert [bytes(record) for record in dataset[:]] == [b"ab", b"", b"xyz", b"\x00\x01\x02", b"\x00"]
+        assert [bytes(record) for record in dataset[:]] == [
+            b"ab",
+            b"",
+            b"xyz",
+            b"\x00\x01\x02",
+            b"\x00",
+        ]
 
 
 @pytest.mark.parametrize("mode", [0, 1, 2])
@@ -116,7 +143,9 @@ def test_dataloader_over_shards_matches_single_stores(dense, mode):
 
     def loader(path, shard=None, batch_size=32):
         streams = {"x": DenseDataset(path), "y": DenseDataset(label_root)}
-        return DataLoader(streams, num_workers=2, batch_size=batch_size, mode=mode, seed=7, shard=shard)
+        return DataLoader(
+            streams, num_workers=2, batch_size=batch_size, mode=mode, seed=7, shard=shard
+        )
 
     with loader(root / "sharded") as sharded, loader(root / "single") as single:
         batches = [next(sharded) for _ in range(20)]
@@ -141,7 +170,9 @@ def test_dataloader_cyclic_mode_sees_every_row_once_per_cycle(tmp_path):
     """CYCLIC over 8 shards: one cycle of batches is a permutation of all rows."""
     labels = np.arange(256, dtype=np.int64)
     write_split(tmp_path / "y", labels, even_bounds(256, 8), codec="raw")
-    with DataLoader({"y": DenseDataset(tmp_path / "y")}, num_workers=2, batch_size=32, mode=2, seed=3) as loader:
+    with DataLoader(
+        {"y": DenseDataset(tmp_path / "y")}, num_workers=2, batch_size=32, mode=2, seed=3
+    ) as loader:
         seen = np.concatenate([next(loader)["y"] for _ in range(8)])
     np.testing.assert_array_equal(np.sort(seen), labels)
 
@@ -180,7 +211,9 @@ def test_a_failed_shard_write_leaves_no_shard(tmp_path):
 
     with pytest.raises(OSError, match="source broke"):
         shards.write_shard(tmp_path / "d", 0, records())
-    assert [name for name in os.listdir(tmp_path / "d") if not name.startswith(".lock-")] == []  # lock files stay by design
+    assert [
+        name for name in os.listdir(tmp_path / "d") if not name.startswith(".lock-")
+    ] == []  # lock files stay by design
 
 
 def test_existing_and_committed_shards_are_not_overwritten_by_accident(tmp_path):
@@ -280,7 +313,11 @@ def test_readme_sharded_block_runs(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     readme = (Path(__file__).resolve().parent.parent / "docs" / "guides" / "scaling.md").read_text()
-    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if 'shards.write_shard("sharded"' in b)
+    block = next(
+        b
+        for b in re.findall(r"```python\n(.*?)```", readme, re.S)
+        if 'shards.write_shard("sharded"' in b
+    )
     exec(compile(block, "scaling guide sharded block", "exec"), {})
     assert shards.is_sharded(tmp_path / "sharded")
 
@@ -294,12 +331,18 @@ def test_the_native_handle_refuses_rows_its_stores_do_not_hold(tmp_path):
     with DenseDataset(tmp_path / "d") as dataset:
         handles = ffi.new("lx_store *[]", [shard._handle for shard in dataset.store.shards])
         out = ffi.new("lx_shards **")
-        for starts, message in (([0, 5, 10], "shard 0 is listed with rows 0..5 but holds 4"),
-                                ([1, 4, 10], "starting at 0"),
-                                ([0, 4, 3], "shard 1 is listed with rows 4..3")):
+        for starts, message in (
+            ([0, 5, 10], "shard 0 is listed with rows 0..5 but holds 4"),
+            ([1, 4, 10], "starting at 0"),
+            ([0, 4, 3], "shard 1 is listed with rows 4..3"),
+        ):
             row_starts = np.array(starts, dtype=np.uint64)
             with pytest.raises(ZrecordError, match=message):
-                check(lib.lx_shards_open(handles, ffi.cast("uint64_t *", ffi.from_buffer(row_starts)), 2, 0, out))
+                check(
+                    lib.lx_shards_open(
+                        handles, ffi.cast("uint64_t *", ffi.from_buffer(row_starts)), 2, 0, out
+                    )
+                )
             assert out[0] == ffi.NULL
 
 

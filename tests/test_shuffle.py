@@ -72,7 +72,9 @@ def test_every_length_round_trips_including_lengths_not_a_multiple_of_the_elemen
 
 @pytest.mark.parametrize("element_bytes", [2, 4, 8])
 @pytest.mark.parametrize("length", [4096, 4099])
-def test_a_shuffled_record_is_a_standard_zstd_frame_of_the_shuffled_bytes(tmp_path, element_bytes, length):
+def test_a_shuffled_record_is_a_standard_zstd_frame_of_the_shuffled_bytes(
+    tmp_path, element_bytes, length
+):
     """Any zstd tool decodes the stored payload to the record shuffled by the
     filter's definition (trailing bytes of an odd length kept at the end)."""
     record = (np.arange(length) // 7 % 251).astype(np.uint8).tobytes()
@@ -84,12 +86,31 @@ def test_a_shuffled_record_is_a_standard_zstd_frame_of_the_shuffled_bytes(tmp_pa
     assert zstandard.ZstdDecompressor().decompress(frame) == shuffle_bytes(record, element_bytes)
 
 
-@pytest.mark.parametrize("dtype", ["<i2", "<u2", "<f2", "<i4", "<u4", "<f4", "<i8", "<u8", "<f8", "<c8", "<c16", "<M8[s]", "<m8[ms]"])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        "<i2",
+        "<u2",
+        "<f2",
+        "<i4",
+        "<u4",
+        "<f4",
+        "<i8",
+        "<u8",
+        "<f8",
+        "<c8",
+        "<c16",
+        "<M8[s]",
+        "<m8[ms]",
+    ],
+)
 def test_every_numeric_dtype_round_trips_through_the_converter(tmp_path, dtype):
     """Whatever codec auto picks for the dtype, the rows come back exactly."""
     values = smooth(40, np.float64)
     kind = np.dtype(dtype).kind
-    array = (values * 100).astype(np.int64).astype(dtype) if kind in "iumM" else values.astype(dtype)
+    array = (
+        (values * 100).astype(np.int64).astype(dtype) if kind in "iumM" else values.astype(dtype)
+    )
     from_numpy(tmp_path / "d", array, progress=False)
     with DenseDataset(tmp_path / "d") as dataset:
         assert np.array_equal(dataset[:], array)
@@ -178,9 +199,17 @@ def test_unknown_codec_ids_and_shuffles_of_other_codecs_are_refused(tmp_path):
         ("smooth float32", smooth(50), "zstd_shuffle4"),
         ("smooth float64", smooth(50, np.float64), "zstd_shuffle8"),
         ("smooth float16", smooth(50, np.float16), "zstd_shuffle2"),
-        ("small int32 labels", np.random.default_rng(3).integers(0, 1000, (50, 1024)).astype(np.int32), "zstd_shuffle4"),
+        (
+            "small int32 labels",
+            np.random.default_rng(3).integers(0, 1000, (50, 1024)).astype(np.int32),
+            "zstd_shuffle4",
+        ),
         ("uint8 pixels", np.tile(np.arange(64, dtype=np.uint8), (50, 64)), "zstd"),
-        ("random uint64 bits", np.random.default_rng(4).integers(0, 2**63, (50, 512), dtype=np.uint64), "zstd"),
+        (
+            "random uint64 bits",
+            np.random.default_rng(4).integers(0, 2**63, (50, 512), dtype=np.uint64),
+            "zstd",
+        ),
         ("strings", np.array([["label-%d" % (i % 7)] * 8 for i in range(50)]), "zstd"),
     ],
 )
@@ -233,13 +262,23 @@ def test_from_iterator_tries_the_shuffle_on_its_first_records(tmp_path):
 def test_cli_info_names_the_shuffled_codec(tmp_path):
     """`loaderx info` shows the codec the converter picked."""
     from_numpy(tmp_path / "d", smooth(20), progress=False)
-    result = subprocess.run([sys.executable, "-m", "loaderx", "info", "--json", str(tmp_path / "d")],
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "loaderx", "info", "--json", str(tmp_path / "d")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert json.loads(result.stdout)["codec"] == "zstd_shuffle4"
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.binary(max_size=300), st.sampled_from(["raw", "zstd", *PLAIN_SHUFFLES])), min_size=1, max_size=12))
+@given(
+    st.lists(
+        st.tuples(st.binary(max_size=300), st.sampled_from(["raw", "zstd", *PLAIN_SHUFFLES])),
+        min_size=1,
+        max_size=12,
+    )
+)
 def test_any_mix_of_records_and_codecs_round_trips(tmp_path_factory, batches):
     """Property: each record appended with its own codec reads back exactly."""
     path = tmp_path_factory.mktemp("mix") / "s"

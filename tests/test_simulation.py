@@ -25,9 +25,22 @@ def run_simulation(tmp_path: Path, scale: int) -> dict:
     report = tmp_path / "simulation.json"
     env = {**os.environ, "LOADERX_SIM_SCALE": str(scale), "LOADERX_SIM_REPORT": str(report)}
     result = subprocess.run(
-        [sys.executable, "-m", "ziglang", "build", "test", "-Doptimize=ReleaseSafe",
-         f"-Dzstd={find_zstd()}", "--summary", "all"],
-        cwd=ROOT, capture_output=True, text=True, timeout=3600, env=env,
+        [
+            sys.executable,
+            "-m",
+            "ziglang",
+            "build",
+            "test",
+            "-Doptimize=ReleaseSafe",
+            f"-Dzstd={find_zstd()}",
+            "--summary",
+            "all",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env=env,
     )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     assert report.exists(), "the simulation did not run (or did not report its counts)"
@@ -58,19 +71,47 @@ def test_crash_and_corruption_suites_pass_on_a_release_safe_build(tmp_path):
     core aborts the worker and fails them."""
     prefix = tmp_path / "safe"
     subprocess.run(
-        [sys.executable, "-m", "ziglang", "build", "-Doptimize=ReleaseSafe",
-         f"-Dzstd={find_zstd()}", "--prefix", str(prefix)],
-        cwd=ROOT, check=True, capture_output=True, timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "ziglang",
+            "build",
+            "-Doptimize=ReleaseSafe",
+            f"-Dzstd={find_zstd()}",
+            "--prefix",
+            str(prefix),
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=900,
     )
     library = prefix / "lib" / "libloaderx.so"
     env = {**os.environ, "LOADERX_LIBRARY": str(library)}
-    probe = subprocess.run([sys.executable, "-c", "from loaderx import _native; print(_native._LIBRARY)"],
-                           env=env, capture_output=True, text=True, check=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "from loaderx import _native; print(_native._LIBRARY)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert probe.stdout.strip() == str(library)
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         str(ROOT / "tests" / "test_crash.py"), str(ROOT / "tests" / "test_corruption.py")],
-        cwd=ROOT, capture_output=True, text=True, timeout=1800, env=env,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(ROOT / "tests" / "test_crash.py"),
+            str(ROOT / "tests" / "test_corruption.py"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
     )
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     assert " passed" in result.stdout

@@ -5,7 +5,16 @@ import json
 import numpy as np
 import pytest
 
-from loaderx import DataLoader, DenseDataset, RaggedBatch, RaggedDataset, Sampler, from_iterator, from_numpy, pad
+from loaderx import (
+    DataLoader,
+    DenseDataset,
+    RaggedBatch,
+    RaggedDataset,
+    Sampler,
+    from_iterator,
+    from_numpy,
+    pad,
+)
 
 LENGTH = 61
 MODES = list(Sampler.Mode)
@@ -30,8 +39,11 @@ def sources(tmp_path_factory):
 @pytest.fixture
 def streams(sources):
     root, _, _ = sources
-    opened = {"tokens": RaggedDataset(root / "tokens"), "points": RaggedDataset(root / "points"),
-              "y": DenseDataset(root / "labels")}
+    opened = {
+        "tokens": RaggedDataset(root / "tokens"),
+        "points": RaggedDataset(root / "points"),
+        "y": DenseDataset(root / "labels"),
+    }
     yield opened
     for dataset in opened.values():
         dataset.close()
@@ -39,7 +51,11 @@ def streams(sources):
 
 def reference(sources, indices):
     _, tokens, points = sources
-    return {"tokens": [tokens[i] for i in indices], "points": [points[i] for i in indices], "y": np.asarray(indices)}
+    return {
+        "tokens": [tokens[i] for i in indices],
+        "points": [points[i] for i in indices],
+        "y": np.asarray(indices),
+    }
 
 
 def assert_batch(batch, want):
@@ -106,15 +122,21 @@ def test_ragged_shards_concatenate_to_the_single_host_batch(streams, mode):
     world_size, share = 3, 4
     per_rank = []
     for rank in range(world_size):
-        with DataLoader(streams, num_workers=2, batch_size=share, mode=mode, shard=(rank, world_size)) as loader:
+        with DataLoader(
+            streams, num_workers=2, batch_size=share, mode=mode, shard=(rank, world_size)
+        ) as loader:
             per_rank.append(take(loader, 6))
     with DataLoader(streams, num_workers=2, batch_size=share * world_size, mode=mode) as single:
         whole = take(single, 6)
     for step in range(6):
         for name in ("tokens", "points"):
             parts = [per_rank[rank][step][name] for rank in range(world_size)]
-            np.testing.assert_array_equal(np.concatenate([part.values for part in parts]), whole[step][name].values)
-            np.testing.assert_array_equal(np.concatenate([part.lengths for part in parts]), whole[step][name].lengths)
+            np.testing.assert_array_equal(
+                np.concatenate([part.values for part in parts]), whole[step][name].values
+            )
+            np.testing.assert_array_equal(
+                np.concatenate([part.lengths for part in parts]), whole[step][name].lengths
+            )
 
 
 def test_ragged_gather_error_reaches_the_consumer(sources):
@@ -147,11 +169,14 @@ def test_gather_packed_fills_offsets_and_values_in_one_call(sources, tmp_path, s
     buffer = np.full(rows * 12 + 5, 0xAB, dtype=np.uint8)
     for given in (buffer, None, buffer[: rows * 12 - 1]):
         values, offsets = dataset.gather_packed(indices, given)
-        assert offsets.dtype == np.int64 and offsets.tolist() == np.cumsum([0] + [len(r) for r in expected]).tolist()
+        assert (
+            offsets.dtype == np.int64
+            and offsets.tolist() == np.cumsum([0] + [len(r) for r in expected]).tolist()
+        )
         assert values.shape == (rows, 3) and values.dtype == np.float32
         np.testing.assert_array_equal(values, np.concatenate(expected))
         assert np.shares_memory(values, buffer) == (given is buffer)
-    assert (buffer[rows * 12:] == 0xAB).all()  # nothing written past the batch
+    assert (buffer[rows * 12 :] == 0xAB).all()  # nothing written past the batch
     values, offsets = dataset.gather_packed(np.array([], dtype=np.uint64))
     assert values.shape == (0, 3) and offsets.tolist() == [0]
     with pytest.raises(IndexError):
@@ -168,10 +193,18 @@ def test_gather_rows_refuses_a_record_of_partial_rows_and_reads_nothing(sources)
     with Zrecord(root / "tokens") as store:
         indices = np.array([1, 2], dtype=np.uint64)
         target = np.zeros(1024, dtype=np.uint8)
-        odd = next(i for i, record in enumerate(tokens) if len(record) % 2)  # 4 * odd bytes: not 8-byte rows
-        with pytest.raises(InvalidArgumentError, match=f"record {odd} .* not a whole number of 8-byte rows"):
+        odd = next(
+            i for i, record in enumerate(tokens) if len(record) % 2
+        )  # 4 * odd bytes: not 8-byte rows
+        with pytest.raises(
+            InvalidArgumentError, match=f"record {odd} .* not a whole number of 8-byte rows"
+        ):
             store.gather_rows(np.array([0, odd], dtype=np.uint64), 8, target)
         assert not target.any()
         needed, offsets = store.gather_rows(indices, 4, target[:3])
-        assert needed == 4 * (len(tokens[1]) + len(tokens[2])) and offsets.tolist() == [0, 4 * len(tokens[1]), needed]
+        assert needed == 4 * (len(tokens[1]) + len(tokens[2])) and offsets.tolist() == [
+            0,
+            4 * len(tokens[1]),
+            needed,
+        ]
         assert not target.any()

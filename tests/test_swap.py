@@ -49,7 +49,11 @@ def _reader(path: str, deadline: float, results) -> None:
                 continue  # not created yet
             with DenseDataset(path) as dataset:
                 data = dataset[:]
-            assert data.shape == (200, 16) and float(data[0, 0]) in values and (data == data[0, 0]).all(), "a mixed store"
+            assert (
+                data.shape == (200, 16)
+                and float(data[0, 0]) in values
+                and (data == data[0, 0]).all()
+            ), "a mixed store"
             opens += 1
     except BaseException as exc:
         results.put(("error", f"reader after {opens} opens: {type(exc).__name__}: {exc}"))
@@ -67,7 +71,10 @@ def test_concurrent_overwriters_and_a_reader(tmp_path):
     context = multiprocessing.get_context("fork")
     results = context.Queue()
     deadline = time.monotonic() + RACE_SECONDS
-    processes = [context.Process(target=_overwriter, args=(path, index, deadline, results)) for index in range(3)]
+    processes = [
+        context.Process(target=_overwriter, args=(path, index, deadline, results))
+        for index in range(3)
+    ]
     processes.append(context.Process(target=_reader, args=(path, deadline + 0.5, results)))
     for process in processes:
         process.start()
@@ -78,7 +85,9 @@ def test_concurrent_overwriters_and_a_reader(tmp_path):
     assert not errors, errors
     writers = [report[1] for report in reports if report[0] == "writer"]
     assert sum(outcome["ok"] for outcome in writers) >= 1
-    print(f"\nwriters {writers}, reader opens {[report[1] for report in reports if report[0] == 'reader']}")
+    print(
+        f"\nwriters {writers}, reader opens {[report[1] for report in reports if report[0] == 'reader']}"
+    )
     with DenseDataset(path) as dataset:
         data = dataset[:]
     assert any(np.array_equal(data, array) for array in ARRAYS)
@@ -138,12 +147,21 @@ def test_a_copied_store_with_a_leftover_commit_record_opens(tmp_path):
     root = tmp_path / "store"
     with ArrayStore(root) as store:
         store.save({"x": np.zeros(2), "y": np.zeros(4)})
-    subprocess.run([sys.executable, "-c", _KILLED_SAVE, str(root)], check=False, timeout=120, env={**os.environ})
+    subprocess.run(
+        [sys.executable, "-c", _KILLED_SAVE, str(root)],
+        check=False,
+        timeout=120,
+        env={**os.environ},
+    )
     assert (root / ".commit.msgpack").exists()
     copy = tmp_path / "copy"
     subprocess.run(["cp", "-a", str(root), str(copy)], check=True, timeout=60)
     with ArrayStore(copy) as store:
-        assert store.load("x").tolist() == list(range(5)) and store.load("y").tolist() == [1.0, 1.0, 1.0]
+        assert store.load("x").tolist() == list(range(5)) and store.load("y").tolist() == [
+            1.0,
+            1.0,
+            1.0,
+        ]
     assert not (copy / ".commit.msgpack").exists()
 
 

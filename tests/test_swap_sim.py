@@ -23,16 +23,14 @@ LOADERX_SOAK=1 runs the soak variant with many more seeds.
 from __future__ import annotations
 
 import errno
-import os
 import time
 
 import numpy as np
 import pytest
+from simfs import MOUNT, PowerLoss, SimFs
 
 from loaderx import DenseDataset, RaggedDataset, from_iterator, from_numpy, shards
 from loaderx._fs import LOCK_PREFIX, DirectorySwap, readable_path, swap_in
-
-from simfs import MOUNT, PowerLoss, SimFs
 
 PARENT = MOUNT + "/data"
 TARGET = PARENT + "/store"
@@ -71,7 +69,11 @@ def swap_calls(monkeypatch) -> list:
 
 # ---- converters: first creation and overwrite -----------------------------------
 
-DENSE = [np.arange(6, dtype=np.int32), np.arange(40, 52, dtype=np.int32).reshape(4, 3), np.zeros(0, dtype=np.int32)]
+DENSE = [
+    np.arange(6, dtype=np.int32),
+    np.arange(40, 52, dtype=np.int32).reshape(4, 3),
+    np.zeros(0, dtype=np.int32),
+]
 RAGGED = [[np.arange(3, dtype=np.int16), np.arange(0, dtype=np.int16)], [b"abc"]]
 
 
@@ -87,7 +89,13 @@ def expected(op):
     kind, value = op
     if kind == "numpy":
         return ("dense", value.dtype.str, value.shape, value.tobytes())
-    return ("ragged", tuple(np.frombuffer(item, np.uint8).tobytes() if isinstance(item, bytes) else item.tobytes() for item in value))
+    return (
+        "ragged",
+        tuple(
+            np.frombuffer(item, np.uint8).tobytes() if isinstance(item, bytes) else item.tobytes()
+            for item in value
+        ),
+    )
 
 
 def read_target(sim: SimFs, target: str = TARGET):
@@ -107,10 +115,19 @@ def read_target(sim: SimFs, target: str = TARGET):
             return ("dense", array.dtype.str, array.shape, array.tobytes())
     except ValueError:
         with RaggedDataset(real) as dataset:
-            return ("ragged", tuple(np.asarray(dataset[index]).tobytes() for index in range(len(dataset))))
+            return (
+                "ragged",
+                tuple(np.asarray(dataset[index]).tobytes() for index in range(len(dataset))),
+            )
 
 
-CONVERSIONS = [("numpy", DENSE[0]), ("numpy", DENSE[1]), ("iterator", RAGGED[0]), ("numpy", DENSE[2]), ("iterator", RAGGED[1])]
+CONVERSIONS = [
+    ("numpy", DENSE[0]),
+    ("numpy", DENSE[1]),
+    ("iterator", RAGGED[0]),
+    ("numpy", DENSE[2]),
+    ("iterator", RAGGED[1]),
+]
 
 
 def run_ops(sim: SimFs, ops, apply, at: int | None, seed: int) -> int:
@@ -145,7 +162,11 @@ def crash_points(workdir: str, ops, apply, seeds: int):
             for seed in range(seeds):
                 sim = new_sim(workdir, exchange)
                 acked = run_ops(sim, ops, apply, at, seed)
-                yield sim, acked, f"exchange={exchange}, crash before mutation {at} of {total}, seed {seed}, {acked} calls acknowledged"
+                yield (
+                    sim,
+                    acked,
+                    f"exchange={exchange}, crash before mutation {at} of {total}, seed {seed}, {acked} calls acknowledged",
+                )
 
 
 def sweep_conversion_crashes(workdir: str, seeds: int) -> int:
@@ -154,7 +175,9 @@ def sweep_conversion_crashes(workdir: str, seeds: int) -> int:
         possible = [expected(CONVERSIONS[acked - 1]) if acked else None]
         if acked < len(CONVERSIONS):
             possible.append(expected(CONVERSIONS[acked]))
-        assert read_target(sim) in possible, f"the target is at no acknowledged or in-flight state ({context})"
+        assert read_target(sim) in possible, (
+            f"the target is at no acknowledged or in-flight state ({context})"
+        )
         convert(sim, CONVERSIONS[-1])  # a rerun is never refused because of what the cut left
         assert read_target(sim) == expected(CONVERSIONS[-1]), context
         assert_clean(sim, PARENT, {"store"})
@@ -209,11 +232,15 @@ def sweep_faults(workdir: str, exchange: bool, setup, ops, apply, read, states, 
                     sim.clear_faults()  # (reading needs a working disk)
                     assert read(sim) in allowed, f"after the error: a half state ({context})"
                     sim.crash(at)
-                    assert read(sim) in allowed, f"after a power cut at the error: a half state ({context})"
+                    assert read(sim) in allowed, (
+                        f"after a power cut at the error: a half state ({context})"
+                    )
                     apply(sim, op)  # works again
                 assert read(sim) == states[-1], context
                 sim.clear_faults()
-                apply(sim, ops[-1])  # garbage a fault left (a failed deletion) is the next writer's to delete
+                apply(
+                    sim, ops[-1]
+                )  # garbage a fault left (a failed deletion) is the next writer's to delete
                 assert read(sim) == states[-1], context
                 clean(sim)
                 runs += 1
@@ -224,7 +251,16 @@ def sweep_conversion_faults(workdir: str, exchange: bool) -> int:
     """Every fault at every fallible call of two overwrites."""
     first, ops = CONVERSIONS[:1], CONVERSIONS[1:3]
     states = [expected(op) for op in first + ops]
-    return sweep_faults(workdir, exchange, first, ops, convert, read_target, states, lambda sim: assert_clean(sim, PARENT, {"store"}))
+    return sweep_faults(
+        workdir,
+        exchange,
+        first,
+        ops,
+        convert,
+        read_target,
+        states,
+        lambda sim: assert_clean(sim, PARENT, {"store"}),
+    )
 
 
 def test_every_fault_at_every_call_of_an_overwrite(workdir):
@@ -254,7 +290,14 @@ def test_a_second_overwriter_gets_store_locked_error(workdir):
 # ---- sharded datasets ---------------------------------------------------------------
 
 DATASET = PARENT + "/shards"
-SHARD_OPS = [("write", 0, DENSE[0][:4]), ("write", 1, DENSE[0][4:]), ("commit",), ("write", 2, DENSE[0][:1]), ("write", 2, DENSE[0][1:3]), ("commit",)]
+SHARD_OPS = [
+    ("write", 0, DENSE[0][:4]),
+    ("write", 1, DENSE[0][4:]),
+    ("commit",),
+    ("write", 2, DENSE[0][:1]),
+    ("write", 2, DENSE[0][1:3]),
+    ("commit",),
+]
 
 
 def apply_shard(sim: SimFs, op) -> None:
@@ -294,17 +337,25 @@ def sweep_shard_crashes(workdir: str, seeds: int) -> int:
     runs = 0
     for sim, acked, context in crash_points(workdir, SHARD_OPS, apply_shard, seeds):
         possible = [states[acked][1]] + ([states[acked + 1][1]] if acked < len(SHARD_OPS) else [])
-        assert read_dataset(sim) in possible, f"the committed dataset is not what commit acknowledged ({context})"
+        assert read_dataset(sim) in possible, (
+            f"the committed dataset is not what commit acknowledged ({context})"
+        )
         for k, content in states[acked][0].items():
-            with DenseDataset(sim.real_path(readable_path(f"{DATASET}/{shards.shard_name(k)}", sim))) as shard:
+            with DenseDataset(
+                sim.real_path(readable_path(f"{DATASET}/{shards.shard_name(k)}", sim))
+            ) as shard:
                 in_flight = acked < len(SHARD_OPS) and SHARD_OPS[acked][:2] == ("write", k)
                 allowed = [content] + ([SHARD_OPS[acked][2].tobytes()] if in_flight else [])
-                assert shard[:].tobytes() in allowed, f"acknowledged shard {k} is not whole ({context})"
+                assert shard[:].tobytes() in allowed, (
+                    f"acknowledged shard {k} is not whole ({context})"
+                )
         for op in SHARD_OPS[acked:]:
             apply_shard(sim, op)  # the rest of the run works on what the cut left
         assert read_dataset(sim) == states[-1][1], context
         listing = set(sim.listdir(DATASET))
-        assert not {name for name in listing if name.startswith((".new-", ".prev-", ".tmp"))}, f"leftovers {sorted(listing)} ({context})"
+        assert not {name for name in listing if name.startswith((".new-", ".prev-", ".tmp"))}, (
+            f"leftovers {sorted(listing)} ({context})"
+        )
         runs += 1
     return runs
 
@@ -328,13 +379,21 @@ def test_every_fault_at_every_call_of_sharded_writes_and_commits(workdir):
     committed dataset is the old or the new one, never a half one."""
     setup = SHARD_OPS[:2]  # shards 0 and 1 written, nothing committed
     ops = [("write", 1, DENSE[1][:, 0].copy()), ("write", 2, DENSE[0][:2]), ("commit",)]
-    states = [None, None, None, (DENSE[0][:4].tobytes(), DENSE[1][:, 0].copy().tobytes(), DENSE[0][:2].tobytes())]
+    states = [
+        None,
+        None,
+        None,
+        (DENSE[0][:4].tobytes(), DENSE[1][:, 0].copy().tobytes(), DENSE[0][:2].tobytes()),
+    ]
 
     def clean(sim: SimFs) -> None:
         listing = sim.listdir(DATASET)
         assert not [name for name in listing if name.startswith((".new-", ".prev-"))], listing
 
-    runs = sum(sweep_faults(workdir, exchange, setup, ops, apply_shard, read_dataset, states, clean) for exchange in (True, False))
+    runs = sum(
+        sweep_faults(workdir, exchange, setup, ops, apply_shard, read_dataset, states, clean)
+        for exchange in (True, False)
+    )
     counted("shards faults", runs)
     assert runs >= 100
 
@@ -350,17 +409,24 @@ def test_commit_refuses_while_a_writer_runs_and_leaves_its_staging(workdir):
     for op in SHARD_OPS[:3]:
         apply_shard(sim, op)
     writer = sim.lock(DATASET + "/" + LOCK_PREFIX + shards.MANIFEST_FILE, shared=True)
-    sim.build_store(DATASET + "/.new-shard-00002", lambda path: from_numpy(path, DENSE[0], progress=False, _staged=True))
+    sim.build_store(
+        DATASET + "/.new-shard-00002",
+        lambda path: from_numpy(path, DENSE[0], progress=False, _staged=True),
+    )
     with pytest.raises(StoreLockedError, match="write_shard is running"):
         shards.commit(DATASET, _fs=sim)
-    assert sim.exists(DATASET + "/.new-shard-00002"), "commit deleted a running writer's staging directory"
+    assert sim.exists(DATASET + "/.new-shard-00002"), (
+        "commit deleted a running writer's staging directory"
+    )
     apply_shard(sim, ("write", 3, DENSE[0]))  # writers share the lock
     sim.unlock(writer)
     committing = sim.lock(DATASET + "/" + LOCK_PREFIX + shards.MANIFEST_FILE)
     with pytest.raises(StoreLockedError, match="commit is running"):
         apply_shard(sim, ("write", 4, DENSE[0]))
     sim.unlock(committing)
-    apply_shard(sim, ("write", 2, DENSE[0]))  # the killed writer's staging is the next writer's to clean
+    apply_shard(
+        sim, ("write", 2, DENSE[0])
+    )  # the killed writer's staging is the next writer's to clean
     assert shards.commit(DATASET, _fs=sim) == 4 + 2 + 6 + 6
     assert not sim.exists(DATASET + "/.new-shard-00002")
 
@@ -380,10 +446,18 @@ def test_power_loss_and_faults_at_every_call_of_the_cli_parquet_convert(workdir,
     from loaderx import cli
     from loaderx.arrow import from_arrow, open_columns
 
-    tables = [pa.table({"a": np.arange(5, dtype=np.int64)}), pa.table({"a": np.arange(7, 10, dtype=np.int64), "b": np.ones(3)})]
+    tables = [
+        pa.table({"a": np.arange(5, dtype=np.int64)}),
+        pa.table({"a": np.arange(7, 10, dtype=np.int64), "b": np.ones(3)}),
+    ]
 
     def run(sim: SimFs, table) -> None:
-        cli._write_columns(COLUMNS, "w", lambda staging: from_arrow(staging, table, codec="raw", progress=False), sim)
+        cli._write_columns(
+            COLUMNS,
+            "w",
+            lambda staging: from_arrow(staging, table, codec="raw", progress=False),
+            sim,
+        )
 
     def read(sim: SimFs):
         path = readable_path(COLUMNS, sim)  # open_columns' rule
@@ -396,7 +470,10 @@ def test_power_loss_and_faults_at_every_call_of_the_cli_parquet_convert(workdir,
             for dataset in opened.values():
                 dataset.close()
 
-    states = [None] + [{name: table.column(name).to_numpy().tobytes() for name in table.column_names} for table in tables]
+    states = [None] + [
+        {name: table.column(name).to_numpy().tobytes() for name in table.column_names}
+        for table in tables
+    ]
     calls = swap_calls(monkeypatch)
     runs = 0
     for sim, acked, context in crash_points(workdir, tables, run, seeds=3):
@@ -408,7 +485,10 @@ def test_power_loss_and_faults_at_every_call_of_the_cli_parquet_convert(workdir,
     counted("cli convert power losses", runs)
     assert runs >= 60 and calls
     clean = lambda sim: assert_clean(sim, PARENT, {"cols"})  # noqa: E731
-    faults = sum(sweep_faults(workdir, exchange, tables[:1], tables[1:], run, read, states[1:], clean) for exchange in (True, False))
+    faults = sum(
+        sweep_faults(workdir, exchange, tables[:1], tables[1:], run, read, states[1:], clean)
+        for exchange in (True, False)
+    )
     counted("cli convert faults", faults)
     assert faults >= 40
 
@@ -423,7 +503,10 @@ def test_a_two_rename_swap_cut_short_is_put_back(workdir):
     sim = new_sim(workdir, False)
     convert(sim, CONVERSIONS[0])
     sim.rename(TARGET, PARENT + "/.prev-store")
-    sim.build_store(PARENT + "/.new-store", lambda path: from_numpy(path, DENSE[1], progress=False, _staged=True))
+    sim.build_store(
+        PARENT + "/.new-store",
+        lambda path: from_numpy(path, DENSE[1], progress=False, _staged=True),
+    )
     sim.write_new(PARENT + "/other", b"user data")
     with DirectorySwap(TARGET, sim, RuntimeError):
         pass
@@ -440,5 +523,7 @@ def test_soak_swap_power_loss(workdir):
     started = time.perf_counter()
     runs = sweep_conversion_crashes(workdir, seeds=120) + sweep_shard_crashes(workdir, seeds=40)
     counted("soak power losses", runs)
-    print(f"\n{runs} simulated power losses through the swap in {time.perf_counter() - started:.0f} s")
+    print(
+        f"\n{runs} simulated power losses through the swap in {time.perf_counter() - started:.0f} s"
+    )
     assert runs >= 10_000

@@ -8,7 +8,18 @@ import shutil
 import numpy as np
 import pytest
 
-from loaderx import ArrayStore, DataLoader, DenseDataset, Packing, RaggedDataset, Sampler, Zrecord, from_iterator, from_numpy, pad
+from loaderx import (
+    ArrayStore,
+    DataLoader,
+    DenseDataset,
+    Packing,
+    RaggedDataset,
+    Sampler,
+    Zrecord,
+    from_iterator,
+    from_numpy,
+    pad,
+)
 from loaderx.dataloader import NUM_WORKERS_MAX, PREFETCH_SIZE_MAX, PROCESS_WORKERS_MAX
 from loaderx.dataset import THREADS_MAX
 from loaderx.sampler import BATCH_SIZE_MAX
@@ -22,7 +33,11 @@ def double(batch):
 def stores(tmp_path_factory):
     root = tmp_path_factory.mktemp("validation")
     from_numpy(root / "dense", np.arange(40.0).reshape(20, 2), progress=False)
-    from_iterator(root / "ragged", [np.arange(3, dtype=np.int64), np.arange(2, dtype=np.int64)], progress=False)
+    from_iterator(
+        root / "ragged",
+        [np.arange(3, dtype=np.int64), np.arange(2, dtype=np.int64)],
+        progress=False,
+    )
     return root
 
 
@@ -36,22 +51,72 @@ def dense(stores):
 
 SIZE_CASES = [
     # (what, call(dense dataset, tmp_path), words of the message)
-    ("prefetch_size=10**9 (hung at the first batch)", lambda d, t: DataLoader({"x": d}, prefetch_size=10**9), r"prefetch_size must be in 1\.\.1,024"),
-    ("prefetch_size=0", lambda d, t: DataLoader({"x": d}, prefetch_size=0), r"prefetch_size must be in 1\.\."),
-    ("num_workers=10**6 (hung)", lambda d, t: DataLoader({"x": d}, num_workers=10**6), r"num_workers must be in 0\.\.1,024"),
-    ("num_workers=-1", lambda d, t: DataLoader({"x": d}, num_workers=-1), r"num_workers must be in 0\.\."),
-    ("worker processes past the cap", lambda d, t: DataLoader({"x": d}, num_workers=PROCESS_WORKERS_MAX + 1, transform_processes=True,
-                                                              transform=double), r"transform_processes=True must be in 1\.\.128"),
-    ("Sampler(10, 2**62) (32 EiB at the first batch)", lambda d, t: Sampler(10, 2**62, "iid"), r"batch_size must be in 1\.\.2\*\*24"),
-    ("DataLoader batch_size=2**40", lambda d, t: DataLoader({"x": d}, batch_size=2**40), r"batch_size must be in 1\.\.2\*\*24"),
-    ("DenseDataset threads=10**6", lambda d, t: DenseDataset(d.path, threads=10**6), r"threads must be in 0\.\.1,024"),
-    ("Zrecord threads=2**40 (a cffi OverflowError)", lambda d, t: Zrecord(d.path, threads=2**40), r"threads must be in 0\.\.1,024"),
-    ("from_numpy chunk_bytes=10**15", lambda d, t: from_numpy(t / "c", np.zeros(4), chunk_bytes=10**15, progress=False),
-     r"chunk_bytes must be in 1\.\.4,294,967,296"),
-    ("from_iterator chunk_bytes=10**15 (a petabyte buffer)", lambda d, t: from_iterator(t / "c", [np.zeros(2)], chunk_bytes=10**15, progress=False),
-     r"chunk_bytes must be in 1\.\."),
+    (
+        "prefetch_size=10**9 (hung at the first batch)",
+        lambda d, t: DataLoader({"x": d}, prefetch_size=10**9),
+        r"prefetch_size must be in 1\.\.1,024",
+    ),
+    (
+        "prefetch_size=0",
+        lambda d, t: DataLoader({"x": d}, prefetch_size=0),
+        r"prefetch_size must be in 1\.\.",
+    ),
+    (
+        "num_workers=10**6 (hung)",
+        lambda d, t: DataLoader({"x": d}, num_workers=10**6),
+        r"num_workers must be in 0\.\.1,024",
+    ),
+    (
+        "num_workers=-1",
+        lambda d, t: DataLoader({"x": d}, num_workers=-1),
+        r"num_workers must be in 0\.\.",
+    ),
+    (
+        "worker processes past the cap",
+        lambda d, t: DataLoader(
+            {"x": d},
+            num_workers=PROCESS_WORKERS_MAX + 1,
+            transform_processes=True,
+            transform=double,
+        ),
+        r"transform_processes=True must be in 1\.\.128",
+    ),
+    (
+        "Sampler(10, 2**62) (32 EiB at the first batch)",
+        lambda d, t: Sampler(10, 2**62, "iid"),
+        r"batch_size must be in 1\.\.2\*\*24",
+    ),
+    (
+        "DataLoader batch_size=2**40",
+        lambda d, t: DataLoader({"x": d}, batch_size=2**40),
+        r"batch_size must be in 1\.\.2\*\*24",
+    ),
+    (
+        "DenseDataset threads=10**6",
+        lambda d, t: DenseDataset(d.path, threads=10**6),
+        r"threads must be in 0\.\.1,024",
+    ),
+    (
+        "Zrecord threads=2**40 (a cffi OverflowError)",
+        lambda d, t: Zrecord(d.path, threads=2**40),
+        r"threads must be in 0\.\.1,024",
+    ),
+    (
+        "from_numpy chunk_bytes=10**15",
+        lambda d, t: from_numpy(t / "c", np.zeros(4), chunk_bytes=10**15, progress=False),
+        r"chunk_bytes must be in 1\.\.4,294,967,296",
+    ),
+    (
+        "from_iterator chunk_bytes=10**15 (a petabyte buffer)",
+        lambda d, t: from_iterator(t / "c", [np.zeros(2)], chunk_bytes=10**15, progress=False),
+        r"chunk_bytes must be in 1\.\.",
+    ),
     ("Packing seq_len=10**9", lambda d, t: Packing(10**9), r"seq_len must be in 1\.\.16,777,216"),
-    ("Packing window=10**9", lambda d, t: Packing(8, Packing.Strategy.FIRST_FIT, window=10**9), r"window must be in 1\.\.4,096"),
+    (
+        "Packing window=10**9",
+        lambda d, t: Packing(8, Packing.Strategy.FIRST_FIT, window=10**9),
+        r"window must be in 1\.\.4,096",
+    ),
 ]
 
 
@@ -67,19 +132,30 @@ def test_sizes_out_of_range_raise_value_error_naming_the_range(dense, tmp_path, 
 def test_the_largest_sizes_are_accepted(dense):
     """Each range is inclusive: its largest value is a working argument."""
     assert Sampler(BATCH_SIZE_MAX, BATCH_SIZE_MAX, "cyclic").batch_size == BATCH_SIZE_MAX
-    with DataLoader({"x": dense}, num_workers=NUM_WORKERS_MAX, prefetch_size=PREFETCH_SIZE_MAX, batch_size=4) as loader:
+    with DataLoader(
+        {"x": dense}, num_workers=NUM_WORKERS_MAX, prefetch_size=PREFETCH_SIZE_MAX, batch_size=4
+    ) as loader:
         assert next(loader)["x"].shape == (4, 2)
     with DenseDataset(dense.path, threads=THREADS_MAX) as again:
         np.testing.assert_array_equal(again[[3, 1]], dense[[3, 1]])
 
 
-@pytest.mark.parametrize("edit, words", [
-    ({"step": 2**64}, r"step must be in 0\.\.18,446,744,073,709,551,615, got 18,446,744,073,709,551,616"),
-    ({"step": -1}, r"step must be in 0\.\."),
-    ({"step": "3"}, r"state step must be an int, got str '3': the state is damaged"),
-    ({"step": 3, "anchor": {"step": 5, "position": 0}}, r"comes before its anchor"),
-    ({"step": 3, "anchor": {"step": 2**64, "position": 0}}, r"anchor step must be in 0\.\.18,446,744,073,709,551,615"),
-])
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (
+            {"step": 2**64},
+            r"step must be in 0\.\.18,446,744,073,709,551,615, got 18,446,744,073,709,551,616",
+        ),
+        ({"step": -1}, r"step must be in 0\.\."),
+        ({"step": "3"}, r"state step must be an int, got str '3': the state is damaged"),
+        ({"step": 3, "anchor": {"step": 5, "position": 0}}, r"comes before its anchor"),
+        (
+            {"step": 3, "anchor": {"step": 2**64, "position": 0}},
+            r"anchor step must be in 0\.\.18,446,744,073,709,551,615",
+        ),
+    ],
+)
 def test_a_resume_state_out_of_range_is_refused_on_load(dense, edit, words):
     """A state whose step cannot be run (2**64 was accepted and failed at the first
     batch, in a worker) is refused by load_state_dict itself."""
@@ -111,7 +187,13 @@ def test_prefetch_slots_are_allocated_as_they_are_needed(stores, tmp_path):
     with DenseDataset(tmp_path / "wide") as wide:
         tracemalloc.start()
         try:
-            loader = DataLoader({"x": wide}, num_workers=1, prefetch_size=PREFETCH_SIZE_MAX, batch_size=16, transform=hold)
+            loader = DataLoader(
+                {"x": wide},
+                num_workers=1,
+                prefetch_size=PREFETCH_SIZE_MAX,
+                batch_size=16,
+                transform=hold,
+            )
             next(loader)
             _, peak = tracemalloc.get_traced_memory()
         finally:
@@ -124,21 +206,68 @@ def test_prefetch_slots_are_allocated_as_they_are_needed(stores, tmp_path):
 # ---- section 6: types are checked where they enter
 
 
-@pytest.mark.parametrize("call, error, words", [
-    (lambda root: ArrayStore(root / "a", durable="no"), TypeError, "durable must be True or False"),
-    (lambda root: ArrayStore(root / "a", durable=0), TypeError, "durable must be True or False"),
-    (lambda root: DenseDataset(root / "dense", verify="no"), TypeError, "verify must be True, False or None"),
-    (lambda root: Zrecord(root / "z", verify="yes"), TypeError, "verify must be True, False or None"),
-    (lambda root: Zrecord(root / "z", durable="no"), TypeError, "durable must be True or False"),
-    (lambda root: DataLoader({"x": DenseDataset(root / "dense")}, transform_processes="no"), TypeError, "transform_processes must be True or False"),
-    (lambda root: from_numpy(root / "p", np.zeros(3), progress="yes"), TypeError, "progress must be True, False or a text stream"),
-    (lambda root: from_iterator(root / "p", [np.zeros(3)], progress="no"), TypeError, "progress must be True, False or a text stream"),
-    (lambda root: from_numpy(root / "p", np.zeros(3), chunk_bytes=True), TypeError, "chunk_bytes must be an int"),
-    (lambda root: from_numpy(root / "p", np.zeros(3), chunk_bytes=4096.0), TypeError, "chunk_bytes must be an int"),
-    (lambda root: Packing(8.0), TypeError, "seq_len must be an int"),
-    (lambda root: Sampler(10, 2.0, "iid"), TypeError, "batch_size must be an integer"),
-    (lambda root: DataLoader({"x": DenseDataset(root / "dense")}, prefetch_size="4"), TypeError, "prefetch_size must be an int"),
-])
+@pytest.mark.parametrize(
+    "call, error, words",
+    [
+        (
+            lambda root: ArrayStore(root / "a", durable="no"),
+            TypeError,
+            "durable must be True or False",
+        ),
+        (
+            lambda root: ArrayStore(root / "a", durable=0),
+            TypeError,
+            "durable must be True or False",
+        ),
+        (
+            lambda root: DenseDataset(root / "dense", verify="no"),
+            TypeError,
+            "verify must be True, False or None",
+        ),
+        (
+            lambda root: Zrecord(root / "z", verify="yes"),
+            TypeError,
+            "verify must be True, False or None",
+        ),
+        (
+            lambda root: Zrecord(root / "z", durable="no"),
+            TypeError,
+            "durable must be True or False",
+        ),
+        (
+            lambda root: DataLoader({"x": DenseDataset(root / "dense")}, transform_processes="no"),
+            TypeError,
+            "transform_processes must be True or False",
+        ),
+        (
+            lambda root: from_numpy(root / "p", np.zeros(3), progress="yes"),
+            TypeError,
+            "progress must be True, False or a text stream",
+        ),
+        (
+            lambda root: from_iterator(root / "p", [np.zeros(3)], progress="no"),
+            TypeError,
+            "progress must be True, False or a text stream",
+        ),
+        (
+            lambda root: from_numpy(root / "p", np.zeros(3), chunk_bytes=True),
+            TypeError,
+            "chunk_bytes must be an int",
+        ),
+        (
+            lambda root: from_numpy(root / "p", np.zeros(3), chunk_bytes=4096.0),
+            TypeError,
+            "chunk_bytes must be an int",
+        ),
+        (lambda root: Packing(8.0), TypeError, "seq_len must be an int"),
+        (lambda root: Sampler(10, 2.0, "iid"), TypeError, "batch_size must be an integer"),
+        (
+            lambda root: DataLoader({"x": DenseDataset(root / "dense")}, prefetch_size="4"),
+            TypeError,
+            "prefetch_size must be an int",
+        ),
+    ],
+)
 def test_flags_and_sizes_of_the_wrong_type_raise_type_error(stores, tmp_path, call, error, words):
     """A string or float where a bool or int is expected is refused, saying what is
     expected: durable="no" used to stay durable, progress="yes" to be taken as True."""
@@ -147,7 +276,11 @@ def test_flags_and_sizes_of_the_wrong_type_raise_type_error(stores, tmp_path, ca
             shutil.copytree(stores / name, tmp_path / name)
     with pytest.raises(error, match=words):
         call(tmp_path)
-    assert not (tmp_path / "a").exists() and not (tmp_path / "z").exists() and not (tmp_path / "p").exists()
+    assert (
+        not (tmp_path / "a").exists()
+        and not (tmp_path / "z").exists()
+        and not (tmp_path / "p").exists()
+    )
 
 
 @pytest.mark.parametrize("value", ["str", b"raw bytes"])
@@ -209,7 +342,9 @@ def test_refresh_after_the_directory_was_deleted_says_so(tmp_path):
     from_numpy(tmp_path / "gone", np.arange(10.0), progress=False)
     with DenseDataset(tmp_path / "gone") as dataset:
         shutil.rmtree(tmp_path / "gone")
-        with pytest.raises(FileNotFoundError, match="was deleted or moved since this handle opened it"):
+        with pytest.raises(
+            FileNotFoundError, match="was deleted or moved since this handle opened it"
+        ):
             dataset.refresh()
 
 

@@ -43,7 +43,7 @@ def read_all(store):
     offsets[1:] = np.cumsum(lengths[:-1])
     buffer = bytearray(int(lengths.sum()))
     store.gather(np.arange(count), buffer, offsets)
-    return [bytes(buffer[int(o):int(o) + int(n)]) for o, n in zip(offsets, lengths)]
+    return [bytes(buffer[int(o) : int(o) + int(n)]) for o, n in zip(offsets, lengths)]
 
 
 def compressible(size, seed):
@@ -84,7 +84,9 @@ def test_raw_equal_length_records_use_the_fixed_layout_with_no_table(tmp_path):
         out = np.empty(5, dtype=np.int64)
         store.gather([7, 999_999, 0, 7, 123], out)
         assert out.tolist() == [7, 999_999, 0, 7, 123]
-    total = sum(os.path.getsize(tmp_path / "labels" / name) for name in os.listdir(tmp_path / "labels"))
+    total = sum(
+        os.path.getsize(tmp_path / "labels" / name) for name in os.listdir(tmp_path / "labels")
+    )
     assert total <= labels.nbytes * 1.01 + 16 * 1024
 
 
@@ -110,16 +112,18 @@ def test_zstd_records_are_standard_frames(tmp_path):
         stats = store.stats()
     # Read the frames straight from the files, using the documented format.
     superblock = open(path / "superblock", "rb").read()
-    slots = [np.frombuffer(superblock[i * 4096:i * 4096 + 256], dtype="<u8") for i in range(2)]
+    slots = [np.frombuffer(superblock[i * 4096 : i * 4096 + 256], dtype="<u8") for i in range(2)]
     slot = max(slots, key=lambda s: s[2])  # word 2 is the generation
     data_id, index_id, dict_id = int(slot[5]), int(slot[7]), int(slot[11])
     data = open(path / f"data-{data_id:016x}", "rb").read()
-    entries = np.frombuffer(open(path / f"index-{index_id:016x}", "rb").read(), dtype="<u8").reshape(-1, 4)
+    entries = np.frombuffer(
+        open(path / f"index-{index_id:016x}", "rb").read(), dtype="<u8"
+    ).reshape(-1, 4)
     dictionary = zstandard.ZstdCompressionDict(open(path / f"dict-{dict_id:016x}", "rb").read())
     assert len(entries) == stats["records"] == 40
     for k, (offset, raw_bytes, stored_codec, _checksum) in enumerate(entries):
         stored, codec = int(stored_codec) & ((1 << 56) - 1), int(stored_codec) >> 56
-        frame = data[int(offset):int(offset) + stored]
+        frame = data[int(offset) : int(offset) + stored]
         assert codec == (CODECS["zstd"] if k < 20 else CODECS["zstd_dict"])
         decoder = zstandard.ZstdDecompressor(dict_data=dictionary if codec == 2 else None)
         assert decoder.decompress(frame) == records[k % 20]
@@ -153,7 +157,9 @@ def test_fixed_gather_into_too_small_buffer_writes_nothing(tmp_path):
         store.append(b"abcdefghijkl", [0, 4, 8])
         assert store.stats()["layout"] == "fixed"
         dst = bytearray(b"." * 11)
-        with pytest.raises(ZrecordError, match="does not fit the destination: it has 11 bytes, the batch needs 12"):
+        with pytest.raises(
+            ZrecordError, match="does not fit the destination: it has 11 bytes, the batch needs 12"
+        ):
             store.gather([2, 0, 1], dst)
         assert dst == bytearray(b"." * 11)
         out = bytearray(8)
@@ -215,8 +221,12 @@ resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
 store.append(b"y" * 500, [0])
 print("after:", len(store))
 """
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert "full: cannot write 'data-" in result.stdout and "free some space" in result.stdout, result.stdout + result.stderr
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert "full: cannot write 'data-" in result.stdout and "free some space" in result.stdout, (
+        result.stdout + result.stderr
+    )
     assert "after: 3" in result.stdout
     with Zrecord(path) as store:
         assert read_all(store) == [b"x" * 500, b"x" * 500, b"y" * 500]
@@ -290,7 +300,9 @@ def test_second_writer_is_refused_and_readers_are_not(tmp_path):
                 "assert s.read(0) == b'abc'\n"
                 "try:\n    s.append(b'x', [0])\nexcept StoreLockedError as e:\n    print('refused:', e)\n"
             )
-            result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+            result = subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+            )
             assert "refused" in result.stdout, result.stderr
     with Zrecord(path) as again:  # the lock went with the first writer
         again.append(b"d", [0])
@@ -316,8 +328,16 @@ def test_use_after_close_raises_and_close_is_idempotent(tmp_path):
     store.append(b"a", [0])
     store.close()
     store.close()
-    for call in (lambda: len(store), lambda: store.read(0), lambda: store.append(b"a", [0]),
-                 lambda: store.delete([0]), store.compact, store.sync, store.stats, store.verify):
+    for call in (
+        lambda: len(store),
+        lambda: store.read(0),
+        lambda: store.append(b"a", [0]),
+        lambda: store.delete([0]),
+        store.compact,
+        store.sync,
+        store.stats,
+        store.verify,
+    ):
         with pytest.raises(StoreClosedError, match="closed"):
             call()
 
@@ -339,7 +359,7 @@ def test_gather_while_another_thread_appends(tmp_path):
                     buffer = bytearray(int(lengths.sum()))
                     store.gather(indices, buffer, offsets)
                     for i in range(150):
-                        if buffer[int(offsets[i]):int(offsets[i]) + int(lengths[i])] != record(i):
+                        if buffer[int(offsets[i]) : int(offsets[i]) + int(lengths[i])] != record(i):
                             failures.append(i)
                 except Exception as exc:  # noqa: BLE001 - collected and asserted below
                     failures.append(exc)
@@ -382,8 +402,12 @@ def test_readonly_directory_reads_but_refuses_writes():
             "assert s.read(0) == b'abc'\n"
             "try:\n    s.append(b'x', [0])\nexcept ZrecordError as e:\n    print('refused:', e)\n"
         )
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-        assert "refused: cannot write store" in result.stdout and "read-only" in result.stdout, result.stdout + result.stderr
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+        assert "refused: cannot write store" in result.stdout and "read-only" in result.stdout, (
+            result.stdout + result.stderr
+        )
         os.chmod(path, 0o755)
         with Zrecord(path) as store:
             assert read_all(store) == [b"abc"]
@@ -426,7 +450,10 @@ class StoreMachine(RuleBasedStateMachine):
     def open_store(self):
         self.store = Zrecord(self.path, codec="zstd")
 
-    @rule(records=st.lists(record_bytes, min_size=1, max_size=8), codec=st.sampled_from(["raw", "zstd"]))
+    @rule(
+        records=st.lists(record_bytes, min_size=1, max_size=8),
+        codec=st.sampled_from(["raw", "zstd"]),
+    )
     def append(self, records, codec):
         first = self.store.append(*pack(records), codec=codec)
         assert first == len(self.model)
@@ -457,12 +484,16 @@ class StoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model)
     @rule(data=st.data(), codec=st.sampled_from(["raw", "zstd"]))
     def replace(self, data, codec):
-        indices = data.draw(st.lists(st.integers(0, len(self.model) - 1), min_size=1, max_size=5, unique=True))
+        indices = data.draw(
+            st.lists(st.integers(0, len(self.model) - 1), min_size=1, max_size=5, unique=True)
+        )
         same_length = data.draw(st.booleans())
         if same_length:
             records = [bytes([7]) * len(self.model[i]) for i in indices]
         else:
-            records = data.draw(st.lists(record_bytes, min_size=len(indices), max_size=len(indices)))
+            records = data.draw(
+                st.lists(record_bytes, min_size=len(indices), max_size=len(indices))
+            )
         self.store.replace(indices, *pack(records), codec=codec)
         for index, record in zip(indices, records):
             self.model[index] = record
@@ -501,7 +532,9 @@ class StoreMachine(RuleBasedStateMachine):
 
 TestStoreMachine = StoreMachine.TestCase
 TestStoreMachine.settings = settings(
-    max_examples=150, stateful_step_count=25, deadline=None,
+    max_examples=150,
+    stateful_step_count=25,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 
@@ -521,14 +554,17 @@ def test_append_offsets_must_start_at_zero(tmp_path):
         assert read_all(store) == [b"abcd", b"ef"]
 
 
-@pytest.mark.parametrize("offsets, overlapping", [
-    ([0, 8], True),            # the issue's case: the second record overwrote the first
-    ([8, 0], True),            # unsorted offsets are checked too
-    ([16, 0], False),
-    ([0, 16], False),
-    ([40, 0, 20], False),
-    ([0, 40, 10], True),       # record 0 at [0, 16) and record 2 at [10, 26), not adjacent
-])
+@pytest.mark.parametrize(
+    "offsets, overlapping",
+    [
+        ([0, 8], True),  # the issue's case: the second record overwrote the first
+        ([8, 0], True),  # unsorted offsets are checked too
+        ([16, 0], False),
+        ([0, 16], False),
+        ([40, 0, 20], False),
+        ([0, 40, 10], True),  # record 0 at [0, 16) and record 2 at [10, 26), not adjacent
+    ],
+)
 def test_gather_refuses_overlapping_destination_ranges(tmp_path, offsets, overlapping):
     """Two records whose destination ranges overlap are refused before anything is written."""
     with Zrecord(tmp_path / "store", codec="zstd") as store:
@@ -627,7 +663,9 @@ def test_reads_check_checksums_by_default_where_it_costs_little(tmp_path):
     path = tmp_path / "zstd"
     with Zrecord(path, codec="zstd") as store:
         store.append(*pack(records))
-        assert store.stats()["layout"] == "indexed" and store.stats()["live_bytes"] == 900  # stored raw
+        assert (
+            store.stats()["layout"] == "indexed" and store.stats()["live_bytes"] == 900
+        )  # stored raw
     _flip_record_byte(path, None, 1, records[1])
     with Zrecord(path) as store:
         with pytest.raises(ChecksumError, match="record 1"):
@@ -656,9 +694,15 @@ def test_codec_table_comes_from_the_core():
     from loaderx.zrecord import CODECS, SHUFFLE_ELEMENT_BYTES, codec_parts, shuffle_bytes
 
     assert CODECS == {
-        "raw": 0x00, "zstd": 0x01, "zstd_dict": 0x02,
-        "zstd_shuffle2": 0x11, "zstd_shuffle4": 0x21, "zstd_shuffle8": 0x31,
-        "zstd_dict_shuffle2": 0x12, "zstd_dict_shuffle4": 0x22, "zstd_dict_shuffle8": 0x32,
+        "raw": 0x00,
+        "zstd": 0x01,
+        "zstd_dict": 0x02,
+        "zstd_shuffle2": 0x11,
+        "zstd_shuffle4": 0x21,
+        "zstd_shuffle8": 0x31,
+        "zstd_dict_shuffle2": 0x12,
+        "zstd_dict_shuffle4": 0x22,
+        "zstd_dict_shuffle8": 0x32,
     }
     assert SHUFFLE_ELEMENT_BYTES == (2, 4, 8)
     assert codec_parts("zstd_dict_shuffle4")[2:] == (4, True)
@@ -667,5 +711,7 @@ def test_codec_table_comes_from_the_core():
     for element_bytes in SHUFFLE_ELEMENT_BYTES:
         whole = record.size // element_bytes * element_bytes
         planes = record[:whole].reshape(-1, element_bytes).T.reshape(-1)
-        np.testing.assert_array_equal(shuffle_bytes(record, element_bytes), np.concatenate([planes, record[whole:]]))
+        np.testing.assert_array_equal(
+            shuffle_bytes(record, element_bytes), np.concatenate([planes, record[whole:]])
+        )
     assert shuffle_bytes(np.empty(0, np.uint8), 4).size == 0

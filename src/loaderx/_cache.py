@@ -56,7 +56,7 @@ import os
 import shutil
 import threading
 import time
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from ._remote import ObjectInfo, ObjectSource, RemoteError, RemoteIntegrityError
 
@@ -103,8 +103,16 @@ class Unit:
 
     def name(self, url: str) -> str:
         """The unit's file name: a hash of everything that identifies its bytes."""
-        text = "\0".join((url, self.key, self.version, str(self.start), str(self.length),
-                          "whole" if self.whole else "range"))
+        text = "\0".join(
+            (
+                url,
+                self.key,
+                self.version,
+                str(self.start),
+                str(self.length),
+                "whole" if self.whole else "range",
+            )
+        )
         return UNIT_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
@@ -116,28 +124,34 @@ def object_unit(info: ObjectInfo, sha256: str | None = None) -> Unit:
 def range_unit(info: ObjectInfo, start: int, length: int, sha256: str | None = None) -> Unit:
     """The unit of ``length`` bytes of an object from ``start``."""
     if start < 0 or length <= 0 or start + length > info.size:
-        raise ValueError(f"range {start}+{length} is not inside {info.key} "
-                         f"({info.size} bytes): give a non-empty range inside it")
+        raise ValueError(
+            f"range {start}+{length} is not inside {info.key} "
+            f"({info.size} bytes): give a non-empty range inside it"
+        )
     return Unit(info.key, length, info.version, start, False, info.etag, sha256)
 
 
-def directory_unit(prefix: str, infos: Sequence[ObjectInfo],
-                   sha256: dict[str, str] | None = None) -> Unit:
+def directory_unit(
+    prefix: str, infos: Sequence[ObjectInfo], sha256: dict[str, str] | None = None
+) -> Unit:
     """The directory unit of the objects ``infos``, all under ``prefix``
     (their keys relative to the source); ``sha256`` maps keys to digests."""
     prefix = prefix.strip("/")
     members = []
     for info in sorted(infos, key=lambda i: i.key):
-        relative = info.key[len(prefix) + 1:] if info.key.startswith(prefix + "/") else ""
+        relative = info.key[len(prefix) + 1 :] if info.key.startswith(prefix + "/") else ""
         parts = relative.split("/")
         if not relative or any(part in ("", ".", "..") for part in parts):
-            raise ValueError(f"object {info.key!r} is not a file under {prefix!r}: a "
-                             "directory unit holds only the objects below its prefix")
+            raise ValueError(
+                f"object {info.key!r} is not a file under {prefix!r}: a "
+                "directory unit holds only the objects below its prefix"
+            )
         members.append(object_unit(info, (sha256 or {}).get(info.key)))
     if not members:
         raise ValueError(f"directory unit {prefix!r} has no objects: list its prefix first")
-    version = hashlib.sha256("\0".join(f"{m.key}\0{m.version}" for m in members)
-                             .encode()).hexdigest()
+    version = hashlib.sha256(
+        "\0".join(f"{m.key}\0{m.version}" for m in members).encode()
+    ).hexdigest()
     return Unit(prefix, sum(m.length for m in members), version, members=tuple(members))
 
 
@@ -215,7 +229,7 @@ class LinkEstimate:
 
     def add(self, size: int, seconds: float) -> None:
         self.samples.append((size, seconds))
-        del self.samples[:-self.SAMPLES]
+        del self.samples[: -self.SAMPLES]
 
     def fit(self) -> tuple[float, float]:
         """(latency seconds, bandwidth bytes/s); bandwidth is inf when unknown."""
@@ -225,8 +239,11 @@ class LinkEstimate:
         mean_n = sum(n for n, _ in self.samples) / count
         mean_t = sum(t for _, t in self.samples) / count
         spread = sum((n - mean_n) ** 2 for n, _ in self.samples)
-        slope = (sum((n - mean_n) * (t - mean_t) for n, t in self.samples) / spread
-                 if spread > 0 else 0.0)
+        slope = (
+            sum((n - mean_n) * (t - mean_t) for n, t in self.samples) / spread
+            if spread > 0
+            else 0.0
+        )
         if slope <= 0:
             return mean_t, math.inf
         return max(0.0, mean_t - slope * mean_n), 1.0 / slope
@@ -252,14 +269,17 @@ class Pin:
         if self.fd < 0:
             raise ValueError(f"the pin of {self.unit.key} was released: acquire it again")
         if self.unit.members:
-            raise ValueError(f"{self.unit.key} is a directory unit: read its files under "
-                             f"{self.path}")
+            raise ValueError(
+                f"{self.unit.key} is a directory unit: read its files under {self.path}"
+            )
         count = self.unit.length - offset if length is None else length
         data = os.pread(self.fd, count, offset)
         if len(data) != count:
             raise RemoteIntegrityError(
                 f"cached unit {self.path} is short ({len(data)} of {count} bytes at "
-                f"{offset}); delete the cache directory and retry", self.path)
+                f"{offset}); delete the cache directory and retry",
+                self.path,
+            )
         return data
 
     def release(self) -> None:
@@ -354,10 +374,18 @@ class UnitCache:
     UnitCache objects, in one process or several, may share ``directory``.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], cache_bytes: int,
-                 source: ObjectSource, *, plan: Plan | Sequence[Sequence[Unit]] | None = None,
-                 prefetch_threads: int = PREFETCH_THREADS, wait_seconds: float = WAIT_SECONDS,
-                 attempts: int = FETCH_ATTEMPTS, durable: bool = True):
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        cache_bytes: int,
+        source: ObjectSource,
+        *,
+        plan: Plan | Sequence[Sequence[Unit]] | None = None,
+        prefetch_threads: int = PREFETCH_THREADS,
+        wait_seconds: float = WAIT_SECONDS,
+        attempts: int = FETCH_ATTEMPTS,
+        durable: bool = True,
+    ):
         if cache_bytes <= 0:
             raise ValueError(f"cache_bytes must be positive, got {cache_bytes}")
         self.directory = os.fspath(directory)
@@ -374,8 +402,9 @@ class UnitCache:
         self._tmp_dir = os.path.join(self.directory, TMP_DIR)
         os.makedirs(self._units_dir, exist_ok=True)
         os.makedirs(self._tmp_dir, exist_ok=True)
-        self._lock_fd = os.open(os.path.join(self.directory, LOCK_FILE), os.O_RDWR | os.O_CREAT,
-                                0o644)
+        self._lock_fd = os.open(
+            os.path.join(self.directory, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644
+        )
         self._thread_lock = threading.RLock()
         self._lock_depth = 0
         self._names: dict[str, Unit] = {}  # file name -> unit, of units this cache has seen
@@ -388,8 +417,11 @@ class UnitCache:
         self._step_seconds = 0.0  # EWMA of the time between steps
         self._last_step_time: float | None = None
         self._threads = max(0, prefetch_threads)
-        self._pool = (concurrent.futures.ThreadPoolExecutor(self._threads, "loaderx-prefetch")
-                      if self._threads else None)
+        self._pool = (
+            concurrent.futures.ThreadPoolExecutor(self._threads, "loaderx-prefetch")
+            if self._threads
+            else None
+        )
         self._closed = False
         try:
             if plan is not None:
@@ -471,7 +503,8 @@ class UnitCache:
                 f"cache_bytes={self.cache_bytes} is smaller than the {need} bytes step {step} "
                 f"reads at once ({len(plan.steps[step])} units, the largest "
                 f"{max(u.length for u in plan.steps[step])} bytes); give cache_bytes of at "
-                f"least {need}, or smaller units")
+                f"least {need}, or smaller units"
+            )
         with self._thread_lock:
             self.plan = plan
             self.now = now
@@ -494,7 +527,8 @@ class UnitCache:
         if unit.length > self.cache_bytes:
             raise CacheTooSmallError(
                 f"cache_bytes={self.cache_bytes} is smaller than unit {unit.key} "
-                f"({unit.length} bytes); give cache_bytes of at least {unit.length}")
+                f"({unit.length} bytes); give cache_bytes of at least {unit.length}"
+            )
         if step is not None:
             self._advance(step)
         name = unit.name(self.url)
@@ -525,8 +559,11 @@ class UnitCache:
         with self._thread_lock:
             if step != self.now and self._last_step_time is not None:
                 sample = (now - self._last_step_time) / max(1, abs(step - self.now))
-                self._step_seconds = (sample if self._step_seconds == 0.0
-                                      else (1 - EWMA) * self._step_seconds + EWMA * sample)
+                self._step_seconds = (
+                    sample
+                    if self._step_seconds == 0.0
+                    else (1 - EWMA) * self._step_seconds + EWMA * sample
+                )
             if step != self.now or self._last_step_time is None:
                 self._last_step_time = now
                 self._read_now.clear()
@@ -540,14 +577,14 @@ class UnitCache:
             raise CacheBusyError(
                 f"waited {self.wait_seconds:.0f} s for {self.url}/{unit.key} in cache "
                 f"{self.directory}: another process is downloading it or every unit is "
-                "pinned by a reader; raise cache_bytes, or release pins sooner")
+                "pinned by a reader; raise cache_bytes, or release pins sooner"
+            )
         if event is not None:
             event.wait(min(remaining, 1.0))
         else:
             time.sleep(min(remaining, POLL_SECONDS))
 
-    def _pin_or_reserve(self, unit: Unit, name: str, demand: bool
-                        ) -> tuple[Pin | None, int | None]:
+    def _pin_or_reserve(self, unit: Unit, name: str, demand: bool) -> tuple[Pin | None, int | None]:
         """Under the directory lock: a pin when the unit is resident, else the
         descriptor of a fresh reservation (``.part``) when space could be made,
         else (None, None): someone is downloading it, or no space is free yet."""
@@ -579,8 +616,10 @@ class UnitCache:
         for step in range(self.now, int(first)):
             for earlier in self.plan.steps[step]:
                 name = earlier.name(self.url)
-                if not (os.path.exists(os.path.join(self._units_dir, name))
-                        or os.path.exists(os.path.join(self._tmp_dir, name + PART_SUFFIX))):
+                if not (
+                    os.path.exists(os.path.join(self._units_dir, name))
+                    or os.path.exists(os.path.join(self._tmp_dir, name + PART_SUFFIX))
+                ):
                     return False
         return True
 
@@ -593,8 +632,7 @@ class UnitCache:
         fcntl.flock(fd, fcntl.LOCK_SH)  # never blocks: evictors hold the directory lock
         return self._pinned_at(unit, name, path, fd, reader)
 
-    def _pinned_at(self, unit: Unit, name: str, path: str, fd: int, reader: bool = True
-                   ) -> Pin:
+    def _pinned_at(self, unit: Unit, name: str, path: str, fd: int, reader: bool = True) -> Pin:
         self._tick += 1
         self._last_use[name] = self._tick
         self._pinned[unit] = self._pinned.get(unit, 0) + 1
@@ -625,7 +663,8 @@ class UnitCache:
             raise CacheBusyError(
                 f"cache_bytes={self.cache_bytes} cannot hold {self.url}/{unit.key} "
                 f"({unit.length} bytes) next to the {own} bytes this process pins; "
-                "release pins before acquiring more, or raise cache_bytes")
+                "release pins before acquiring more, or raise cache_bytes"
+            )
 
     # ---- eviction
 
@@ -682,8 +721,11 @@ class UnitCache:
                     after = self.plan.next_use(unit, int(at))
                     key = -1.0 if after == at else after  # read at ``at`` itself: keep
                 recency = self._last_use.get(entry.name, 0)
-                size = (_bytes_under(entry.path) if entry.is_dir(follow_symlinks=False)
-                        else stat.st_size)
+                size = (
+                    _bytes_under(entry.path)
+                    if entry.is_dir(follow_symlinks=False)
+                    else stat.st_size
+                )
                 ranked.append((-key, recency, stat.st_mtime_ns, entry.name, size, sooner))
         ranked.sort()
         return [(name, size, sooner) for _, _, _, name, size, sooner in ranked]
@@ -771,7 +813,9 @@ class UnitCache:
             self.stats.refetches += 1
         raise RemoteIntegrityError(
             f"{self.url}/{unit.key}: {problem} after {self.attempts} fetches; the object "
-            "or the network corrupts it: check the object, then retry", f"{self.url}/{unit.key}")
+            "or the network corrupts it: check the object, then retry",
+            f"{self.url}/{unit.key}",
+        )
 
     @staticmethod
     def _problem(unit: Unit, data: bytes) -> str:

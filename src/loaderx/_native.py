@@ -97,7 +97,7 @@ def _load_ffi() -> Any:
     header = (_HERE / "_abi.h").read_bytes()
     try:
         built = importlib.import_module(f"{__package__}._ffi")
-        if built.ABI_SHA256 == hashlib.sha256(header).hexdigest():
+        if hashlib.sha256(header).hexdigest() == built.ABI_SHA256:
             return built.ffi
     except Exception:  # noqa: BLE001 - any failure means: parse the header instead
         pass

@@ -37,11 +37,22 @@ CLIENT_TIMEOUT = "60s"
 CLIENT_CONNECT_TIMEOUT = "10s"
 _LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 # Keys of storage_options that are obstore client options, not store config.
-_CLIENT_KEYS = frozenset({
-    "allow_http", "allow_invalid_certificates", "connect_timeout", "default_headers",
-    "http1_only", "http2_only", "pool_idle_timeout", "proxy_url", "timeout",
-    "read_timeout", "user_agent", "root_certificate",
-})
+_CLIENT_KEYS = frozenset(
+    {
+        "allow_http",
+        "allow_invalid_certificates",
+        "connect_timeout",
+        "default_headers",
+        "http1_only",
+        "http2_only",
+        "pool_idle_timeout",
+        "proxy_url",
+        "timeout",
+        "read_timeout",
+        "user_agent",
+        "root_certificate",
+    }
+)
 
 
 # ---- errors
@@ -125,17 +136,23 @@ def parse_url(url: str) -> RemoteURL:
     if scheme not in SCHEMES:
         raise RemoteConfigError(
             f"cannot open {url!r}: the scheme {scheme or '(none)'!r} is not one of "
-            f"{', '.join(s + '://' for s in SCHEMES)}; give one of them", url)
+            f"{', '.join(s + '://' for s in SCHEMES)}; give one of them",
+            url,
+        )
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise RemoteConfigError(
                 f"cannot open {url!r}: a file:// URL names a local path "
-                "(file:///absolute/path), not a host", url)
+                "(file:///absolute/path), not a host",
+                url,
+            )
         return RemoteURL(scheme, "", parts.path.rstrip("/") or "/", url)
     if not parts.netloc:
         raise RemoteConfigError(
             f"cannot open {url!r}: it names no bucket (or host); write "
-            f"{scheme}://<bucket>/<prefix>", url)
+            f"{scheme}://<bucket>/<prefix>",
+            url,
+        )
     return RemoteURL(scheme, parts.netloc, parts.path.strip("/"), url)
 
 
@@ -195,7 +212,8 @@ def _obstore() -> Any:
     except ImportError as exc:
         raise ImportError(
             "reading or writing a dataset in object storage needs obstore: "
-            "pip install 'loaderx[remote]'") from exc
+            "pip install 'loaderx[remote]'"
+        ) from exc
     return obstore
 
 
@@ -216,9 +234,13 @@ def split_options(
     client.setdefault("timeout", CLIENT_TIMEOUT)
     client.setdefault("connect_timeout", CLIENT_CONNECT_TIMEOUT)
     if remote.scheme == "s3":
-        endpoint = str(options.get("endpoint") or options.get("endpoint_url")
-                       or os.environ.get("AWS_ENDPOINT_URL")
-                       or os.environ.get("AWS_ENDPOINT") or "")
+        endpoint = str(
+            options.get("endpoint")
+            or options.get("endpoint_url")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or os.environ.get("AWS_ENDPOINT")
+            or ""
+        )
         if "endpoint_url" in options:
             options["endpoint"] = options.pop("endpoint_url")
         if endpoint.startswith("http://") and "allow_http" not in client:
@@ -226,7 +248,9 @@ def split_options(
                 raise RemoteConfigError(
                     f"cannot open {remote.url!r}: the endpoint {endpoint} is plain HTTP "
                     "on another machine; use https, or pass storage_options="
-                    "{'allow_http': True} if you mean it", remote.url)
+                    "{'allow_http': True} if you mean it",
+                    remote.url,
+                )
             client["allow_http"] = True
     if remote.scheme == "http":
         client.setdefault("allow_http", True)
@@ -240,8 +264,10 @@ def build_store(remote: RemoteURL, storage_options: dict[str, Any] | None = None
     obstore = _obstore()
     stores = obstore.store
     config, client = split_options(remote, storage_options)
-    retry = {"max_retries": CLIENT_RETRIES,
-             "retry_timeout": datetime.timedelta(seconds=CLIENT_RETRY_SECONDS)}
+    retry = {
+        "max_retries": CLIENT_RETRIES,
+        "retry_timeout": datetime.timedelta(seconds=CLIENT_RETRY_SECONDS),
+    }
     common: dict[str, Any] = {"client_options": client, "retry_config": retry}
     prefix = remote.prefix or None
     try:
@@ -266,22 +292,29 @@ def map_error(exc: BaseException, url: str, what: str) -> RemoteError:
     first = str(exc).split("\n", 1)[0][:300]
     if isinstance(exc, FileNotFoundError) or name == "NotFoundError":
         return RemoteNotFoundError(
-            f"cannot {what} {url}: no such object (or bucket); check the URL", url)
+            f"cannot {what} {url}: no such object (or bucket); check the URL", url
+        )
     if name in ("PermissionDeniedError", "UnauthenticatedError") or isinstance(
-            exc, PermissionError):
+        exc, PermissionError
+    ):
         return RemotePermissionError(
             f"cannot {what} {url}: access denied ({first}); set AWS_ACCESS_KEY_ID/"
-            "AWS_SECRET_ACCESS_KEY (or the store's credentials) or storage_options", url)
+            "AWS_SECRET_ACCESS_KEY (or the store's credentials) or storage_options",
+            url,
+        )
     if name == "PreconditionError":
         return RemoteChangedError(
             f"cannot {what} {url}: the object changed while it was read; "
-            "open the dataset again to read its new version", url)
-    if name in ("UnknownConfigurationKeyError", "InvalidPathError") or isinstance(
-            exc, ValueError):
+            "open the dataset again to read its new version",
+            url,
+        )
+    if name in ("UnknownConfigurationKeyError", "InvalidPathError") or isinstance(exc, ValueError):
         return RemoteConfigError(f"cannot {what} {url}: {first}; fix storage_options", url)
     return RemoteNetworkError(
         f"cannot {what} {url} after {CLIENT_RETRIES} retries: {first}; check the "
-        "endpoint and the network, then retry", url)
+        "endpoint and the network, then retry",
+        url,
+    )
 
 
 def _info(meta: Any) -> ObjectInfo:
@@ -338,8 +371,9 @@ class StoreSource:
         multipart = size > MULTIPART_BYTES
 
         def call() -> Any:
-            return self._obstore.put(self.store, key, body, use_multipart=multipart,
-                                     chunk_size=PART_BYTES)
+            return self._obstore.put(
+                self.store, key, body, use_multipart=multipart, chunk_size=PART_BYTES
+            )
 
         result = self._call(key, "upload", call)
         return ObjectInfo(key, size, result.get("e_tag"))
@@ -375,9 +409,14 @@ class RetryingSource:
     backoff and full jitter (seeded, so a test replays the same waits), then
     raises the last error, which names the object and the attempts."""
 
-    def __init__(self, inner: ObjectSource, attempts: int = RETRY_ATTEMPTS,
-                 base_seconds: float = RETRY_BASE_SECONDS, seed: int = 0,
-                 sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        inner: ObjectSource,
+        attempts: int = RETRY_ATTEMPTS,
+        base_seconds: float = RETRY_BASE_SECONDS,
+        seed: int = 0,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         if attempts < 1:
             raise ValueError(f"attempts must be at least 1, got {attempts}")
         self.inner = inner
@@ -396,10 +435,11 @@ class RetryingSource:
             except RemoteNetworkError as exc:
                 if attempt + 1 == self.attempts:
                     raise RemoteNetworkError(
-                        f"{exc} (gave up after {self.attempts} attempts)", exc.url) from exc
+                        f"{exc} (gave up after {self.attempts} attempts)", exc.url
+                    ) from exc
                 with self._lock:
                     self.retries += 1
-                    cap = min(RETRY_MAX_SECONDS, self.base_seconds * 2 ** attempt)
+                    cap = min(RETRY_MAX_SECONDS, self.base_seconds * 2**attempt)
                     wait = self._random.uniform(0, cap)
                 self._sleep(wait)
         raise AssertionError("unreachable: the last attempt returns or raises")
@@ -459,9 +499,12 @@ class FaultySource:
             index = len(self.calls)
             per_method = sum(1 for m, _ in self.calls if m == method)
             self.calls.append((method, key))
-            hits = [f for f in self.faults
-                    if (f.method is None and f.call == index)
-                    or (f.method == method and f.call == per_method)]
+            hits = [
+                f
+                for f in self.faults
+                if (f.method is None and f.call == index)
+                or (f.method == method and f.call == per_method)
+            ]
             self.injected.extend(hits)
         return hits
 
@@ -473,11 +516,12 @@ class FaultySource:
             if fault.kind == "fail":
                 raise RemoteNetworkError(
                     f"cannot {method} {self.url}/{key}: injected fault (connection reset)",
-                    f"{self.url}/{key}")
+                    f"{self.url}/{key}",
+                )
         result = call()
         for fault in faults:
             if isinstance(result, bytes) and fault.kind == "truncate":
-                result = result[:max(0, len(result) - fault.amount)]  # type: ignore[assignment]
+                result = result[: max(0, len(result) - fault.amount)]  # type: ignore[assignment]
             if isinstance(result, bytes) and fault.kind == "flip" and result:
                 flipped = bytearray(result)
                 flipped[len(flipped) // 2] ^= 0x10
@@ -491,8 +535,7 @@ class FaultySource:
         return self._run("get", key, lambda: self.inner.get(key, etag))
 
     def get_range(self, key: str, start: int, length: int, etag: str | None = None) -> bytes:
-        return self._run("get_range", key,
-                         lambda: self.inner.get_range(key, start, length, etag))
+        return self._run("get_range", key, lambda: self.inner.get_range(key, start, length, etag))
 
     def put(self, key: str, data: Data) -> ObjectInfo:
         return self._run("put", key, lambda: self.inner.put(key, data))
@@ -502,4 +545,3 @@ class FaultySource:
 
     def delete(self, key: str) -> None:
         self._run("delete", key, lambda: self.inner.delete(key))
-

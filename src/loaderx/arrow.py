@@ -51,9 +51,9 @@ import os
 import re
 import shutil
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, Callable, TextIO
 
 import msgpack
 import numpy as np

@@ -35,14 +35,15 @@ import signal
 import sys
 import tempfile
 import time
-from typing import Any, Callable, NoReturn, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 
 from . import __version__
 from ._fs import OS_FS, DirectorySwap, OsFs
 from .arraystore import MARKER_FILE, ArrayStore
-from .arrow import COLUMNS_FILE, read_listing, from_arrow, open_columns
+from .arrow import COLUMNS_FILE, from_arrow, open_columns, read_listing
 from .converter import from_numpy
 from .dataloader import DataLoader
 from .dataset import DenseDataset, RaggedDataset, read_schema

@@ -33,7 +33,8 @@ import dataclasses
 import itertools
 import math
 import os
-from typing import Any, Callable, Iterable, Iterator, TextIO
+from collections.abc import Iterable, Iterator
+from typing import Any, Callable, TextIO
 
 import msgpack
 import numpy as np
@@ -43,18 +44,26 @@ from ._checks import check_int
 from ._fs import OS_FS, OsFs, write_file_durable
 from ._writing import (
     CHUNK_BYTES as CHUNK_BYTES,
+)
+from ._writing import (
     CHUNK_BYTES_MAX as CHUNK_BYTES_MAX,
+)
+from ._writing import (
     DICT_BYTES as DICT_BYTES,
+)
+from ._writing import (
     DICT_BYTES_MAX as DICT_BYTES_MAX,
+)
+from ._writing import (
     DICT_BYTES_MIN as DICT_BYTES_MIN,
+)
+from ._writing import (
     RECORD_COST_BYTES,
     TRIAL_BYTES_MAX,
     TRIAL_RECORDS_MAX,
     Progress,
     Writer,
     auto_codec,
-    check_chunk_bytes as check_chunk_bytes,
-    check_progress as check_progress,
     codec_name,
     dense_samples,
     packed_trial,
@@ -62,6 +71,12 @@ from ._writing import (
     train_dictionary,
     uses_dictionary,
     write_store,
+)
+from ._writing import (
+    check_chunk_bytes as check_chunk_bytes,
+)
+from ._writing import (
+    check_progress as check_progress,
 )
 from .schema import SCHEMA_FILE, Schema, StrPath, read_schema
 from .zrecord import Zrecord

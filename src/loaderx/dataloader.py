@@ -42,8 +42,8 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Mapping
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -57,8 +57,17 @@ from .sampler import STEP_MAX, Sampler
 from .schedule import ElasticError, Schedule, elastic_anchor
 from .streams import RaggedBatch, reader_for
 
-__all__ = ["DataLoader", "ElasticError", "LoaderError", "Packing", "RaggedBatch", "STATE_VERSION",
-           "NUM_WORKERS_MAX", "PREFETCH_SIZE_MAX", "PROCESS_WORKERS_MAX"]
+__all__ = [
+    "DataLoader",
+    "ElasticError",
+    "LoaderError",
+    "Packing",
+    "RaggedBatch",
+    "STATE_VERSION",
+    "NUM_WORKERS_MAX",
+    "PREFETCH_SIZE_MAX",
+    "PROCESS_WORKERS_MAX",
+]
 
 #: Version 2 added the global batch and the anchor of an elastic resume;
 #: version 1 states (no anchor) still load.
@@ -131,16 +140,28 @@ class _Batches:
     transform. Computing a batch touches nothing mutable but the stats
     counters, so any thread may do it."""
 
-    def __init__(self, schedule: Schedule, streams: dict[str, DenseDataset | RaggedDataset], transform: Callable[[Any], Any],
-                 stats: _Stats, packer: Any = None, mixer: Mixer | None = None) -> None:
+    def __init__(
+        self,
+        schedule: Schedule,
+        streams: dict[str, DenseDataset | RaggedDataset],
+        transform: Callable[[Any], Any],
+        stats: _Stats,
+        packer: Any = None,
+        mixer: Mixer | None = None,
+    ) -> None:
         self.schedule = schedule
         self.transform = transform
         self.stats = stats
         self.packer = packer
         self.mixer = mixer
-        self.readers = [] if packer or mixer else [
-            (name, reader_for(dataset, schedule.sampler.batch_size)) for name, dataset in streams.items()
-        ]
+        self.readers = (
+            []
+            if packer or mixer
+            else [
+                (name, reader_for(dataset, schedule.sampler.batch_size))
+                for name, dataset in streams.items()
+            ]
+        )
 
     def plan(self) -> Any:
         """The packer's plan of the next step (None without packing). Called in
@@ -158,7 +179,11 @@ class _Batches:
         return [reader.allocate() for _, reader in self.readers]
 
     def compute(
-        self, step: int, plan: Any, indices: npt.NDArray[np.uint64], outputs: list[Any],
+        self,
+        step: int,
+        plan: Any,
+        indices: npt.NDArray[np.uint64],
+        outputs: list[Any],
         transform: Callable[[Any], Any] | None = None,
     ) -> Any:
         """Batch ``step`` (with ``plan`` from ``plan()``) gathered into ``outputs``
@@ -176,7 +201,10 @@ class _Batches:
             else:
                 self.schedule.indices(step, indices)
                 sampled = time.perf_counter()
-                batch = {name: reader.read(indices, out) for (name, reader), out in zip(self.readers, outputs)}
+                batch = {
+                    name: reader.read(indices, out)
+                    for (name, reader), out in zip(self.readers, outputs)
+                }
         except BaseException as exc:
             raise _StepFailure(step, "reading the batch", exc) from exc
         gathered = time.perf_counter()
@@ -225,7 +253,12 @@ class _Pipeline:
     """
 
     def __init__(
-        self, batches: _Batches, num_workers: int, capacity: int, first_step: int, processes: bool = False,
+        self,
+        batches: _Batches,
+        num_workers: int,
+        capacity: int,
+        first_step: int,
+        processes: bool = False,
     ) -> None:
         self.batches = batches
         self.capacity = capacity
@@ -248,8 +281,12 @@ class _Pipeline:
             self._close_runners()
             raise
         self.threads = [
-            threading.Thread(target=self._work, args=(self.runners[number] if processes else None,),
-                             name=f"loaderx-worker-{number}", daemon=True)
+            threading.Thread(
+                target=self._work,
+                args=(self.runners[number] if processes else None,),
+                name=f"loaderx-worker-{number}",
+                daemon=True,
+            )
             for number in range(num_workers)
         ]
         for thread in self.threads:
@@ -259,7 +296,9 @@ class _Pipeline:
         indices = np.empty(self.batches.schedule.sampler.batch_size, dtype=np.uint64)
         while True:
             with self.lock:
-                while not self.closed and (self.claimed >= self.next_step + self.capacity or self._first_in_flight()):
+                while not self.closed and (
+                    self.claimed >= self.next_step + self.capacity or self._first_in_flight()
+                ):
                     self.space.wait()
                 if self.closed:
                     return
@@ -275,7 +314,12 @@ class _Pipeline:
                     raise plan
                 if outputs is None:
                     outputs = self._allocate(step)
-                entry: tuple[int, Any, _StepFailure | None, Any] | None = (step, self.batches.compute(step, plan, indices, outputs, runner), None, plan)
+                entry: tuple[int, Any, _StepFailure | None, Any] | None = (
+                    step,
+                    self.batches.compute(step, plan, indices, outputs, runner),
+                    None,
+                    plan,
+                )
             except _StepFailure as failure:
                 entry = (step, None, failure, None)
             with self.lock:
@@ -292,7 +336,11 @@ class _Pipeline:
         """True while the first step is being computed: it runs alone, with all
         the native threads, so the first batch arrives after one batch's time
         rather than after ``num_workers`` batches computed side by side."""
-        return self.claimed > self.first_step and self.next_step == self.first_step and self.first_step not in self.slots
+        return (
+            self.claimed > self.first_step
+            and self.next_step == self.first_step
+            and self.first_step not in self.slots
+        )
 
     def _allocate(self, step: int) -> list[Any]:
         """A worker's own output arrays, when the consumer left no spare."""
@@ -310,8 +358,12 @@ class _Pipeline:
                 step = self.next_step
                 if step in self.slots:
                     break
-                if not self.ready.wait(_STALL_CHECK_SECONDS) and not any(thread.is_alive() for thread in self.threads):
-                    raise RuntimeError("the DataLoader's worker threads are gone (was the interpreter shutting down?)")
+                if not self.ready.wait(_STALL_CHECK_SECONDS) and not any(
+                    thread.is_alive() for thread in self.threads
+                ):
+                    raise RuntimeError(
+                        "the DataLoader's worker threads are gone (was the interpreter shutting down?)"
+                    )
             entry_step, batch, failure, plan = self.slots[step]
             assert entry_step == step, (entry_step, step)
             if failure is not None:
@@ -319,7 +371,9 @@ class _Pipeline:
             del self.slots[step]
             self.next_step = step + 1
             # Replaces the batch handed out while workers could use it, within the budget.
-            if len(self.spare) < min(self.num_workers, self.capacity - (self.claimed - self.next_step)):
+            if len(self.spare) < min(
+                self.num_workers, self.capacity - (self.claimed - self.next_step)
+            ):
                 self.spare.append(self.batches.allocate())
             assert len(self.spare) + self.claimed - self.next_step <= self.capacity
             self.space.notify()
@@ -367,10 +421,18 @@ class DataLoader:
     """
 
     def __init__(
-        self, streams: Mapping[str, DenseDataset | RaggedDataset] | Sequence[Mapping[str, DenseDataset | RaggedDataset]], num_workers: int = 4,
-        batch_size: int = 256, prefetch_size: int = 4, mode: Sampler.Mode | int | str = 1, seed: int = 42,
-        transform: Callable[[dict[str, Any]], Any] = _identity, shard: tuple[int, int] | None = None,
-        packing: Packing | None = None, weights: Sequence[float] | npt.NDArray[np.floating[Any]] | None = None,
+        self,
+        streams: Mapping[str, DenseDataset | RaggedDataset]
+        | Sequence[Mapping[str, DenseDataset | RaggedDataset]],
+        num_workers: int = 4,
+        batch_size: int = 256,
+        prefetch_size: int = 4,
+        mode: Sampler.Mode | int | str = 1,
+        seed: int = 42,
+        transform: Callable[[dict[str, Any]], Any] = _identity,
+        shard: tuple[int, int] | None = None,
+        packing: Packing | None = None,
+        weights: Sequence[float] | npt.NDArray[np.floating[Any]] | None = None,
         transform_processes: bool = False,
     ) -> None:
         sources = None
@@ -381,12 +443,21 @@ class DataLoader:
         self._num_workers = check_int("num_workers", num_workers, 0, NUM_WORKERS_MAX)
         self._prefetch_size = check_int("prefetch_size", prefetch_size, 1, PREFETCH_SIZE_MAX)
         if not callable(transform):
-            raise TypeError(f"transform must be callable (a batch dict in, a batch out), got {type(transform).__name__}")
+            raise TypeError(
+                f"transform must be callable (a batch dict in, a batch out), got {type(transform).__name__}"
+            )
         self._processes = check_flag("transform_processes", transform_processes)
         if self._processes:
             if self._num_workers == 0:
-                raise ValueError("transform_processes=True runs the transform in the workers' processes: set num_workers >= 1")
-            check_int("num_workers with transform_processes=True", self._num_workers, 1, PROCESS_WORKERS_MAX)
+                raise ValueError(
+                    "transform_processes=True runs the transform in the workers' processes: set num_workers >= 1"
+                )
+            check_int(
+                "num_workers with transform_processes=True",
+                self._num_workers,
+                1,
+                PROCESS_WORKERS_MAX,
+            )
             check_picklable(transform)
         length = len(next(iter(self._streams.values())))
         self._sampler = Sampler(length, batch_size, mode, seed=seed, shard=shard)
@@ -394,12 +465,16 @@ class DataLoader:
         packer = None
         if packing is not None:
             if sources is not None:
-                raise ValueError("packing and weights do not combine yet: pack one ragged stream, or mix unpacked sources")
+                raise ValueError(
+                    "packing and weights do not combine yet: pack one ragged stream, or mix unpacked sources"
+                )
             name, dataset = _packed_stream(packing, self._streams)
             packer = make_packer(packing, name, dataset, self._sampler)
         # weights is not None whenever sources is not
         mixer = None if sources is None else Mixer(sources, weights, batch_size, mode, seed, shard)  # type: ignore[arg-type]
-        self._batches = _Batches(Schedule(self._sampler), self._streams, transform, self._stats, packer, mixer)
+        self._batches = _Batches(
+            Schedule(self._sampler), self._streams, transform, self._stats, packer, mixer
+        )
         self._packing_state = None if packer is None else packer.state()
         self._step = 0
         self._pipeline: _Pipeline | None = None
@@ -417,7 +492,9 @@ class DataLoader:
         if self._failure is not None:
             raise self._failure.loader_error() from self._failure.error
         if self._closed:
-            raise RuntimeError("the DataLoader is closed: create a new one (load_state_dict resumes where this one was)")
+            raise RuntimeError(
+                "the DataLoader is closed: create a new one (load_state_dict resumes where this one was)"
+            )
         started = time.perf_counter()
         try:
             batch, plan = self._take()
@@ -443,9 +520,13 @@ class DataLoader:
                 plan = self._batches.plan()
             except BaseException as exc:
                 raise _StepFailure(self._step, "planning the batch", exc) from exc
-            return self._batches.compute(self._step, plan, self._indices, self._batches.allocate()), plan
+            return self._batches.compute(
+                self._step, plan, self._indices, self._batches.allocate()
+            ), plan
         if self._pipeline is None:
-            self._pipeline = _Pipeline(self._batches, self._num_workers, self._prefetch_size, self._step, self._processes)
+            self._pipeline = _Pipeline(
+                self._batches, self._num_workers, self._prefetch_size, self._step, self._processes
+            )
             self._finalizer = weakref.finalize(self, self._pipeline.close)
         return self._pipeline.take()
 
@@ -456,7 +537,9 @@ class DataLoader:
         )
 
     def __len__(self) -> int:
-        raise TypeError("a DataLoader is endless (step-based): it has no len(); count the steps you take")
+        raise TypeError(
+            "a DataLoader is endless (step-based): it has no len(); count the steps you take"
+        )
 
     # -- epochs (CYCLIC) ---------------------------------------------------------------
 
@@ -546,8 +629,16 @@ class DataLoader:
             "global_batch": self._batches.schedule.global_batch,
             "anchor": self._batches.schedule.anchor,
             **({} if self._packing_state is None else {"packing": self._packing_state}),
-            **({} if self._batches.mixer is None else {"mixing": {
-                "weights": self._batches.mixer.weights.tolist(), "lengths": self._batches.mixer.lengths}}),
+            **(
+                {}
+                if self._batches.mixer is None
+                else {
+                    "mixing": {
+                        "weights": self._batches.mixer.weights.tolist(),
+                        "lengths": self._batches.mixer.lengths,
+                    }
+                }
+            ),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -564,11 +655,17 @@ class DataLoader:
         edited (so that they no longer make its ``global_batch``) is refused.
         """
         if self._pipeline is not None or self._step != 0 or self._closed:
-            raise RuntimeError("load_state_dict must be called before iterating: create a new DataLoader and load the state into it")
+            raise RuntimeError(
+                "load_state_dict must be called before iterating: create a new DataLoader and load the state into it"
+            )
         if not isinstance(state, Mapping):
-            raise TypeError(f"state must be a dict from DataLoader.state_dict(), got {type(state).__name__}")
+            raise TypeError(
+                f"state must be a dict from DataLoader.state_dict(), got {type(state).__name__}"
+            )
         if state.get("version") not in _STATE_VERSIONS:
-            raise ValueError(f"state has version {state.get('version')!r}; this loaderx reads versions {_STATE_VERSIONS}")
+            raise ValueError(
+                f"state has version {state.get('version')!r}; this loaderx reads versions {_STATE_VERSIONS}"
+            )
         saved = _saved_sampler(state)
         mine = self._sampler
         differences = [
@@ -577,16 +674,22 @@ class DataLoader:
             if getattr(saved, key) != getattr(mine, key)
         ]
         if differences:
-            raise ValueError("state was saved by a differently configured DataLoader: " + ", ".join(differences))
+            raise ValueError(
+                "state was saved by a differently configured DataLoader: " + ", ".join(differences)
+            )
         step = check_state_int("state step", state["step"], STEP_MAX)
         saved_schedule = Schedule(saved, state.get("anchor"))
         if saved_schedule.anchor is not None and saved_schedule.anchor["step"] > step:
-            raise ValueError(f"state step {step} comes before its anchor's step {saved_schedule.anchor['step']}: the state is damaged")
+            raise ValueError(
+                f"state step {step} comes before its anchor's step {saved_schedule.anchor['step']}: the state is damaged"
+            )
         _check_global_batch(state, saved_schedule)
         _check_mixing(state, self._batches.mixer, saved_schedule)
         packer = self._batches.packer
         if (packer is None) != ("packing" not in state):
-            raise ValueError("state and loader disagree on packing: resume a packed loader's state with the same packing")
+            raise ValueError(
+                "state and loader disagree on packing: resume a packed loader's state with the same packing"
+            )
         if packer is not None:
             # The packed stream is a token position, whatever the global batch.
             packer.load(state["packing"])
@@ -611,7 +714,13 @@ def _saved_sampler(state: Mapping[str, Any]) -> Sampler:
     if missing:
         raise ValueError(f"state lacks {', '.join(missing)}")
     try:
-        return Sampler(state["length"], state["batch_size"], state["mode"], seed=state["seed"], shard=state["shard"])
+        return Sampler(
+            state["length"],
+            state["batch_size"],
+            state["mode"],
+            seed=state["seed"],
+            shard=state["shard"],
+        )
     except (TypeError, ValueError) as exc:
         raise ValueError(f"state does not describe a valid sampler: {exc}") from exc
 
@@ -623,7 +732,9 @@ def _check_global_batch(state: Mapping[str, Any], schedule: Schedule) -> None:
     with another global batch it would misplace the resume point."""
     recorded = state.get("global_batch", schedule.global_batch)
     if isinstance(recorded, bool) or not isinstance(recorded, (int, np.integer)):
-        raise ValueError(f"state global_batch must be an int, got {recorded!r}: the state is damaged")
+        raise ValueError(
+            f"state global_batch must be an int, got {recorded!r}: the state is damaged"
+        )
     if recorded != schedule.global_batch:
         raise ValueError(
             f"state global_batch {recorded} is not its batch_size * world_size = {schedule.global_batch}: "
@@ -635,17 +746,25 @@ def _check_global_batch(state: Mapping[str, Any], schedule: Schedule) -> None:
 
 def _check_streams(streams: object) -> dict[str, DenseDataset | RaggedDataset]:
     if not isinstance(streams, Mapping):
-        raise TypeError(f"streams must be a dict {{name: DenseDataset or RaggedDataset}}, got {type(streams).__name__}")
+        raise TypeError(
+            f"streams must be a dict {{name: DenseDataset or RaggedDataset}}, got {type(streams).__name__}"
+        )
     if not streams:
-        raise ValueError("streams is empty: give at least one {name: DenseDataset or RaggedDataset}")
+        raise ValueError(
+            "streams is empty: give at least one {name: DenseDataset or RaggedDataset}"
+        )
     for name, dataset in streams.items():
         if not isinstance(dataset, (DenseDataset, RaggedDataset)):
-            raise ValueError(f"stream {name!r} must be a DenseDataset or a RaggedDataset, got {type(dataset).__name__}")
+            raise ValueError(
+                f"stream {name!r} must be a DenseDataset or a RaggedDataset, got {type(dataset).__name__}"
+            )
         if dataset.closed:
             raise ValueError(f"stream {name!r} is closed")
     lengths = {name: len(dataset) for name, dataset in streams.items()}
     if len(set(lengths.values())) > 1:
-        raise ValueError(f"streams must have equal lengths (record i lines up across them), got {lengths}")
+        raise ValueError(
+            f"streams must have equal lengths (record i lines up across them), got {lengths}"
+        )
     return dict(streams)
 
 
@@ -660,12 +779,16 @@ def _check_sources(sources: object) -> list[dict[str, DenseDataset | RaggedDatas
 def _check_mixing(state: Mapping[str, Any], mixer: Mixer | None, saved: Schedule) -> None:
     """A mixed state resumes with the same sources; the weights may change."""
     if (mixer is None) != ("mixing" not in state):
-        raise ValueError("state and loader disagree on mixing: resume a mixed loader's state with the same sources")
+        raise ValueError(
+            "state and loader disagree on mixing: resume a mixed loader's state with the same sources"
+        )
     if mixer is None:
         return
     lengths = state["mixing"].get("lengths") if isinstance(state["mixing"], Mapping) else None
     if lengths != mixer.lengths:
-        raise ValueError(f"state was mixed from sources of lengths {lengths!r}, this loader's are {mixer.lengths}")
+        raise ValueError(
+            f"state was mixed from sources of lengths {lengths!r}, this loader's are {mixer.lengths}"
+        )
     if saved.global_batch != mixer.global_batch:
         raise ElasticError(
             f"a mixed state saved with global batch {saved.global_batch} cannot continue with global batch "
@@ -674,10 +797,14 @@ def _check_mixing(state: Mapping[str, Any], mixer: Mixer | None, saved: Schedule
         )
 
 
-def _packed_stream(packing: object, streams: dict[str, DenseDataset | RaggedDataset]) -> tuple[str, RaggedDataset]:
+def _packed_stream(
+    packing: object, streams: dict[str, DenseDataset | RaggedDataset]
+) -> tuple[str, RaggedDataset]:
     """The one (name, RaggedDataset) a packed loader reads."""
     if not isinstance(packing, Packing):
-        raise TypeError(f"packing must be a loaderx.Packing(seq_len, strategy), got {type(packing).__name__}")
+        raise TypeError(
+            f"packing must be a loaderx.Packing(seq_len, strategy), got {type(packing).__name__}"
+        )
     (name, dataset), *others = streams.items()
     if others or not isinstance(dataset, RaggedDataset) or dataset.item_shape != ():
         raise ValueError(
@@ -696,5 +823,3 @@ def _shard_key(shard: Any) -> object:  # Any: a malformed shard is stored as giv
     except (TypeError, ValueError):
         return shard
     return None if pair == [0, 1] else pair
-
-

@@ -14,7 +14,8 @@ open that sees the directory swapped under it opens again).
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Sequence, TypeVar, overload
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -24,14 +25,32 @@ from ._fs import readable_path
 from ._indexing import int_index, is_int, record_indices
 from .schema import (  # the names loaderx.dataset has always offered
     FORMAT_NAME as FORMAT_NAME,
+)
+from .schema import (
     FORMAT_VERSION as FORMAT_VERSION,
+)
+from .schema import (
     KINDS as KINDS,
+)
+from .schema import (
     SCHEMA_FILE as SCHEMA_FILE,
+)
+from .schema import (
     Schema as Schema,
+)
+from .schema import (
     StrPath as StrPath,
+)
+from .schema import (
     open_schema as open_schema,
+)
+from .schema import (
     read_schema as read_schema,
+)
+from .schema import (
     schema_path as schema_path,
+)
+from .schema import (
     write_schema as write_schema,
 )
 from .sharded import ShardedStore, is_sharded

@@ -56,7 +56,9 @@ def _mix(values: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
 def uniforms(seed: int, step: int, first: int, count: int) -> npt.NDArray[np.float64]:
     """Uniform floats in [0, 1) for draws first..first + count of global batch ``step``."""
     start = _mix_scalar((_mix_scalar(seed ^ _DOMAIN) + step * _GAMMA_STEP) & _MASK)
-    counters = np.arange(first + 1, first + count + 1, dtype=np.uint64) * np.uint64(_GAMMA) + np.uint64(start)
+    counters = np.arange(first + 1, first + count + 1, dtype=np.uint64) * np.uint64(
+        _GAMMA
+    ) + np.uint64(start)
     return (_mix(counters) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
@@ -65,24 +67,41 @@ def check_weights(weights: npt.ArrayLike, count: int) -> npt.NDArray[np.float64]
     try:
         array = np.asarray(weights, dtype=np.float64)
     except (TypeError, ValueError):
-        raise ValueError(f"weights must be a list of {count} non-negative numbers, got {weights!r}") from None
-    if array.shape != (count,) or not np.all(np.isfinite(array)) or np.any(array < 0) or array.sum() <= 0:
-        raise ValueError(f"weights must be {count} non-negative finite numbers (one per source), not all 0; got {weights!r}")
+        raise ValueError(
+            f"weights must be a list of {count} non-negative numbers, got {weights!r}"
+        ) from None
+    if (
+        array.shape != (count,)
+        or not np.all(np.isfinite(array))
+        or np.any(array < 0)
+        or array.sum() <= 0
+    ):
+        raise ValueError(
+            f"weights must be {count} non-negative finite numbers (one per source), not all 0; got {weights!r}"
+        )
     probabilities: npt.NDArray[np.float64] = array / array.sum()
     return probabilities
 
 
-def check_sources(sources: list[dict[str, DenseDataset | RaggedDataset]]) -> list[dict[str, DenseDataset | RaggedDataset]]:
+def check_sources(
+    sources: list[dict[str, DenseDataset | RaggedDataset]],
+) -> list[dict[str, DenseDataset | RaggedDataset]]:
     """The sources of a mixture: stream dicts with the same names and layouts."""
     if not sources:
         raise ValueError("a mixture needs at least one source ({name: dataset} dict)")
     first = sources[0]
     for number, source in enumerate(sources):
         if set(source) != set(first):
-            raise ValueError(f"source {number} has streams {sorted(source)}, source 0 has {sorted(first)}: every source needs the same names")
+            raise ValueError(
+                f"source {number} has streams {sorted(source)}, source 0 has {sorted(first)}: every source needs the same names"
+            )
         for name, dataset in source.items():
             other = first[name]
-            if (type(dataset), dataset.dtype, dataset.item_shape) != (type(other), other.dtype, other.item_shape):
+            if (type(dataset), dataset.dtype, dataset.item_shape) != (
+                type(other),
+                other.dtype,
+                other.item_shape,
+            ):
                 raise ValueError(
                     f"stream {name!r} of source {number} is a {type(dataset).__name__} of {dataset.dtype} "
                     f"{dataset.item_shape}, in source 0 a {type(other).__name__} of {other.dtype} {other.item_shape}: "
@@ -97,15 +116,22 @@ class Mixer:
     """Samples and reads mixed batches for one rank (see the module doc)."""
 
     def __init__(
-        self, sources: list[dict[str, DenseDataset | RaggedDataset]], weights: npt.ArrayLike, batch_size: int,
-        mode: Sampler.Mode | int | str, seed: int, shard: tuple[int, int] | None,
+        self,
+        sources: list[dict[str, DenseDataset | RaggedDataset]],
+        weights: npt.ArrayLike,
+        batch_size: int,
+        mode: Sampler.Mode | int | str,
+        seed: int,
+        shard: tuple[int, int] | None,
     ) -> None:
         self.sources = sources
         self.weights = check_weights(weights, len(sources))
         self.cumulative = np.cumsum(self.weights)
         self.seed = seed
         self.schedules = [
-            Schedule(Sampler(len(next(iter(source.values()))), batch_size, mode, seed=seed, shard=shard))
+            Schedule(
+                Sampler(len(next(iter(source.values()))), batch_size, mode, seed=seed, shard=shard)
+            )
             for source in sources
         ]
         rank, world_size = self.schedules[0].sampler.shard
@@ -120,7 +146,9 @@ class Mixer:
     def sample(self, step: int) -> tuple[np.ndarray, list[tuple[int, np.ndarray, np.ndarray]]]:
         """Each sample's source, and per source the rows it fills and their indices."""
         draws = uniforms(self.seed, step, self.first, self.share)
-        choice = np.minimum(np.searchsorted(self.cumulative, draws, side="right"), len(self.sources) - 1)
+        choice = np.minimum(
+            np.searchsorted(self.cumulative, draws, side="right"), len(self.sources) - 1
+        )
         parts: list[tuple[int, np.ndarray, np.ndarray]] = []
         buffer = np.empty(self.share, dtype=np.uint64)
         for number, schedule in enumerate(self.schedules):
@@ -129,7 +157,9 @@ class Mixer:
                 parts.append((number, rows, schedule.indices(step, buffer)[rows]))
         return choice.astype(np.int32), parts
 
-    def read(self, choice: np.ndarray, parts: list[tuple[int, np.ndarray, np.ndarray]]) -> dict[str, Any]:
+    def read(
+        self, choice: np.ndarray, parts: list[tuple[int, np.ndarray, np.ndarray]]
+    ) -> dict[str, Any]:
         batch: dict[str, Any] = {}
         for name, dataset in self.sources[0].items():
             datasets = [source[name] for source in self.sources]
@@ -142,7 +172,9 @@ class Mixer:
         return batch
 
 
-def _read_dense(datasets: list[DenseDataset], parts: list[tuple[int, np.ndarray, np.ndarray]], share: int) -> np.ndarray:
+def _read_dense(
+    datasets: list[DenseDataset], parts: list[tuple[int, np.ndarray, np.ndarray]], share: int
+) -> np.ndarray:
     first = datasets[0]
     out = np.empty((share, *first.item_shape), dtype=first.dtype)
     row_bytes = out.itemsize * int(np.prod(first.item_shape, dtype=np.int64))
@@ -151,7 +183,9 @@ def _read_dense(datasets: list[DenseDataset], parts: list[tuple[int, np.ndarray,
     return out
 
 
-def _read_ragged(datasets: list[RaggedDataset], parts: list[tuple[int, np.ndarray, np.ndarray]], share: int) -> RaggedBatch:
+def _read_ragged(
+    datasets: list[RaggedDataset], parts: list[tuple[int, np.ndarray, np.ndarray]], share: int
+) -> RaggedBatch:
     first = datasets[0]
     rows_of = np.zeros(share, dtype=np.int64)
     for number, rows, indices in parts:
@@ -162,5 +196,7 @@ def _read_ragged(datasets: list[RaggedDataset], parts: list[tuple[int, np.ndarra
     row_bytes = first.schema.item_bytes
     if values.nbytes:
         for number, rows, indices in parts:
-            datasets[number].store.gather(indices, values, (offsets[rows] * row_bytes).astype(np.uint64))
+            datasets[number].store.gather(
+                indices, values, (offsets[rows] * row_bytes).astype(np.uint64)
+            )
     return RaggedBatch(values, offsets)

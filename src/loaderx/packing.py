@@ -95,7 +95,10 @@ class Packing:
 
 
 def make_packer(
-    packing: Packing, name: str, dataset: RaggedDataset, sampler: Sampler,
+    packing: Packing,
+    name: str,
+    dataset: RaggedDataset,
+    sampler: Sampler,
 ) -> _ConcatPacker | _FirstFitPacker:
     """The packer of ``packing.strategy`` for one ragged stream and this rank."""
     kind = _ConcatPacker if packing.strategy is Strategy.CONCAT else _FirstFitPacker
@@ -111,7 +114,11 @@ class _Documents:
         self.length = sampler.length
         self.chunk = min(DOCUMENT_CHUNK, self.length)
         self.sampler = Sampler(self.length, self.chunk, sampler.mode, seed=sampler.seed)
-        self.cached: tuple[int, Any, Any] = (-1, None, None)  # chunk number, its indices, their token counts
+        self.cached: tuple[int, Any, Any] = (
+            -1,
+            None,
+            None,
+        )  # chunk number, its indices, their token counts
 
     def chunk_at(self, position: int) -> tuple[np.ndarray, np.ndarray, int]:
         """Indices and token counts of the chunk holding document ``position``, and
@@ -123,7 +130,9 @@ class _Documents:
         return self.cached[1], self.cached[2], place
 
     def empty_error(self) -> ValueError:
-        return ValueError(f"every document of '{self.dataset.path}' is empty: there are no tokens to pack")
+        return ValueError(
+            f"every document of '{self.dataset.path}' is empty: there are no tokens to pack"
+        )
 
 
 class _Packer:
@@ -150,7 +159,9 @@ class _Packer:
         mine = self._config()
         theirs = {key: state.get(key) for key in mine}
         if theirs != mine:
-            raise ValueError(f"state was packed with {theirs}, this loader packs with {mine}: they must match")
+            raise ValueError(
+                f"state was packed with {theirs}, this loader packs with {mine}: they must match"
+            )
         # Positions are bounded like sampler steps (uint64): past that, the
         # document's chunk is a step the sampler cannot draw.
         for key in keys:
@@ -162,7 +173,9 @@ class _Packer:
         np.cumsum(lengths, out=offsets[1:])
         flat = np.empty(int(offsets[-1]), dtype=self.dataset.dtype)
         if flat.size:
-            self.dataset.store.gather(indices, flat, offsets[:-1] * np.uint64(self.dataset.dtype.itemsize))
+            self.dataset.store.gather(
+                indices, flat, offsets[:-1] * np.uint64(self.dataset.dtype.itemsize)
+            )
         return flat, offsets
 
 
@@ -173,7 +186,12 @@ class _ConcatPlan:
     __slots__ = ("indices", "lengths", "skip", "piece_starts", "state_after")
 
     def __init__(
-        self, indices: np.ndarray, lengths: np.ndarray, skip: int, piece_starts: np.ndarray, state_after: dict[str, Any],
+        self,
+        indices: np.ndarray,
+        lengths: np.ndarray,
+        skip: int,
+        piece_starts: np.ndarray,
+        state_after: dict[str, Any],
     ) -> None:
         self.indices = indices
         self.lengths = lengths
@@ -201,7 +219,10 @@ class _ConcatPacker(_Packer):
         indices, starts, counts, lengths = self._take(self.rows_global * self.seq_len)
         ends = np.cumsum(counts)
         low, high = self.first_row * self.seq_len, (self.first_row + self.share) * self.seq_len
-        first, last = int(np.searchsorted(ends, low, side="right")), int(np.searchsorted(ends, high, side="left"))
+        first, last = (
+            int(np.searchsorted(ends, low, side="right")),
+            int(np.searchsorted(ends, high, side="left")),
+        )
         mine = slice(first, last + 1)
         piece_starts = np.maximum(ends[mine] - counts[mine], low) - low
         skip = int(starts[first] + (low - (ends[first] - counts[first])))
@@ -221,15 +242,15 @@ class _ConcatPacker(_Packer):
             available[0] -= self.token
             total = np.cumsum(available)
             end = int(np.searchsorted(total, need)) if total[-1] >= need else available.size - 1
-            counts = available[:end + 1].copy()
+            counts = available[: end + 1].copy()
             if total[end] > need:
                 counts[-1] -= total[end] - need
             starts = np.zeros(end + 1, dtype=np.int64)
             starts[0] = self.token
-            parts_index.append(indices[position:position + end + 1])
+            parts_index.append(indices[position : position + end + 1])
             parts_start.append(starts)
             parts_count.append(counts)
-            lengths.append(tokens[position:position + end + 1])
+            lengths.append(tokens[position : position + end + 1])
             need -= int(counts.sum())
             empty_run = 0 if counts.any() else empty_run + counts.size
             if empty_run > self.documents.length:
@@ -239,8 +260,12 @@ class _ConcatPacker(_Packer):
             self.token = 0 if finished else int(starts[-1] + counts[-1])
         counts = np.concatenate(parts_count)
         keep = counts > 0
-        return (np.concatenate(parts_index)[keep], np.concatenate(parts_start)[keep], counts[keep],
-                np.concatenate(lengths)[keep])
+        return (
+            np.concatenate(parts_index)[keep],
+            np.concatenate(parts_start)[keep],
+            counts[keep],
+            np.concatenate(lengths)[keep],
+        )
 
     def read(self, plan: _ConcatPlan) -> dict[str, np.ndarray]:
         """This rank's rows: the stream's tokens, ``segment_ids`` and ``positions``,
@@ -248,7 +273,7 @@ class _ConcatPacker(_Packer):
         documents, as consecutive pieces are consecutive documents."""
         flat, _ = self._gather(plan.indices, plan.lengths)
         size = self.share * self.seq_len
-        tokens = flat[plan.skip:plan.skip + size].reshape(self.share, self.seq_len)
+        tokens = flat[plan.skip : plan.skip + size].reshape(self.share, self.seq_len)
         segment_ids, positions = _segments(plan.piece_starts, self.share, self.seq_len)
         return {self.name: tokens, "segment_ids": segment_ids, "positions": positions}
 
@@ -263,7 +288,9 @@ def _segments(piece_starts: np.ndarray, rows: int, seq_len: int) -> tuple[np.nda
     first_in_row = np.searchsorted(row_of, row_of, side="left")
     ids = (np.arange(starts.size) - first_in_row + 1).astype(np.int32)
     segment_ids = np.repeat(ids, lengths).reshape(rows, seq_len)
-    positions = (np.arange(size) - np.repeat(starts, lengths)).astype(np.int32).reshape(rows, seq_len)
+    positions = (
+        (np.arange(size) - np.repeat(starts, lengths)).astype(np.int32).reshape(rows, seq_len)
+    )
     return segment_ids, positions
 
 
@@ -297,21 +324,32 @@ class _FirstFitPacker(_Packer):
         # Documents are placed whole, so the next token is always the first
         # of the next document: "token" is 0, kept so that every packing
         # state has the same position keys.
-        return {**self._config(), "document": self.document, "token": 0,
-                "open": [list(row) for row in self.open], "ready": [list(row) for row in self.ready]}
+        return {
+            **self._config(),
+            "document": self.document,
+            "token": 0,
+            "open": [list(row) for row in self.open],
+            "ready": [list(row) for row in self.ready],
+        }
 
     def load(self, state: Any) -> None:  # Any: checked here
         if isinstance(state, dict) and "token" not in state:
             state = {**state, "token": 0}  # saved before FIRST_FIT states held it
         self._check_state(state, ("document", "token"))
         if state["token"] != 0:
-            raise ValueError(f"state packing token must be 0 for FIRST_FIT (documents are placed whole), got {state['token']!r}")
+            raise ValueError(
+                f"state packing token must be 0 for FIRST_FIT (documents are placed whole), got {state['token']!r}"
+            )
         rows = {key: state.get(key) for key in ("open", "ready")}
         for key, value in rows.items():
             if not isinstance(value, list) or not all(_is_row(row, self.seq_len) for row in value):
-                raise ValueError(f"state packing {key} must be a list of rows of (index, start, count) triples")
+                raise ValueError(
+                    f"state packing {key} must be a list of rows of (index, start, count) triples"
+                )
         if len(rows["open"]) > self.window:
-            raise ValueError(f"state packing holds {len(rows['open'])} open rows, more than the window {self.window}")
+            raise ValueError(
+                f"state packing holds {len(rows['open'])} open rows, more than the window {self.window}"
+            )
         self.document = int(state["document"])
         self.open = [list(map(int, row)) for row in rows["open"]]
         self.free = [self.seq_len - sum(row[2::3]) for row in self.open]
@@ -324,7 +362,7 @@ class _FirstFitPacker(_Packer):
             if empty_run > self.documents.length:
                 raise self.documents.empty_error()
         rows = [self.ready.popleft() for _ in range(self.rows_global)]
-        return _RowsPlan(rows[self.first_row:self.first_row + self.share], self.state())
+        return _RowsPlan(rows[self.first_row : self.first_row + self.share], self.state())
 
     def _place_next_document(self) -> int:
         """Places the next document's pieces; returns its token count."""
@@ -354,8 +392,10 @@ class _FirstFitPacker(_Packer):
 
     def read(self, plan: _RowsPlan) -> dict[str, np.ndarray]:
         """This rank's rows from one gather of the documents they hold (each once)."""
-        pieces = np.array([triple for row in plan.rows for triple in zip(row[0::3], row[1::3], row[2::3])],
-                          dtype=np.int64).reshape(-1, 3)
+        pieces = np.array(
+            [triple for row in plan.rows for triple in zip(row[0::3], row[1::3], row[2::3])],
+            dtype=np.int64,
+        ).reshape(-1, 3)
         row_of = np.repeat(np.arange(len(plan.rows)), [len(row) // 3 for row in plan.rows])
         unique, inverse = np.unique(pieces[:, 0], return_inverse=True)
         lengths = self.dataset._row_counts(unique.astype(np.uint64))
@@ -371,16 +411,27 @@ class _FirstFitPacker(_Packer):
         tokens = np.zeros(size, dtype=self.dataset.dtype)
         tokens[target] = flat[source]
         segment_ids = np.zeros(size, dtype=np.int32)
-        segment_ids[target] = np.repeat((np.arange(len(pieces)) - first_of_row + 1).astype(np.int32), counts)
+        segment_ids[target] = np.repeat(
+            (np.arange(len(pieces)) - first_of_row + 1).astype(np.int32), counts
+        )
         positions = np.zeros(size, dtype=np.int32)
         positions[target] = within
         shape = (self.share, self.seq_len)
-        return {self.name: tokens.reshape(shape), "segment_ids": segment_ids.reshape(shape),
-                "positions": positions.reshape(shape)}
+        return {
+            self.name: tokens.reshape(shape),
+            "segment_ids": segment_ids.reshape(shape),
+            "positions": positions.reshape(shape),
+        }
 
 
 def _is_row(row: object, seq_len: int) -> bool:
-    if not isinstance(row, list) or len(row) % 3 or not all(
-            isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0 for value in row):
+    if (
+        not isinstance(row, list)
+        or len(row) % 3
+        or not all(
+            isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 0
+            for value in row
+        )
+    ):
         return False
     return 0 < sum(row[2::3]) <= seq_len and all(count > 0 for count in row[2::3])

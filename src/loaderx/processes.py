@@ -119,7 +119,9 @@ def _build(layout: Any, buffer: mmap.mmap, copy: bool) -> Any:  # a layout tree 
         view = np.ndarray(layout.shape, np.dtype(layout.dtype), buffer, layout.offset)
         return view.copy() if copy else view
     if isinstance(layout, _Ragged):
-        return RaggedBatch(_build(layout.values, buffer, copy), _build(layout.offsets, buffer, copy))
+        return RaggedBatch(
+            _build(layout.values, buffer, copy), _build(layout.offsets, buffer, copy)
+        )
     if isinstance(layout, dict):
         return {key: _build(value, buffer, copy) for key, value in layout.items()}
     if isinstance(layout, (list, tuple)):
@@ -236,7 +238,9 @@ def _picklable(exc: BaseException) -> BaseException:
         pickle.loads(pickle.dumps(exc))
         return exc
     except Exception:
-        return TransformProcessError(f"the transform raised {type(exc).__name__}: {exc} (not picklable, so re-raised as this)")
+        return TransformProcessError(
+            f"the transform raised {type(exc).__name__}: {exc} (not picklable, so re-raised as this)"
+        )
 
 
 # ---- the parent's side: one per worker thread ------------------------------------------------
@@ -266,7 +270,9 @@ class ProcessTransform:
         check_picklable(transform)
         context = multiprocessing.get_context("spawn")
         self.connection, child = context.Pipe()
-        self.process = context.Process(target=_child_main, args=(child, transform), name="loaderx-transform", daemon=True)
+        self.process = context.Process(
+            target=_child_main, args=(child, transform), name="loaderx-transform", daemon=True
+        )
         self.process.start()
         child.close()
         self.lock = threading.Lock()
@@ -283,8 +289,10 @@ class ProcessTransform:
             self.input = _grown(self.input, need)
             self.output = _grown(self.output, _ALIGN)
             _write(arrays, offsets, self.input.map)
-            message = ((self.input.number, self.input.size, _layout(batch, iter(offsets))),
-                       (self.output.number, self.output.size))
+            message = (
+                (self.input.number, self.input.size, _layout(batch, iter(offsets))),
+                (self.output.number, self.output.size),
+            )
             reply = self._exchange(message, self.input, self.output)
         if reply[0] == "grow":
             with self.lock:
@@ -315,7 +323,9 @@ class ProcessTransform:
 
     def _check_open(self) -> None:
         if self.closed:
-            raise TransformProcessError("the DataLoader was closed while this batch was in its transform")
+            raise TransformProcessError(
+                "the DataLoader was closed while this batch was in its transform"
+            )
 
     def close(self) -> None:
         """Kills the child (it may be inside a stuck transform) and removes the blocks."""

@@ -24,7 +24,8 @@ contiguous row ranges and gather them natively.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,7 @@ _READ_BLOCK_BYTES = 64 << 20
 
 
 def write_dataset(
-    dataset: "ray.data.Dataset",
+    dataset: ray.data.Dataset,
     path: StrPath,
     columns: Sequence[str] | None = None,
     codec: str | dict[str, str] = "zstd",
@@ -111,7 +112,7 @@ class LoaderxDatasink(Datasink):
     def __init__(self, path: str, columns: list[str], codec: str | dict[str, str]) -> None:
         self.path = path
         self.columns = columns
-        self.codecs = codec if isinstance(codec, dict) else {name: codec for name in columns}
+        self.codecs = codec if isinstance(codec, dict) else dict.fromkeys(columns, codec)
         self.rows: dict[str, int] = {}
 
     def write(self, blocks: Iterable[Any], ctx: Any) -> tuple[int, int | None]:
@@ -177,7 +178,7 @@ def _write_empty_shard(column_dir: str, k: int) -> None:
     )
 
 
-def column_records(column: "pa.ChunkedArray", name: str) -> tuple[Any, dict[str, Any] | None]:
+def column_records(column: pa.ChunkedArray, name: str) -> tuple[Any, dict[str, Any] | None]:
     """A column as what ``write_shard`` takes: a dense array, or a list of
     ragged records plus the schema that types an empty list."""
     kind = column.type
@@ -219,7 +220,7 @@ def column_records(column: "pa.ChunkedArray", name: str) -> tuple[Any, dict[str,
     )
 
 
-def _list_records(array: "pa.ListArray", name: str) -> tuple[list[np.ndarray], dict[str, Any]]:
+def _list_records(array: pa.ListArray, name: str) -> tuple[list[np.ndarray], dict[str, Any]]:
     values = array.flatten()
     if values.null_count:
         raise ValueError(f"column {name!r} has nulls inside its lists: fill or drop them first")
@@ -247,7 +248,7 @@ def read_dataset(
     path: StrPath,
     columns: Sequence[str] | None = None,
     override_num_blocks: int | None = None,
-) -> "ray.data.Dataset":
+) -> ray.data.Dataset:
     """``path`` (written by ``write_dataset``: one loaderx dataset per column
     directory; or a single loaderx dataset, read as column ``data``) as a
     ``ray.data.Dataset``, rows in order."""

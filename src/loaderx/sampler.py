@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import enum
 import operator
-from typing import Any, Sequence, SupportsIndex
+from collections.abc import Sequence
+from typing import Any, SupportsIndex
 
 import numpy as np
 
@@ -83,8 +84,17 @@ class Sampler:
         IID = 1
         CYCLIC = 2
 
-    __slots__ = ("_length", "_batch_size", "_mode", "_seed", "_rank", "_world_size",
-                 "_config", "_step", "__weakref__")
+    __slots__ = (
+        "_length",
+        "_batch_size",
+        "_mode",
+        "_seed",
+        "_rank",
+        "_world_size",
+        "_config",
+        "_step",
+        "__weakref__",
+    )
     # The slots' types (declarations only: __slots__ holds the values).
     _length: int
     _batch_size: int
@@ -96,8 +106,12 @@ class Sampler:
     _step: int
 
     def __init__(
-        self, length: SupportsIndex, batch_size: SupportsIndex, mode: Sampler.Mode | int | str,
-        seed: SupportsIndex = 42, shard: Sequence[SupportsIndex] | None = None,
+        self,
+        length: SupportsIndex,
+        batch_size: SupportsIndex,
+        mode: Sampler.Mode | int | str,
+        seed: SupportsIndex = 42,
+        shard: Sequence[SupportsIndex] | None = None,
     ) -> None:
         length = _integer("length", length)
         batch_size = _integer("batch_size", batch_size)
@@ -110,7 +124,9 @@ class Sampler:
                 + (": the index space is empty (is the dataset empty?)" if length == 0 else "")
             )
         if not 1 <= batch_size <= BATCH_SIZE_MAX:
-            raise ValueError(f"batch_size must be in 1..2**24 (BATCH_SIZE_MAX, 128 MiB of indices), got {batch_size:,}")
+            raise ValueError(
+                f"batch_size must be in 1..2**24 (BATCH_SIZE_MAX, 128 MiB of indices), got {batch_size:,}"
+            )
         if not 0 <= seed < _U64_LIMIT:
             raise ValueError(f"seed must be in 0..2**64 - 1, got {seed}")
         global_batch = batch_size * world_size
@@ -132,19 +148,22 @@ class Sampler:
         self._rank = rank
         self._world_size = world_size
         # Built once: every batch passes this same struct to the library.
-        self._config = ffi.new("lx_sampler_config *", {
-            "length": length,
-            "batch_size": batch_size,
-            "seed": seed,
-            "rank": rank,
-            "world_size": world_size,
-            "mode": int(mode),
-            "reserved": 0,
-        })
+        self._config = ffi.new(
+            "lx_sampler_config *",
+            {
+                "length": length,
+                "batch_size": batch_size,
+                "seed": seed,
+                "rank": rank,
+                "world_size": world_size,
+                "mode": int(mode),
+                "reserved": 0,
+            },
+        )
         self._step = 0
 
     @classmethod
-    def _parse_mode(cls, mode: object) -> "Sampler.Mode":
+    def _parse_mode(cls, mode: object) -> Sampler.Mode:
         if isinstance(mode, str):
             try:
                 return cls.Mode[mode.upper()]
@@ -171,7 +190,9 @@ class Sampler:
         if world_size < 1:
             raise ValueError(f"shard world_size must be at least 1, got {world_size}")
         if not 0 <= rank < world_size:
-            raise ValueError(f"shard rank must be in 0..{world_size - 1} for world_size {world_size}, got {rank}")
+            raise ValueError(
+                f"shard rank must be in 0..{world_size - 1} for world_size {world_size}, got {rank}"
+            )
         return rank, world_size
 
     # -- the stream ----------------------------------------------------------
@@ -217,7 +238,7 @@ class Sampler:
         """The step whose batch ``next()`` returns."""
         return self._step
 
-    def __iter__(self) -> "Sampler":
+    def __iter__(self) -> Sampler:
         return self
 
     def __next__(self) -> np.ndarray:
@@ -249,9 +270,15 @@ class Sampler:
 
     # -- pickling: the parameters and the step, rebuilt natively on load ------
 
-    def __reduce__(self) -> tuple[type[Sampler], tuple[int, int, int, int, tuple[int, int] | None], int]:
+    def __reduce__(
+        self,
+    ) -> tuple[type[Sampler], tuple[int, int, int, int, tuple[int, int] | None], int]:
         shard = None if self._world_size == 1 else (self._rank, self._world_size)
-        return (type(self), (self._length, self._batch_size, int(self._mode), self._seed, shard), self._step)
+        return (
+            type(self),
+            (self._length, self._batch_size, int(self._mode), self._seed, shard),
+            self._step,
+        )
 
     def __setstate__(self, step: int) -> None:
         self._step = step
@@ -269,7 +296,7 @@ class Sampler:
         return self._batch_size
 
     @property
-    def mode(self) -> "Sampler.Mode":
+    def mode(self) -> Sampler.Mode:
         """The sampling mode, a ``Sampler.Mode``."""
         return self._mode
 

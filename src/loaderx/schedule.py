@@ -67,8 +67,11 @@ class Schedule:
         mode = self.sampler.mode
         if mode == _CYCLIC:
             if step == (0 if self.anchor is None else self.anchor["step"]):
-                return {"cycle": 0, "offset": 0} if self.anchor is None else {
-                    "cycle": self.anchor["cycle"], "offset": self.anchor["offset"]}
+                return (
+                    {"cycle": 0, "offset": 0}
+                    if self.anchor is None
+                    else {"cycle": self.anchor["cycle"], "offset": self.anchor["offset"]}
+                )
             # Just past the last batch read: a short tail is dropped only when
             # the next batch is read, so another global batch may still use it.
             cycle, offset = self._cyclic(step - 1)
@@ -81,12 +84,16 @@ class Schedule:
         assert self.anchor is not None  # called on an anchored schedule only
         since = step - self.anchor["step"]
         if since < 0:
-            raise ValueError(f"step {step} comes before this loader's resume point {self.anchor['step']}")
+            raise ValueError(
+                f"step {step} comes before this loader's resume point {self.anchor['step']}"
+            )
         return since
 
     def _cyclic(self, step: int) -> tuple[int, int]:
         if self.anchor is None:
-            return divmod(step, self.batches_per_cycle)[0], (step % self.batches_per_cycle) * self.global_batch
+            return divmod(step, self.batches_per_cycle)[0], (
+                step % self.batches_per_cycle
+            ) * self.global_batch
         since = self._since_anchor(step)
         # The anchor's cycle continues from its offset while whole batches fit.
         left = (self.length - self.anchor["offset"]) // self.global_batch
@@ -118,7 +125,9 @@ class Schedule:
             return out
         cycle, offset = self._cyclic(step)
         if offset % self.global_batch == 0:  # aligned: the sharded native step itself
-            return self.sampler.batch(cycle * self.batches_per_cycle + offset // self.global_batch, out)
+            return self.sampler.batch(
+                cycle * self.batches_per_cycle + offset // self.global_batch, out
+            )
         return self._cyclic_positions(cycle, offset + self.rank * share, out)
 
     def _cyclic_positions(self, cycle: int, first: int, out: np.ndarray) -> np.ndarray:
@@ -134,7 +143,7 @@ class Schedule:
             self._chunk_samplers[chunk] = sampler
         base = cycle * (self.length // chunk) + first // chunk
         for part in range(out.size // chunk):
-            sampler.batch(base + part, out[part * chunk:(part + 1) * chunk])
+            sampler.batch(base + part, out[part * chunk : (part + 1) * chunk])
         return out
 
 
@@ -143,7 +152,9 @@ def _check_anchor(anchor: object, mode: Sampler.Mode, length: int) -> dict[str, 
         raise ValueError(f"state anchor must be a dict or None, got {type(anchor).__name__}")
     keys = {"step", "cycle", "offset"} if mode == _CYCLIC else {"step", "position"}
     if mode not in (_CYCLIC, _SEQUENTIAL) or set(anchor) != keys:
-        raise ValueError(f"state anchor {dict(anchor)!r} does not fit mode {Sampler.Mode(mode).name}")
+        raise ValueError(
+            f"state anchor {dict(anchor)!r} does not fit mode {Sampler.Mode(mode).name}"
+        )
     # A step or cycle beyond STEP_MAX names a sampler step that does not exist.
     values = {key: check_state_int(f"state anchor {key}", anchor[key], STEP_MAX) for key in keys}
     # A cycle's offset may equal the length (the cycle read to its end).

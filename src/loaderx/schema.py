@@ -99,7 +99,7 @@ class Schema:
         }
 
     @classmethod
-    def from_dict(cls, data: object, where: str = "schema") -> "Schema":
+    def from_dict(cls, data: object, where: str = "schema") -> Schema:
         """The schema of a map `to_dict` wrote (a schema file's, or the one a
         manifest embeds), its format and version checked as every metadata
         file's are (loaderx._envelope)."""

@@ -51,15 +51,35 @@ from .converter import CHUNK_BYTES, from_iterator, from_numpy
 from .schema import SCHEMA_FILE, Schema, StrPath, read_schema
 from .sharded import (  # loaderx.shards offers the reading names too
     MANIFEST_FILE as MANIFEST_FILE,
+)
+from .sharded import (
     MANIFEST_FORMAT as MANIFEST_FORMAT,
+)
+from .sharded import (
     MANIFEST_VERSION as MANIFEST_VERSION,
+)
+from .sharded import (
     SHARD_COUNT_MAX as SHARD_COUNT_MAX,
+)
+from .sharded import (
     SHARD_PATTERN as SHARD_PATTERN,
+)
+from .sharded import (
     Manifest as Manifest,
+)
+from .sharded import (
     ManifestError as ManifestError,
+)
+from .sharded import (
     ShardedStore as ShardedStore,
+)
+from .sharded import (
     is_sharded as is_sharded,
+)
+from .sharded import (
     read_manifest as read_manifest,
+)
+from .sharded import (
     shard_name as shard_name,
 )
 from .zrecord import StoreLockedError, Zrecord, is_store

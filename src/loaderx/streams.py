@@ -35,12 +35,14 @@ class RaggedBatch:
 
     def __init__(self, values: np.ndarray, offsets: np.ndarray):
         if offsets.ndim != 1 or offsets.size < 1 or offsets[0] != 0 or offsets[-1] != len(values):
-            raise ValueError(f"offsets must run from 0 to len(values) = {len(values)}, got {offsets!r}")
+            raise ValueError(
+                f"offsets must run from 0 to len(values) = {len(values)}, got {offsets!r}"
+            )
         self.values = values
         self.offsets = offsets
 
     @classmethod
-    def _trusted(cls, values: np.ndarray, offsets: np.ndarray) -> "RaggedBatch":
+    def _trusted(cls, values: np.ndarray, offsets: np.ndarray) -> RaggedBatch:
         """A batch the readers built (offsets correct by construction): no checks,
         they cost a measurable share of a small batch."""
         batch = cls.__new__(cls)
@@ -60,14 +62,18 @@ class RaggedBatch:
         start, stop = self.offsets[index], self.offsets[index + 1]
         return self.values[start:stop]
 
-    def padded(self, max_len: int | None = None, pad_value: Any = 0) -> tuple[np.ndarray, np.ndarray]:
+    def padded(
+        self, max_len: int | None = None, pad_value: Any = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``(padded, lengths)``: ``(n, max_len, *item_shape)`` with ``pad_value``
         past each record (longer ones truncated), and the rows kept of each."""
         lengths = self.lengths
         # check_int: int(2.7) would truncate a float silently.
         width = int(lengths.max(initial=0)) if max_len is None else check_int("max_len", max_len, 0)
         kept = np.minimum(lengths, width)
-        out = np.full((len(self), width, *self.values.shape[1:]), pad_value, dtype=self.values.dtype)
+        out = np.full(
+            (len(self), width, *self.values.shape[1:]), pad_value, dtype=self.values.dtype
+        )
         columns = np.arange(width)
         mask = columns < kept[:, None]
         # Row j of record i sits at values[offsets[i] + j]: take the kept rows only.
@@ -75,8 +81,12 @@ class RaggedBatch:
         return out, kept
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, RaggedBatch) and np.array_equal(self.offsets, other.offsets)
-                and self.values.dtype == other.values.dtype and np.array_equal(self.values, other.values))
+        return (
+            isinstance(other, RaggedBatch)
+            and np.array_equal(self.offsets, other.offsets)
+            and self.values.dtype == other.values.dtype
+            and np.array_equal(self.values, other.values)
+        )
 
     def __repr__(self) -> str:
         return f"RaggedBatch({len(self)} records, {len(self.values)} rows of {self.values.shape[1:]} {self.values.dtype})"
@@ -116,11 +126,15 @@ class RaggedReader:
         values, offsets = self.dataset.gather_packed(indices, out)
         if out is None or values.nbytes > out.nbytes:
             size = values.nbytes
-            self.capacity = max(self.capacity, size + size // 4)  # a benign race: any thread's bump will do
+            self.capacity = max(
+                self.capacity, size + size // 4
+            )  # a benign race: any thread's bump will do
         return RaggedBatch._trusted(values, offsets)
 
 
-def reader_for(dataset: DenseDataset | RaggedDataset, batch_size: int) -> DenseReader | RaggedReader:
+def reader_for(
+    dataset: DenseDataset | RaggedDataset, batch_size: int
+) -> DenseReader | RaggedReader:
     """The reader of one stream, for a dataset the loader checked."""
     if isinstance(dataset, RaggedDataset):
         return RaggedReader(dataset)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from typing import Any, Callable, Iterable, NamedTuple, cast
+from collections.abc import Iterable
+from typing import Any, Callable, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -21,11 +22,11 @@ from ._errors import StoreFullError, StoreOSError, StoreReadOnlyError, ZrecordEr
 from ._fs import OS_FS, OsFs
 from ._native import (
     LIMITS,
+    STATUS,
     ChecksumError,
     CorruptStoreError,
     IndexOutOfRangeError,
     InvalidArgumentError,
-    STATUS,
     NoDictionaryError,
     StoreLockedError,
     check,
