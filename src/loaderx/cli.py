@@ -27,6 +27,7 @@ library does not already depend on.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -843,7 +844,8 @@ def _convert_parquet(args: argparse.Namespace) -> int:
     written beside the target and swapped in (``_write_columns``), so an
     existing column directory is replaced (``--mode w``) whole or not at all."""
     try:
-        import pyarrow.parquet  # noqa: F401  (only to fail early with the remedy)
+        # optional dependency, imported only to fail early with the remedy
+        import pyarrow.parquet  # noqa: F401
     except ImportError:
         raise CommandError(
             "converting Parquet needs pyarrow: pip install 'loaderx[arrow]'"
@@ -964,9 +966,10 @@ def _bench_sampler() -> list[dict[str, Any]]:
     for batch in (256, 1024):
         iid = Sampler(1_000_000, batch, "iid")
         cyclic = Sampler(1_000_000, batch, "cyclic")
-        baseline = _median_seconds(lambda: rng.integers(0, 1_000_000, batch), 2000)
+        numpy_draw = functools.partial(rng.integers, 0, 1_000_000, batch)
+        baseline = _median_seconds(numpy_draw, 2000)
         for name, function in (
-            ("numpy default_rng().integers", lambda: rng.integers(0, 1_000_000, batch)),
+            ("numpy default_rng().integers", numpy_draw),
             ("loaderx IID", iid.next),
             ("loaderx CYCLIC", cyclic.next),
         ):
