@@ -42,6 +42,7 @@ from typing import Any, Callable, NoReturn
 import numpy as np
 
 from . import __version__
+from ._arrayview import LazyArray, reading_store
 from ._fs import OS_FS, DirectorySwap, OsFs
 from .arraystore import MARKER_FILE, ArrayStore
 from .arrow import COLUMNS_FILE, from_arrow, open_columns, read_listing
@@ -546,14 +547,19 @@ def _unreadable(path: str, exc: Exception) -> dict[str, Any]:
 
 
 def _verify_array(store: ArrayStore, name: str) -> dict[str, Any]:
-    """One array of an ArrayStore: opened through the store first, so an
-    array it lists but cannot read gets the store's own diagnosis."""
+    """One array of an ArrayStore, opened once, through the store: an array
+    it lists but cannot read gets the store's own diagnosis."""
     path = os.path.join(store.path, name)
     try:
-        store.load(name, lazy=True)
+        lazy = store.load(name, lazy=True)
     except CorruptStoreError as exc:
         return dict(_unreadable(path, exc), name=name)
-    return dict(_verify_store(path, "dense"), name=name)
+    assert isinstance(lazy, LazyArray)  # what load(lazy=True) returns
+    try:
+        entry = _verified(path, reading_store(lazy))
+    except (ZrecordError, ValueError, OSError) as exc:
+        entry = _unreadable(path, exc)
+    return dict(entry, name=name)
 
 
 def _verify_member(
