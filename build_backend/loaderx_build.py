@@ -40,7 +40,8 @@ OTHER_BUILDS = (("baseline", "baseline"),)
 
 
 def zstd_search(arch: str) -> tuple:
-    """Where libzstd.so.1 for `arch` may be: its multiarch directories, then (native builds) the generic ones."""
+    """Where libzstd.so.1 for `arch` may be: its multiarch directories, then (native
+    builds) the generic ones."""
     multiarch = (f"/usr/lib/{arch}-linux-gnu", f"/lib/{arch}-linux-gnu")
     if arch != platform.machine().lower():
         return multiarch
@@ -48,7 +49,8 @@ def zstd_search(arch: str) -> tuple:
 
 
 def find_zstd(arch: str = "") -> str:
-    """Return the path of the system libzstd.so.1 for `arch` (default: the target's) or fail with what to install."""
+    """Return the path of the system libzstd.so.1 for `arch` (default: the target's) or
+    fail with what to install."""
     override = os.environ.get("LOADERX_ZSTD")
     if override:
         return override

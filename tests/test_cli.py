@@ -199,6 +199,27 @@ def test_verify_an_arraystore(tmp_path):
     assert result["ok"] and sorted(entry["name"] for entry in result["stores"]) == ["x", "y"]
 
 
+def test_verify_opens_each_array_of_an_arraystore_once(tmp_path, monkeypatch, capsys):
+    """verify opened each array twice (through the ArrayStore, then as a DenseDataset);
+    it checks the array through the ArrayStore's own handle."""
+    from loaderx.cli import main
+
+    with ArrayStore(tmp_path / "arrays") as store:
+        store.save({"x": np.zeros((10, 3), np.float32), "y": np.arange(5)})
+    opened = []
+    real_init = Zrecord.__init__
+
+    def counting_init(self, path, *args, **kwargs):
+        opened.append(os.path.basename(os.fspath(path)))
+        real_init(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(Zrecord, "__init__", counting_init)
+    assert main(["verify", str(tmp_path / "arrays"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["ok"] and [entry["records"] for entry in result["stores"]] == [10, 5]
+    assert sorted(opened) == ["x", "y"]
+
+
 def test_compact_reclaims_deleted_records(tmp_path):
     """compact shrinks a store whose records were deleted, and keeps the live ones."""
     payload = np.random.default_rng(0).integers(0, 256, 64 * 4096, dtype=np.uint8)

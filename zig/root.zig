@@ -40,7 +40,7 @@ fn copyText(text: []const u8, target: [*]u8, capacity: usize) usize {
 
 fn result(outcome: status.Error!void) c_int {
     if (outcome) |_| {
-        return 0;
+        return status.ok;
     } else |err| {
         _ = status.failDefault(err, "{s}", .{@errorName(err)});
         return @intFromEnum(status.code(err));
@@ -124,7 +124,7 @@ export fn lx_store_open(path: [*:0]const u8, threads: u32, flags: u32, out: *?*S
     ) catch |err| return result(err);
     store.verify_indexed_reads = flags & 16 != 0;
     out.* = store;
-    return 0;
+    return status.ok;
 }
 
 export fn lx_store_close(store: *Store) void {
@@ -141,7 +141,7 @@ export fn lx_store_count(store: *Store) u64 {
 
 export fn lx_store_info_get(store: *Store, out: *store_module.Info) c_int {
     out.* = store.info();
-    return 0;
+    return status.ok;
 }
 
 /// Copies why open fell back to an older superblock or found it damaged
@@ -166,7 +166,7 @@ export fn lx_store_append(
         slice(u64, offsets, count),
         record_codec,
     ) catch |err| return result(err);
-    return 0;
+    return status.ok;
 }
 
 export fn lx_store_gather(
@@ -203,7 +203,7 @@ export fn lx_store_gather_rows(
         target_slice,
         offsets_out[0 .. count + 1],
     ) catch |err| return result(err);
-    return 0;
+    return status.ok;
 }
 
 export fn lx_store_lengths(store: *Store, indices: ?[*]const u64, count: u64, out: ?[*]u64) c_int {
@@ -268,7 +268,7 @@ export fn lx_store_train_dict(
         slice(u64, sizes, count),
         target_bytes,
     ) catch |err| return result(err);
-    return 0;
+    return status.ok;
 }
 
 /// Writes the damaged indices in [start, end) to `damaged_out`, which holds
@@ -285,7 +285,7 @@ export fn lx_store_verify(
     const capacity = if (end > start) end - start else 0;
     const out: []u64 = if (capacity == 0) &.{} else damaged_out.?[0..capacity];
     damaged_count_out.* = store.verify(start, end, out) catch |err| return result(err);
-    return 0;
+    return status.ok;
 }
 
 /// The stored bytes the `count` records packed in `source` would take with
@@ -308,7 +308,7 @@ export fn lx_encoded_bytes(
         slice(u64, offsets, count),
         record_codec,
     ) catch |err| return result(err);
-    return 0;
+    return status.ok;
 }
 
 // ---- codecs ---------------------------------------------------------------
@@ -335,26 +335,39 @@ export fn lx_codec_get(
     status.clear();
     const codecs = std.enums.values(format.Codec);
     if (index >= codecs.len) {
-        return result(status.fail(error.InvalidArgument, "codec index {d} is past the {d} codecs", .{ index, codecs.len }));
+        return result(status.fail(
+            error.InvalidArgument,
+            "codec index {d} is past the {d} codecs",
+            .{ index, codecs.len },
+        ));
     }
     const codec = codecs[index];
     _ = copyText(@tagName(codec), name, capacity);
     id_out.* = @intFromEnum(codec);
     element_bytes_out.* = codec.elementBytes();
     uses_dictionary_out.* = @intFromBool(codec.usesDictionary());
-    return 0;
+    return status.ok;
 }
 
 /// Writes `bytes` of `source` byte-shuffled by `element_bytes` (2, 4 or 8)
 /// into `target` (as many bytes, not overlapping `source`): a record as a
 /// shuffled codec compresses it, for Python's dictionary samples.
-export fn lx_codec_shuffle(source: ?[*]const u8, bytes: u64, element_bytes: u32, target: ?[*]u8) c_int {
+export fn lx_codec_shuffle(
+    source: ?[*]const u8,
+    bytes: u64,
+    element_bytes: u32,
+    target: ?[*]u8,
+) c_int {
     status.clear();
     if (!shuffle.supported(element_bytes)) {
-        return result(status.fail(error.InvalidArgument, "the byte shuffle takes 2, 4 or 8-byte elements, not {d}", .{element_bytes}));
+        return result(status.fail(
+            error.InvalidArgument,
+            "the byte shuffle takes 2, 4 or 8-byte elements, not {d}",
+            .{element_bytes},
+        ));
     }
     shuffle.shuffle(element_bytes, slice(u8, source, bytes), sliceMut(u8, target, bytes));
-    return 0;
+    return status.ok;
 }
 
 // ---- zsampler ------------------------------------------------------------
@@ -384,7 +397,7 @@ export fn lx_sampler_batch(
         }));
     }
     sampler.batch(config, step, target[0..config.batch_size]);
-    return 0;
+    return status.ok;
 }
 
 test {
@@ -424,7 +437,7 @@ export fn lx_shards_open(
     out.* = Shards.create(shard_stores, row_starts[0..shard_count +| 1], threads) catch |err| {
         return result(err);
     };
-    return 0;
+    return status.ok;
 }
 
 /// The most shards one handle reads (shards.zig), for Python's checks.
@@ -468,7 +481,7 @@ export fn lx_shards_gather_rows(
         target_slice,
         offsets_out[0 .. count + 1],
     ) catch |err| return result(err);
-    return 0;
+    return status.ok;
 }
 
 export fn lx_shards_lengths(

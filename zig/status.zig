@@ -47,6 +47,10 @@ pub const Code = enum(c_int) {
     not_found = 17,
 };
 
+/// `Code.ok` as the C ABI returns it, for the exports that succeed without
+/// going through an error union.
+pub const ok: c_int = @intFromEnum(Code.ok);
+
 pub fn code(err: Error) Code {
     return switch (err) {
         error.InvalidArgument => .invalid_argument,

@@ -1256,18 +1256,59 @@ fn patchSuperblock(path: []const u8, at: u64, value: ?u8, zero_slot: ?u1) !void 
     }
 }
 
-test "a slot that lost its magic after a commit, or a lost synced generation, is damage" {
+/// One damage case for the test below: which superblock bytes a crash or a
+/// bad disk changed, and what the next open must make of it.
+const DamageCase = struct {
+    zero: ?u1,
+    flip_newest: bool,
+    flip_older: bool,
+    forget_synced: bool,
+    generation: u64,
+    damaged: bool,
+};
+
+/// Writes three durable appends (generation 3 in slot 1, generation 2 in slot
+/// 0), damages them as `case` says, and checks what the reopened store makes of it.
+fn expectDamageJudged(case: DamageCase) !void {
     const path = "judged";
-    const Case = struct {
-        zero: ?u1,
-        flip_newest: bool,
-        flip_older: bool,
-        forget_synced: bool,
-        generation: u64,
-        damaged: bool,
-    };
-    // Three durable appends: generation 3 in slot 1, generation 2 in slot 0.
-    const cases = [_]Case{
+    simulated.reset();
+    const writer = try Store.open(path, 1, true, true);
+    for (0..3) |_| _ = try writer.append("abcd", &.{0}, .raw);
+    writer.close();
+    if (case.zero) |slot| try patchSuperblock(path, 0, null, slot);
+    if (case.flip_newest) try patchSuperblock(path, format.slot_bytes + 40, 0x04, null);
+    if (case.flip_older) try patchSuperblock(path, 40, 0x04, null);
+    if (case.forget_synced) {
+        const dir = try io.openDir(path);
+        defer io.closeDir(dir);
+        const lock = try io.openFile(dir, seqlock.lock_file_name, .read_write);
+        defer io.closeFile(lock);
+        try io.write(
+            lock,
+            &([_]u8{0} ** 16),
+            @offsetOf(format.JournalPage, "synced_generation"),
+        );
+    }
+    const store = try Store.open(path, 1, true, true);
+    defer store.close();
+    const info = store.info();
+    try testing.expectEqual(case.generation, info.generation);
+    try testing.expectEqual(@as(u32, 1), info.fell_back);
+    try testing.expectEqual(@intFromBool(case.damaged), info.damaged);
+    try testing.expect(store.fallBackReason().len > 0);
+    var damaged: [3]u64 = undefined;
+    if (case.damaged) {
+        try testing.expectError(error.Corrupt, store.verify(0, store.count(), &damaged));
+        try testing.expectError(error.Corrupt, store.append("efgh", &.{0}, .raw));
+    } else {
+        try testing.expectEqual(@as(u64, 0), try store.verify(0, store.count(), &damaged));
+        _ = try store.append("efgh", &.{0}, .raw);
+        try testing.expectEqual(@as(u32, 0), store.info().fell_back);
+    }
+}
+
+test "a slot that lost its magic after a commit, or a lost synced generation, is damage" {
+    const cases = [_]DamageCase{
         .{
             .zero = 1,
             .flip_newest = false,
@@ -1309,42 +1350,7 @@ test "a slot that lost its magic after a commit, or a lost synced generation, is
             .damaged = false,
         },
     };
-    for (cases) |case| {
-        simulated.reset();
-        const writer = try Store.open(path, 1, true, true);
-        for (0..3) |_| _ = try writer.append("abcd", &.{0}, .raw);
-        writer.close();
-        if (case.zero) |slot| try patchSuperblock(path, 0, null, slot);
-        if (case.flip_newest) try patchSuperblock(path, format.slot_bytes + 40, 0x04, null);
-        if (case.flip_older) try patchSuperblock(path, 40, 0x04, null);
-        if (case.forget_synced) {
-            const dir = try io.openDir(path);
-            defer io.closeDir(dir);
-            const lock = try io.openFile(dir, seqlock.lock_file_name, .read_write);
-            defer io.closeFile(lock);
-            try io.write(
-                lock,
-                &([_]u8{0} ** 16),
-                @offsetOf(format.JournalPage, "synced_generation"),
-            );
-        }
-        const store = try Store.open(path, 1, true, true);
-        defer store.close();
-        const info = store.info();
-        try testing.expectEqual(case.generation, info.generation);
-        try testing.expectEqual(@as(u32, 1), info.fell_back);
-        try testing.expectEqual(@intFromBool(case.damaged), info.damaged);
-        try testing.expect(store.fallBackReason().len > 0);
-        var damaged: [3]u64 = undefined;
-        if (case.damaged) {
-            try testing.expectError(error.Corrupt, store.verify(0, store.count(), &damaged));
-            try testing.expectError(error.Corrupt, store.append("efgh", &.{0}, .raw));
-        } else {
-            try testing.expectEqual(@as(u64, 0), try store.verify(0, store.count(), &damaged));
-            _ = try store.append("efgh", &.{0}, .raw);
-            try testing.expectEqual(@as(u32, 0), store.info().fell_back);
-        }
-    }
+    for (cases) |case| try expectDamageJudged(case);
 }
 
 test "an open that refuses a missing store creates nothing" {

@@ -206,6 +206,13 @@ class LazyArray:
         return f"LazyArray({self._entry.name!r}, shape={self.shape}, dtype={self.dtype})"
 
 
+def reading_store(lazy: LazyArray) -> Zrecord:
+    """The store handle a lazy view reads through: its ArrayStore's own, which
+    the caller must not close. `loaderx verify` checks an array through it
+    rather than opening the array's directory a second time."""
+    return lazy._live().store
+
+
 def write_array(path: str, array: np.ndarray, codec: str, generation: str | None = None) -> None:
     """Writes ``array`` as a complete dense store at the new ``path``: data
     and schema durable when it returns (its entry in the root is synced by

@@ -20,6 +20,10 @@ import platform
 from pathlib import Path
 from typing import Any
 
+# Imported here although only a missing or stale `_ffi` needs it: it costs about 2 ms of
+# loaderx's ~300 ms import.
+import cffi
+
 from ._errors import StoreFullError, StoreOSError, StoreReadOnlyError, ZrecordError, class_for_errno
 
 ABI_VERSION = 4
@@ -101,8 +105,6 @@ def _load_ffi() -> Any:
             return built.ffi
     except Exception:  # noqa: BLE001 - any failure means: parse the header instead
         pass
-    import cffi
-
     parsed = cffi.FFI()
     parsed.cdef(header.decode())
     return parsed

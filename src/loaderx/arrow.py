@@ -256,7 +256,7 @@ def _open_source(source: Any) -> _Reader:
 
 
 def _parquet_reader(pattern: str) -> _Reader:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # optional dependency
 
     if os.path.isdir(pattern):
         files = sorted(glob.glob(os.path.join(glob.escape(pattern), "*.parquet")))
@@ -789,7 +789,7 @@ def read_listing(path: str) -> dict[str, Any]:
 
 def _pyarrow() -> Any:  # the pyarrow module
     try:
-        import pyarrow
+        import pyarrow  # optional dependency
     except ImportError:
         raise ImportError("loaderx.arrow needs pyarrow: pip install 'loaderx[arrow]'") from None
     return pyarrow

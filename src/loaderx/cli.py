@@ -27,6 +27,7 @@ library does not already depend on.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -41,6 +42,7 @@ from typing import Any, Callable, NoReturn
 import numpy as np
 
 from . import __version__
+from ._arrayview import LazyArray, reading_store
 from ._fs import OS_FS, DirectorySwap, OsFs
 from .arraystore import MARKER_FILE, ArrayStore
 from .arrow import COLUMNS_FILE, from_arrow, open_columns, read_listing
@@ -545,14 +547,19 @@ def _unreadable(path: str, exc: Exception) -> dict[str, Any]:
 
 
 def _verify_array(store: ArrayStore, name: str) -> dict[str, Any]:
-    """One array of an ArrayStore: opened through the store first, so an
-    array it lists but cannot read gets the store's own diagnosis."""
+    """One array of an ArrayStore, opened once, through the store: an array
+    it lists but cannot read gets the store's own diagnosis."""
     path = os.path.join(store.path, name)
     try:
-        store.load(name, lazy=True)
+        lazy = store.load(name, lazy=True)
     except CorruptStoreError as exc:
         return dict(_unreadable(path, exc), name=name)
-    return dict(_verify_store(path, "dense"), name=name)
+    assert isinstance(lazy, LazyArray)  # what load(lazy=True) returns
+    try:
+        entry = _verified(path, reading_store(lazy))
+    except (ZrecordError, ValueError, OSError) as exc:
+        entry = _unreadable(path, exc)
+    return dict(entry, name=name)
 
 
 def _verify_member(
@@ -843,7 +850,8 @@ def _convert_parquet(args: argparse.Namespace) -> int:
     written beside the target and swapped in (``_write_columns``), so an
     existing column directory is replaced (``--mode w``) whole or not at all."""
     try:
-        import pyarrow.parquet  # noqa: F401  (only to fail early with the remedy)
+        # optional dependency, imported only to fail early with the remedy
+        import pyarrow.parquet  # noqa: F401
     except ImportError:
         raise CommandError(
             "converting Parquet needs pyarrow: pip install 'loaderx[arrow]'"
@@ -964,9 +972,10 @@ def _bench_sampler() -> list[dict[str, Any]]:
     for batch in (256, 1024):
         iid = Sampler(1_000_000, batch, "iid")
         cyclic = Sampler(1_000_000, batch, "cyclic")
-        baseline = _median_seconds(lambda: rng.integers(0, 1_000_000, batch), 2000)
+        numpy_draw = functools.partial(rng.integers, 0, 1_000_000, batch)
+        baseline = _median_seconds(numpy_draw, 2000)
         for name, function in (
-            ("numpy default_rng().integers", lambda: rng.integers(0, 1_000_000, batch)),
+            ("numpy default_rng().integers", numpy_draw),
             ("loaderx IID", iid.next),
             ("loaderx CYCLIC", cyclic.next),
         ):

@@ -225,7 +225,8 @@ class _StepFailure(Exception):
 
     def loader_error(self) -> LoaderError:
         error = LoaderError(
-            f"DataLoader batch {self.step}: {self.stage} raised {type(self.error).__name__}: {self.error}",
+            f"DataLoader batch {self.step}: {self.stage} raised {type(self.error).__name__}: "
+            f"{self.error}",
             self.step,
         )
         error.__cause__ = self.error
@@ -362,7 +363,8 @@ class _Pipeline:
                     thread.is_alive() for thread in self.threads
                 ):
                     raise RuntimeError(
-                        "the DataLoader's worker threads are gone (was the interpreter shutting down?)"
+                        "the DataLoader's worker threads are gone (was the interpreter shutting "
+                        "down?)"
                     )
             entry_step, batch, failure, plan = self.slots[step]
             assert entry_step == step, (entry_step, step)
@@ -444,13 +446,15 @@ class DataLoader:
         self._prefetch_size = check_int("prefetch_size", prefetch_size, 1, PREFETCH_SIZE_MAX)
         if not callable(transform):
             raise TypeError(
-                f"transform must be callable (a batch dict in, a batch out), got {type(transform).__name__}"
+                "transform must be callable (a batch dict in, a batch out), got "
+                f"{type(transform).__name__}"
             )
         self._processes = check_flag("transform_processes", transform_processes)
         if self._processes:
             if self._num_workers == 0:
                 raise ValueError(
-                    "transform_processes=True runs the transform in the workers' processes: set num_workers >= 1"
+                    "transform_processes=True runs the transform in the workers' processes: set "
+                    "num_workers >= 1"
                 )
             check_int(
                 "num_workers with transform_processes=True",
@@ -466,12 +470,15 @@ class DataLoader:
         if packing is not None:
             if sources is not None:
                 raise ValueError(
-                    "packing and weights do not combine yet: pack one ragged stream, or mix unpacked sources"
+                    "packing and weights do not combine yet: pack one ragged stream, or mix "
+                    "unpacked sources"
                 )
             name, dataset = _packed_stream(packing, self._streams)
             packer = make_packer(packing, name, dataset, self._sampler)
-        # weights is not None whenever sources is not
-        mixer = None if sources is None else Mixer(sources, weights, batch_size, mode, seed, shard)  # type: ignore[arg-type]
+        mixer: Mixer | None = None
+        if sources is not None:
+            # weights is not None whenever sources is not
+            mixer = Mixer(sources, weights, batch_size, mode, seed, shard)  # type: ignore[arg-type]
         self._batches = _Batches(
             Schedule(self._sampler), self._streams, transform, self._stats, packer, mixer
         )
@@ -493,7 +500,8 @@ class DataLoader:
             raise self._failure.loader_error() from self._failure.error
         if self._closed:
             raise RuntimeError(
-                "the DataLoader is closed: create a new one (load_state_dict resumes where this one was)"
+                "the DataLoader is closed: create a new one (load_state_dict resumes where this "
+                "one was)"
             )
         started = time.perf_counter()
         try:
@@ -501,7 +509,9 @@ class DataLoader:
         except _StepFailure as failure:
             self.close()
             if not isinstance(failure.error, Exception):
-                raise failure.error  # KeyboardInterrupt, SystemExit: not a batch failure, so not a LoaderError
+                # KeyboardInterrupt, SystemExit: not a batch failure, so not a LoaderError. It
+                # goes on as it was raised, its own cause kept and the internal wrapper hidden.
+                raise failure.error from failure.error.__cause__
             self._failure = failure
             raise failure.loader_error() from failure.error
         self._stats.add_delivered(time.perf_counter() - started)
@@ -533,7 +543,8 @@ class DataLoader:
     def __reduce__(self) -> tuple[Any, ...]:
         raise TypeError(
             "a DataLoader runs threads in this process and cannot be pickled: pass its datasets "
-            "(they pickle as their paths) and its state_dict() to the other process and build a DataLoader there"
+            "(they pickle as their paths) and its state_dict() to the other process and build a "
+            "DataLoader there"
         )
 
     def __len__(self) -> int:
@@ -656,7 +667,8 @@ class DataLoader:
         """
         if self._pipeline is not None or self._step != 0 or self._closed:
             raise RuntimeError(
-                "load_state_dict must be called before iterating: create a new DataLoader and load the state into it"
+                "load_state_dict must be called before iterating: create a new DataLoader and load "
+                "the state into it"
             )
         if not isinstance(state, Mapping):
             raise TypeError(
@@ -664,7 +676,8 @@ class DataLoader:
             )
         if state.get("version") not in _STATE_VERSIONS:
             raise ValueError(
-                f"state has version {state.get('version')!r}; this loaderx reads versions {_STATE_VERSIONS}"
+                f"state has version {state.get('version')!r}; this loaderx reads versions "
+                f"{_STATE_VERSIONS}"
             )
         saved = _saved_sampler(state)
         mine = self._sampler
@@ -681,14 +694,16 @@ class DataLoader:
         saved_schedule = Schedule(saved, state.get("anchor"))
         if saved_schedule.anchor is not None and saved_schedule.anchor["step"] > step:
             raise ValueError(
-                f"state step {step} comes before its anchor's step {saved_schedule.anchor['step']}: the state is damaged"
+                f"state step {step} comes before its anchor's step "
+                f"{saved_schedule.anchor['step']}: the state is damaged"
             )
         _check_global_batch(state, saved_schedule)
         _check_mixing(state, self._batches.mixer, saved_schedule)
         packer = self._batches.packer
         if (packer is None) != ("packing" not in state):
             raise ValueError(
-                "state and loader disagree on packing: resume a packed loader's state with the same packing"
+                "state and loader disagree on packing: resume a packed loader's state with the "
+                "same packing"
             )
         if packer is not None:
             # The packed stream is a token position, whatever the global batch.
@@ -702,8 +717,9 @@ class DataLoader:
     def __repr__(self) -> str:
         names = ", ".join(self._streams)
         return (
-            f"DataLoader([{names}], num_workers={self._num_workers}, batch_size={self._sampler.batch_size}, "
-            f"prefetch_size={self._prefetch_size}, mode={self._sampler.mode.name}, seed={self._sampler.seed}, "
+            f"DataLoader([{names}], num_workers={self._num_workers}, "
+            f"batch_size={self._sampler.batch_size}, prefetch_size={self._prefetch_size}, "
+            f"mode={self._sampler.mode.name}, seed={self._sampler.seed}, "
             f"shard={self._sampler.shard}) at step {self._step}"
         )
 
@@ -737,17 +753,19 @@ def _check_global_batch(state: Mapping[str, Any], schedule: Schedule) -> None:
         )
     if recorded != schedule.global_batch:
         raise ValueError(
-            f"state global_batch {recorded} is not its batch_size * world_size = {schedule.global_batch}: "
-            f"its batch_size or shard was edited after state_dict() returned it. Load the state as saved: "
-            f"load_state_dict resumes on another world size or global batch by itself (elastic resume, "
-            f"exact in SEQUENTIAL and CYCLIC mode and with packing), from the loader's own shard and batch_size"
+            f"state global_batch {recorded} is not its batch_size * world_size = "
+            f"{schedule.global_batch}: its batch_size or shard was edited after state_dict() "
+            "returned it. Load the state as saved: load_state_dict resumes on another world size "
+            "or global batch by itself (elastic resume, exact in SEQUENTIAL and CYCLIC mode and "
+            "with packing), from the loader's own shard and batch_size"
         )
 
 
 def _check_streams(streams: object) -> dict[str, DenseDataset | RaggedDataset]:
     if not isinstance(streams, Mapping):
         raise TypeError(
-            f"streams must be a dict {{name: DenseDataset or RaggedDataset}}, got {type(streams).__name__}"
+            f"streams must be a dict {{name: DenseDataset or RaggedDataset}}, got "
+            f"{type(streams).__name__}"
         )
     if not streams:
         raise ValueError(
@@ -756,7 +774,8 @@ def _check_streams(streams: object) -> dict[str, DenseDataset | RaggedDataset]:
     for name, dataset in streams.items():
         if not isinstance(dataset, (DenseDataset, RaggedDataset)):
             raise ValueError(
-                f"stream {name!r} must be a DenseDataset or a RaggedDataset, got {type(dataset).__name__}"
+                f"stream {name!r} must be a DenseDataset or a RaggedDataset, got "
+                f"{type(dataset).__name__}"
             )
         if dataset.closed:
             raise ValueError(f"stream {name!r} is closed")
@@ -771,7 +790,8 @@ def _check_streams(streams: object) -> dict[str, DenseDataset | RaggedDataset]:
 def _check_sources(sources: object) -> list[dict[str, DenseDataset | RaggedDataset]]:
     if isinstance(sources, Mapping) or not isinstance(sources, (list, tuple)):
         raise TypeError(
-            f"with weights, streams must be a list of sources (one {{name: dataset}} dict each), got {type(sources).__name__}"
+            f"with weights, streams must be a list of sources (one {{name: dataset}} dict each), "
+            f"got {type(sources).__name__}"
         )
     return check_sources([_check_streams(source) for source in sources])
 
@@ -780,20 +800,22 @@ def _check_mixing(state: Mapping[str, Any], mixer: Mixer | None, saved: Schedule
     """A mixed state resumes with the same sources; the weights may change."""
     if (mixer is None) != ("mixing" not in state):
         raise ValueError(
-            "state and loader disagree on mixing: resume a mixed loader's state with the same sources"
+            "state and loader disagree on mixing: resume a mixed loader's state with the same "
+            "sources"
         )
     if mixer is None:
         return
     lengths = state["mixing"].get("lengths") if isinstance(state["mixing"], Mapping) else None
     if lengths != mixer.lengths:
         raise ValueError(
-            f"state was mixed from sources of lengths {lengths!r}, this loader's are {mixer.lengths}"
+            f"state was mixed from sources of lengths {lengths!r}, this loader's are "
+            f"{mixer.lengths}"
         )
     if saved.global_batch != mixer.global_batch:
         raise ElasticError(
-            f"a mixed state saved with global batch {saved.global_batch} cannot continue with global batch "
-            f"{mixer.global_batch}: each sample's source is keyed by (step, position in the global batch). "
-            "Keep batch_size * world_size"
+            f"a mixed state saved with global batch {saved.global_batch} cannot continue with "
+            f"global batch {mixer.global_batch}: each sample's source is keyed by (step, position "
+            "in the global batch). Keep batch_size * world_size"
         )
 
 
@@ -807,9 +829,12 @@ def _packed_stream(
         )
     (name, dataset), *others = streams.items()
     if others or not isinstance(dataset, RaggedDataset) or dataset.item_shape != ():
+        found = ", ".join(
+            f"{key}: {type(value).__name__} {value.item_shape}" for key, value in streams.items()
+        )
         raise ValueError(
-            "packing reads one ragged stream of scalar tokens ({name: RaggedDataset of 1-D records}): "
-            f"got streams {', '.join(f'{key}: {type(value).__name__} {value.item_shape}' for key, value in streams.items())}"
+            "packing reads one ragged stream of scalar tokens ({name: RaggedDataset of 1-D "
+            f"records}}): got streams {found}"
         )
     return name, dataset
 

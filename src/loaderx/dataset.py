@@ -218,7 +218,7 @@ class DenseDataset(_Dataset):
         if stats["layout"] == "fixed":
             sizes = {stats["record_bytes"]}
         elif count:
-            sizes = set(int(size) for size in self._store.lengths([0, count - 1]))
+            sizes = {int(size) for size in self._store.lengths([0, count - 1])}
         else:
             return
         if sizes != {self._item_bytes}:
@@ -425,10 +425,7 @@ def pad(
                 f"record {position} has rows of shape {array.shape[1:]}, but record 0 has {tail}"
             )
     row_counts = np.array([array.shape[0] for array in arrays], dtype=np.int64)
-    if max_len is None:
-        width = int(row_counts.max())
-    else:
-        width = check_int("max_len", max_len, 0)
+    width = int(row_counts.max()) if max_len is None else check_int("max_len", max_len, 0)
     dtype = _common_dtype(arrays)
     padded = np.full((len(arrays), width, *tail), _pad_fill(pad_value, dtype), dtype=dtype)
     lengths = np.minimum(row_counts, width)

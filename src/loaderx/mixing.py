@@ -77,7 +77,8 @@ def check_weights(weights: npt.ArrayLike, count: int) -> npt.NDArray[np.float64]
         or array.sum() <= 0
     ):
         raise ValueError(
-            f"weights must be {count} non-negative finite numbers (one per source), not all 0; got {weights!r}"
+            f"weights must be {count} non-negative finite numbers (one per source), not all 0; got "
+            f"{weights!r}"
         )
     probabilities: npt.NDArray[np.float64] = array / array.sum()
     return probabilities
@@ -93,7 +94,8 @@ def check_sources(
     for number, source in enumerate(sources):
         if set(source) != set(first):
             raise ValueError(
-                f"source {number} has streams {sorted(source)}, source 0 has {sorted(first)}: every source needs the same names"
+                f"source {number} has streams {sorted(source)}, source 0 has {sorted(first)}: "
+                "every source needs the same names"
             )
         for name, dataset in source.items():
             other = first[name]
@@ -103,9 +105,10 @@ def check_sources(
                 other.item_shape,
             ):
                 raise ValueError(
-                    f"stream {name!r} of source {number} is a {type(dataset).__name__} of {dataset.dtype} "
-                    f"{dataset.item_shape}, in source 0 a {type(other).__name__} of {other.dtype} {other.item_shape}: "
-                    "mixed sources must share each stream's kind, dtype and item shape"
+                    f"stream {name!r} of source {number} is a {type(dataset).__name__} of "
+                    f"{dataset.dtype} {dataset.item_shape}, in source 0 a {type(other).__name__} "
+                    f"of {other.dtype} {other.item_shape}: mixed sources must share each stream's "
+                    "kind, dtype and item shape"
                 )
     if "source" in first:
         raise ValueError("a mixed batch adds a 'source' array: rename the stream called 'source'")

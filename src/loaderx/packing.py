@@ -90,7 +90,8 @@ class Packing:
             object.__setattr__(self, "strategy", Strategy(self.strategy))
         except ValueError:
             raise ValueError(
-                f"unknown packing strategy {self.strategy!r}: use Packing.Strategy.CONCAT or FIRST_FIT"
+                f"unknown packing strategy {self.strategy!r}: use Packing.Strategy.CONCAT or "
+                "FIRST_FIT"
             ) from None
 
 
@@ -338,7 +339,8 @@ class _FirstFitPacker(_Packer):
         self._check_state(state, ("document", "token"))
         if state["token"] != 0:
             raise ValueError(
-                f"state packing token must be 0 for FIRST_FIT (documents are placed whole), got {state['token']!r}"
+                "state packing token must be 0 for FIRST_FIT (documents are placed whole), got "
+                f"{state['token']!r}"
             )
         rows = {key: state.get(key) for key in ("open", "ready")}
         for key, value in rows.items():
@@ -348,7 +350,8 @@ class _FirstFitPacker(_Packer):
                 )
         if len(rows["open"]) > self.window:
             raise ValueError(
-                f"state packing holds {len(rows['open'])} open rows, more than the window {self.window}"
+                f"state packing holds {len(rows['open'])} open rows, more than the window "
+                f"{self.window}"
             )
         self.document = int(state["document"])
         self.open = [list(map(int, row)) for row in rows["open"]]

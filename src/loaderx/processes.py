@@ -239,7 +239,8 @@ def _picklable(exc: BaseException) -> BaseException:
         return exc
     except Exception:
         return TransformProcessError(
-            f"the transform raised {type(exc).__name__}: {exc} (not picklable, so re-raised as this)"
+            f"the transform raised {type(exc).__name__}: {exc} (not picklable, so re-raised as "
+            "this)"
         )
 
 
@@ -318,7 +319,8 @@ class ProcessTransform:
             return self.connection.recv()
         except (EOFError, OSError) as exc:
             raise TransformProcessError(
-                f"the transform's process ended (exit code {self.process.exitcode}): it crashed or was killed"
+                f"the transform's process ended (exit code {self.process.exitcode}): it crashed or "
+                "was killed"
             ) from exc
 
     def _check_open(self) -> None:

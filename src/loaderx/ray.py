@@ -367,6 +367,7 @@ class _RangeReader:
 
 def _to_arrow(dataset: DenseDataset | RaggedDataset, values: Any) -> Any:  # a pyarrow array
     """A column of a block: plain values, Ray tensors, lists or variable-shaped tensors."""
+    # optional dependency
     from ray.data.extensions import ArrowTensorArray, ArrowVariableShapedTensorArray
 
     if isinstance(dataset, DenseDataset):

@@ -125,7 +125,8 @@ class Sampler:
             )
         if not 1 <= batch_size <= BATCH_SIZE_MAX:
             raise ValueError(
-                f"batch_size must be in 1..2**24 (BATCH_SIZE_MAX, 128 MiB of indices), got {batch_size:,}"
+                "batch_size must be in 1..2**24 (BATCH_SIZE_MAX, 128 MiB of indices), got "
+                f"{batch_size:,}"
             )
         if not 0 <= seed < _U64_LIMIT:
             raise ValueError(f"seed must be in 0..2**64 - 1, got {seed}")
@@ -169,7 +170,8 @@ class Sampler:
                 return cls.Mode[mode.upper()]
             except KeyError:
                 raise ValueError(
-                    f"mode must be 'sequential', 'iid' or 'cyclic' (or Sampler.Mode, or 0, 1, 2), got {mode!r}"
+                    "mode must be 'sequential', 'iid' or 'cyclic' (or Sampler.Mode, or 0, 1, 2), "
+                    f"got {mode!r}"
                 ) from None
         value = _integer("mode", mode)
         try:

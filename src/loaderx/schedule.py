@@ -172,8 +172,9 @@ def elastic_anchor(saved: Schedule, step: int, target: Schedule) -> dict[str, in
     mode = saved.sampler.mode
     if mode not in (_CYCLIC, _SEQUENTIAL):
         raise ElasticError(
-            f"an IID state saved with global batch {saved.global_batch} cannot continue with global batch "
-            f"{target.global_batch}: IID draws are keyed by (step, position in the global batch), so no other "
-            "global batch reproduces the stream. Keep batch_size * world_size, or start a new stream with a new seed"
+            f"an IID state saved with global batch {saved.global_batch} cannot continue with "
+            f"global batch {target.global_batch}: IID draws are keyed by (step, position in the "
+            "global batch), so no other global batch reproduces the stream. Keep batch_size * "
+            "world_size, or start a new stream with a new seed"
         )
     return {"step": step, **saved.position(step)}

@@ -89,7 +89,10 @@ class RaggedBatch:
         )
 
     def __repr__(self) -> str:
-        return f"RaggedBatch({len(self)} records, {len(self.values)} rows of {self.values.shape[1:]} {self.values.dtype})"
+        return (
+            f"RaggedBatch({len(self)} records, {len(self.values)} rows of "
+            f"{self.values.shape[1:]} {self.values.dtype})"
+        )
 
 
 class DenseReader:
