@@ -591,22 +591,28 @@ def bench_numpack(quick: bool) -> str:
     table = "\n".join(lines)
     text = "\n".join(notes + errors)
     return (
-        f"### numpack: arrays a = {rows:,} x 10 and b = {rows // 2:,} x 5 float32, warm page cache\n\n{table}\n\n"
+        f"### numpack: arrays a = {rows:,} x 10 and b = {rows // 2:,} x 5 float32, "
+        "warm page cache\n\n"
+        f"{table}\n\n"
         + (f"{text}\n\n" if text else "")
-        + f"Median of {runs} interleaved runs, each starting at the next contender; each contender's results checked against NumPy on the "
-        "first run. Two pairings: `loaderx durable` (every call durable when it returns) against `numpack + fsync` "
-        "(each write followed, inside the timing, by an fsync of numpack's data_<name>.npkd files, metadata.npkm and "
-        "the directory), and `loaderx durable=False` (atomic through SIGKILL, durable at sync() and close(); the save row includes the close, so its syncs) "
-        "against numpack as it is; the fastest of each pairing in bold. NPY and NPZ are references without fsync. "
-        "Edits run on a fresh copy of the saved arrays (copied untimed); reads on an open store. "
-        "The rows `..., array in use` first make one untimed call of the same kind on `a` (an edit of another row with its "
-        "settling fsync), so loaderx's open of the array is out of their timing (numpack, NPY and NPZ open their files in every call). "
-        "NPY and NPZ edits are load, modify, save (numpack's README method). "
-        "`drop ... rows` in numpack marks rows deleted (its `update()` compacts later); loaderx rewrites the array. "
-        "Random access: `getitem` for loaderx and numpack, a memory map for NPY, a full member read for NPZ. "
-        f"`{FLOOR}`: one overwrite of the operation's new bytes in an allocated, synced file and its fdatasync, timed in the same runs: "
-        "a durable write cannot cost less, and an atomic in-place replace must make its new rows durable somewhere "
-        "(a journal) before it may overwrite the old ones, so it cannot cost less than this either, durable or not."
+        + f"Median of {runs} interleaved runs, each starting at the next contender; each "
+        "contender's results checked against NumPy on the first run. Two pairings: `loaderx "
+        "durable` (every call durable when it returns) against `numpack + fsync` (each write "
+        "followed, inside the timing, by an fsync of numpack's data_<name>.npkd files, "
+        "metadata.npkm and the directory), and `loaderx durable=False` (atomic through SIGKILL, "
+        "durable at sync() and close(); the save row includes the close, so its syncs) against "
+        "numpack as it is; the fastest of each pairing in bold. NPY and NPZ are references without "
+        "fsync. Edits run on a fresh copy of the saved arrays (copied untimed); reads on an open "
+        "store. The rows `..., array in use` first make one untimed call of the same kind on `a` "
+        "(an edit of another row with its settling fsync), so loaderx's open of the array is out "
+        "of their timing (numpack, NPY and NPZ open their files in every call). NPY and NPZ edits "
+        "are load, modify, save (numpack's README method). `drop ... rows` in numpack marks rows "
+        "deleted (its `update()` compacts later); loaderx rewrites the array. Random access: "
+        "`getitem` for loaderx and numpack, a memory map for NPY, a full member read for NPZ. "
+        f"`{FLOOR}`: one overwrite of the operation's new bytes in an allocated, synced file and "
+        "its fdatasync, timed in the same runs: a durable write cannot cost less, and an atomic "
+        "in-place replace must make its new rows durable somewhere (a journal) before it may "
+        "overwrite the old ones, so it cannot cost less than this either, durable or not."
     )
 
 

@@ -8,8 +8,10 @@ Run as a script (each mode prints lines the parent reads on stdout):
   store_worker.py hold PATH           takes the writer lock, prints "locked", waits for stdin EOF
   store_worker.py appender PATH SEED  appends appender_batches(SEED), printing "A j" after each
   store_worker.py recover PATH SEED ACKED
-                                      after a crash: reads PATH, recovers it as a writer, prints a JSON report
-  store_worker.py check PATH SPEC     opens a (damaged) store, reads every record, prints a JSON report
+                                      after a crash: reads PATH, recovers it as a writer,
+                                      prints a JSON report
+  store_worker.py check PATH SPEC     opens a (damaged) store, reads every record, prints a
+                                      JSON report
 """
 
 from __future__ import annotations

@@ -106,7 +106,10 @@ def run_trial(path: Path, seed: int, variant: str = "mixed") -> dict:
         stderr = proc.stderr.read().decode(errors="replace")
         proc.stdout.close()
         proc.stderr.close()
-    context = f"seed {seed} (LOADERX_SEED), variant {variant}, kill after op {target} began + {delay * 1e6:.0f} us; child lines {lines[-4:]}"
+    context = (
+        f"seed {seed} (LOADERX_SEED), variant {variant}, kill after op {target} began + "
+        f"{delay * 1e6:.0f} us; child lines {lines[-4:]}"
+    )
     if not killed:
         assert proc.returncode == 0, f"{context}: the writer failed on its own:\n{stderr}"
     else:
@@ -154,7 +157,8 @@ def run_trial(path: Path, seed: int, variant: str = "mixed") -> dict:
         and report["reopen_ok"]
     ), f"{context}: after recovery the store does not hold the state plus the new record: {report}"
     assert report["on_disk"] == report["named"], (
-        f"{context}: after recovery the directory holds {report['on_disk']}, the superblock names {report['named']}"
+        f"{context}: after recovery the directory holds {report['on_disk']}, the superblock names "
+        f"{report['named']}"
     )
     shutil.rmtree(kept)
     return {
@@ -186,7 +190,8 @@ def summarize(results: list[dict]) -> str:
     return (
         f"{len(results)} trials (seed {BASE_SEED}): {len(killed)} killed, "
         f"{sum(r['debris'] for r in killed)} left uncommitted bytes or files, "
-        f"{sum(r['in_flight_applied'] for r in killed)} found the op in flight applied; kills during {by_op}"
+        f"{sum(r['in_flight_applied'] for r in killed)} found the op in flight applied; kills "
+        f"during {by_op}"
     )
 
 

@@ -261,7 +261,8 @@ def test_shards_concatenate_to_the_single_host_stream(stores, streams, mode):
 
 
 def test_transform_error_reaches_the_consumer(streams):
-    """An exception in the transform is raised from next() at its step, chained, with its message."""
+    """An exception in the transform is raised from next() at its step, chained, with its
+    message."""
 
     def transform(batch):
         if batch["y"].sum() == boom_sum:
