@@ -177,7 +177,7 @@ def store_rows(builds: dict, quick: bool, directory: Path) -> list:
         if codec == "zstd":
             damaged, found = np.empty(16, dtype=np.uint64), ffi.new("uint64_t *")
 
-            def verify(library, handles=handles) -> float:
+            def verify(library, handles=handles, damaged=damaged, found=found) -> float:
                 store = next(h for lib, h in handles.values() if lib is library)
                 started = time.perf_counter()
                 assert (

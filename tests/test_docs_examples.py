@@ -45,7 +45,9 @@ def blocks_of(page: Path) -> list[dict]:
         if fence is None and stripped.startswith("```"):
             info = stripped[3:].strip()
             fence = {"info": info, "start": number, "body": []}
-            previous = next((l.strip() for l in reversed(lines[: number - 1]) if l.strip()), "")
+            previous = next(
+                (text.strip() for text in reversed(lines[: number - 1]) if text.strip()), ""
+            )
             marker = SKIP_MARKER.match(previous)
             fence["skip"] = marker.group(1) if marker else None
         elif fence is not None and stripped == "```":

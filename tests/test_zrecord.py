@@ -112,15 +112,14 @@ def test_zstd_records_are_standard_frames(tmp_path):
         store.append(*pack(records), codec="zstd_dict")
         stats = store.stats()
     # Read the frames straight from the files, using the documented format.
-    superblock = open(path / "superblock", "rb").read()
+    superblock = (path / "superblock").read_bytes()
     slots = [np.frombuffer(superblock[i * 4096 : i * 4096 + 256], dtype="<u8") for i in range(2)]
     slot = max(slots, key=lambda s: s[2])  # word 2 is the generation
     data_id, index_id, dict_id = int(slot[5]), int(slot[7]), int(slot[11])
-    data = open(path / f"data-{data_id:016x}", "rb").read()
-    entries = np.frombuffer(
-        open(path / f"index-{index_id:016x}", "rb").read(), dtype="<u8"
-    ).reshape(-1, 4)
-    dictionary = zstandard.ZstdCompressionDict(open(path / f"dict-{dict_id:016x}", "rb").read())
+    data = (path / f"data-{data_id:016x}").read_bytes()
+    index = (path / f"index-{index_id:016x}").read_bytes()
+    entries = np.frombuffer(index, dtype="<u8").reshape(-1, 4)
+    dictionary = zstandard.ZstdCompressionDict((path / f"dict-{dict_id:016x}").read_bytes())
     assert len(entries) == stats["records"] == 40
     for k, (offset, raw_bytes, stored_codec, _checksum) in enumerate(entries):
         stored, codec = int(stored_codec) & ((1 << 56) - 1), int(stored_codec) >> 56
