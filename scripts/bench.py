@@ -159,8 +159,12 @@ def bench_sampler(quick: bool) -> str:
         iid = Sampler(length, size, Sampler.Mode.IID, seed=0)
         cyclic = Sampler(length, size, Sampler.Mode.CYCLIC, seed=0)
         contenders = {
-            "numpy randint": (lambda: np.random.randint(0, length, size), False),
-            "numpy default_rng().integers": (lambda: rng.integers(0, length, size), False),
+            # Defaults bind this iteration's size and generator (the lambdas run before the next).
+            "numpy randint": (lambda size=size: np.random.randint(0, length, size), False),
+            "numpy default_rng().integers": (
+                lambda rng=rng, size=size: rng.integers(0, length, size),
+                False,
+            ),
             "loaderx IID": (iid.next, False),
             "loaderx CYCLIC": (cyclic.next, True),
         }
@@ -676,7 +680,8 @@ def _check_batch(name: str, batch, rows: np.ndarray, indices: np.ndarray) -> Non
     expected = rows[indices]
     if batch.shape != expected.shape or batch.dtype != expected.dtype:
         raise AssertionError(
-            f"{name}: returned {batch.dtype} {batch.shape}, expected {expected.dtype} {expected.shape}"
+            f"{name}: returned {batch.dtype} {batch.shape}, expected {expected.dtype} "
+            f"{expected.shape}"
         )
     if not np.array_equal(batch, expected):
         wrong = int((batch != expected).any(axis=1).sum())
@@ -801,7 +806,7 @@ def _time_reads(
                 result.read_seconds.append(_read_run(readers[result.contender.name][0], batches))
             except Exception as exc:
                 result.failure = f"{type(exc).__name__}: {exc}"
-    for read, close in readers.values():
+    for _, close in readers.values():
         close()
     readers.clear()  # drops memory maps, so the cold runs can evict their pages
 
@@ -837,18 +842,19 @@ def bench_store(quick: bool) -> str:
         skipped + failures + _sharded_ratios(results) + shuffle_notes + [ceiling_note] + paired
     )
     return (
-        f"### store: {count:,} records of {RECORD_BYTES // 1024} KiB (float32, zstd-compressible ~1.3x), "
-        f"{batch_count} random batches of {BATCH_SIZE}, warm page cache\n\n{table}\n\n"
+        f"### store: {count:,} records of {RECORD_BYTES // 1024} KiB (float32, zstd-compressible "
+        f"~1.3x), {batch_count} random batches of {BATCH_SIZE}, warm page cache\n\n{table}\n\n"
         + (f"{notes}\n\n" if notes else "")
-        + f"Write: median of {write_runs} (to the last fsync; loaderx zstd_dict includes training its "
-        f"dictionary). Gather: median of {read_runs} interleaved runs of all {batch_count} batches, after "
-        "every file was read once and each store's first and last batch were checked against the source. "
-        "`on disk` is allocated blocks; `ratio` is source bytes over that. Reads go through each "
-        "library's own batch API: loaderx `gather` into a reused buffer, NumPy `take` into one, h5py "
-        "fancy indexing (sorted, then reordered), one `get` per record in LMDB, `oindex` in zarr, index "
-        "arrays in TensorStore and blosc2, `__getitems__` for ArrayRecord, `getitem` in numpack. "
-        "Chunked stores keep one record per chunk; zarr and TensorStore shard them 1000 to a file."
-        f"\n\n{cold_note}\n\n{_label_table(quick)}"
+        + f"Write: median of {write_runs} (to the last fsync; loaderx zstd_dict includes training "
+        f"its dictionary). Gather: median of {read_runs} interleaved runs of all {batch_count} "
+        "batches, after every file was read once and each store's first and last batch were "
+        "checked against the source. `on disk` is allocated blocks; `ratio` is source bytes over "
+        "that. Reads go through each library's own batch API: loaderx `gather` into a reused "
+        "buffer, NumPy `take` into one, h5py fancy indexing (sorted, then reordered), one `get` "
+        "per record in LMDB, `oindex` in zarr, index arrays in TensorStore and blosc2, "
+        "`__getitems__` for ArrayRecord, `getitem` in numpack. Chunked stores keep one record per "
+        f"chunk; zarr and TensorStore shard them 1000 to a file.\n\n{cold_note}\n\n"
+        f"{_label_table(quick)}"
     )
 
 
@@ -974,8 +980,9 @@ def _ceiling_rows(
             ]
         )
     note = (
-        f"Ceilings: single-core libzstd level 3 on the same {len(rows):,} records (one frame each, through "
-        f"ctypes, median of {runs}) times {cores} cores; write = compress, gather = decode, ratio = frames only."
+        f"Ceilings: single-core libzstd level 3 on the same {len(rows):,} records (one frame each, "
+        f"through ctypes, median of {runs}) times {cores} cores; write = compress, gather = "
+        "decode, ratio = frames only."
     )
     return table_rows, note
 
@@ -1009,8 +1016,8 @@ def _paired_ceiling_ratios(rows: np.ndarray, element_bytes: int, rounds: int) ->
                 ratios[name].append(compress / _cores() / written)
     return [
         f"from_numpy {name} writes at {statistics.median(values):.2f}x the compression limit "
-        f"(paired: median of {rounds} rounds of one write and one single-core libzstd pass x {_cores()} cores; "
-        f"rounds {', '.join(f'{value:.2f}' for value in values)})."
+        f"(paired: median of {rounds} rounds of one write and one single-core libzstd pass x "
+        f"{_cores()} cores; rounds {', '.join(f'{value:.2f}' for value in values)})."
         for name, values in ratios.items()
     ]
 
@@ -1029,7 +1036,8 @@ def _shuffle_ratios(results: list[StoreResult], codec: str) -> list[str]:
     size = allocated_bytes(shuffled.directory) / allocated_bytes(plain.directory)
     write = statistics.median(plain.write_seconds) / statistics.median(shuffled.write_seconds)
     return [
-        f"loaderx {codec} against loaderx zstd: gather {gather:.2f}x, on-disk size {size:.2f}x, write {write:.2f}x (median runs)."
+        f"loaderx {codec} against loaderx zstd: gather {gather:.2f}x, on-disk size {size:.2f}x, "
+        f"write {write:.2f}x (median runs)."
     ]
 
 
@@ -1065,9 +1073,10 @@ def _label_table(quick: bool) -> str:
     )
     notes = "\n".join(skipped + failures + ratios + [ceiling_note])
     return (
-        f"### store, integer labels: {count:,} records of {LABELS_PER_RECORD:,} int64 class ids (0..999), "
-        f"{batch_count} random batches of {BATCH_SIZE}, warm page cache\n\n{table}\n\n{notes}\n\n"
-        f"Write: median of {write_runs}; gather: median of {read_runs} interleaved runs, as above."
+        f"### store, integer labels: {count:,} records of {LABELS_PER_RECORD:,} int64 class ids "
+        f"(0..999), {batch_count} random batches of {BATCH_SIZE}, warm page cache\n\n{table}\n\n"
+        f"{notes}\n\nWrite: median of {write_runs}; gather: median of {read_runs} interleaved "
+        "runs, as above."
     )
 
 
@@ -1083,7 +1092,8 @@ def _sharded_ratios(results: list[StoreResult]) -> list[str]:
         single, sharded = f"loaderx {codec}", f"loaderx {codec}, {SHARD_COUNT} shards"
         if single in seconds and sharded in seconds:
             lines.append(
-                f"{sharded} gathers at {seconds[single] / seconds[sharded]:.2f}x the speed of one {codec} store (median runs)."
+                f"{sharded} gathers at {seconds[single] / seconds[sharded]:.2f}x the speed of one "
+                f"{codec} store (median runs)."
             )
     return lines
 
@@ -1091,7 +1101,10 @@ def _sharded_ratios(results: list[StoreResult]) -> list[str]:
 def _cold_table(
     results: list[StoreResult], rows: np.ndarray, batches: np.ndarray, runs: int
 ) -> str:
-    header = f"### store, cold page cache: {len(batches)} batches of {BATCH_SIZE}, files evicted before each batch"
+    header = (
+        f"### store, cold page cache: {len(batches)} batches of {BATCH_SIZE}, files evicted before "
+        "each batch"
+    )
     if not results:
         return f"{header}\n\nskipped: none of {', '.join(COLD_CONTENDERS)} ran"
     if not hasattr(os, "posix_fadvise"):
@@ -1106,7 +1119,8 @@ def _cold_table(
             elif left > 0:
                 return (
                     f"{header}\n\nnot measured: posix_fadvise(DONTNEED) left {left:,} bytes of "
-                    f"{result.contender.name} in the page cache, so a cold read cannot be forced here"
+                    f"{result.contender.name} in the page cache, so a cold read cannot be forced "
+                    "here"
                 )
     gathered = len(batches) * BATCH_SIZE * RECORD_BYTES
     table_rows = []
@@ -1130,10 +1144,11 @@ def _cold_table(
         else "fincore is not installed, so the evictions are unverified"
     )
     return (
-        f"{header}\n\n{table}\n\nMedian of {runs} runs. Before every batch the store is closed, its files "
-        f"evicted with posix_fadvise(POSIX_FADV_DONTNEED) and the store reopened (untimed); {check}. "
-        f"`MiB cached per batch` is what one batch of {BATCH_SIZE * RECORD_BYTES / MiB:.0f} MiB of records "
-        "brought into the page cache (the kernel reads ahead around each fault or read). "
+        f"{header}\n\n{table}\n\nMedian of {runs} runs. Before every batch the store is closed, "
+        "its files evicted with posix_fadvise(POSIX_FADV_DONTNEED) and the store reopened "
+        f"(untimed); {check}. `MiB cached per batch` is what one batch of "
+        f"{BATCH_SIZE * RECORD_BYTES / MiB:.0f} MiB of records brought into the page cache (the "
+        "kernel reads ahead around each fault or read). "
         '"Cold" here is whatever backs this machine\'s disk, often a host cache, not a bare device.'
     )
 
@@ -1164,7 +1179,8 @@ class LoaderContender:
 def _write_loader_data(
     directory: Path, rows: np.ndarray, labels: np.ndarray, contenders: list[LoaderContender]
 ) -> None:
-    """Writes what the runnable `contenders` read: loaderx stores, `.npy` files, an ArrayRecord file."""
+    """Writes what the runnable `contenders` read: loaderx stores, `.npy` files, an ArrayRecord
+    file."""
     kinds = {contender.data for contender in contenders}
     if "loaderx" in kinds:
         from loaderx import from_numpy
@@ -1522,11 +1538,13 @@ def bench_loader(quick: bool) -> str:
     table = markdown_table(["loader", "batches/s", "ms / batch", "samples/s", "MiB/s"], table_rows)
     notes = "\n".join(lines)
     return (
-        f"### loader: end to end, {count:,} records, batches of {BATCH_SIZE} x (a {RECORD_BYTES // 1024} KiB "
-        f"float32 record + an int64 label), {LOADER_WORKERS} workers\n\n{table}\n\n"
+        f"### loader: end to end, {count:,} records, batches of {BATCH_SIZE} x (a "
+        f"{RECORD_BYTES // 1024} KiB float32 record + an int64 label), {LOADER_WORKERS} workers\n\n"
+        f"{table}\n\n"
         + (f"{notes}\n\n" if notes else "")
-        + f"Median of {runs} interleaved runs; each run starts a fresh loader, checks {warmup} batches "
-        f"against the source (starting its workers), then times {seconds:g} s of batches (at least 10). loaderx uses threads and IID sampling and never ends an epoch; torch "
+        + f"Median of {runs} interleaved runs; each run starts a fresh loader, checks {warmup} "
+        f"batches against the source (starting its workers), then times {seconds:g} s of batches "
+        "(at least 10). loaderx uses threads and IID sampling and never ends an epoch; torch "
         "(persistent worker processes, RandomSampler, drop_last) and grain (worker processes, "
         "shuffled IndexSampler) read without replacement and pay their epoch restarts and the "
         "inter-process hand-over. The bare loop is the DataLoader's work without the DataLoader: "
@@ -1551,7 +1569,7 @@ first = time.perf_counter()
 assert batch["x"].shape == (%d, %d)
 loader.close()
 print(imported - started, opened - imported, first - opened)
-""" % (BATCH_SIZE, BATCH_SIZE, RECORD_FLOATS)
+""" % (BATCH_SIZE, BATCH_SIZE, RECORD_FLOATS)  # noqa: UP031 (its f-strings' braces stay as written)
 
 
 def _first_batch_table(directory: Path, runs: int) -> str:
@@ -1633,7 +1651,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(table(arguments.quick), flush=True)
     print(
-        f"\ntotal time: {time.perf_counter() - started:.1f} s ({arguments.table}{' --quick' if arguments.quick else ''})"
+        f"\ntotal time: {time.perf_counter() - started:.1f} s "
+        f"({arguments.table}{' --quick' if arguments.quick else ''})"
     )
     return 0
 

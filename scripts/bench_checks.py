@@ -73,12 +73,12 @@ def main() -> None:
         f"median of {args.repeats} passes, warm page cache, cpus={os.cpu_count()}"
     )
     print(
-        "unchecked: verify=False; default: verify=None (checks the indexed layout); all: verify=True "
-        "(every read, and lengths() too)"
+        "unchecked: verify=False; default: verify=None (checks the indexed layout); all: "
+        "verify=True (every read, and lengths() too)"
     )
     print(
-        f"{'store':26} {'layout':>8} {'stored/raw':>10} {'unchecked ms':>13} {'default ms':>11} {'ratio':>6} "
-        f"{'all ms':>8} {'ratio':>6}"
+        f"{'store':26} {'layout':>8} {'stored/raw':>10} {'unchecked ms':>13} {'default ms':>11} "
+        f"{'ratio':>6} {'all ms':>8} {'ratio':>6}"
     )
     with tempfile.TemporaryDirectory() as root:
         for label, codec, lengths in configurations(args.mib):
@@ -99,8 +99,9 @@ def main() -> None:
             layout = handles[False].stats()["layout"]
             ratio_stored = handles[False].stats()["live_bytes"] / float(lengths.sum())
             print(
-                f"{label:26} {layout:>8} {ratio_stored:10.2f} {unchecked * 1e3:13.1f} {default * 1e3:11.1f} "
-                f"{default / unchecked:6.2f} {checked * 1e3:8.1f} {checked / unchecked:6.2f}"
+                f"{label:26} {layout:>8} {ratio_stored:10.2f} {unchecked * 1e3:13.1f} "
+                f"{default * 1e3:11.1f} {default / unchecked:6.2f} {checked * 1e3:8.1f} "
+                f"{checked / unchecked:6.2f}"
             )
             for store in handles.values():
                 store.close()

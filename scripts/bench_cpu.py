@@ -10,9 +10,10 @@ compiles a native build into a temporary directory, loads every build into
 this one process with cffi, and times each row build after build in rotating
 order, so noise on a shared machine hits all of them alike. Every figure is a
 median over rounds; `picked / native` is the median of the per-round ratios
-(above 1: the build `import loaderx` picks is faster than the native one). The rows are the CPU-bound parts of
-`scripts/bench.py sampler` and `store`: sampler batches, warm gathers from a
-raw and a zstd store, and verify (XXH3 over every record). A bundled build
+(above 1: the build `import loaderx` picks is faster than the native one).
+The rows are the CPU-bound parts of `scripts/bench.py sampler` and `store`:
+sampler batches, warm gathers from a raw and a zstd store, and verify (XXH3
+over every record). A bundled build
 this CPU cannot run is named above the table with the flags it lacks.
 """
 
@@ -69,7 +70,8 @@ def load_builds(native: Path) -> dict:
 
 
 def untimed_builds() -> list[str]:
-    """One line per bundled build this CPU cannot run (loading it would die with SIGILL), saying what it lacks."""
+    """One line per bundled build this CPU cannot run (loading it would die with SIGILL), saying
+    what it lacks."""
     flags = _native.cpu_flags()
     return [
         f"{name}: not timed, this CPU lacks {', '.join(sorted(needed - flags))}"
@@ -175,7 +177,7 @@ def store_rows(builds: dict, quick: bool, directory: Path) -> list:
         if codec == "zstd":
             damaged, found = np.empty(16, dtype=np.uint64), ffi.new("uint64_t *")
 
-            def verify(library, handles=handles) -> float:
+            def verify(library, handles=handles, damaged=damaged, found=found) -> float:
                 store = next(h for lib, h in handles.values() if lib is library)
                 started = time.perf_counter()
                 assert (

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -298,31 +299,76 @@ class Operation:
         self.floor_bytes = floor_bytes
 
 
+@dataclass(frozen=True)
+class Draws:
+    """The rows the edits write and the indices they and the reads use, drawn from one seed (in
+    this order: a seed is one workload)."""
+
+    one_row: np.ndarray
+    block_rows: np.ndarray
+    large_rows: np.ndarray
+    row: int
+    start: int
+    random_rows: np.ndarray
+    doomed: np.ndarray
+    access: np.ndarray
+    warm_row: int
+    warm_access: np.ndarray
+
+    @classmethod
+    def of(cls, a: np.ndarray, seed: int) -> Draws:
+        rng = np.random.default_rng(seed)
+        rows = len(a)
+        block = min(10_000, rows // 10)
+        large = rows // 2
+        one_row = rng.random((1, a.shape[1]), dtype=np.float32)
+        block_rows = rng.random((block, a.shape[1]), dtype=np.float32)
+        large_rows = rng.random((large, a.shape[1]), dtype=np.float32)
+        row = int(rng.integers(rows))
+        start = int(rng.integers(rows - block))
+        random_rows = np.sort(rng.choice(rows, block, replace=False))
+        doomed = np.sort(rng.choice(rows, large, replace=False))
+        access = rng.integers(0, rows, block)
+        warm_row = (row + rows // 2) % rows
+        warm_access = rng.integers(0, rows, 10)
+        return cls(
+            one_row,
+            block_rows,
+            large_rows,
+            row,
+            start,
+            random_rows,
+            doomed,
+            access,
+            warm_row,
+            warm_access,
+        )
+
+
 def build_operations(a: np.ndarray, b: np.ndarray, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    rows = len(a)
-    block = min(10_000, rows // 10)
-    large = rows // 2
-    one_row = rng.random((1, a.shape[1]), dtype=np.float32)
-    block_rows = rng.random((block, a.shape[1]), dtype=np.float32)
-    large_rows = rng.random((large, a.shape[1]), dtype=np.float32)
-    row = int(rng.integers(rows))
-    start = int(rng.integers(rows - block))
-    random_rows = np.sort(rng.choice(rows, block, replace=False))
-    doomed = np.sort(rng.choice(rows, large, replace=False))
-    access = rng.integers(0, rows, block)
-    warm_row = (row + rows // 2) % rows
-    warm_access = rng.integers(0, rows, 10)
+    """The table's rows in order (save, loads, edits, random access) and the arrays saved."""
+    draws = Draws.of(a, seed)
     arrays = {"a": a, "b": b}
+    operations = (
+        _load_operations(a, b, arrays)
+        + _replace_operations(a, draws)
+        + _resize_operations(a, b, draws)
+        + _access_operations(a, draws)
+    )
+    return operations, arrays
 
-    def replaced(key, new):
-        expected = a.copy()
-        expected[key] = new
-        return expected
 
-    def loaded_equal(name, expected):
-        return lambda ops, handle, path, _: np.array_equal(ops.load(handle, name), expected)
+def _replaced(a: np.ndarray, key, new: np.ndarray) -> np.ndarray:
+    expected = a.copy()
+    expected[key] = new
+    return expected
 
+
+def _loaded_equal(name: str, expected: np.ndarray):
+    return lambda ops, handle, path, _: np.array_equal(ops.load(handle, name), expected)
+
+
+def _load_operations(a: np.ndarray, b: np.ndarray, arrays: dict) -> list[Operation]:
     def saved_equal(ops, handle, path, _):
         reopened = ops.open(path)
         try:
@@ -332,7 +378,7 @@ def build_operations(a: np.ndarray, b: np.ndarray, seed: int = 0):
         finally:
             ops.close(reopened)
 
-    operations = [
+    return [
         Operation(
             "save",
             lambda ops, handle, path: ops.save(path, arrays),
@@ -359,17 +405,25 @@ def build_operations(a: np.ndarray, b: np.ndarray, seed: int = 0):
                 result[0].shape == a.shape and np.array_equal(result[0][5:9], a[5:9])
             ),
         ),
+    ]
+
+
+def _replace_operations(a: np.ndarray, draws: Draws) -> list[Operation]:
+    one_row, block_rows, large_rows = draws.one_row, draws.block_rows, draws.large_rows
+    row, warm_row, start, random_rows = draws.row, draws.warm_row, draws.start, draws.random_rows
+    block, large = len(block_rows), len(large_rows)
+    return [
         Operation(
             "replace 1 row",
             lambda ops, handle, path: ops.replace(handle, "a", one_row, [row]),
-            loaded_equal("a", replaced([row], one_row)),
+            _loaded_equal("a", _replaced(a, [row], one_row)),
             setup="fresh",
             floor_bytes=one_row.nbytes,
         ),
         Operation(
             "replace 1 row, array in use",
             lambda ops, handle, path: ops.replace(handle, "a", one_row, [row]),
-            loaded_equal("a", replaced([warm_row, row], np.concatenate([one_row, one_row]))),
+            _loaded_equal("a", _replaced(a, [warm_row, row], np.concatenate([one_row, one_row]))),
             setup="fresh",
             floor_bytes=one_row.nbytes,
             warm=lambda ops, handle: ops.replace(handle, "a", one_row, [warm_row]),
@@ -379,24 +433,30 @@ def build_operations(a: np.ndarray, b: np.ndarray, seed: int = 0):
             lambda ops, handle, path: ops.replace(
                 handle, "a", block_rows, slice(start, start + block)
             ),
-            loaded_equal("a", replaced(slice(start, start + block), block_rows)),
+            _loaded_equal("a", _replaced(a, slice(start, start + block), block_rows)),
             setup="fresh",
             floor_bytes=block_rows.nbytes,
         ),
         Operation(
             f"replace {block:,} random rows",
             lambda ops, handle, path: ops.replace(handle, "a", block_rows, random_rows),
-            loaded_equal("a", replaced(random_rows, block_rows)),
+            _loaded_equal("a", _replaced(a, random_rows, block_rows)),
             setup="fresh",
             floor_bytes=block_rows.nbytes,
         ),
         Operation(
             f"replace {large:,} rows",
             lambda ops, handle, path: ops.replace(handle, "a", large_rows, slice(0, large)),
-            loaded_equal("a", replaced(slice(0, large), large_rows)),
+            _loaded_equal("a", _replaced(a, slice(0, large), large_rows)),
             setup="fresh",
             floor_bytes=large_rows.nbytes,
         ),
+    ]
+
+
+def _resize_operations(a: np.ndarray, b: np.ndarray, draws: Draws) -> list[Operation]:
+    doomed = draws.doomed
+    return [
         Operation(
             "drop array (b)",
             lambda ops, handle, path: ops.drop_array(handle, "b"),
@@ -404,31 +464,36 @@ def build_operations(a: np.ndarray, b: np.ndarray, seed: int = 0):
             setup="fresh",
         ),
         Operation(
-            f"drop {large:,} rows",
+            f"drop {len(doomed):,} rows",
             lambda ops, handle, path: ops.drop_rows(handle, "a", doomed),
-            loaded_equal("a", np.delete(a, doomed, axis=0)),
+            _loaded_equal("a", np.delete(a, doomed, axis=0)),
             setup="fresh",
         ),
         Operation(
             f"append {len(b):,} rows (to b)",
             lambda ops, handle, path: ops.append(handle, "b", b),
-            loaded_equal("b", np.concatenate([b, b])),
+            _loaded_equal("b", np.concatenate([b, b])),
             setup="fresh",
             floor_bytes=b.nbytes,
         ),
+    ]
+
+
+def _access_operations(a: np.ndarray, draws: Draws) -> list[Operation]:
+    access, warm_access = draws.access, draws.warm_access
+    return [
         Operation(
-            f"{block:,} random-index access",
+            f"{len(access):,} random-index access",
             lambda ops, handle, path: ops.getitem(handle, "a", access),
             lambda ops, handle, path, result: np.array_equal(result, a[access]),
         ),
         Operation(
-            f"{block:,} random-index access, array in use",
+            f"{len(access):,} random-index access, array in use",
             lambda ops, handle, path: ops.getitem(handle, "a", access),
             lambda ops, handle, path, result: np.array_equal(result, a[access]),
             warm=lambda ops, handle: ops.getitem(handle, "a", warm_access),
         ),
     ]
-    return operations, arrays
 
 
 # ---- running ---------------------------------------------------------------------------
@@ -538,13 +603,8 @@ def _cell(value, best: float | None) -> str:
     return f"**{text}**" if value == best else text
 
 
-def bench_numpack(quick: bool) -> str:
-    """numpack's benchmark table; returns markdown."""
-    rows = 100_000 if quick else 1_000_000
-    runs = 3 if quick else 12  # 12: each of the six contenders starts two runs
-    rng = np.random.default_rng(42)
-    a = rng.random((rows, 10), dtype=np.float32)
-    b = rng.random((rows // 2, 5), dtype=np.float32)
+def _contenders() -> tuple[list, list[str]]:
+    """The table's columns in order (each pairing side by side) and a note on any skipped."""
     contenders, notes = [ArrayStoreOps(durable=True)], []
     try:
         contenders.append(NumpackOps(synced=True))
@@ -554,6 +614,17 @@ def bench_numpack(quick: bool) -> str:
     if len(contenders) == 3:
         contenders.append(NumpackOps(synced=False))
     contenders += [NpyOps(), NpzOps()]
+    return contenders, notes
+
+
+def bench_numpack(quick: bool) -> str:
+    """numpack's benchmark table; returns markdown."""
+    rows = 100_000 if quick else 1_000_000
+    runs = 3 if quick else 12  # 12: each of the six contenders starts two runs
+    rng = np.random.default_rng(42)
+    a = rng.random((rows, 10), dtype=np.float32)
+    b = rng.random((rows // 2, 5), dtype=np.float32)
+    contenders, notes = _contenders()
     operations, arrays = build_operations(a, b)
     table_rows, errors = [], []
     with tempfile.TemporaryDirectory(prefix="loaderx-bench-numpack-") as temporary:
@@ -591,22 +662,28 @@ def bench_numpack(quick: bool) -> str:
     table = "\n".join(lines)
     text = "\n".join(notes + errors)
     return (
-        f"### numpack: arrays a = {rows:,} x 10 and b = {rows // 2:,} x 5 float32, warm page cache\n\n{table}\n\n"
+        f"### numpack: arrays a = {rows:,} x 10 and b = {rows // 2:,} x 5 float32, "
+        "warm page cache\n\n"
+        f"{table}\n\n"
         + (f"{text}\n\n" if text else "")
-        + f"Median of {runs} interleaved runs, each starting at the next contender; each contender's results checked against NumPy on the "
-        "first run. Two pairings: `loaderx durable` (every call durable when it returns) against `numpack + fsync` "
-        "(each write followed, inside the timing, by an fsync of numpack's data_<name>.npkd files, metadata.npkm and "
-        "the directory), and `loaderx durable=False` (atomic through SIGKILL, durable at sync() and close(); the save row includes the close, so its syncs) "
-        "against numpack as it is; the fastest of each pairing in bold. NPY and NPZ are references without fsync. "
-        "Edits run on a fresh copy of the saved arrays (copied untimed); reads on an open store. "
-        "The rows `..., array in use` first make one untimed call of the same kind on `a` (an edit of another row with its "
-        "settling fsync), so loaderx's open of the array is out of their timing (numpack, NPY and NPZ open their files in every call). "
-        "NPY and NPZ edits are load, modify, save (numpack's README method). "
-        "`drop ... rows` in numpack marks rows deleted (its `update()` compacts later); loaderx rewrites the array. "
-        "Random access: `getitem` for loaderx and numpack, a memory map for NPY, a full member read for NPZ. "
-        f"`{FLOOR}`: one overwrite of the operation's new bytes in an allocated, synced file and its fdatasync, timed in the same runs: "
-        "a durable write cannot cost less, and an atomic in-place replace must make its new rows durable somewhere "
-        "(a journal) before it may overwrite the old ones, so it cannot cost less than this either, durable or not."
+        + f"Median of {runs} interleaved runs, each starting at the next contender; each "
+        "contender's results checked against NumPy on the first run. Two pairings: `loaderx "
+        "durable` (every call durable when it returns) against `numpack + fsync` (each write "
+        "followed, inside the timing, by an fsync of numpack's data_<name>.npkd files, "
+        "metadata.npkm and the directory), and `loaderx durable=False` (atomic through SIGKILL, "
+        "durable at sync() and close(); the save row includes the close, so its syncs) against "
+        "numpack as it is; the fastest of each pairing in bold. NPY and NPZ are references without "
+        "fsync. Edits run on a fresh copy of the saved arrays (copied untimed); reads on an open "
+        "store. The rows `..., array in use` first make one untimed call of the same kind on `a` "
+        "(an edit of another row with its settling fsync), so loaderx's open of the array is out "
+        "of their timing (numpack, NPY and NPZ open their files in every call). NPY and NPZ edits "
+        "are load, modify, save (numpack's README method). `drop ... rows` in numpack marks rows "
+        "deleted (its `update()` compacts later); loaderx rewrites the array. Random access: "
+        "`getitem` for loaderx and numpack, a memory map for NPY, a full member read for NPZ. "
+        f"`{FLOOR}`: one overwrite of the operation's new bytes in an allocated, synced file and "
+        "its fdatasync, timed in the same runs: a durable write cannot cost less, and an atomic "
+        "in-place replace must make its new rows durable somewhere (a journal) before it may "
+        "overwrite the old ones, so it cannot cost less than this either, durable or not."
     )
 
 

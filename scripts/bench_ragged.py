@@ -124,21 +124,25 @@ def bench_ragged(quick: bool) -> str:
             dense_speed = dense_bytes / seconds["dense"] / 2**20
             cpu_ratio = (ragged_bytes / cpu["ragged"]) / (dense_bytes / cpu["dense"])
             rows.append(
-                f"| {codec} | {dense_speed:,.0f} | {ragged_speed:,.0f} | {ragged_speed / dense_speed:.2f}x "
-                f"| {cpu_ratio:.2f}x | {seconds['dense'] / batch_count * 1e3:.3f} "
-                f"| {seconds['ragged'] / batch_count * 1e3:.3f} |"
+                f"| {codec} | {dense_speed:,.0f} | {ragged_speed:,.0f} | "
+                f"{ragged_speed / dense_speed:.2f}x | {cpu_ratio:.2f}x | "
+                f"{seconds['dense'] / batch_count * 1e3:.3f} | "
+                f"{seconds['ragged'] / batch_count * 1e3:.3f} |"
             )
     return (
-        f"### ragged: gather of {count:,} token documents (log-normal, median {MEDIAN_TOKENS}, mean {mean}) "
-        f"vs dense records of {mean} tokens, {batch_count} random batches of {BATCH}\n\n"
-        "| codec | dense MiB/s | ragged MiB/s | ragged / dense | ragged / dense (CPU time) | dense ms / batch "
-        "| ragged ms / batch |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
-        f"Median of {runs} interleaved passes over all batches. Each batch goes into a fresh buffer as in the "
-        "DataLoader: dense, one native gather into a (256, mean) array; ragged, one native call that looks "
-        "up the lengths, writes the row offsets and gathers into one flat array (the front of a buffer of "
-        "the largest batch so far), and a RaggedBatch of the two. "
-        "MiB/s counts the token bytes each batch holds; the CPU-time ratio compares bytes per CPU second "
-        "of the process (all threads), which a busy machine disturbs less than wall time."
+        f"### ragged: gather of {count:,} token documents (log-normal, median {MEDIAN_TOKENS}, "
+        f"mean {mean}) vs dense records of {mean} tokens, {batch_count} random batches of "
+        f"{BATCH}\n\n"
+        "| codec | dense MiB/s | ragged MiB/s | ragged / dense | ragged / dense (CPU time) | "
+        "dense ms / batch | ragged ms / batch |\n"
+        "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
+        f"Median of {runs} interleaved passes over all batches. Each batch goes into a fresh "
+        "buffer as in the DataLoader: dense, one native gather into a (256, mean) array; "
+        "ragged, one native call that looks up the lengths, writes the row offsets and gathers "
+        "into one flat array (the front of a buffer of the largest batch so far), and a "
+        "RaggedBatch of the two. MiB/s counts the token bytes each batch holds; the CPU-time "
+        "ratio compares bytes per CPU second of the process (all threads), which a busy "
+        "machine disturbs less than wall time."
     )
 
 
@@ -240,21 +244,25 @@ def bench_packing(quick: bool) -> str:
                     samples["first_fit"].append(_tokens_per_second(loader, batches))
     speed = {name: statistics.median(values) for name, values in samples.items()}
     return (
-        f"### packing: {count:,} token documents (log-normal, median {MEDIAN_TOKENS}, mean {lengths.mean():.0f}, "
-        f"max {lengths.max():,}) into rows of {SEQ_LEN}, batches of {PACK_ROWS} rows\n\n"
-        "| packer | M tokens/s | padding | vs Python |\n|---|---|---|---|\n"
-        f"| loaderx concat (DataLoader, 2 workers) | {speed['loaderx'] / 1e6:.1f} | {padding:.2%} | "
-        f"{speed['loaderx'] / speed['python']:.1f}x |\n"
+        f"### packing: {count:,} token documents (log-normal, median {MEDIAN_TOKENS}, mean "
+        f"{lengths.mean():.0f}, max {lengths.max():,}) into rows of {SEQ_LEN}, batches of "
+        f"{PACK_ROWS} rows\n\n"
+        "| packer | M tokens/s | padding | vs Python |\n"
+        "|---|---|---|---|\n"
+        f"| loaderx concat (DataLoader, 2 workers) | {speed['loaderx'] / 1e6:.1f} | {padding:.2%} "
+        f"| {speed['loaderx'] / speed['python']:.1f}x |\n"
         f"| plain Python concat packer | {speed['python'] / 1e6:.1f} | 0.00% | 1.0x |\n"
-        f"| loaderx first-fit, window 64 (DataLoader, 2 workers) | {speed['first_fit'] / 1e6:.1f} | "
-        f"{statistics.median(first_fit_padding):.2%} | {speed['first_fit'] / speed['python']:.1f}x |\n"
+        f"| loaderx first-fit, window 64 (DataLoader, 2 workers) | {speed['first_fit'] / 1e6:.1f} "
+        f"| {statistics.median(first_fit_padding):.2%} | "
+        f"{speed['first_fit'] / speed['python']:.1f}x |\n"
         f"| (one document per row, padded or cut to {SEQ_LEN}) | — | {one_per_row:.2%} | — |\n\n"
-        f"Median of {runs} runs of {batches} batches each after a first batch (which starts the workers and is "
-        "checked equal, tokens, segment ids and positions, to the Python packer's). Both read the same raw "
-        "store in the same document order; the Python packer reads each chunk of 1024 documents with one "
-        "RaggedDataset gather and packs with token lists. First-fit keeps documents whole (cut only past "
-        f"{SEQ_LEN} tokens); its padding is the mean over {batches} batches after its first; its tokens/s "
-        "count every row token, padding included."
+        f"Median of {runs} runs of {batches} batches each after a first batch (which starts the "
+        "workers and is checked equal, tokens, segment ids and positions, to the Python packer's). "
+        "Both read the same raw store in the same document order; the Python packer reads each "
+        "chunk of 1024 documents with one RaggedDataset gather and packs with token lists. "
+        f"First-fit keeps documents whole (cut only past {SEQ_LEN} tokens); its padding is the "
+        f"mean over {batches} batches after its first; its tokens/s count every row token, padding "
+        "included."
     )
 
 
@@ -343,15 +351,17 @@ def bench_processes(quick: bool) -> str:
             f"{1 / seconds:,.0f} | {seconds * 1e3:.2f} | {threads / seconds:.2f}x |"
         )
     return (
-        f"### processes: a pure-Python transform, threads vs worker processes, batches of {BATCH} x "
-        "(1 KiB float32 + int64 label)\n\n"
-        "| transform ms (alone) | transform in | workers | batches/s | ms / batch | vs threads |\n"
+        "### processes: a pure-Python transform, threads vs worker processes, batches of "
+        f"{BATCH} x (1 KiB float32 + int64 label)\n\n"
+        "| transform ms (alone) | transform in | workers | batches/s | ms / batch "
+        "| vs threads |\n"
         "|---|---|---|---|---|---|\n" + "\n".join(table) + "\n\n"
         f"Median of {runs} interleaved runs of {batch_counts['small']} (small transform) or "
-        f"{batch_counts['large']} (large) batches, after a first batch that starts the workers (spawning "
-        "processes takes most of a second, not timed). `transform ms` is the transform timed alone in the "
-        "main thread before the runs. With processes each worker thread hands its batch to its own child "
-        "through shared memory (a copy in, a copy of the result out, a pipe round trip)."
+        f"{batch_counts['large']} (large) batches, after a first batch that starts the workers "
+        "(spawning processes takes most of a second, not timed). `transform ms` is the "
+        "transform timed alone in the main thread before the runs. With processes each worker "
+        "thread hands its batch to its own child through shared memory (a copy in, a copy of "
+        "the result out, a pipe round trip)."
     )
 
 

@@ -188,7 +188,8 @@ def first_write_floors(quick: bool, runs: int) -> str:
         }
     names = ["ArrayStore", "Zrecord", "Zrecord open", "replica", "bare", "numpack + fsync"]
     lines = [
-        f"### first write: replace rows of a in a fresh copy of a = {length:,} x 10 and b = {length // 2:,} x 5 float32, median (p25) of {runs} runs",
+        f"### first write: replace rows of a in a fresh copy of a = {length:,} x 10 and b = "
+        f"{length // 2:,} x 5 float32, median (p25) of {runs} runs",
         "",
         "| variant | " + " | ".join(columns) + " |",
         "|---" * (len(columns) + 1) + "|",

@@ -2,11 +2,16 @@
 
 Tests marked ``soak`` (long crash/corruption runs) are skipped unless
 LOADERX_SOAK=1 is set: ``LOADERX_SOAK=1 python -m pytest -m soak``.
+The ``s3`` and ``s3_endpoint`` fixtures (a local S3 server) come from
+tests/s3_fixture.py, registered here as a plugin so a test names them as
+parameters without importing them.
 """
 
 import os
 
 import pytest
+
+pytest_plugins = ("s3_fixture",)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -90,7 +90,8 @@ class SimFs:
         self.gutted = set()  # blob inodes whose contents were deleted, as the process sees it
         self.durable_gutted = set()
         self.pending_guts = []  # blob inodes whose deletion is queued
-        self.overlays = {}  # blob inode -> {file name: bytes} written by the build beside the memoised store
+        # blob inode -> {file name: bytes} written by the build beside the memoised store
+        self.overlays = {}
         self.builds = 0  # builds run (memoised ones not counted)
         self.epoch = 0
         self.exchange_works = True

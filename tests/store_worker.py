@@ -8,8 +8,10 @@ Run as a script (each mode prints lines the parent reads on stdout):
   store_worker.py hold PATH           takes the writer lock, prints "locked", waits for stdin EOF
   store_worker.py appender PATH SEED  appends appender_batches(SEED), printing "A j" after each
   store_worker.py recover PATH SEED ACKED
-                                      after a crash: reads PATH, recovers it as a writer, prints a JSON report
-  store_worker.py check PATH SPEC     opens a (damaged) store, reads every record, prints a JSON report
+                                      after a crash: reads PATH, recovers it as a writer,
+                                      prints a JSON report
+  store_worker.py check PATH SPEC     opens a (damaged) store, reads every record, prints a
+                                      JSON report
 """
 
 from __future__ import annotations
@@ -83,67 +85,80 @@ def make_ops(
     records: list[bytes] = []
     for j in range(op_count):
         n = len(records)
-        if j == 0:
-            kind = "append_fixed" if rng.random() < 0.6 else "append_var"
-        elif n == 0:
-            kind = rng.choice(["append_fixed", "append_var"])
-        elif variant.startswith("fixed"):
-            kind = rng.choices(
-                ["append_fixed", "replace_fixed", "delete", "sync"], [20, 60, 10, 10]
-            )[0]
-        else:
-            kind = rng.choices(
-                ["append_fixed", "append_var", "replace", "delete", "compact", "sync"],
-                [25, 15, 20, 22, 13, 5],
-            )[0]
-        op: dict = {"kind": kind}
-        if kind == "append_fixed":
-            op.update(
-                kind="append", codec="raw", compressible=False, lengths=[fixed] * rng.randint(1, 24)
-            )
-        elif kind == "append_var":
-            op.update(
-                kind="append",
-                codec=rng.choice(["zstd", "zstd", "raw"]),
-                compressible=rng.random() < 0.8,
-                lengths=[variable_length(rng) for _ in range(rng.randint(1, 8))],
-            )
-        elif kind == "replace_fixed":
-            idxs = rng.sample(range(n), rng.randint(1, min(n, 40)))
-            op.update(
-                kind="replace",
-                codec="raw",
-                compressible=False,
-                lengths=[fixed] * len(idxs),
-                idxs=idxs,
-            )
-        elif kind == "replace":
-            idxs = rng.sample(range(n), rng.randint(1, min(n, 6)))
-            if rng.random() < 0.5:
-                op.update(codec="raw", compressible=False, lengths=[fixed] * len(idxs))
-            else:
-                op.update(
-                    codec="zstd",
-                    compressible=rng.random() < 0.8,
-                    lengths=[variable_length(rng) for _ in idxs],
-                )
-            op["idxs"] = idxs
-        elif kind == "delete":
-            count = rng.randint(1, max(1, min(n, n // 3 + 1)))
-            op.update(idxs=[rng.randrange(n) for _ in range(count)], keep_order=rng.random() < 0.5)
+        op = op_fields(rng, op_kind(rng, j, n, variant), n, fixed)
         ops.append(op)
-        if "lengths" in op:
-            fresh = payloads(seed, j, op)
-            if op["kind"] == "replace":
-                records = list(records)
-                for index, contents in zip(op["idxs"], fresh):
-                    records[index] = contents
-            else:
-                records = records + fresh
-        elif kind == "delete":
-            records = model_delete(records, op["idxs"], op["keep_order"])
+        records = model_op(records, seed, j, op)
         states.append(records)
     return ops, states
+
+
+def op_kind(rng: random.Random, j: int, n: int, variant: str) -> str:
+    """The kind of op j on a store of n records (the draws make_ops' sequence depends on)."""
+    if j == 0:
+        return "append_fixed" if rng.random() < 0.6 else "append_var"
+    if n == 0:
+        return rng.choice(["append_fixed", "append_var"])
+    if variant.startswith("fixed"):
+        return rng.choices(["append_fixed", "replace_fixed", "delete", "sync"], [20, 60, 10, 10])[0]
+    return rng.choices(
+        ["append_fixed", "append_var", "replace", "delete", "compact", "sync"],
+        [25, 15, 20, 22, 13, 5],
+    )[0]
+
+
+def op_fields(rng: random.Random, kind: str, n: int, fixed: int) -> dict:
+    """An op of `kind` on a store of n records, its lengths, indices and codec drawn from rng."""
+    op: dict = {"kind": kind}
+    if kind == "append_fixed":
+        op.update(
+            kind="append", codec="raw", compressible=False, lengths=[fixed] * rng.randint(1, 24)
+        )
+    elif kind == "append_var":
+        op.update(
+            kind="append",
+            codec=rng.choice(["zstd", "zstd", "raw"]),
+            compressible=rng.random() < 0.8,
+            lengths=[variable_length(rng) for _ in range(rng.randint(1, 8))],
+        )
+    elif kind == "replace_fixed":
+        idxs = rng.sample(range(n), rng.randint(1, min(n, 40)))
+        op.update(
+            kind="replace",
+            codec="raw",
+            compressible=False,
+            lengths=[fixed] * len(idxs),
+            idxs=idxs,
+        )
+    elif kind == "replace":
+        idxs = rng.sample(range(n), rng.randint(1, min(n, 6)))
+        if rng.random() < 0.5:
+            op.update(codec="raw", compressible=False, lengths=[fixed] * len(idxs))
+        else:
+            op.update(
+                codec="zstd",
+                compressible=rng.random() < 0.8,
+                lengths=[variable_length(rng) for _ in idxs],
+            )
+        op["idxs"] = idxs
+    elif kind == "delete":
+        count = rng.randint(1, max(1, min(n, n // 3 + 1)))
+        op.update(idxs=[rng.randrange(n) for _ in range(count)], keep_order=rng.random() < 0.5)
+    return op
+
+
+def model_op(records: list[bytes], seed: int, j: int, op: dict) -> list[bytes]:
+    """The records after op j (a new list: the states before it stay as they were)."""
+    if "lengths" in op:
+        fresh = payloads(seed, j, op)
+        if op["kind"] == "replace":
+            records = list(records)
+            for index, contents in zip(op["idxs"], fresh):
+                records[index] = contents
+            return records
+        return records + fresh
+    if op["kind"] == "delete":
+        return model_delete(records, op["idxs"], op["keep_order"])
+    return records
 
 
 def payloads(seed: int, j: int, op: dict) -> list[bytes]:
@@ -481,31 +496,7 @@ def run_check(path: str, spec_path: str) -> None:
     store = open_store(True)
     if store is not None:
         report["open_True"] = "ok"
-        n = len(store)
-        report["n"] = n
-        report["generation"] = store.stats()["generation"]
-        count = min(n, read_limit, len(room))
-        report["single"] = [outcome(lambda i=i: digest(store.read(i))) for i in range(count)]
-        batches = []
-        rng = random.Random(n)
-        order = list(range(count))
-        rng.shuffle(order)
-        for start in range(0, count, 7):
-            idxs = order[start : start + 7]
-            offsets = np.cumsum([0] + [room[i] for i in idxs[:-1]], dtype=np.uint64)
-            buffer = bytearray(sum(room[i] for i in idxs))
-
-            def batch(idxs=idxs, offsets=offsets, buffer=buffer):
-                lengths = [int(x) for x in store.lengths(idxs)]
-                store.gather(idxs, buffer, offsets)
-                return [
-                    digest(buffer[int(o) : int(o) + length]) for o, length in zip(offsets, lengths)
-                ]
-
-            batches.append([idxs, outcome(batch)])
-        report["batches"] = batches
-        verified = outcome(store.verify)
-        report["verify"] = verified
+        check_verified(store, room, read_limit, outcome, report)
         store.close()
     # Without verify: wrong bytes may come back, but never a crash.
     plain = open_store(False)
@@ -521,6 +512,34 @@ def run_check(path: str, spec_path: str) -> None:
         plain.close()
     report["maxrss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     say(json.dumps(report))
+
+
+def check_verified(store, room: list[int], read_limit: int, outcome, report: dict) -> None:
+    """run_check's reads through a store opened with verify=True: each record alone, shuffled
+    batches of 7 gathered into buffers sized from `room`, then verify(); each into `report`."""
+    n = len(store)
+    report["n"] = n
+    report["generation"] = store.stats()["generation"]
+    count = min(n, read_limit, len(room))
+    report["single"] = [outcome(lambda i=i: digest(store.read(i))) for i in range(count)]
+    batches = []
+    rng = random.Random(n)
+    order = list(range(count))
+    rng.shuffle(order)
+    for start in range(0, count, 7):
+        idxs = order[start : start + 7]
+        offsets = np.cumsum([0] + [room[i] for i in idxs[:-1]], dtype=np.uint64)
+        buffer = bytearray(sum(room[i] for i in idxs))
+
+        def batch(idxs=idxs, offsets=offsets, buffer=buffer):
+            lengths = [int(x) for x in store.lengths(idxs)]
+            store.gather(idxs, buffer, offsets)
+            return [digest(buffer[int(o) : int(o) + length]) for o, length in zip(offsets, lengths)]
+
+        batches.append([idxs, outcome(batch)])
+    report["batches"] = batches
+    verified = outcome(store.verify)
+    report["verify"] = verified
 
 
 def main(argv: list[str]) -> None:

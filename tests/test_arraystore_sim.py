@@ -24,8 +24,9 @@ a model (the dict of arrays after each call):
 Replay a failure: the assertion message names the calls, the call index and
 the crash seed, and ``run_crash(workdir, {}, ops, at, seed, exchange)`` or
 ``run_fault(workdir, {}, ops, at, code, sticky, exchange)`` reproduces it;
-random workloads print their seed, which LOADERX_SIM_SEED replays. LOADERX_SIM_SEEDS raises the seeds per crash
-point (default 20); the soak runs use 200,000 crash points and faults.
+random workloads print their seed, which LOADERX_SIM_SEED replays.
+LOADERX_SIM_SEEDS raises the seeds per crash point (default 20); the soak runs
+use 200,000 crash points and faults.
 """
 
 from __future__ import annotations
@@ -306,7 +307,10 @@ def run_fault(workdir, memo, ops, at: int, code: int, sticky: bool, exchange: bo
     after a power cut right then, and once the fault clears the store works
     on. Returns the outcome seen."""
     states = model_states(ops)
-    context = f"exchange={exchange}, ops={ops_text(ops)}, fault {errno.errorcode[code]} at call {at}, sticky={sticky}"
+    context = (
+        f"exchange={exchange}, ops={ops_text(ops)}, fault {errno.errorcode[code]} at call {at}, "
+        f"sticky={sticky}"
+    )
     sim = new_sim(workdir, memo, exchange)
     sim.fail(at, code, sticky)
     outcome = "absorbed"
@@ -381,7 +385,8 @@ def test_every_fault_at_every_call_of_save_and_drop(workdir, memo):
     sweep_random_faults(workdir, memo, 5_000, seed, outcomes)
     total = sum(outcomes.values())
     print(
-        f"\n{total} injected faults in {time.perf_counter() - started:.1f} s (workload seed {seed}): {outcomes}"
+        f"\n{total} injected faults in {time.perf_counter() - started:.1f} s (workload seed "
+        f"{seed}): {outcomes}"
     )
     # One-shot faults after the commit point are absorbed (a retry finishes
     # the commit); every other fault surfaces, with the outcome it says.
@@ -445,7 +450,8 @@ def test_arraystore_makes_no_file_system_call_outside_the_seam():
     modules = (arraystore_module, arraycommit_module, arrayview_module)
     source = "\n".join(Path(module.__file__).read_text() for module in modules)
     calls = re.findall(
-        r"\b(?:os\.(?!path\.join|fspath|getpid)\w+|shutil\.\w+|fcntl\.\w+|(?<![.\w])(?<!def )open\()",
+        r"\b(?:os\.(?!path\.join|fspath|getpid)\w+|shutil\.\w+|fcntl\.\w+|"
+        r"(?<![.\w])(?<!def )open\()",
         source,
     )
     assert calls == [], f"file-system calls outside the seam: {calls}"
@@ -479,7 +485,8 @@ def test_soak_faults(workdir, memo):
     outcomes = {}
     sweep_random_faults(workdir, memo, SOAK_COUNT, seed, outcomes)
     print(
-        f"{sum(outcomes.values())} injected faults in {time.perf_counter() - started:.0f} s: {outcomes}"
+        f"{sum(outcomes.values())} injected faults in {time.perf_counter() - started:.0f} s: "
+        f"{outcomes}"
     )
     assert sum(outcomes.values()) >= SOAK_COUNT
 
@@ -531,7 +538,10 @@ def run_crash_not_durable(workdir, memo, ops, at: int, seed: int, exchange: bool
     ]
     sim = new_sim(workdir, memo, exchange)
     acked, _ = run_until_cut(sim, ops, at, seed, apply_not_durable, durable=False)
-    context = f"durable=False, exchange={exchange}, ops={ops_text(ops)}, crash before mutation {at}, seed {seed}"
+    context = (
+        f"durable=False, exchange={exchange}, ops={ops_text(ops)}, crash before mutation {at}, "
+        f"seed {seed}"
+    )
     floor = max(index for index in synced if index <= acked)
     window = states[floor : min(acked + 1, len(ops)) + 1]
     with ArrayStore(ROOT, durable=False, _fs=sim) as reopened:
@@ -599,6 +609,7 @@ def test_soak_power_loss_with_durable_false(workdir, memo):
         for exchange in (True, False)
     )
     print(
-        f"\n{runs} simulated power losses with durable=False in {time.perf_counter() - started:.0f} s"
+        f"\n{runs} simulated power losses with durable=False in "
+        f"{time.perf_counter() - started:.0f} s"
     )
     assert runs >= 75_000

@@ -518,8 +518,15 @@ MEMORY_SCRIPT = textwrap.dedent(
     mode, path = sys.argv[1], sys.argv[2]
     width, rows, group = 64 * 1024, int(sys.argv[3]), 256
     if mode == "write":
-        # 64 KiB uint8 images (fixed-size lists), token lists and labels, written a row group at a time.
-        schema = pa.schema([("image", pa.list_(pa.uint8(), width)), ("tokens", pa.list_(pa.int32())), ("label", pa.int64())])
+        # 64 KiB uint8 images (fixed-size lists), token lists and labels, written a row group at
+        # a time.
+        schema = pa.schema(
+            [
+                ("image", pa.list_(pa.uint8(), width)),
+                ("tokens", pa.list_(pa.int32())),
+                ("label", pa.int64()),
+            ]
+        )
         with pq.ParquetWriter(path, schema) as writer:
             for start in range(0, rows, group):
                 labels = np.arange(start, start + group)
@@ -527,9 +534,11 @@ MEMORY_SCRIPT = textwrap.dedent(
                 images[:, 0] = labels % 256
                 images[:, 1::97] = 7
                 offsets = np.concatenate([[0], np.cumsum(labels % 50 * 40)]).astype(np.int32)
-                tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.arange(offsets[-1], dtype=np.int32)))
+                values = pa.array(np.arange(offsets[-1], dtype=np.int32))
+                tokens = pa.ListArray.from_arrays(pa.array(offsets), values)
                 images = pa.FixedSizeListArray.from_arrays(pa.array(images.reshape(-1)), width)
-                writer.write_batch(pa.record_batch([images, tokens, pa.array(labels)], schema=schema))
+                batch = pa.record_batch([images, tokens, pa.array(labels)], schema=schema)
+                writer.write_batch(batch)
         sys.exit(0)
 
     from loaderx.arrow import from_arrow, open_columns

@@ -76,7 +76,7 @@ def check_output(result):
     # A contender may fail its own correctness check (numpack 0.4.5's
     # multi-row replace writes wrong rows); loaderx never may.
     for line in result.stdout.splitlines():
-        if line.startswith("| loaderx") or line.startswith("FAILED:"):
+        if line.startswith(("| loaderx", "FAILED:")):
             assert "loaderx" not in line or "FAILED" not in line, line
     assert "FAILED: loaderx" not in result.stdout, result.stdout
     assert "| loaderx zstd |" in result.stdout

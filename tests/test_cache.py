@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-from s3_fixture import s3, s3_endpoint  # noqa: F401 (fixtures)
 
 from loaderx import _cache, _remote
 from loaderx._cache import CacheBusyError, CacheTooSmallError, Plan, UnitCache

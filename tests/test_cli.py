@@ -123,7 +123,8 @@ def test_info_of_ragged_bare_and_arraystore(tmp_path):
 
 
 def test_info_refuses_what_is_not_a_store(tmp_path):
-    """A missing path, a file and a plain directory exit 2 with a one-line reason, and nothing is created."""
+    """A missing path, a file and a plain directory exit 2 with a one-line reason, and nothing is
+    created."""
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "notes.txt").write_text("hi")
     (tmp_path / "file.npy").write_bytes(b"x")
@@ -179,7 +180,8 @@ def test_verify_a_store_too_damaged_to_open(tmp_path):
 
 @pytest.mark.parametrize("damage", ["superblock deleted", "schema garbled"])
 def test_verify_a_dataset_missing_its_superblock_or_schema(tmp_path, damage):
-    """A dataset whose superblock is gone, or whose schema.msgpack is garbage, is damaged (exit 1), not 'not a store'."""
+    """A dataset whose superblock is gone, or whose schema.msgpack is garbage, is damaged (exit 1),
+    not 'not a store'."""
     from_numpy(tmp_path / "ds", np.arange(100))
     if damage == "superblock deleted":
         (tmp_path / "ds" / "superblock").unlink()
@@ -236,7 +238,8 @@ def test_compact_reclaims_deleted_records(tmp_path):
 
 
 def test_compact_and_convert_refuse_a_store_being_written(tmp_path):
-    """While another handle writes to a store, compact and an overwriting convert exit 2 and change nothing."""
+    """While another handle writes to a store, compact and an overwriting convert exit 2 and change
+    nothing."""
     np.save(tmp_path / "a.npy", np.arange(10))
     from_numpy(tmp_path / "ds", np.arange(4), codec="raw")
     with Zrecord(tmp_path / "ds", codec="raw") as writer:
@@ -254,7 +257,8 @@ def test_compact_and_convert_refuse_a_store_being_written(tmp_path):
 
 
 def test_convert_npy(tmp_path):
-    """convert writes a dense dataset from a .npy file; a second run replaces it, --mode a appends."""
+    """convert writes a dense dataset from a .npy file; a second run replaces it, --mode a
+    appends."""
     array = np.arange(3000, dtype=np.float32).reshape(1000, 3)
     np.save(tmp_path / "a.npy", array)
     status, out, err = loaderx("convert", tmp_path / "a.npy", tmp_path / "ds", "--codec", "raw")
@@ -300,7 +304,8 @@ def test_convert_refuses_bad_sources(tmp_path):
 
 
 def test_bench_quick_figures(tmp_path):
-    """bench measures the sampler, two stores and the loader, checks the store's rows, and cleans up."""
+    """bench measures the sampler, two stores and the loader, checks the store's rows, and cleans
+    up."""
     result = loaderx_json("bench", "--records", 300, "--dir", tmp_path)
     assert result["machine"]["cores"] >= 1
     assert {row["sampler"] for row in result["sampler"]} >= {"loaderx IID", "loaderx CYCLIC"}
@@ -346,7 +351,8 @@ def sharded_dataset(path, shard_count=4, rows_per_shard=10, damaged=None):
 
 
 def test_info_of_a_sharded_dataset(tmp_path):
-    """info opens a sharded dataset as one: kind, dtype, shape, codec, records over all shards, shards, bytes, ratio."""
+    """info opens a sharded dataset as one: kind, dtype, shape, codec, records over all shards,
+    shards, bytes, ratio."""
     array = np.tile(np.arange(64, dtype=np.uint8), (300, 16))  # 1 KiB rows zstd shrinks
     for k, (start, end) in enumerate([(0, 100), (100, 100), (100, 300)]):
         shards.write_shard(tmp_path / "ds", k, array[start:end])
@@ -372,7 +378,8 @@ def test_info_of_a_sharded_dataset(tmp_path):
 
 
 def test_info_of_a_ragged_sharded_dataset_and_an_unfinished_one(tmp_path):
-    """A ragged sharded dataset sums its records' lengths; shards without a manifest are refused with the remedy."""
+    """A ragged sharded dataset sums its records' lengths; shards without a manifest are refused
+    with the remedy."""
     records = sharded_dataset(tmp_path / "ds", shard_count=3)
     info = loaderx_json("info", tmp_path / "ds")
     assert (info["kind"], info["shards"], info["records"], info["raw_bytes"]) == (
@@ -387,7 +394,8 @@ def test_info_of_a_ragged_sharded_dataset_and_an_unfinished_one(tmp_path):
 
 
 def test_verify_a_sharded_dataset_names_damage_by_global_index(tmp_path):
-    """verify checks every shard; a flipped byte in shard 2 is reported at its global index, exit 1."""
+    """verify checks every shard; a flipped byte in shard 2 is reported at its global index, exit
+    1."""
     sharded_dataset(tmp_path / "clean")
     result = loaderx_json("verify", tmp_path / "clean")
     assert (
@@ -419,7 +427,8 @@ def test_verify_a_sharded_dataset_names_damage_by_global_index(tmp_path):
 
 
 def test_verify_a_sharded_dataset_with_a_damaged_manifest_or_missing_shard(tmp_path):
-    """A garbled manifest, or a shard deleted after commit, is damage (exit 1) and the other shards are still checked."""
+    """A garbled manifest, or a shard deleted after commit, is damage (exit 1) and the other shards
+    are still checked."""
     sharded_dataset(tmp_path / "ds")
     manifest = tmp_path / "ds" / shards.MANIFEST_FILE
     good = manifest.read_bytes()
@@ -436,7 +445,8 @@ def test_verify_a_sharded_dataset_with_a_damaged_manifest_or_missing_shard(tmp_p
 
 
 def test_compact_a_sharded_dataset_per_shard(tmp_path):
-    """compact compacts every shard in place; a dataset whose manifest disagrees with its shards is refused untouched."""
+    """compact compacts every shard in place; a dataset whose manifest disagrees with its shards is
+    refused untouched."""
     records = sharded_dataset(tmp_path / "ds", shard_count=2)
     result = loaderx_json("compact", tmp_path / "ds")
     assert result["disk_bytes_after"] == disk_bytes(tmp_path / "ds")
@@ -450,7 +460,8 @@ def test_compact_a_sharded_dataset_per_shard(tmp_path):
 
 
 def test_info_verify_and_compact_a_column_directory(tmp_path):
-    """A from_arrow column directory: info lists every column, verify checks each (exit 1 on damage), compact each."""
+    """A from_arrow column directory: info lists every column, verify checks each (exit 1 on
+    damage), compact each."""
     pa = _require("pyarrow")
     from loaderx.arrow import from_arrow
 
@@ -500,7 +511,8 @@ def parquet_table(pa, start, rows):
 
 
 def test_convert_parquet_file_and_glob(tmp_path):
-    """convert takes a .parquet file or a glob through from_arrow: one store per column, rows in file order."""
+    """convert takes a .parquet file or a glob through from_arrow: one store per column, rows in
+    file order."""
     pa = _require("pyarrow")
     pq = _require("pyarrow.parquet")
     from loaderx.arrow import open_columns
@@ -533,7 +545,8 @@ def test_convert_parquet_file_and_glob(tmp_path):
 
 
 def test_convert_parquet_replaces_only_a_column_directory(tmp_path):
-    """--mode w replaces a column directory, x and a refuse it; another non-empty directory is never replaced."""
+    """--mode w replaces a column directory, x and a refuse it; another non-empty directory is never
+    replaced."""
     pa = _require("pyarrow")
     pq = _require("pyarrow.parquet")
     pq.write_table(parquet_table(pa, 0, 50), tmp_path / "a.parquet")
@@ -569,7 +582,8 @@ def test_convert_parquet_replaces_only_a_column_directory(tmp_path):
 
 
 def test_convert_parquet_without_pyarrow_says_how_to_install_it(tmp_path):
-    """Where pyarrow cannot be imported, a Parquet convert exits 2 naming the extra to install, and writes nothing."""
+    """Where pyarrow cannot be imported, a Parquet convert exits 2 naming the extra to install, and
+    writes nothing."""
     (tmp_path / "a.parquet").write_bytes(b"PAR1")
     code = (
         "import sys; sys.modules['pyarrow'] = None; from loaderx.cli import main; "

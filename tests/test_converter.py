@@ -623,7 +623,8 @@ def test_mode_w_refuses_a_directory_that_is_not_a_store(tmp_path):
 
 
 def test_mode_w_waits_for_no_writer(tmp_path):
-    """Overwriting a store another handle is writing to raises StoreLockedError and changes nothing."""
+    """Overwriting a store another handle is writing to raises StoreLockedError and changes
+    nothing."""
     from loaderx import StoreLockedError
 
     from_numpy(tmp_path / "store", np.arange(4), codec="raw")

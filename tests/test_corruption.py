@@ -424,7 +424,8 @@ def run_case(
         return None, file_kind, damage_kind
     return (
         (
-            f"{name} store, {what} (LOADERX_SEED={BASE_SEED}, case {case}); damaged copy kept at {path}:\n    "
+            f"{name} store, {what} (LOADERX_SEED={BASE_SEED}, case {case}); damaged copy kept at "
+            f"{path}:\n    "
             + "\n    ".join(problems[:6])
             + (f"\n    stderr: {stderr[-800:]}" if stderr.strip() else "")
         ),

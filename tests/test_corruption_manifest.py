@@ -116,7 +116,8 @@ def edit_shards(dataset, edit) -> None:
     ],
 )
 def test_names_outside_the_directory_are_refused(dataset, name, message):
-    """Absolute names, '..' and '.' components and non-names are refused before any shard is opened."""
+    """Absolute names, '..' and '.' components and non-names are refused before any shard is
+    opened."""
     name = name.format(decoy=dataset.parent / "decoy") if isinstance(name, str) else name
     edit_shards(dataset, lambda entries: entries[0].update(name=name, rows=20))
     with pytest.raises(ManifestError, match=message):

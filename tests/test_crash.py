@@ -81,6 +81,34 @@ def run_trial(path: Path, seed: int, variant: str = "mixed") -> dict:
     # Delays from 10 us to 20 ms after op `target` starts: most land inside
     # an op (ops take 0.1-20 ms, mostly fsync), some after it.
     delay = 0.0 if rng.random() < 0.15 else 10 ** rng.uniform(-5, -1.7)
+    lines, killed, returncode, stderr = kill_writer(path, seed, variant, target, delay)
+    context = (
+        f"seed {seed} (LOADERX_SEED), variant {variant}, kill after op {target} began + "
+        f"{delay * 1e6:.0f} us; child lines {lines[-4:]}"
+    )
+    if not killed:
+        assert returncode == 0, f"{context}: the writer failed on its own:\n{stderr}"
+    else:
+        # The child may finish its last op and exit before the signal lands.
+        assert returncode in (-signal.SIGKILL, 0), f"{context}: writer exit {returncode}:\n{stderr}"
+    acked = sum(1 for line in lines if line.startswith("A "))
+    # Before any writer recovers: what the crash left behind.
+    debris = crash_debris(path)
+    report = check_recovery(path, seed, acked, variant, context)
+    return {
+        "acked": acked,
+        "in_flight_applied": report["match"] == acked + 1,
+        "debris": debris,
+        "killed": killed,
+        "op": ops[target]["kind"] if killed else None,
+    }
+
+
+def kill_writer(
+    path: Path, seed: int, variant: str, target: int, delay: float
+) -> tuple[list[str], bool, int, str]:
+    """Runs ops(seed) in a child and SIGKILLs it `delay` s after op `target` began: the child's
+    stdout lines, whether it was killed, its exit status and its stderr."""
     proc = subprocess.Popen(
         [sys.executable, WORKER, "crash", str(path), str(seed), variant],
         stdout=subprocess.PIPE,
@@ -106,17 +134,11 @@ def run_trial(path: Path, seed: int, variant: str = "mixed") -> dict:
         stderr = proc.stderr.read().decode(errors="replace")
         proc.stdout.close()
         proc.stderr.close()
-    context = f"seed {seed} (LOADERX_SEED), variant {variant}, kill after op {target} began + {delay * 1e6:.0f} us; child lines {lines[-4:]}"
-    if not killed:
-        assert proc.returncode == 0, f"{context}: the writer failed on its own:\n{stderr}"
-    else:
-        # The child may finish its last op and exit before the signal lands.
-        assert proc.returncode in (-signal.SIGKILL, 0), (
-            f"{context}: writer exit {proc.returncode}:\n{stderr}"
-        )
-    acked = sum(1 for line in lines if line.startswith("A "))
+    return lines, killed, proc.returncode, stderr
 
-    # Before any writer recovers: what the crash left behind.
+
+def crash_debris(path: Path) -> bool:
+    """Whether the store holds a file or bytes its committed superblock does not name."""
     debris = False
     if (path / "superblock").exists():
         committed = worker.committed_superblock(path)
@@ -126,10 +148,13 @@ def run_trial(path: Path, seed: int, variant: str = "mixed") -> dict:
                 continue
             if name not in named or os.path.getsize(path / name) > named[name]:
                 debris = True
+    return debris
 
-    # In a fresh process (a crash there fails this trial, not pytest): a
-    # reader sees the last acknowledged state or that state with the op in
-    # flight applied whole; then a writer recovers and takes a new record.
+
+def check_recovery(path: Path, seed: int, acked: int, variant: str, context: str) -> dict:
+    """In a fresh process (a crash there fails this trial, not pytest): a reader sees the last
+    acknowledged state or that state with the op in flight applied whole; then a writer
+    recovers and takes a new record. Returns the child's report."""
     kept = path.with_name(path.name + "-after-crash")
     shutil.copytree(path, kept)
     context += f"; the store as the crash left it is kept at {kept}"
@@ -154,16 +179,11 @@ def run_trial(path: Path, seed: int, variant: str = "mixed") -> dict:
         and report["reopen_ok"]
     ), f"{context}: after recovery the store does not hold the state plus the new record: {report}"
     assert report["on_disk"] == report["named"], (
-        f"{context}: after recovery the directory holds {report['on_disk']}, the superblock names {report['named']}"
+        f"{context}: after recovery the directory holds {report['on_disk']}, the superblock names "
+        f"{report['named']}"
     )
     shutil.rmtree(kept)
-    return {
-        "acked": acked,
-        "in_flight_applied": report["match"] == acked + 1,
-        "debris": debris,
-        "killed": killed,
-        "op": ops[target]["kind"] if killed else None,
-    }
+    return report
 
 
 def run_trials(tmp_path: Path, trials: int, variant: str = "mixed") -> list[dict]:
@@ -186,7 +206,8 @@ def summarize(results: list[dict]) -> str:
     return (
         f"{len(results)} trials (seed {BASE_SEED}): {len(killed)} killed, "
         f"{sum(r['debris'] for r in killed)} left uncommitted bytes or files, "
-        f"{sum(r['in_flight_applied'] for r in killed)} found the op in flight applied; kills during {by_op}"
+        f"{sum(r['in_flight_applied'] for r in killed)} found the op in flight applied; kills "
+        f"during {by_op}"
     )
 
 

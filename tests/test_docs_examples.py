@@ -45,7 +45,9 @@ def blocks_of(page: Path) -> list[dict]:
         if fence is None and stripped.startswith("```"):
             info = stripped[3:].strip()
             fence = {"info": info, "start": number, "body": []}
-            previous = next((l.strip() for l in reversed(lines[: number - 1]) if l.strip()), "")
+            previous = next(
+                (text.strip() for text in reversed(lines[: number - 1]) if text.strip()), ""
+            )
             marker = SKIP_MARKER.match(previous)
             fence["skip"] = marker.group(1) if marker else None
         elif fence is not None and stripped == "```":
@@ -90,7 +92,8 @@ BLOCKS = all_blocks()
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[block["id"] for block in BLOCKS])
 def test_block_runs_and_prints_what_it_says(block, tmp_path, monkeypatch):
-    """One documentation block runs in an empty directory and prints exactly its `# prints:` lines."""
+    """One documentation block runs in an empty directory and prints exactly its `# prints:`
+    lines."""
     if block["skip"]:
         pytest.skip(f"marked in the page: {block['skip']}")
     for module in needed_extras(block["source"]):
@@ -123,7 +126,8 @@ def test_every_block_is_counted():
     extras = [block for block in BLOCKS if not block["skip"] and needed_extras(block["source"])]
     print(
         f"{len(BLOCKS)} python blocks in README.md and docs/: {len(marked)} marked not to run, "
-        f"{len(extras)} need an optional extra ({', '.join(sorted({m for b in extras for m in needed_extras(b['source'])}))}); "
+        f"{len(extras)} need an optional extra "
+        f"({', '.join(sorted({m for b in extras for m in needed_extras(b['source'])}))}); "
         f"{commands} shell blocks (commands, such as a torchrun launch) are not executed"
     )
     assert len(BLOCKS) >= 20
@@ -149,15 +153,17 @@ def test_no_python_block_hides_under_another_fence_name():
 
 
 def test_prints_convention_fails_on_a_wrong_promise(tmp_path, monkeypatch):
-    """The runner's output check can fail: a block that prints something else than it promises is caught."""
+    """The runner's output check can fail: a block that prints something else than it promises is
+    caught."""
     block = {"id": "synthetic:1", "skip": None, "source": 'print("one")  # prints: two\n'}
     with pytest.raises(AssertionError, match="printed"):
         test_block_runs_and_prints_what_it_says(block, tmp_path, monkeypatch)
 
 
 def test_blocks_needing_an_extra_are_recognised():
-    """A block importing an optional extra (directly or through loaderx.arrow / loaderx.ray) is known to need it,
-    so it skips with that reason where the extra is missing instead of failing."""
+    """A block importing an optional extra (directly or through loaderx.arrow / loaderx.ray) is
+    known to need it, so it skips with that reason where the extra is missing instead of
+    failing."""
     assert needed_extras("import numpy as np\nfrom loaderx import DataLoader\n") == []
     assert needed_extras("from loaderx.arrow import from_arrow\n") == ["pyarrow"]
     assert needed_extras("import ray\nfrom loaderx.ray import write_dataset\n") == ["ray"]

@@ -1,4 +1,5 @@
-"""The docs site builds strictly, the README's links hold, and the built site works in a real browser.
+"""The docs site builds strictly, the README's links hold, and the built site works in a real
+browser.
 
 `mkdocs build --strict` fails on a broken link or anchor, a page missing from
 the nav and an API object that no longer exists. The browser test opens the
@@ -70,7 +71,8 @@ def site(tmp_path_factory) -> Path:
 
 
 def test_strict_build_has_every_page_and_api_object(site):
-    """The strict build succeeds and holds the required pages, the API reference of DataLoader among them."""
+    """The strict build succeeds and holds the required pages, the API reference of DataLoader among
+    them."""
     for page in (
         "index.html",
         "getting-started/dense/index.html",
@@ -107,7 +109,8 @@ def anchors(page: Path) -> set[str]:
 
 
 def test_readme_links_point_at_pages_and_headings_that_exist():
-    """Every relative link of README.md names an existing file, and its #anchor an existing heading there."""
+    """Every relative link of README.md names an existing file, and its #anchor an existing heading
+    there."""
     readme = (ROOT / "README.md").read_text()
     links = re.findall(r"\]\(([^)]+)\)", readme)
     assert len(links) >= 20
@@ -122,7 +125,8 @@ def test_readme_links_point_at_pages_and_headings_that_exist():
 
 
 def test_readme_stays_short():
-    """README.md stays a five-minute read (at most 250 lines) and its quick start at most 15 lines."""
+    """README.md stays a five-minute read (at most 250 lines) and its quick start at most 15
+    lines."""
     readme = (ROOT / "README.md").read_text()
     assert len(readme.split("\n")) <= 250
     quick_start = readme.split("## Quick start", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
@@ -253,38 +257,45 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-NAV = "document.querySelector('nav.md-nav--primary') && document.querySelectorAll('nav.md-nav--primary a').length > 20"
+NAV = (
+    "document.querySelector('nav.md-nav--primary')"
+    " && document.querySelectorAll('nav.md-nav--primary a').length > 20"
+)
 PAGES = [
     # (screenshot name, path, what must hold once rendered)
     ("home", "", NAV + " && document.querySelector('h1').textContent.includes('loaderx')"),
     (
         "api-dataloader",
         "reference/dataloader/",
-        NAV
-        + " && document.getElementById('loaderx.DataLoader') && document.getElementById('loaderx.DataLoader.load_state_dict')"
+        NAV + " && document.getElementById('loaderx.DataLoader')"
+        " && document.getElementById('loaderx.DataLoader.load_state_dict')"
         " && document.querySelector('.md-nav__link--active').textContent.trim() === 'DataLoader'",
     ),
     (
         "guide-dataloader",
         "guides/dataloader/",
         NAV + " && document.querySelector('h1').textContent.includes('The DataLoader')"
-        " && document.querySelector('.md-nav__link--active').textContent.trim() === 'The DataLoader'",
+        " && document.querySelector('.md-nav__link--active').textContent.trim()"
+        " === 'The DataLoader'",
     ),
     (
         "search-arraystore",
         "?q=ArrayStore",
-        "[...document.querySelectorAll('.md-search-result__item')].some(item => item.textContent.includes('ArrayStore'))",
+        "[...document.querySelectorAll('.md-search-result__item')]"
+        ".some(item => item.textContent.includes('ArrayStore'))",
     ),
 ]
 
 
 def test_site_renders_and_searches_in_chromium(site, tmp_path):
     """Home, the DataLoader API reference and the DataLoader guide render with their navigation, and
-    search finds ArrayStore, in headless Chromium; a screenshot of each is saved and its path printed."""
+    search finds ArrayStore, in headless Chromium; a screenshot of each is saved and its path
+    printed."""
     binary = chromium_binary()
     if binary is None:
         pytest.skip(
-            "no chromium binary: install Debian's chromium (apt-get install chromium, as .ci/run does)"
+            "no chromium binary: install Debian's chromium "
+            "(apt-get install chromium, as .ci/run does)"
         )
     artifacts = Path(os.environ.get("LOADERX_ARTIFACTS", tmp_path / "artifacts"))
     artifacts.mkdir(parents=True, exist_ok=True)
@@ -308,7 +319,8 @@ def test_site_renders_and_searches_in_chromium(site, tmp_path):
 
 
 def test_troubleshooting_names_every_exception_class():
-    """Every public exception class defined in src/loaderx has its entry in docs/troubleshooting.md."""
+    """Every public exception class defined in src/loaderx has its entry in
+    docs/troubleshooting.md."""
     import ast
 
     page = (ROOT / "docs" / "troubleshooting.md").read_text()
@@ -321,11 +333,11 @@ def test_troubleshooting_names_every_exception_class():
                 isinstance(node, ast.ClassDef)
                 and not node.name.startswith("_")
                 and node.name.endswith(("Error", "Exception"))
-            ):
                 # An internal module's class is public once loaderx exports it;
                 # until then its callers turn it into one of theirs.
-                if not module.name.startswith("_") or node.name in loaderx.__all__:
-                    classes.append(node.name)
+                and (not module.name.startswith("_") or node.name in loaderx.__all__)
+            ):
+                classes.append(node.name)
     assert len(classes) >= 18
     missing = [name for name in classes if f"`{name}`" not in page]
     assert not missing, f"docs/troubleshooting.md does not explain {missing}"

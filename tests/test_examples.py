@@ -55,7 +55,8 @@ def test_readme_quick_start_block_runs(tmp_path, monkeypatch):
 
 
 def test_the_exceptions_the_docs_name_import_from_loaderx():
-    """Every error class the README and the docs name is importable from the top level, in the right family."""
+    """Every error class the README and the docs name is importable from the top level, in the right
+    family."""
     import loaderx
 
     named = set(re.findall(r"`(\w+Error)`", documentation_text())) - set(dir(builtins))
@@ -79,7 +80,8 @@ def test_the_exceptions_the_docs_name_import_from_loaderx():
 
 
 def test_readme_dataset_and_store_blocks_run(tmp_path, monkeypatch):
-    """The datasets guide's and the Zrecord guide's blocks run as written (after the README quick start)."""
+    """The datasets guide's and the Zrecord guide's blocks run as written (after the README quick
+    start)."""
     monkeypatch.chdir(tmp_path)
     test_readme_quick_start_block_runs(tmp_path, monkeypatch)
     ragged = {}

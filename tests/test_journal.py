@@ -192,7 +192,8 @@ for line in sys.stdin:
     expected = int(line)
     out = np.empty((count, 40), dtype=np.uint8)
     store.gather(np.arange(count, dtype=np.uint64), out)
-    print("ok" if np.unique(out).tolist() == [expected] else f"saw {np.unique(out)[:8].tolist()}", flush=True)
+    values = np.unique(out)
+    print("ok" if values.tolist() == [expected] else f"saw {values[:8].tolist()}", flush=True)
 stop.set()
 thread.join()
 print(f"done {len(failures)} {gathers[0]}", flush=True)
@@ -430,7 +431,8 @@ def test_a_killed_writers_replaces_in_a_read_only_place_raise_a_clear_error():
         code = (
             "import os\nfrom loaderx.zrecord import Zrecord, StoreReadOnlyError\n"
             "if os.geteuid() == 0:\n    os.setuid(65534)\n"
-            f"try:\n    Zrecord({path!r})\nexcept StoreReadOnlyError as e:\n    print('refused:', e)\n"
+            f"try:\n    Zrecord({path!r})\n"
+            "except StoreReadOnlyError as e:\n    print('refused:', e)\n"
         )
         result = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=60

@@ -49,7 +49,8 @@ def assert_from_own_sampler(batch, step, batch_size, mode, seed, shard=None):
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
 @pytest.mark.parametrize("workers", [0, 3])
 def test_mixed_samples_come_from_their_sources_sampler(sources, mode, workers):
-    """Every sample is its source's sampler record at the same step and position, dense and ragged."""
+    """Every sample is its source's sampler record at the same step and position, dense and
+    ragged."""
     with DataLoader(
         sources, weights=[2, 1, 1], num_workers=workers, batch_size=12, mode=mode, seed=8
     ) as loader:
@@ -122,7 +123,8 @@ def test_new_weights_on_resume_change_only_the_choices(sources):
 
 
 def test_mixing_rejects_what_it_cannot_mix(sources, tmp_path):
-    """Mismatched sources, bad weights, another global batch or other sources on resume: clear errors."""
+    """Mismatched sources, bad weights, another global batch or other sources on resume: clear
+    errors."""
     a, b, _ = sources
     with pytest.raises(TypeError, match="list of sources"):
         DataLoader(a, weights=[1])

@@ -112,7 +112,8 @@ def test_pick_takes_the_best_level_the_cpu_reports():
 
 
 def test_override_forces_a_build_and_refuses_what_the_cpu_lacks():
-    """LOADERX_CPU picks a build; a level whose instructions are missing, or a build not bundled, is refused."""
+    """LOADERX_CPU picks a build; a level whose instructions are missing, or a build not bundled, is
+    refused."""
     assert _native.pick_variant(V4_FLAGS, "baseline") == _native.BASELINE
     with pytest.raises(ImportError, match=r"LOADERX_CPU=x86_64_v4 asks for instructions.*avx512f"):
         _native.pick_variant(V3_FLAGS, "x86_64_v4")
@@ -124,7 +125,8 @@ def test_override_forces_a_build_and_refuses_what_the_cpu_lacks():
 
 @pytest.mark.skipif(not ON_X86_64, reason="CPU levels exist on x86-64 only")
 def test_install_carries_every_level_and_loaded_the_best():
-    """The build made all three libraries, all portable, and import loaded the best this CPU runs."""
+    """The build made all three libraries, all portable, and import loaded the best this CPU
+    runs."""
     libraries = bundled_libraries(_native.library_path(_native.BASELINE).parent)
     assert [library.name for library in libraries] == [
         "libloaderx-x86_64_v3.so",
@@ -157,7 +159,8 @@ def runnable_variants() -> list:
 
 
 def test_every_level_this_cpu_runs_gives_the_same_results():
-    """Each bundled build passes the smoke script and prints the same digest of sampler and loader output."""
+    """Each bundled build passes the smoke script and prints the same digest of sampler and loader
+    output."""
     digests = set()
     for variant in runnable_variants():
         result = smoke(variant)
@@ -238,7 +241,8 @@ def wheel_tag() -> str:
 
 @slow
 def test_sdist_holds_what_a_build_needs_and_no_binaries(artefacts):
-    """The sdist has the backend, Zig sources, examples, tests and LICENSE, and no prebuilt library."""
+    """The sdist has the backend, Zig sources, examples, tests and LICENSE, and no prebuilt
+    library."""
     with tarfile.open(artefacts["sdist"]) as sdist:
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
     missing = [name for name in SDIST_NEEDS if name not in names]
@@ -248,7 +252,8 @@ def test_sdist_holds_what_a_build_needs_and_no_binaries(artefacts):
 
 @slow
 def test_wheel_is_a_portable_platform_wheel(artefacts, tmp_path):
-    """Tagged py3-none-manylinux_2_17_<arch>, not purelib, RECORD hashes right, libraries stripped and portable."""
+    """Tagged py3-none-manylinux_2_17_<arch>, not purelib, RECORD hashes right, libraries stripped
+    and portable."""
     wheel = artefacts["wheel"]
     assert wheel.name == f"loaderx-{_version()}-{wheel_tag()}.whl"
     with zipfile.ZipFile(wheel) as archive:
@@ -281,7 +286,8 @@ def _version() -> str:
 @slow
 @pytest.mark.parametrize("kind", ["wheel", "sdist"])
 def test_artefact_installs_in_a_fresh_venv_and_runs_the_quick_start(artefacts, kind, tmp_path):
-    """pip install of the built wheel / the sdist (which builds) in a new venv, then examples/quickstart.py."""
+    """pip install of the built wheel / the sdist (which builds) in a new venv, then
+    examples/quickstart.py."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python = str(venv / "bin" / "python")

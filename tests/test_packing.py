@@ -379,6 +379,7 @@ def test_packing_sizes_have_a_range(corpus):
     with DataLoader({"tokens": dataset}, batch_size=2, packing=Packing(8)) as other:
         with pytest.raises(
             ValueError,
-            match=r"document must be in 0\.\.18,446,744,073,709,551,615, got 18,446,744,073,709,551,616",
+            match=r"document must be in 0\.\.18,446,744,073,709,551,615, "
+            r"got 18,446,744,073,709,551,616",
         ):
             other.load_state_dict({**state, "packing": {**state["packing"], "document": 2**64}})

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 
 import pytest
-from s3_fixture import s3, s3_endpoint  # noqa: F401 (fixtures)
 
 from loaderx import _remote
 from loaderx._remote import (

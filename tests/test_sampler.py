@@ -70,7 +70,7 @@ def test_fill_and_batch_write_into_the_callers_buffer():
     sampler = Sampler(10_000, 64, CYCLIC, seed=9)
     reference = Sampler(10_000, 64, CYCLIC, seed=9)
     out = np.empty(64, np.uint64)
-    for step in range(5):
+    for _ in range(5):
         assert sampler.fill(out) is out
         np.testing.assert_array_equal(out, reference.next())
     # batch() is random access and leaves the current step alone.

@@ -97,7 +97,8 @@ def test_sequential_elastic_resume_continues_the_window(length, runs):
 def test_anchored_shards_concatenate_to_the_global_batch(
     mode, share, world_size, anchor_offset, steps
 ):
-    """After an elastic resume, the ranks' batches joined in rank order are still the global batch."""
+    """After an elastic resume, the ranks' batches joined in rank order are still the global
+    batch."""
     length = 61
     global_batch = share * world_size
     anchor = (
@@ -116,7 +117,8 @@ def test_anchored_shards_concatenate_to_the_global_batch(
 
 
 def test_iid_resume_needs_the_same_global_batch():
-    """IID: another world size with the same global batch is the same stream; another global batch is refused."""
+    """IID: another world size with the same global batch is the same stream; another global batch
+    is refused."""
     saved = Schedule(Sampler(100, 8, IID, seed=1, shard=(0, 2)))
     same = Schedule(Sampler(100, 4, IID, seed=1, shard=(1, 4)))
     assert elastic_anchor(saved, 5, same) is None
@@ -190,7 +192,8 @@ def test_iid_loader_refuses_another_global_batch(labels):
 
 
 def test_one_epoch_reads_each_record_once(labels):
-    """CYCLIC: one_epoch() yields steps_per_epoch batches of distinct records, then the next epoch."""
+    """CYCLIC: one_epoch() yields steps_per_epoch batches of distinct records, then the next
+    epoch."""
     with loader(labels, batch_size=10) as cyclic:
         assert cyclic.steps_per_epoch == 5 and cyclic.epoch == 0
         for epoch in range(3):
@@ -250,7 +253,8 @@ def test_stats_count_batches_stages_and_stalls(labels):
 
 
 def test_version_1_states_still_load(labels):
-    """A state saved by the previous loader (version 1: no global_batch, no anchor) resumes exactly."""
+    """A state saved by the previous loader (version 1: no global_batch, no anchor) resumes
+    exactly."""
     with loader(labels, batch_size=10) as old:
         [next(old) for _ in range(4)]
         state = old.state_dict()

@@ -210,7 +210,7 @@ def test_unknown_codec_ids_and_shuffles_of_other_codecs_are_refused(tmp_path):
             np.random.default_rng(4).integers(0, 2**63, (50, 512), dtype=np.uint64),
             "zstd",
         ),
-        ("strings", np.array([["label-%d" % (i % 7)] * 8 for i in range(50)]), "zstd"),
+        ("strings", np.array([[f"label-{i % 7}"] * 8 for i in range(50)]), "zstd"),
     ],
 )
 def test_auto_picks_the_shuffle_only_for_numbers_it_shrinks(tmp_path, name, array, expected):

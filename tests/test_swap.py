@@ -86,7 +86,8 @@ def test_concurrent_overwriters_and_a_reader(tmp_path):
     writers = [report[1] for report in reports if report[0] == "writer"]
     assert sum(outcome["ok"] for outcome in writers) >= 1
     print(
-        f"\nwriters {writers}, reader opens {[report[1] for report in reports if report[0] == 'reader']}"
+        f"\nwriters {writers}, reader opens "
+        f"{[report[1] for report in reports if report[0] == 'reader']}"
     )
     with DenseDataset(path) as dataset:
         data = dataset[:]

@@ -131,7 +131,8 @@ CONVERSIONS = [
 
 
 def run_ops(sim: SimFs, ops, apply, at: int | None, seed: int) -> int:
-    """Applies ``ops`` with power lost before mutating call ``at``; returns the calls acknowledged."""
+    """Applies ``ops`` with power lost before mutating call ``at``; returns the calls
+    acknowledged."""
     sim.arm_crash(at)
     acked = 0
     try:
@@ -165,7 +166,8 @@ def crash_points(workdir: str, ops, apply, seeds: int):
                 yield (
                     sim,
                     acked,
-                    f"exchange={exchange}, crash before mutation {at} of {total}, seed {seed}, {acked} calls acknowledged",
+                    f"exchange={exchange}, crash before mutation {at} of {total}, seed {seed}, "
+                    f"{acked} calls acknowledged",
                 )
 
 
@@ -221,7 +223,10 @@ def sweep_faults(workdir: str, exchange: bool, setup, ops, apply, read, states, 
                 sim = new_sim(workdir, exchange)
                 run_ops(sim, setup, apply, None, 0)
                 sim.fail(at, code, sticky)
-                context = f"exchange={exchange}, fault {errno.errorcode[code]} at call {at} ({kinds[at]}), sticky={sticky}"
+                context = (
+                    f"exchange={exchange}, fault {errno.errorcode[code]} at call {at} "
+                    f"({kinds[at]}), sticky={sticky}"
+                )
                 for step, op in enumerate(ops, start=1):
                     try:
                         apply(sim, op)
@@ -308,7 +313,8 @@ def apply_shard(sim: SimFs, op) -> None:
 
 
 def shard_model(ops) -> list:
-    """After each prefix of ops: (shards written, the committed dataset as a tuple of shard contents or None)."""
+    """After each prefix of ops: (shards written, the committed dataset as a tuple of shard contents
+    or None)."""
     written, committed, states = {}, None, [({}, None)]
     for op in ops:
         if op[0] == "write":

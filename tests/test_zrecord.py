@@ -101,7 +101,8 @@ def test_fixed_store_turns_indexed_when_a_record_does_not_fit(tmp_path):
 
 
 def test_zstd_records_are_standard_frames(tmp_path):
-    """Every stored zstd record decodes with python-zstandard, dictionary ones with the dictionary."""
+    """Every stored zstd record decodes with python-zstandard, dictionary ones with the
+    dictionary."""
     path = tmp_path / "s"
     records = [compressible(3000, seed) for seed in range(20)]
     with Zrecord(path, codec="zstd") as store:
@@ -111,15 +112,14 @@ def test_zstd_records_are_standard_frames(tmp_path):
         store.append(*pack(records), codec="zstd_dict")
         stats = store.stats()
     # Read the frames straight from the files, using the documented format.
-    superblock = open(path / "superblock", "rb").read()
+    superblock = (path / "superblock").read_bytes()
     slots = [np.frombuffer(superblock[i * 4096 : i * 4096 + 256], dtype="<u8") for i in range(2)]
     slot = max(slots, key=lambda s: s[2])  # word 2 is the generation
     data_id, index_id, dict_id = int(slot[5]), int(slot[7]), int(slot[11])
-    data = open(path / f"data-{data_id:016x}", "rb").read()
-    entries = np.frombuffer(
-        open(path / f"index-{index_id:016x}", "rb").read(), dtype="<u8"
-    ).reshape(-1, 4)
-    dictionary = zstandard.ZstdCompressionDict(open(path / f"dict-{dict_id:016x}", "rb").read())
+    data = (path / f"data-{data_id:016x}").read_bytes()
+    index = (path / f"index-{index_id:016x}").read_bytes()
+    entries = np.frombuffer(index, dtype="<u8").reshape(-1, 4)
+    dictionary = zstandard.ZstdCompressionDict((path / f"dict-{dict_id:016x}").read_bytes())
     assert len(entries) == stats["records"] == 40
     for k, (offset, raw_bytes, stored_codec, _checksum) in enumerate(entries):
         stored, codec = int(stored_codec) & ((1 << 56) - 1), int(stored_codec) >> 56
@@ -298,7 +298,8 @@ def test_second_writer_is_refused_and_readers_are_not(tmp_path):
                 "import sys; from loaderx.zrecord import Zrecord, StoreLockedError\n"
                 f"s = Zrecord({str(path)!r})\n"
                 "assert s.read(0) == b'abc'\n"
-                "try:\n    s.append(b'x', [0])\nexcept StoreLockedError as e:\n    print('refused:', e)\n"
+                "try:\n    s.append(b'x', [0])\n"
+                "except StoreLockedError as e:\n    print('refused:', e)\n"
             )
             result = subprocess.run(
                 [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
@@ -543,7 +544,8 @@ TestStoreMachine.settings = settings(
 
 
 def test_append_offsets_must_start_at_zero(tmp_path):
-    """append(b"abcdef", [2, 4]) used to drop the first two bytes; now it is refused and writes nothing."""
+    """append(b"abcdef", [2, 4]) used to drop the first two bytes; now it is refused and writes
+    nothing."""
     with Zrecord(tmp_path / "store", codec="raw") as store:
         with pytest.raises(ValueError, match="start at 0"):
             store.append(b"abcdef", [2, 4])
@@ -592,7 +594,8 @@ def test_gather_empty_records_never_overlap(tmp_path):
 
 
 def test_open_refuses_a_foreign_non_empty_directory(tmp_path):
-    """Zrecord(dir) on a non-empty directory that is not a store writes nothing into it, unless create=True."""
+    """Zrecord(dir) on a non-empty directory that is not a store writes nothing into it, unless
+    create=True."""
     foreign = tmp_path / "photos"
     foreign.mkdir()
     (foreign / "cat.jpg").write_bytes(b"meow")
