@@ -142,6 +142,7 @@ pub const Snapshot = struct {
     }
 
     pub fn mappings(snapshot: *const Snapshot) [4]?*Mapping {
+        assert(snapshot.data == null or snapshot.data != snapshot.index);
         return .{ snapshot.data, snapshot.index, snapshot.sums, snapshot.journal };
     }
 
