@@ -58,6 +58,7 @@ pub const Writer = struct {
     journal_synced: bool = false,
 
     pub fn close(writer: *Writer) void {
+        assert(writer.page.len >= seqlock.shared_page_bytes);
         if (writer.journal) |*handle| handle.close();
         writer.target.close();
         io.unmapWritable(writer.page);
@@ -119,6 +120,7 @@ pub fn open(dir: io.Dir, path: []const u8) Error!Writer {
     // Before any commit of this writer, so every reader that maps data of
     // a later generation maps the sequence lock too.
     const page = try seqlock.mapPage(lock);
+    assert(page.len >= seqlock.shared_page_bytes);
     return .{
         .lock = lock,
         .page = page,
@@ -311,7 +313,11 @@ pub fn prepare(context: Context, next_in: Superblock, durable_wanted: bool) Erro
     next.unsynced = @intFromBool(!durable);
     next.synced_base = if (durable) 0 else writer.slots[writer.synced_slot].generation;
     next.seal();
+    // The next superblock is the head's successor, sealed, and says
+    // whether it is synced: what `superblock.readFile` and open check.
+    assert(next.generation == previous.superblock.generation + 1);
     assert(next.invalidReason() == null);
+    assert((next.unsynced == 0) == durable);
     assert(next.generation > writer.slots[writer.synced_slot].generation);
     return .{ .superblock = next, .durable = durable };
 }
@@ -326,6 +332,7 @@ pub fn write(
 ) Error!*Snapshot {
     const writer = context.writer;
     const next = pending.superblock;
+    assert(!writer.poisoned);
     assert(next.generation == context.head.superblock.generation + 1);
     const previous = context.head;
     const snapshot = try Snapshot.build(context.dir, next, previous, dictionary);
@@ -347,6 +354,9 @@ pub fn write(
         writer.synced_slot = slot;
         seqlock.recordSynced(writer.page, next.generation);
     }
+    // The last synced generation stays in a slot this commit did not write
+    // unless this commit is it.
+    assert(pending.durable == (writer.synced_slot == slot));
     assert(snapshot.superblock.generation == next.generation);
     return snapshot;
 }
@@ -358,6 +368,7 @@ pub fn finish(context: Context, pending: Pending) void {
     const writer = context.writer;
     const next = pending.superblock;
     assert(context.head.superblock.generation == next.generation);
+    assert(writer.slots[writer.synced_slot].generation == next.generation or !pending.durable);
     if (pending.durable and writer.stale) {
         // Files unsynced commits replaced can go now. A failure here
         // leaves them for the next write; the commit stands.
@@ -400,6 +411,7 @@ fn syncNamed(context: Context, snapshot: *const Snapshot) Error!void {
 fn checkpointJournal(context: Context, next: *Superblock, synced: bool) Error!void {
     const writer = context.writer;
     const previous = context.head;
+    assert(next.generation == previous.superblock.generation + 1);
     const handle = writer.journal orelse return;
     if (writer.journalPending(&previous.superblock) and !synced) {
         if (previous.data) |data| if (next.data_file == previous.superblock.data_file)
@@ -440,11 +452,13 @@ pub fn unlinkReplaced(context: Context, old: Superblock) void {
 
 /// Creates (or empties) store file `kind`-`id`.
 pub fn createFile(context: Context, kind: format.FileKind, id: u64) Error!io.File {
+    assert(id > 0); // A new file is named for the generation that commits it.
     var name_buffer: [format.file_name_bytes]u8 = undefined;
     return io.createFile(context.dir, format.fileName(&name_buffer, kind, id), true);
 }
 
 pub fn openFile(context: Context, kind: format.FileKind, id: u64) Error!io.File {
+    assert(id > 0); // File 0 is the superblock's "no such file".
     var name_buffer: [format.file_name_bytes]u8 = undefined;
     return io.openFile(context.dir, format.fileName(&name_buffer, kind, id), .read_write);
 }

@@ -54,6 +54,7 @@ pub fn append(
     // file; the new partial tail block's checksum goes in the superblock.
     const first_block = old_bytes.len / block_bytes;
     const full_blocks = new_bytes / block_bytes;
+    assert(full_blocks >= first_block);
     const sums = allocator.alloc(u64, full_blocks - first_block) catch return error.OutOfMemory;
     defer allocator.free(sums);
     var job = SumsJob{ .old = old_bytes, .payload = payload, .first = first_block, .sums = sums };
@@ -83,6 +84,7 @@ pub fn append(
     next.data_bytes = new_bytes;
     next.live_bytes = new_bytes;
     assert(next.data_bytes == next.record_count * next.record_bytes);
+    assert(next.live_bytes == next.data_bytes); // A fixed store holds no garbage.
     // The directory sync above and the commit's superblock sync make a
     // staged store's creation durable too.
     return .{ .superblock = next, .created = creating, .data_synced = context.durable };
@@ -95,6 +97,7 @@ pub fn append(
 /// piece or more) each piece's write-back starts as soon as it is written,
 /// so the fsync that follows waits for the last piece only.
 fn writeSummed(data: io.File, job: *SumsJob, offset: u64, start_writeback: bool) Error!void {
+    assert(offset == job.old.len and job.first == offset / block_bytes);
     const end = offset + job.payload.len;
     var at = offset;
     var summed: u64 = 0;
@@ -131,6 +134,7 @@ const SumsJob = struct {
     sums: []u64,
 
     fn run(job: *SumsJob, start: u64, end: u64) void {
+        assert(start <= end and end <= job.sums.len);
         var scratch: [block_bytes]u8 = undefined;
         for (start..end) |k| {
             const block = job.first + k;
@@ -147,6 +151,7 @@ const SumsJob = struct {
 };
 
 fn openOrCreate(context: Context, creating: bool, kind: format.FileKind, id: u64) Error!io.File {
+    assert(kind == .data or kind == .sums);
     if (creating) return commit.createFile(context, kind, id);
     return commit.openFile(context, kind, id);
 }
@@ -174,6 +179,7 @@ pub fn rewrite(context: Context, new_count: u64, plan: anytype) Error!Next {
     next.data_bytes = written.bytes;
     next.live_bytes = written.bytes;
     next.tail_checksum = written.tail_checksum;
+    assert(next.data_bytes == next.record_count * next.record_bytes);
     return .{ .superblock = next, .replaced = current.superblock };
 }
 
@@ -202,5 +208,6 @@ pub fn convertToIndexed(context: Context) Error!Next {
     next.journal_file = 0;
     next.journal_sequence = 0;
     // The commit closes the writer's journal (commit.finish).
+    assert(next.record_count == current.count() and next.live_bytes <= next.data_bytes);
     return .{ .superblock = next, .replaced = current.superblock };
 }

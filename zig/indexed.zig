@@ -62,12 +62,15 @@ pub fn append(
     next.record_count += offsets.len;
     next.data_bytes += batch.payload_bytes;
     next.live_bytes += batch.payload_bytes;
+    assert(next.record_count == current.count() + offsets.len);
+    assert(next.live_bytes <= next.data_bytes);
     // The directory sync above and the commit's superblock sync make a
     // staged store's creation durable too.
     return .{ .superblock = next, .created = creating };
 }
 
 fn openOrCreate(context: Context, creating: bool, kind: format.FileKind, id: u64) Error!io.File {
+    assert(kind == .data or kind == .index);
     if (creating) return commit.createFile(context, kind, id);
     return commit.openFile(context, kind, id);
 }
@@ -117,11 +120,13 @@ pub fn replace(
     const live_before = current.superblock.live_bytes;
     var live = live_before - @min(freed, live_before) + batch.payload.len;
     live = @min(live, data_bytes + batch.payload.len);
+    assert(patches.len == indices.len and live <= data_bytes + batch.payload.len);
     return rewriteWithData(context, current.count(), &plan, live, data_bytes + batch.payload.len);
 }
 
 /// A new index from `plan` over the same data file: the next superblock.
 pub fn rewrite(context: Context, new_count: u64, plan: anytype, live_bytes: u64) Error!Next {
+    assert(context.head.layout() == .indexed);
     return rewriteWithData(
         context,
         new_count,
@@ -151,6 +156,7 @@ fn rewriteWithData(
     next.record_count = new_count;
     next.data_bytes = data_bytes;
     next.live_bytes = live_bytes;
+    assert(next.live_bytes <= next.data_bytes);
     return .{ .superblock = next, .replaced = current.superblock };
 }
 
@@ -181,7 +187,8 @@ pub fn compact(context: Context) Error!Next {
         try entries.write(std.mem.asBytes(&entry));
     }
     const written = try payloads.finish();
-    _ = try entries.finish();
+    const index_written = try entries.finish();
+    assert(index_written.bytes == current.count() * @sizeOf(Entry));
     try commit.syncFile(context, data);
     try commit.syncFile(context, index);
     try commit.syncDir(context);

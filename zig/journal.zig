@@ -70,6 +70,8 @@ pub const Handle = struct {
     /// Writes zeros past the end for small records to land in; a record
     /// larger than a step just extends the file.
     fn grow(handle: *Handle, record_bytes: u64) Error!void {
+        assert(record_bytes % 8 == 0);
+        handle.invariant();
         const needed = handle.end + record_bytes;
         if (needed <= handle.allocated or record_bytes > grow_bytes) return;
         const target = std.mem.alignForward(u64, needed, grow_bytes);
@@ -89,6 +91,13 @@ pub const Handle = struct {
     /// a base generation older than the superblock that covers it.
     pub fn restart(handle: *Handle) void {
         handle.end = handle.start;
+        handle.invariant();
+    }
+
+    /// Records lie between the journal's header and the file's end.
+    fn invariant(handle: *const Handle) void {
+        assert(handle.start <= page_bytes);
+        assert(handle.start <= handle.end);
     }
 
     /// Cuts a restarted journal back to its first page: when the writer
@@ -100,22 +109,27 @@ pub const Handle = struct {
             try io.setLength(handle.file, page_bytes);
             handle.allocated = page_bytes;
         }
+        assert(handle.allocated == page_bytes);
     }
 
     pub fn close(handle: *Handle) void {
+        handle.invariant();
         io.closeFile(handle.file);
     }
 
     pub fn lock(handle: *Handle) void {
+        assert(handle.memory.len >= seqlock.shared_page_bytes);
         seqlock.lockPage(handle.memory);
     }
 
     pub fn unlock(handle: *Handle, generation: u64, tail_checksum: u64) void {
+        assert(handle.memory.len >= seqlock.shared_page_bytes);
         seqlock.unlockPage(handle.memory, generation, tail_checksum);
     }
 };
 
 fn fileName(buffer: *[format.file_name_bytes]u8, id: u64) [:0]const u8 {
+    assert(id != 0); // A superblock without a journal names file 0.
     return format.fileName(buffer, .journal, id);
 }
 
@@ -139,6 +153,8 @@ pub fn createFile(dir: io.Dir, id: u64, superblock: *const Superblock) Error!voi
         .reserved = @splat(0),
     };
     @memcpy(bytes[0..@sizeOf(JournalPage)], std.mem.asBytes(&page));
+    // The writer's side of `checkPage`: a whole page of this version.
+    assert(format.journalRecordsStart(page.version) <= bytes.len);
     try io.write(file, &bytes, 0);
     try io.sync(file);
 }
@@ -151,6 +167,7 @@ pub fn open(dir: io.Dir, superblock: *const Superblock, memory: io.WritableMemor
     const file = try io.openFile(dir, fileName(&name_buffer, superblock.journal_file), .read_write);
     errdefer io.closeFile(file);
     const checked = try checkPage(dir, file);
+    assert(checked.start <= checked.length);
     return .{
         .file = file,
         .memory = memory,
@@ -186,13 +203,16 @@ pub fn checkPage(dir: io.Dir, file: io.File) Error!struct { start: u64, length: 
             .{ dir.path, page.version, format.journal_version },
         );
     }
-    return .{ .start = format.journalRecordsStart(page.version), .length = length };
+    const start = format.journalRecordsStart(page.version);
+    assert(start <= page_bytes and length >= page_bytes);
+    return .{ .start = start, .length = length };
 }
 
 /// Whether the journal may hold a record to replay: the record after the
 /// checkpoint would start with a header naming the next sequence and the
 /// current generation. Cheap: one read of a header.
 fn mayHoldRecords(handle: *const Handle, superblock: *const Superblock) Error!bool {
+    handle.invariant();
     var record: JournalRecord = undefined;
     if (try io.read(handle.file, std.mem.asBytes(&record), handle.start) != @sizeOf(
         JournalRecord,
@@ -218,6 +238,7 @@ pub const Target = struct {
 };
 
 fn patchStart(patch: Patch, stride: u64) u64 {
+    assert(stride > 0);
     return patch.row * stride;
 }
 
@@ -327,6 +348,7 @@ const covered_blocks_min = 4;
 /// back to back in memory: a large contiguous replace is neither read nor
 /// copied. Null otherwise.
 fn covering(patches: []const Patch, stride: u64, start: u64, end: u64) ?[]const u8 {
+    assert(start < end);
     if (patches.len == 0 or patchStart(patches[0], stride) > start) return null;
     const first = patches[0];
     const rows = std.math.divCeil(u64, end - patchStart(first, stride), stride) catch unreachable;
@@ -346,6 +368,7 @@ fn backToBack(patches: []const Patch, stride: u64) usize {
     var count: usize = 1;
     while (count < patches.len and @intFromPtr(patches[count].bytes.ptr) == base + count * stride)
         count += 1;
+    assert(count >= 1 and count <= patches.len);
     return count;
 }
 
@@ -366,6 +389,7 @@ const Sums = struct {
     }
 
     fn visit(sums: *Sums, first: u64, image: []const u8) Error!void {
+        assert(image.len > 0);
         sums.runs += 1;
         sums.last_first = first;
         sums.last_image = image;
@@ -382,10 +406,14 @@ const Sums = struct {
             }
             at += bytes.len;
         }
+        assert(sums.blocks.items.len == sums.sums.items.len);
     }
 };
 
 fn writeImage(target: *const Target, first: u64, image: []const u8) Error!void {
+    // Whole committed blocks, or the tail up to the committed length.
+    assert(image.len > 0);
+    assert(first * block_bytes + image.len <= target.data_bytes);
     // No write-back started here: the checkpoint, amortised over many
     // replaces, syncs these pages (the kernel may write them back before).
     // Starting it from the caller cost the 500K-row replace about 2 ms of
@@ -402,6 +430,7 @@ fn apply(
     sums: []const u64,
     scratch: []u8,
 ) Error!void {
+    assert(patches.len > 0 and blocks.len == sums.len);
     try forEachRun(target, patches, scratch, &target, writeImage);
     try writeSums(target, blocks, sums);
 }
@@ -415,6 +444,7 @@ fn writeSums(target: Target, blocks: []const u64, sums: []const u64) Error!void 
         try io.write(target.sums, std.mem.sliceAsBytes(sums[k..][0..run]), blocks[k] * 8);
         k += run;
     }
+    assert(k == blocks.len);
 }
 
 // ---- the live replace -------------------------------------------------------------
@@ -477,6 +507,7 @@ pub fn replace(
     var sums = Sums{};
     defer sums.deinit();
     try forEachRun(target, patches, scratch, &sums, Sums.visit);
+    assert(sums.runs > 0 and sums.blocks.items.len == sums.sums.items.len);
     const tail_checksum = sums.tail_checksum orelse tail_now;
     const record_bytes = try writeRecord(
         handle,
@@ -559,6 +590,8 @@ fn writeRecord(
         .tail_checksum = tail_checksum,
         .checksum = 0,
     };
+    // `load`'s checks, on the writer's side: the header's lengths and padding.
+    assert(record.bodyBytes().? == body_bytes and total - @sizeOf(JournalRecord) - body_bytes < 8);
     const outcome = blk: {
         handle.grow(total) catch |err| break :blk err;
         // The rows first, hashed as they go; then the header that makes
@@ -597,6 +630,7 @@ const direct_bytes_min = 64 << 10;
 
 /// Writes the staged bytes at `at.*`, hashed, and moves `at.*` past them.
 fn flushStage(handle: *Handle, staged: []const u8, at: *u64, hasher: *std.hash.XxHash3) Error!void {
+    assert(staged.len <= stage_bytes);
     if (staged.len == 0) return;
     hasher.update(staged);
     try io.write(handle.file, staged, at.*);
@@ -613,6 +647,7 @@ fn writeRows(
     bytes: u64,
     hasher: *std.hash.XxHash3,
 ) Error!void {
+    assert(bytes >= patches.len * stride and bytes - patches.len * stride < 8);
     const stage = allocator.alloc(u8, @min(bytes, stage_bytes)) catch return error.OutOfMemory;
     defer allocator.free(stage);
     var fill: u64 = 0;
@@ -664,10 +699,12 @@ const Loaded = struct {
     bytes: []align(8) u8,
 
     fn deinit(loaded: *Loaded) void {
+        assert(loaded.bytes.len == loaded.record.total_bytes);
         allocator.free(loaded.bytes);
     }
 
     fn body(loaded: *const Loaded) []const u8 {
+        assert(loaded.bytes.len >= @sizeOf(JournalRecord));
         return loaded.bytes[@sizeOf(JournalRecord)..];
     }
 
@@ -691,6 +728,7 @@ const Loaded = struct {
     }
 
     fn rowBytes(loaded: *const Loaded, k: usize) []const u8 {
+        assert(k < loaded.record.row_count);
         const lists = (loaded.record.row_count + 2 * loaded.record.block_count) * 8;
         const stride = loaded.record.row_bytes;
         return loaded.body()[lists + k * stride ..][0..stride];
@@ -713,6 +751,8 @@ fn load(
     if (record.row_bytes != superblock.record_bytes or superblock.getLayout() != .fixed)
         return null;
     const body_bytes = record.bodyBytes() orelse return null;
+    // Longer than the file is torn, as below, before `total` can overflow.
+    if (body_bytes > file_bytes - offset) return null;
     const total = std.mem.alignForward(u64, @sizeOf(JournalRecord) +| body_bytes, 8);
     if (record.total_bytes != total or total > file_bytes - offset) return null;
     const bytes = allocator.alignedAlloc(u8, .@"8", total) catch return error.OutOfMemory;
@@ -724,6 +764,7 @@ fn load(
         loaded.deinit();
         return null;
     }
+    assert(body.len == body_bytes and total - @sizeOf(JournalRecord) - body_bytes < 8);
     if (!sound(&loaded, superblock)) {
         loaded.deinit();
         return status.fail(
@@ -739,6 +780,9 @@ fn load(
 /// Rows and blocks strictly ascending and inside the store.
 fn sound(loaded: *const Loaded, superblock: *const Superblock) bool {
     const full_blocks = superblock.data_bytes / block_bytes;
+    // A writer journals at least one row of a store with rows of some
+    // length (`writeRecord`); replay asserts that (`forEachRun`).
+    if (loaded.record.row_count == 0 or superblock.record_bytes == 0) return false;
     for (loaded.rows(), 0..) |row, k| {
         if (row >= superblock.record_count) return false;
         if (k > 0 and row <= loaded.rows()[k - 1]) return false;
@@ -786,6 +830,7 @@ pub fn replay(handle: *Handle, target: Target, superblock: *const Superblock) Er
     }
     handle.end = offset;
     handle.last_sequence = sequence - 1;
+    handle.invariant();
     // The reader's side of writeRecord's sequence: one per record, in order.
     assert(handle.last_sequence == superblock.journal_sequence + records);
     return .{ .records = records, .tail_checksum = tail_checksum };
@@ -822,6 +867,7 @@ pub fn settledAlready(dir: io.Dir, lock_file: io.File, superblock: *const Superb
     if (!std.mem.eql(u8, &header.magic, &format.journal_magic) or
         header.version != format.journal_version) return false;
     const start = format.journalRecordsStart(header.version);
+    assert(start + @sizeOf(JournalRecord) <= first.len);
     const record = std.mem.bytesToValue(JournalRecord, first[start..][0..@sizeOf(JournalRecord)]);
     return !isNext(&record, superblock.journal_sequence + 1, superblock);
 }
@@ -829,6 +875,7 @@ pub fn settledAlready(dir: io.Dir, lock_file: io.File, superblock: *const Superb
 /// Whether the journal holds a record after the checkpoint, read through a
 /// read-only handle (a store in a place that cannot be written).
 pub fn pendingReadOnly(dir: io.Dir, superblock: *const Superblock) Error!bool {
+    assert(superblock.journal_file != 0);
     var name_buffer: [format.file_name_bytes]u8 = undefined;
     const file = try io.openFile(dir, fileName(&name_buffer, superblock.journal_file), .read_only);
     defer io.closeFile(file);
@@ -846,6 +893,7 @@ pub fn pendingReadOnly(dir: io.Dir, superblock: *const Superblock) Error!bool {
 
 /// Opens `superblock`'s data and sums files read-write for a replay.
 pub fn openTarget(dir: io.Dir, superblock: *const Superblock) Error!Target {
+    assert(superblock.getLayout() == .fixed);
     var name_buffer: [format.file_name_bytes]u8 = undefined;
     const data = try io.openFile(
         dir,
@@ -899,6 +947,7 @@ pub const OpenTarget = struct {
     pub fn close(open_target: *OpenTarget) void {
         if (open_target.target) |target| closeTarget(target);
         open_target.target = null;
+        assert(open_target.target == null);
     }
 };
 

@@ -40,7 +40,11 @@ pub fn streamRows(
         try writer.write(bytes);
         row += rows;
     }
-    return writer.finish();
+    assert(row == row_count);
+    const written = try writer.finish();
+    // The file holds exactly the rows: what the superblock will name.
+    assert(written.bytes == row_count * stride);
+    return written;
 }
 
 // ---- rewrite plans: where each row of a rewritten file comes from ---------------
@@ -66,12 +70,14 @@ pub const PatchPlan = struct {
 
         /// Rows from `row` on: one patch, or the old rows up to the next patch.
         pub fn next(cursor: *Cursor, row: u64, rows_max: u64) []const u8 {
+            assert(rows_max >= 1);
             const patches = cursor.plan.patches;
             var run = rows_max;
             if (cursor.next_patch < patches.len) {
                 const patch = patches[cursor.next_patch];
                 if (patch.row == row) {
                     cursor.next_patch += 1;
+                    assert(patch.bytes.len == cursor.plan.stride);
                     return patch.bytes;
                 }
                 assert(patch.row > row);
@@ -83,6 +89,8 @@ pub const PatchPlan = struct {
     };
 
     pub fn begin(plan: *const PatchPlan) Cursor {
+        // The cursor walks the patches once, in row order.
+        assert(std.sort.isSorted(Patch, plan.patches, {}, Patch.lessThan));
         return .{ .plan = plan };
     }
 };
@@ -97,6 +105,10 @@ pub const DeletePlan = struct {
     keep_order: bool,
 
     pub fn init(snapshot: *const Snapshot, doomed: []const u64, keep_order: bool) DeletePlan {
+        // The caller checked and deduplicated the indices: each row once,
+        // in order, within the store.
+        assert(strictlyAscending(doomed));
+        assert(doomed.len == 0 or doomed[doomed.len - 1] < snapshot.count());
         const fixed = snapshot.layout() == .fixed;
         return .{
             .old = if (fixed) snapshot.dataBytes() else std.mem.sliceAsBytes(snapshot.entries()),
@@ -120,6 +132,7 @@ pub const DeletePlan = struct {
         /// (keep_order), or one tail row for a hole, or the rows up to the
         /// next hole.
         pub fn next(cursor: *Cursor, row: u64, rows_max: u64) []const u8 {
+            assert(rows_max >= 1);
             const plan = cursor.plan;
             const doomed = plan.doomed;
             if (plan.keep_order) {
@@ -160,11 +173,14 @@ pub const DeletePlan = struct {
     };
 
     fn oldRows(plan: *const DeletePlan, old_row: u64, rows: u64) []const u8 {
+        assert(rows >= 1);
+        assert((old_row + rows) * plan.stride <= plan.old.len);
         return plan.old[old_row * plan.stride ..][0 .. rows * plan.stride];
     }
 
     pub fn begin(plan: *const DeletePlan) Cursor {
         const first_tail = std.sort.lowerBound(u64, plan.doomed, plan.remaining, orderU64);
+        assert(first_tail <= plan.doomed.len);
         return .{
             .plan = plan,
             .old_row = if (plan.keep_order) 0 else plan.remaining,
@@ -175,6 +191,14 @@ pub const DeletePlan = struct {
 
 fn orderU64(context: u64, item: u64) std.math.Order {
     return std.math.order(context, item);
+}
+
+fn strictlyAscending(items: []const u64) bool {
+    if (items.len < 2) return true;
+    for (items[0 .. items.len - 1], items[1..]) |before, after| {
+        if (before >= after) return false;
+    }
+    return true;
 }
 
 /// Entries for the records of a fixed store, checksummed from its data.
@@ -189,6 +213,7 @@ pub const ConvertPlan = struct {
         pub fn next(cursor: *Cursor, row: u64, rows_max: u64) []const u8 {
             assert(rows_max >= 1);
             const stride = cursor.plan.stride;
+            assert((row + 1) * stride <= cursor.plan.old.len);
             const bytes = cursor.plan.old[row * stride ..][0..stride];
             cursor.entry = Entry.init(row * stride, stride, stride, .raw, bytes);
             return std.mem.asBytes(&cursor.entry);
@@ -218,11 +243,16 @@ pub const RowWriter = struct {
     pub const Written = struct { bytes: u64, tail_checksum: u64 };
 
     pub fn init(file: io.File, sums_file: ?io.File) Error!RowWriter {
+        // Every flush but the last covers whole blocks, and one flush's
+        // sums fit `sums`.
+        comptime assert(buffer_bytes % block_bytes == 0);
+        comptime assert(buffer_bytes / block_bytes <= 256);
         const buffer = allocator.alloc(u8, buffer_bytes) catch return error.OutOfMemory;
         return .{ .file = file, .sums_file = sums_file, .buffer = buffer };
     }
 
     pub fn deinit(writer: *RowWriter) void {
+        assert(writer.buffer.len == buffer_bytes);
         allocator.free(writer.buffer);
     }
 
@@ -237,11 +267,20 @@ pub const RowWriter = struct {
             rest = rest[take..];
             if (writer.fill == writer.buffer.len) try writer.flush();
         }
+        writer.invariant();
+    }
+
+    /// Bytes written are the bytes flushed and the bytes buffered.
+    fn invariant(writer: *const RowWriter) void {
+        assert(writer.fill <= writer.buffer.len);
+        assert(writer.flushed + writer.fill == writer.position);
     }
 
     /// Writes the buffer; called only when it is full or at the end, so
     /// every flush but the last covers whole blocks.
     fn flush(writer: *RowWriter) Error!void {
+        writer.invariant();
+        assert(writer.flushed % block_bytes == 0);
         if (writer.sums_file) |sums_file| {
             const first_block = writer.flushed / block_bytes;
             const full = writer.fill / block_bytes;
@@ -270,6 +309,8 @@ pub const RowWriter = struct {
             );
         }
         try writer.flush();
+        writer.invariant();
+        assert(writer.fill == 0);
         assert(writer.flushed == writer.position);
         return .{ .bytes = writer.position, .tail_checksum = tail_checksum };
     }
@@ -281,6 +322,7 @@ const testing = std.testing;
 
 /// Drains a plan the way streamRows does and returns the rows it handed out.
 fn drain(plan: anytype, row_count: u64, stride: u64, out: []u8) !void {
+    assert(out.len == row_count * stride);
     var cursor = plan.begin();
     var row: u64 = 0;
     var at: usize = 0;

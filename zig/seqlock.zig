@@ -20,6 +20,8 @@ const Superblock = format.Superblock;
 const JournalPage = format.JournalPage;
 
 fn pageOf(memory: io.WritableMemory) *JournalPage {
+    // `mapPage` maps at least the page; every caller passes its mapping.
+    assert(memory.len >= shared_page_bytes);
     return @ptrCast(memory.ptr);
 }
 
@@ -72,6 +74,7 @@ pub fn syncedGeneration(dir: io.Dir) ?u64 {
         status.clear();
         return null;
     };
+    assert(got <= @sizeOf(JournalPage));
     if (got != @sizeOf(JournalPage) or !std.mem.eql(u8, &page.magic, &format.journal_magic))
         return null;
     if (page.synced_check != format.syncedCheck(page.synced_generation)) return null;
@@ -106,10 +109,13 @@ pub fn ensureSharedPage(file: io.File) Error!void {
     var page: JournalPage = undefined;
     // A whole page read from offset 0: the file holds at least the page.
     const got = try io.read(file, std.mem.asBytes(&page), 0);
+    assert(got <= @sizeOf(JournalPage));
     if (got == @sizeOf(JournalPage) and std.mem.eql(u8, &page.magic, &format.journal_magic)) return;
     page = std.mem.zeroes(JournalPage);
     page.magic = format.journal_magic;
     page.version = format.journal_version;
+    // What `syncedGeneration` takes for no record: the check is never 0.
+    assert(page.synced_check != format.syncedCheck(page.synced_generation));
     try io.write(file, std.mem.asBytes(&page), 0);
 }
 

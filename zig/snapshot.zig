@@ -46,6 +46,7 @@ pub const Mapping = struct {
         if (reuse) |mapping| {
             if (mapping.id == id and mapping.memory.len >= needed) return mapping;
         }
+        assert(id > 0); // A superblock that decodes names no file 0.
         var name_buffer: [format.file_name_bytes]u8 = undefined;
         const file = try io.openFile(dir, format.fileName(&name_buffer, kind, id), .read_only);
         errdefer io.closeFile(file);
@@ -65,6 +66,8 @@ pub const Mapping = struct {
         // pull in megabytes per record from a cold disk. Long runs are read
         // with pread (fixed layout) or get an explicit WILLNEED (`prefetch`).
         if (kind == .data) io.advise(memory, .random);
+        // The committed length is mapped: readers slice up to it unchecked.
+        assert(memory.len >= needed);
         const mapping = allocator.create(Mapping) catch return error.OutOfMemory;
         mapping.* = .{ .file = file, .memory = memory, .id = id };
         return mapping;
@@ -86,6 +89,7 @@ pub const Mapping = struct {
         }
         const memory = try io.map(file, seqlock.shared_page_bytes, seqlock.shared_page_bytes);
         errdefer io.unmap(memory);
+        assert(memory.len >= seqlock.shared_page_bytes);
         const mapping = allocator.create(Mapping) catch return error.OutOfMemory;
         mapping.* = .{ .file = file, .memory = memory, .id = 0 };
         return mapping;
@@ -109,6 +113,7 @@ pub const Snapshot = struct {
     dictionary: ?*const codec.Dictionary = null,
 
     pub fn count(snapshot: *const Snapshot) u64 {
+        assert(snapshot.superblock.record_count <= format.record_count_max);
         return snapshot.superblock.record_count;
     }
 
@@ -118,27 +123,32 @@ pub const Snapshot = struct {
 
     pub fn dataBytes(snapshot: *const Snapshot) []const u8 {
         const mapping = snapshot.data orelse return &.{};
+        assert(snapshot.superblock.data_bytes <= mapping.memory.len);
         return mapping.memory[0..snapshot.superblock.data_bytes];
     }
 
     pub fn entries(snapshot: *const Snapshot) []const Entry {
         const mapping = snapshot.index orelse return &.{};
+        assert(snapshot.layout() == .indexed);
         const bytes = mapping.memory[0 .. snapshot.count() * @sizeOf(Entry)];
         return @alignCast(std.mem.bytesAsSlice(Entry, bytes));
     }
 
     pub fn blockSums(snapshot: *const Snapshot) []const u64 {
         const mapping = snapshot.sums orelse return &.{};
+        assert(snapshot.layout() == .fixed);
         const bytes = mapping.memory[0 .. (snapshot.superblock.data_bytes / block_bytes) * 8];
         return @alignCast(std.mem.bytesAsSlice(u64, bytes));
     }
 
     pub fn mappings(snapshot: *const Snapshot) [4]?*Mapping {
+        assert(snapshot.data == null or snapshot.data != snapshot.index);
         return .{ snapshot.data, snapshot.index, snapshot.sums, snapshot.journal };
     }
 
     pub fn journalPage(snapshot: *const Snapshot) ?*const format.JournalPage {
         const mapping = snapshot.journal orelse return null;
+        assert(mapping.memory.len >= @sizeOf(format.JournalPage));
         return @ptrCast(mapping.memory.ptr);
     }
 
@@ -211,12 +221,18 @@ pub const Snapshot = struct {
                 );
             },
         }
+        // Each layout maps what its readers slice: data unless empty, an
+        // index when indexed, block sums and the shared page when fixed.
+        assert((snapshot.data != null) == (superblock.getLayout() != .empty));
+        assert((snapshot.index != null) == (superblock.getLayout() == .indexed));
+        assert((snapshot.sums != null) == (superblock.getLayout() == .fixed));
         return snapshot;
     }
 
     /// Frees a snapshot that was never published, and the mappings it does
     /// not share with `previous`.
     pub fn discard(snapshot: *Snapshot, previous: ?*const Snapshot) void {
+        assert(previous == null or previous.? != snapshot);
         const old: [4]?*Mapping = if (previous) |p| p.mappings() else .{ null, null, null, null };
         for (snapshot.mappings(), old) |mapping, shared| {
             if (mapping) |m| if (m != shared) m.destroy();
@@ -237,6 +253,7 @@ pub const Snapshots = struct {
     has_retired: std.atomic.Value(bool) = .init(false),
 
     pub fn init(first: *Snapshot) Snapshots {
+        assert(first.superblock.record_count <= format.record_count_max);
         return .{ .current = .init(first) };
     }
 
@@ -256,11 +273,13 @@ pub const Snapshots = struct {
     /// Makes `next` current. Caller holds `mutex`.
     pub fn publish(snapshots: *Snapshots, next: *Snapshot) void {
         const previous = snapshots.current.swap(next, .seq_cst);
+        assert(previous != next);
         snapshots.retire(previous, next);
         snapshots.reclaim();
     }
 
     fn retire(snapshots: *Snapshots, old: *Snapshot, next: ?*const Snapshot) void {
+        assert(next == null or next.? != old);
         const kept: [4]?*Mapping = if (next) |n| n.mappings() else .{ null, null, null, null };
         for (old.mappings()) |mapping| {
             const m = mapping orelse continue;
@@ -284,10 +303,12 @@ pub const Snapshots = struct {
         snapshots.retired_mappings.clearRetainingCapacity();
         for (snapshots.retired_snapshots.items) |snapshot| allocator.destroy(snapshot);
         snapshots.retired_snapshots.clearRetainingCapacity();
+        assert(snapshots.retired_mappings.items.len == 0);
     }
 
     pub fn acquire(snapshots: *Snapshots) *Snapshot {
-        _ = snapshots.in_flight.fetchAdd(1, .seq_cst);
+        const before = snapshots.in_flight.fetchAdd(1, .seq_cst);
+        assert(before < std.math.maxInt(u64));
         return snapshots.current.load(.seq_cst);
     }
 

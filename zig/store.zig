@@ -115,7 +115,9 @@ pub const Store = struct {
     /// Opens the store at `path`, creating it (and its parents) if missing.
     /// `threads` caps the threads one batch call runs on (0: one per core).
     pub fn open(path: []const u8, threads: u32, verify_reads: bool, durable: bool) Error!*Store {
-        return openWith(path, threads, verify_reads, durable, .create);
+        const store = try openWith(path, threads, verify_reads, durable, .create);
+        assert(store.writer == null); // The first write takes the writer lock.
+        return store;
     }
 
     /// What `openWith` does where it finds no store.
@@ -172,6 +174,8 @@ pub const Store = struct {
             break :retry try store.loadSnapshot(null);
         };
         store.snapshots = .init(snapshot);
+        assert(store.head() == snapshot and store.writer == null);
+        store.invariant();
         return store;
     }
 
@@ -179,6 +183,7 @@ pub const Store = struct {
     /// failure leaves the journal's records for the next open to replay and
     /// the last synced state in place: nothing durable is lost).
     pub fn close(store: *Store) void {
+        store.invariant();
         if (store.writer) |*writer| {
             if (!writer.poisoned) {
                 if (writer.journalPending(&store.head().superblock) or !store.durable) {
@@ -206,6 +211,15 @@ pub const Store = struct {
             allocator.destroy(dictionary);
             store.dictionary = null;
         }
+        assert(store.dictionary == null);
+    }
+
+    /// What holds between calls: a path (open refuses an empty one), a
+    /// reason that fits its buffer, a loaded dictionary's file named.
+    fn invariant(store: *const Store) void {
+        assert(store.path.len > 0);
+        assert(store.fall_back_reason_len <= fall_back_reason_bytes_max);
+        assert(store.dictionary == null or store.dictionary_file != 0);
     }
 
     /// Picks up commits made by other processes since open or the last refresh.
@@ -213,6 +227,7 @@ pub const Store = struct {
         status.clear();
         store.snapshots.mutex.lock();
         defer store.snapshots.mutex.unlock();
+        store.invariant();
         if (store.writer != null) return; // The writer's view is the latest.
         try store.refreshLocked();
     }
@@ -222,9 +237,11 @@ pub const Store = struct {
         const current = store.head();
         const next = try store.loadSnapshot(current);
         if (next != current) store.snapshots.publish(next);
+        assert(store.head() == next);
     }
 
     fn openOrCreateDir(path: []const u8) Error!io.Dir {
+        assert(path.len > 0);
         return io.openDir(path) catch |err| switch (err) {
             error.NotFound => {
                 try io.makePath(path);
@@ -237,6 +254,7 @@ pub const Store = struct {
     /// Creates the superblock of an empty store unless one exists. Refuses a
     /// directory that holds store files but no superblock: that store is damaged.
     fn ensureSuperblock(store: *Store, staged: bool) Error!void {
+        assert(store.writer == null); // Only open creates a superblock.
         if (io.exists(store.dir, superblock_file.file_name)) return;
         var iterator = io.iterate(store.dir);
         while (try iterator.next()) |name| {
@@ -258,6 +276,7 @@ pub const Store = struct {
         const attempts_max = 8;
         var attempt: u32 = 0;
         while (true) : (attempt += 1) {
+            assert(attempt < attempts_max);
             const loaded = if (store.writer) |writer|
                 try superblock_file.readFile(store.dir, writer.superblock)
             else
@@ -267,6 +286,8 @@ pub const Store = struct {
                 !try store.unsyncedSound(loaded, current);
             if (unsynced_lost) superblock = try store.syncedBase(loaded);
             store.judgeSlots(loaded, &superblock, unsynced_lost);
+            // A slot that decodes, or its synced base: the other slot, sound.
+            assert(superblock.invalidReason() == null);
             if (current) |snapshot| {
                 if (snapshot.superblock.generation == superblock.generation) return snapshot;
             }
@@ -309,6 +330,7 @@ pub const Store = struct {
         current: ?*Snapshot,
     ) Error!bool {
         const superblock = loaded.superblock;
+        assert(superblock.unsynced != 0);
         const base = loaded.older orelse return false;
         if (base.generation != superblock.synced_base) return false;
         if (current) |snapshot| {
@@ -334,6 +356,9 @@ pub const Store = struct {
         opened: *const Superblock,
         unsynced_lost: bool,
     ) void {
+        // Opened at the newest slot or, when its unsynced commit is lost,
+        // at the older synced base it names.
+        assert(opened.generation <= loaded.superblock.generation);
         store.fell_back = loaded.fell_back or unsynced_lost;
         defer assert(!store.damaged or store.fell_back);
         store.damaged = false;
@@ -399,15 +424,18 @@ pub const Store = struct {
             args,
         ) catch store.fall_back_reason[0..];
         store.fall_back_reason_len = written.len;
+        assert(store.fall_back_reason_len <= fall_back_reason_bytes_max);
     }
 
     /// Why open fell back or found damage; empty when it did neither.
     pub fn fallBackReason(store: *const Store) []const u8 {
+        assert(store.fall_back_reason_len <= fall_back_reason_bytes_max);
         return store.fall_back_reason[0..store.fall_back_reason_len];
     }
 
     /// Fails when the superblock is damaged (`judgeSlots`), saying so.
     pub fn refuseDamaged(store: *const Store, comptime action: []const u8) Error!void {
+        store.invariant();
         if (!store.damaged) return;
         return status.fail(
             error.Corrupt,
@@ -419,6 +447,7 @@ pub const Store = struct {
 
     /// The synced base an unsynced head names, which open falls back to.
     fn syncedBase(store: *Store, loaded: superblock_file.Loaded) Error!Superblock {
+        assert(loaded.superblock.unsynced != 0);
         const base = loaded.older orelse return status.fail(
             error.Corrupt,
             "store '{s}' is damaged: its last commit was not synced and its synced base is gone",
@@ -432,6 +461,8 @@ pub const Store = struct {
                 .{store.path},
             );
         }
+        // A sound unsynced superblock names an older base (format.zig).
+        assert(base.generation < loaded.superblock.generation);
         return base;
     }
 
@@ -440,6 +471,7 @@ pub const Store = struct {
     /// (its begin replays).
     fn settleJournal(store: *Store, superblock: *const Superblock) Error!void {
         if (superblock.getLayout() != .fixed or store.writer != null) return;
+        assert(superblock.invalidReason() == null); // As read, not yet built.
         return journal.settleReader(store.dir, superblock);
     }
 
@@ -531,6 +563,7 @@ pub const Store = struct {
 
     /// What the commit protocol and the layouts see of this store.
     fn commitContext(store: *Store) commit.Context {
+        assert(store.writer != null);
         return .{
             .dir = store.dir,
             .path = store.path,
@@ -569,6 +602,7 @@ pub const Store = struct {
         store.writer.?.stale = store.head().superblock.unsynced != 0;
         try store.replayJournal();
         assert(store.writer != null and !store.writer.?.poisoned);
+        assert(!store.damaged);
     }
 
     const writes_refused = "Writes are refused: a writer's recovery would cut what the lost " ++
@@ -600,6 +634,7 @@ pub const Store = struct {
     /// Commits what a layout wrote and publishes it, then deletes the files
     /// it replaced.
     fn publish(store: *Store, next: commit.Next) Error!void {
+        assert(store.writer != null);
         assert(next.superblock.generation == store.head().superblock.generation);
         if (next.data_synced) store.writer.?.journal_synced = true;
         try store.commitNext(next.superblock, store.durable);
@@ -650,6 +685,7 @@ pub const Store = struct {
         if (stride == 0) return;
         const patches = try journal.patchesOf(indices, ascending, source, offsets, stride);
         defer allocator.free(patches);
+        assert(patches.len == indices.len);
         // A store opened with durable=False syncs before its first in-place
         // replace after unsynced commits: a journal record is always based
         // on a synced generation, so a power loss can never leave replaced
@@ -695,6 +731,7 @@ pub const Store = struct {
     pub fn count(store: *Store) u64 {
         const snapshot = store.snapshots.acquire();
         defer store.snapshots.release();
+        assert(store.snapshots.in_flight.load(.seq_cst) > 0);
         return snapshot.count();
     }
 
@@ -702,6 +739,7 @@ pub const Store = struct {
         const snapshot = store.snapshots.acquire();
         defer store.snapshots.release();
         const superblock = snapshot.superblock;
+        assert(superblock.live_bytes <= superblock.data_bytes); // format.zig checks it.
         return .{
             .records = superblock.record_count,
             .live_bytes = superblock.live_bytes,
@@ -720,6 +758,7 @@ pub const Store = struct {
         status.clear();
         const snapshot = store.snapshots.acquire();
         defer store.snapshots.release();
+        assert(store.snapshots.in_flight.load(.seq_cst) > 0);
         if (!store.verify_reads) return read.lengths(snapshot, false, indices, out);
         return store.consistentRead(snapshot, read.lengths, .{ snapshot, true, indices, out });
     }
@@ -756,6 +795,7 @@ pub const Store = struct {
     ) Error!void {
         const snapshot = store.snapshots.acquire();
         defer store.snapshots.release();
+        assert(store.snapshots.in_flight.load(.seq_cst) > 0);
         generation.* = snapshot.superblock.generation;
         return store.consistentRead(
             snapshot,
@@ -851,6 +891,7 @@ pub const Store = struct {
         length: ?u64,
     ) Error!u64 {
         const current = store.head();
+        assert(offsets.len > 0); // encode.checkBatch refused an empty batch.
         const first = current.count();
         if (first + offsets.len > format.record_count_max) {
             return status.fail(
@@ -907,6 +948,7 @@ pub const Store = struct {
         const current = store.head();
         try read.checkIndices(current, indices);
         try checkCodec(current, record_codec);
+        assert(indices.len == offsets.len);
         // Ascending indices (a slice, a sorted list) repeat none: no copy.
         const ascending = strictlyAscending(indices);
         if (!ascending) {
@@ -955,6 +997,7 @@ pub const Store = struct {
         const doomed = try sortedCopy(indices);
         defer allocator.free(doomed);
         const unique = dedupe(doomed);
+        assert(unique.len >= 1 and unique.len <= current.count());
         const plan = plans.DeletePlan.init(current, unique, keep_order);
         switch (current.layout()) {
             .fixed => try store.publish(
@@ -981,6 +1024,7 @@ pub const Store = struct {
         const current = store.head();
         if (current.layout() != .indexed) return;
         if (current.superblock.live_bytes == current.superblock.data_bytes) return;
+        assert(current.superblock.live_bytes < current.superblock.data_bytes);
         try store.publish(try indexed.compact(store.commitContext()));
         assert(store.head().superblock.live_bytes == store.head().superblock.data_bytes);
     }
@@ -1005,6 +1049,7 @@ pub const Store = struct {
         if (store.writer == null and store.head().superblock.unsynced == 0) return;
         try store.begin();
         try store.syncCommits();
+        assert(store.head().superblock.unsynced == 0);
     }
 
     pub fn trainDict(
@@ -1083,6 +1128,7 @@ fn findDamaged(
     out: []u64,
     found: *u64,
 ) Error!void {
+    assert(start <= end and end <= snapshot.count() and out.len >= end - start);
     found.* = 0;
     for (start..end) |index| {
         if (!integrity.recordSound(snapshot, index)) {
@@ -1102,6 +1148,7 @@ fn checkCodec(snapshot: *const Snapshot, record_codec: Codec) Error!void {
             .{@tagName(record_codec)},
         );
     }
+    assert(!record_codec.usesDictionary() or snapshot.dictionary != null);
 }
 
 fn strictlyAscending(indices: []const u64) bool {
@@ -1115,6 +1162,7 @@ fn strictlyAscending(indices: []const u64) bool {
 fn sortedCopy(indices: []const u64) Error![]u64 {
     const copy = allocator.dupe(u64, indices) catch return error.OutOfMemory;
     std.mem.sort(u64, copy, {}, std.sort.asc(u64));
+    assert(copy.len == indices.len);
     assert(std.sort.isSorted(u64, copy, {}, std.sort.asc(u64)));
     return copy;
 }
@@ -1135,6 +1183,7 @@ fn dedupe(sorted: []u64) []u64 {
 fn deletedBytes(snapshot: *const Snapshot, doomed: []const u64) u64 {
     var total: u64 = 0;
     const entries = snapshot.entries();
+    assert(snapshot.layout() == .indexed and entries.len == snapshot.count());
     for (doomed) |index| total += entries[index].storedBytes();
     return @min(total, snapshot.superblock.live_bytes);
 }

@@ -64,6 +64,8 @@ fn classify(
     reason: []const u8,
     sound: *const Superblock,
 ) Unusable {
+    assert(sound.invalidReason() == null);
+    assert(reason.len > 0);
     const zeroed = std.mem.allEqual(u8, slot_bytes, 0);
     // Slot 0 holds generation 0 from creation on; slot 1 is first written
     // by a commit, and slot 0 is overwritten only once slot 1 holds the
@@ -97,7 +99,9 @@ pub fn read(dir: io.Dir) Error!Loaded {
         else => return err,
     };
     defer io.closeFile(file);
-    return readFile(dir, file);
+    const loaded = try readFile(dir, file);
+    assert(loaded.superblock.invalidReason() == null);
+    return loaded;
 }
 
 /// As `read`, through `file` (the superblock file, open): the writer's own
@@ -105,6 +109,7 @@ pub fn read(dir: io.Dir) Error!Loaded {
 pub fn readFile(dir: io.Dir, file: io.File) Error!Loaded {
     var bytes: [format.superblock_file_bytes + 1]u8 = undefined;
     const size = try io.read(file, &bytes, 0);
+    assert(size <= bytes.len);
     if (size != format.superblock_file_bytes) {
         return status.fail(
             error.Corrupt,
@@ -136,6 +141,7 @@ pub fn readFile(dir: io.Dir, file: io.File) Error!Loaded {
     }
     if (reasons[0] == null and reasons[1] == null) {
         const newer: usize = if (slots[1].generation > slots[0].generation) 1 else 0;
+        assert(slots[newer].generation >= slots[1 - newer].generation);
         return .{ .superblock = slots[newer], .fell_back = false, .older = slots[1 - newer] };
     }
     for (0..2) |index| {
@@ -143,6 +149,7 @@ pub fn readFile(dir: io.Dir, file: io.File) Error!Loaded {
         const other: u1 = @intCast(1 - index);
         const other_bytes = bytes[@as(u64, other) * format.slot_bytes ..][0..@sizeOf(Superblock)];
         const unusable = classify(other_bytes, other, reasons[other].?, &slots[index]);
+        assert(unusable.slot == other);
         return .{
             .superblock = slots[index],
             .fell_back = unusable.kind != .blank,
@@ -183,6 +190,9 @@ pub fn create(dir: io.Dir, durable: bool) Error!void {
     defer io.closeFile(file);
     var superblock = Superblock.empty();
     superblock.seal();
+    // The pair of `readFile`'s checks: what open takes as generation 0.
+    assert(superblock.invalidReason() == null);
+    assert(superblock.generation == 0);
     var slots = [_]u8{0} ** format.superblock_file_bytes;
     @memcpy(slots[0..@sizeOf(Superblock)], std.mem.asBytes(&superblock));
     try io.write(file, &slots, 0);
@@ -215,8 +225,13 @@ pub fn write(
     slot: u1,
     durable: bool,
 ) Error!void {
+    // The writer's side of `readFile`'s checks: a sealed superblock that
+    // decodes, past generation 0 (which `create` alone writes), in a slot
+    // within the file.
     assert(superblock.invalidReason() == null);
+    assert(superblock.generation > 0);
     const offset = @as(u64, slot) * format.slot_bytes;
+    assert(offset + @sizeOf(Superblock) <= format.superblock_file_bytes);
     const outcome = blk: {
         io.write(file, std.mem.asBytes(superblock), offset) catch |err| break :blk err;
         if (durable) io.sync(file) catch |err| break :blk err;
