@@ -58,6 +58,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
+from ._fs import OS_FS
 from ._remote import ObjectInfo, ObjectSource, RemoteError, RemoteIntegrityError
 
 UNITS_DIR = "units"
@@ -327,13 +328,7 @@ def _bytes_under(folder: str) -> int:
 
 def _remove(path: str) -> None:
     """Delete a file or a directory tree of the cache; gone already is fine."""
-    try:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        else:
-            os.unlink(path)
-    except FileNotFoundError:
-        pass
+    OS_FS.rmtree(path)
 
 
 def _reserve(part: str, unit: Unit) -> int:
