@@ -12,11 +12,14 @@ these fixtures skip and say why.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import threading
 import urllib.request
 
 import pytest
+
+from loaderx._remote import ObjectInfo
 
 STOP_SECONDS = 10.0
 REQUEST_SECONDS = 10.0
@@ -93,3 +96,36 @@ def s3(s3_endpoint, monkeypatch):
     bucket = f"loaderx-test-{next(_buckets)}"
     create_bucket(s3_endpoint, bucket)
     return S3(s3_endpoint, bucket)
+
+
+class MemorySource:
+    """A dict-backed ObjectSource without a server: the fault and cache tests'
+    double. ``gets`` counts the bodies and ranges it served."""
+
+    url = "mem://test"
+
+    def __init__(self, objects):
+        self.objects = dict(objects)
+        self.gets = 0
+
+    def head(self, key):
+        data = self.objects[key]
+        return ObjectInfo(key, len(data), hashlib.md5(data).hexdigest())
+
+    def get(self, key, etag=None):
+        self.gets += 1
+        return self.objects[key]
+
+    def get_range(self, key, start, length, etag=None):
+        self.gets += 1
+        return self.objects[key][start : start + length]
+
+    def put(self, key, data):
+        self.objects[key] = bytes(data)
+        return self.head(key)
+
+    def list(self, prefix=""):
+        return [self.head(k) for k in sorted(self.objects) if k.startswith(prefix)]
+
+    def delete(self, key):
+        del self.objects[key]

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import s3_fixture
 
 from loaderx import _cache, _remote
 from loaderx._cache import CacheBusyError, CacheTooSmallError, Plan, UnitCache
@@ -29,36 +30,8 @@ WORKER = HERE / "cache_worker.py"
 WORKER_SECONDS = 60
 
 
-class MemorySource:
-    """A dict-backed ObjectSource that counts the bytes it serves."""
-
+class MemorySource(s3_fixture.MemorySource):
     url = "mem://cache-test"
-
-    def __init__(self, objects):
-        self.objects = dict(objects)
-        self.gets = 0
-
-    def head(self, key):
-        data = self.objects[key]
-        return ObjectInfo(key, len(data), hashlib.md5(data).hexdigest())
-
-    def get(self, key, etag=None):
-        self.gets += 1
-        return self.objects[key]
-
-    def get_range(self, key, start, length, etag=None):
-        self.gets += 1
-        return self.objects[key][start : start + length]
-
-    def put(self, key, data):
-        self.objects[key] = bytes(data)
-        return self.head(key)
-
-    def list(self, prefix=""):
-        return [self.head(k) for k in sorted(self.objects) if k.startswith(prefix)]
-
-    def delete(self, key):
-        del self.objects[key]
 
 
 def bytes_under(directory) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from s3_fixture import MemorySource
 
 from loaderx import _remote
 from loaderx._remote import (
@@ -170,34 +171,6 @@ def test_missing_obstore_says_how_to_install(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", refuse)
     with pytest.raises(ImportError, match=r"loaderx\[remote\]"):
         _remote.open_source("s3://b/p")
-
-
-class MemorySource:
-    """A dict-backed ObjectSource, for fault tests without a server."""
-
-    url = "mem://test"
-
-    def __init__(self, objects):
-        self.objects = dict(objects)
-
-    def head(self, key):
-        return _remote.ObjectInfo(key, len(self.objects[key]), f"etag-{key}")
-
-    def get(self, key, etag=None):
-        return self.objects[key]
-
-    def get_range(self, key, start, length, etag=None):
-        return self.objects[key][start : start + length]
-
-    def put(self, key, data):
-        self.objects[key] = bytes(data)
-        return self.head(key)
-
-    def list(self, prefix=""):
-        return [self.head(k) for k in sorted(self.objects) if k.startswith(prefix)]
-
-    def delete(self, key):
-        del self.objects[key]
 
 
 def test_nth_call_fails_then_retried():
