@@ -14,9 +14,12 @@ RetryingSource makes 2 attempts: a persistent fault costs exactly 4 requests.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import http.client
 import os
+import random
+import re
 import threading
 import urllib.parse
 
@@ -163,6 +166,39 @@ def test_cache_with_a_body_cut_every_time_fails_clean(s3, proxied, tmp_path):
     assert gets(proxy) == 4
 
 
+def test_random_faults_under_a_planned_cache_with_prefetch(s3, proxied, tmp_path):
+    """Every kind at random (seeded) under a cache with a plan and two prefetch
+    threads: each read gives the object's bytes or a RemoteError, never other
+    bytes; the budget holds at every step; close() ends with no download left."""
+    direct = _remote.open_source(s3.url("p"))
+    bodies = {f"o{i}": os.urandom(2000) for i in range(8)}
+    units = [
+        _cache.object_unit(direct.put(key, body), hashlib.sha256(body).hexdigest())
+        for key, body in bodies.items()
+    ]
+    kinds = ("500", "503", "reset", "reset-body", "truncate", "short", "flip")
+    schedule = Schedule(probabilities=dict.fromkeys(kinds, 0.06), seed=3, method="GET")
+    proxy, source = proxied(schedule)
+    order = random.Random(3).choices(range(len(units)), k=32)
+    budget = 3 * 2000
+    errors = []
+    cache = UnitCache(
+        tmp_path / "c", budget, RetryingSource(source, attempts=2), plan=[[units[i]] for i in order]
+    )
+    with cache:
+        for step, index in enumerate(order):
+            try:
+                with cache.acquire(units[index], step) as pin:
+                    assert pin.read() == bodies[units[index].key]
+            except (RemoteNetworkError, RemoteIntegrityError) as exc:
+                errors.append(exc)
+            assert cache.usage() <= budget
+    assert not list((tmp_path / "c" / "tmp").iterdir())
+    assert all(re.search(r"s3://\S+/p/o\d", str(exc)) for exc in errors)
+    print(f"random faults: {collections.Counter(proxy.faults())}, {gets(proxy)} GETs, {errors}")
+    assert len(set(proxy.faults())) >= 5 and cache.stats.refetches >= 1
+
+
 def test_flip_without_a_sha256_passes_the_cache_but_not_reads_with_verify(s3, proxied, tmp_path):
     """A bit flipped in a store's data file, fetched in a directory unit with no
     SHA-256, reaches the pinned directory: verify=False reads the wrong row,
@@ -236,6 +272,7 @@ def test_same_seed_same_faults(s3, proxied):
     assert replay(s3, proxied, seed=5) == (first, outcomes)
     assert replay(s3, proxied, seed=6)[0] != first
     assert any(fault for _, _, fault in first) and any(fault is None for _, _, fault in first)
+    print(f"replay: {len(first)} requests, faults {[f for _, _, f in first if f]}, {outcomes}")
 
 
 def test_schedule_checks_and_counts():
