@@ -21,6 +21,7 @@ import os
 import random
 import re
 import threading
+import time
 import urllib.parse
 
 import numpy as np
@@ -127,16 +128,22 @@ def unit_of(s3, key, sha=True):
     return _cache.object_unit(info, hashlib.sha256(BODY).hexdigest() if sha else None)
 
 
+@pytest.mark.parametrize("ranged", [False, True], ids=["whole", "range"])
 @pytest.mark.parametrize("kind", ["truncate", "short", "flip"])
-def test_cache_refetches_a_bad_body_once(s3, proxied, tmp_path, kind):
+def test_cache_refetches_a_bad_body_once(s3, proxied, tmp_path, kind, ranged):
     """A body cut on the wire is caught by obstore's length check (its own retry,
     no refetch); a short body with a matching Content-Length by the cache's
-    length check, a flipped bit by its SHA-256: one refetch, the right bytes."""
-    unit = unit_of(s3, "k")
+    length check (obstore does not compare a range's body with the range asked),
+    a flipped bit by its SHA-256: one refetch, the right bytes."""
+    unit, expected = unit_of(s3, "k"), BODY
+    if ranged:
+        expected = BODY[100:1100]
+        info = _remote.open_source(s3.url("p")).head("k")
+        unit = _cache.range_unit(info, 100, 1000, hashlib.sha256(expected).hexdigest())
     proxy, source = proxied(Schedule(script=[kind], method="GET"))
     with UnitCache(tmp_path / "c", 10**6, RetryingSource(source), prefetch_threads=0) as cache:
         with cache.acquire(unit) as pin:
-            assert pin.read() == BODY
+            assert pin.read() == expected
         assert cache.stats.refetches == (0 if kind == "truncate" else 1)
     assert proxy.faults() == [kind] and gets(proxy) == 2
 
@@ -176,7 +183,7 @@ def test_random_faults_under_a_planned_cache_with_prefetch(s3, proxied, tmp_path
         _cache.object_unit(direct.put(key, body), hashlib.sha256(body).hexdigest())
         for key, body in bodies.items()
     ]
-    kinds = ("500", "503", "reset", "reset-body", "truncate", "short", "flip")
+    kinds = ("500", "503", "reset", "reset-body", "stall", "truncate", "short", "flip")
     schedule = Schedule(probabilities=dict.fromkeys(kinds, 0.06), seed=3, method="GET")
     proxy, source = proxied(schedule)
     order = random.Random(3).choices(range(len(units)), k=32)
@@ -197,6 +204,40 @@ def test_random_faults_under_a_planned_cache_with_prefetch(s3, proxied, tmp_path
     assert all(re.search(r"s3://\S+/p/o\d", str(exc)) for exc in errors)
     print(f"random faults: {collections.Counter(proxy.faults())}, {gets(proxy)} GETs, {errors}")
     assert len(set(proxy.faults())) >= 5 and cache.stats.refetches >= 1
+
+
+def test_close_during_a_stalled_prefetch_ends(s3, proxied, tmp_path):
+    """A prefetch stuck in a stall: close() waits for it only as long as the
+    client's timeouts allow, the failed prefetch leaves no reservation, and the
+    reader that needs the unit later gets the timeout as a RemoteNetworkError."""
+    first, second = unit_of(s3, "a"), unit_of(s3, "b")
+    proxy, source = proxied(Schedule(probabilities={"stall": 1.0}, method="GET", path="/p/b"))
+    with UnitCache(tmp_path / "c", 10**6, source, plan=[[first], [second]]) as cache:
+        cache.acquire(first, 0).release()  # submits the prefetch of b, which stalls
+    assert not list((tmp_path / "c" / "tmp").iterdir()) and gets(proxy) >= 1
+    with UnitCache(tmp_path / "c", 10**6, source, prefetch_threads=0) as cache:
+        with pytest.raises(RemoteNetworkError, match=r"/p/b .*\(timed out\)"):
+            cache.acquire(second)
+    assert set(proxy.faults()) == {"stall"}
+
+
+def test_failed_prefetch_is_not_retried_forever(s3, proxied, tmp_path):
+    """A prefetch that fails is left to the reader: it is not resubmitted while
+    the reader stays at its step (it was, at once and without end: 37 requests
+    in 2 s against a persistent 500); the reader's own acquire then fails."""
+    first, second = unit_of(s3, "a"), unit_of(s3, "b")
+    proxy, source = proxied(Schedule(probabilities={"500": 1.0}, method="GET", path="/p/b"))
+    with UnitCache(tmp_path / "c", 10**6, source, plan=[[first], [second]]) as cache:
+        cache.acquire(first, 0).release()  # submits the prefetch of b, which fails
+        for _ in range(400):  # at most 10 s
+            if len(proxy.faults()) >= 2:
+                break
+            time.sleep(0.025)
+        time.sleep(0.5)  # time for a resubmitted prefetch to show
+        assert len(proxy.faults()) == 2  # one call: obstore's 2 requests
+        with pytest.raises(RemoteNetworkError, match=r"/p/b .*500"):
+            cache.acquire(second, 1)
+    assert len(proxy.faults()) == 4 and not list((tmp_path / "c" / "tmp").iterdir())
 
 
 def test_flip_without_a_sha256_passes_the_cache_but_not_reads_with_verify(s3, proxied, tmp_path):
