@@ -151,6 +151,7 @@ class FaultProxy:
         self.log: list[Record] = []
         self.stats: dict[str, MethodStats] = {}
         self.connections = 0  # client connections accepted
+        self.chunked_responses = 0  # upstream answers in chunks (sent on with a length)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -328,7 +329,11 @@ class FaultProxy:
         forward = [(n, v) for n, v in headers if n.lower() not in _HOP_BY_HOP]
         upstream.request(method, target, body=body, headers=dict(forward))
         response = upstream.getresponse()
+        chunked = response.chunked
         payload = response.read()  # http.client decodes a chunked body
+        if chunked:
+            with self._lock:
+                self.chunked_responses += 1
         out = [(n, v) for n, v in response.getheaders() if n.lower() not in _HOP_BY_HOP]
         if method == "HEAD" or not payload or kind is None:
             self._send(method, client, response.status, out, payload, head=method == "HEAD")

@@ -202,7 +202,10 @@ def test_random_faults_under_a_planned_cache_with_prefetch(s3, proxied, tmp_path
             assert cache.usage() <= budget
     assert not list((tmp_path / "c" / "tmp").iterdir())
     assert all(re.search(r"s3://\S+/p/o\d", str(exc)) for exc in errors)
-    print(f"random faults: {collections.Counter(proxy.faults())}, {gets(proxy)} GETs, {errors}")
+    print(
+        f"random faults: {collections.Counter(proxy.faults())}, {gets(proxy)} GETs, "
+        f"{proxy.connections} connections, {proxy.chunked_responses} chunked, {errors}"
+    )
     assert len(set(proxy.faults())) >= 5 and cache.stats.refetches >= 1
 
 
