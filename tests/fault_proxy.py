@@ -137,6 +137,54 @@ class _Closed(Exception):
     """The client closed its connection (or the proxy is stopping)."""
 
 
+class _Reader:
+    """Buffered reads from a socket whose timeout only wakes the reader to
+    look at ``stop`` (a file from socket.makefile refuses every read after
+    one timeout, which would end each kept-alive connection once idle)."""
+
+    def __init__(self, sock: socket.socket, stop: threading.Event):
+        self.sock = sock
+        self.stop = stop
+        self.buffer = bytearray()
+
+    def _fill(self) -> bool:
+        """Read more into the buffer; False at EOF."""
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                if self.stop.is_set():
+                    raise _Closed() from None
+                continue
+            if not data:
+                return False
+            self.buffer += data
+            return True
+
+    def readline(self) -> bytes:
+        """One line with its newline; what is left (maybe b"") at EOF."""
+        while True:
+            end = self.buffer.find(b"\n")
+            if end >= 0:
+                line = bytes(self.buffer[: end + 1])
+                del self.buffer[: end + 1]
+                return line
+            if len(self.buffer) > MAX_HEADER_BYTES:
+                raise _Closed()  # not HTTP: drop the connection
+            if not self._fill():
+                line = bytes(self.buffer)
+                self.buffer.clear()
+                return line
+
+    def read_exact(self, count: int) -> bytes:
+        while len(self.buffer) < count:
+            if not self._fill():
+                raise _Closed()
+        data = bytes(self.buffer[:count])
+        del self.buffer[:count]
+        return data
+
+
 class FaultProxy:
     """A proxy to ``upstream`` (http://host:port) on 127.0.0.1, applying
     ``schedule`` (none: forward everything). Use as a context manager, or
@@ -217,7 +265,7 @@ class FaultProxy:
     # ---- one client connection
 
     def _serve(self, client: socket.socket) -> None:
-        reader = client.makefile("rb")
+        reader = _Reader(client, self._stop)
         upstream = http.client.HTTPConnection(*self.upstream, timeout=UPSTREAM_SECONDS)
         try:
             while not self._stop.is_set():
@@ -230,46 +278,20 @@ class FaultProxy:
             return
         finally:
             upstream.close()
-            reader.close()
             with self._lock:
                 self._sockets.discard(client)
             client.close()
 
-    def _readline(self, reader) -> bytes:
-        """One line, waiting in IDLE_SECONDS steps until stop(); b"" at EOF."""
-        while True:
-            try:
-                line = reader.readline(MAX_HEADER_BYTES)
-                return line
-            except socket.timeout:
-                if self._stop.is_set():
-                    raise _Closed() from None
-
-    def _read_exact(self, reader, count: int) -> bytes:
-        chunks, left = [], count
-        while left > 0:
-            try:
-                chunk = reader.read(left)
-            except socket.timeout:
-                if self._stop.is_set():
-                    raise _Closed() from None
-                continue
-            if not chunk:
-                raise _Closed()
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-
     def _read_request(self, client, reader) -> tuple[str, str, list[tuple[str, str]], bytes] | None:
-        line = self._readline(reader)
+        line = reader.readline()
         while line in (b"\r\n", b"\n"):
-            line = self._readline(reader)
+            line = reader.readline()
         if not line:
             return None
         method, target, _ = line.decode("latin-1").split(" ", 2)
         headers = []
         while True:
-            raw = self._readline(reader)
+            raw = reader.readline()
             if raw in (b"\r\n", b"\n", b""):
                 break
             name, _, value = raw.decode("latin-1").partition(":")
@@ -280,19 +302,19 @@ class FaultProxy:
         if fields.get("transfer-encoding", "").lower() == "chunked":
             body = self._read_chunked(reader)
         else:
-            body = self._read_exact(reader, int(fields.get("content-length", "0")))
+            body = reader.read_exact(int(fields.get("content-length", "0")))
         return method, target, headers, body
 
     def _read_chunked(self, reader) -> bytes:
         chunks = []
         while True:
-            size = int(self._readline(reader).split(b";")[0].strip() or b"0", 16)
+            size = int(reader.readline().split(b";")[0].strip() or b"0", 16)
             if size == 0:
-                while self._readline(reader) not in (b"\r\n", b"\n", b""):
+                while reader.readline() not in (b"\r\n", b"\n", b""):
                     pass  # trailers
                 return b"".join(chunks)
-            chunks.append(self._read_exact(reader, size))
-            self._read_exact(reader, 2)  # the CRLF after each chunk
+            chunks.append(reader.read_exact(size))
+            reader.read_exact(2)  # the CRLF after each chunk
 
     # ---- faults and forwarding
 

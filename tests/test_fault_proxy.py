@@ -24,6 +24,7 @@ import threading
 import time
 import urllib.parse
 
+import fault_proxy
 import numpy as np
 import pytest
 from fault_proxy import KINDS, FaultProxy, Schedule
@@ -340,7 +341,7 @@ SIGNED = {
 
 def test_chunked_upload_keep_alive_and_clean_stop(s3, proxied):
     """A chunked request body is forwarded whole; several requests share one
-    kept-alive connection; stop() ends with a client connection still open."""
+    kept-alive connection, idle between them; stop() ends with it still open."""
     proxy, _ = proxied(Schedule())
     host = urllib.parse.urlsplit(proxy.endpoint)
     connection = http.client.HTTPConnection(host.hostname, host.port, timeout=10)
@@ -349,6 +350,7 @@ def test_chunked_upload_keep_alive_and_clean_stop(s3, proxied):
     connection.request("PUT", path, iter(body), SIGNED, encode_chunked=True)
     assert connection.getresponse().read() is not None
     for _ in range(2):
+        time.sleep(2 * fault_proxy.IDLE_SECONDS)  # idle longer than the proxy's wake-up
         connection.request("GET", path, headers=SIGNED)
         response = connection.getresponse()
         assert response.status == 200 and response.read() == b"".join(body)
