@@ -143,6 +143,20 @@ def test_error_mapping_names_the_url():
     assert "s3://b/k" in str(network) and "retry" in str(network)
 
 
+def test_network_error_names_the_cause_the_client_buries():
+    """obstore's first line says only "error sending request"; the cause in its
+    debug text (a timeout, a reset, a body cut short) goes into the message."""
+    text = "Generic S3 error: HTTP error: error sending request\n\ninner: HttpError {{ {} }}"
+    for marker, cause in [
+        ("kind: Timeout", "timed out"),
+        ("kind: ConnectionReset", "connection reset"),
+        ("error: IncompleteBody", "before its Content-Length"),
+    ]:
+        error = _remote.map_error(RuntimeError(text.format(marker)), "s3://b/k", "read")
+        assert isinstance(error, RemoteNetworkError) and cause in str(error)
+    assert "(" not in str(_remote.map_error(RuntimeError("odd"), "s3://b/k", "read")).split(":")[0]
+
+
 def test_unreachable_endpoint_is_a_network_error(monkeypatch):
     """Nothing listening: RemoteNetworkError naming the object, within the client's bounds."""
     monkeypatch.setattr(_remote, "CLIENT_RETRIES", 0)

@@ -408,6 +408,9 @@ class UnitCache:
         self._pinned: dict[Unit, int] = {}  # pins this process holds, by unit
         self._read_now: set[Unit] = set()  # the units the current step has acquired
         self._in_flight: dict[str, threading.Event] = {}  # downloads of this process
+        # Units whose prefetch failed: left to the reader's own acquire, which
+        # fetches them (and raises), instead of a prefetch retried forever.
+        self._prefetch_failed: set[str] = set()
         self.link = LinkEstimate()
         self._step_seconds = 0.0  # EWMA of the time between steps
         self._last_step_time: float | None = None
@@ -529,6 +532,7 @@ class UnitCache:
         name = unit.name(self.url)
         with self._thread_lock:
             self._names[name] = unit
+            self._prefetch_failed.discard(name)
         deadline = time.monotonic() + self.wait_seconds
         counted = False
         while True:
@@ -868,7 +872,7 @@ class UnitCache:
         for step in range(self.now, len(self.plan.steps)):
             for unit in self.plan.steps[step]:
                 name = unit.name(self.url)
-                if name in seen:
+                if name in seen or name in self._prefetch_failed:
                     continue
                 seen.add(name)
                 if not os.path.exists(os.path.join(self._units_dir, name)):
@@ -890,7 +894,9 @@ class UnitCache:
             self._download(unit, name, fd, keep=False)
             self.stats.prefetches += 1
         except (RemoteError, OSError):
-            pass  # the reader's own acquire fetches it again and raises the error
+            # The reader's own acquire fetches it again and raises the error.
+            with self._thread_lock:
+                self._prefetch_failed.add(name)
         finally:
             if placeholder is not None:
                 placeholder.set()

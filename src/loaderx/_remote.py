@@ -311,10 +311,30 @@ def map_error(exc: BaseException, url: str, what: str) -> RemoteError:
     if name in ("UnknownConfigurationKeyError", "InvalidPathError") or isinstance(exc, ValueError):
         return RemoteConfigError(f"cannot {what} {url}: {first}; fix storage_options", url)
     return RemoteNetworkError(
-        f"cannot {what} {url} after {CLIENT_RETRIES} retries: {first}; check the "
-        "endpoint and the network, then retry",
+        f"cannot {what} {url} after {CLIENT_RETRIES} retries{network_cause(str(exc))}: "
+        f"{first}; check the endpoint and the network, then retry",
         url,
     )
+
+
+# What the client's error chain (its debug text, after the first line) says
+# went wrong, where the first line says only "error sending request".
+_CAUSES = (
+    ("TimedOut", "timed out"),
+    ("kind: Timeout", "timed out"),
+    ("IncompleteBody", "the body ended before its Content-Length"),
+    ("ConnectionReset", "connection reset by the server"),
+    ("ConnectionRefused", "connection refused"),
+    ("UnexpectedEof", "the connection closed early"),
+)
+
+
+def network_cause(text: str) -> str:
+    """`` (<cause>)`` named by the client's error text, or empty if it names none."""
+    for marker, cause in _CAUSES:
+        if marker in text:
+            return f" ({cause})"
+    return ""
 
 
 def _info(meta: Any) -> ObjectInfo:
