@@ -472,6 +472,19 @@ def test_open_with_the_wrong_kind(dense, ragged, tmp_path):
             ),
             "item_shape",
         ),
+        (  # numpy's dtype parser raises SyntaxError for this one
+            msgpack.packb(
+                {
+                    "format": "loaderx",
+                    "version": 1,
+                    "kind": "dense",
+                    "dtype": "f4 ,,",
+                    "item_shape": [],
+                    "codec": "raw",
+                }
+            ),
+            "invalid",
+        ),
     ],
 )
 def test_damaged_schema_raises_value_error(dense, tmp_path, payload, message):

@@ -120,7 +120,8 @@ class Schema:
             if not isinstance(data["item_shape"], (list, tuple)):
                 raise ValueError(f"item_shape is {data['item_shape']!r}, not a list")
             return cls(data["kind"], dtype, tuple(data["item_shape"]), data["codec"])
-        except (TypeError, ValueError) as exc:
+        # numpy's dtype parser raises SyntaxError for some damaged strings.
+        except (TypeError, ValueError, SyntaxError) as exc:
             raise ValueError(f"{where} is invalid: {exc}") from exc
 
     def describe(self) -> str:
