@@ -228,6 +228,7 @@ def _limits() -> dict[str, int]:
             "dict_bytes_min",
             "dict_bytes_max",
             "sampler_length_max",
+            "sampler_groups_max",
         )
     }
 
