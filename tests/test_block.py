@@ -69,7 +69,10 @@ def reference_cycle(seed, cycle, groups, per_block):
     stream = []
     for block, first in enumerate(range(0, len(groups), per_block)):
         records = np.concatenate(
-            [np.arange(starts[g], starts[g + 1], dtype=np.uint64) for g in order[first:][:per_block]]
+            [
+                np.arange(starts[g], starts[g + 1], dtype=np.uint64)
+                for g in order[first:][:per_block]
+            ]
         )
         stream.append(records[shuffle(records.size, mix((key + (block + 1) * GAMMA) & MASK))])
     return np.concatenate(stream)

@@ -447,11 +447,6 @@ class DataLoader:
     ) -> None:
         sources = None
         if weights is not None:
-            if _is_block(mode):
-                raise ValueError(
-                    "mode BLOCK does not combine with weights yet: each source would need its "
-                    "own groups. Mix in mode CYCLIC or IID"
-                )
             sources = _check_sources(streams)
             streams = sources[0]
         self._streams = _check_streams(streams)
@@ -477,14 +472,8 @@ class DataLoader:
             )
             check_picklable(transform)
         length = len(next(iter(self._streams.values())))
-        self._sampler = Sampler(
-            length,
-            batch_size,
-            mode,
-            seed=seed,
-            shard=shard,
-            **_block_keywords(self._streams, mode, shards_per_block, length),
-        )
+        blocks = _block_keywords(self._streams, mode, shards_per_block, length, sources)
+        self._sampler = Sampler(length, batch_size, mode, seed=seed, shard=shard, **blocks)
         self._stats = _Stats()
         packer = None
         if packing is not None:
@@ -796,12 +785,18 @@ def _block_keywords(
     mode: object,
     shards_per_block: int | None,
     length: int,
+    sources: object,
 ) -> dict[str, Any]:
     """The Sampler keywords of BLOCK mode's groups: the sharded streams' shards
     (which must agree), else ``equal_groups(length)``. Other modes get only a
     ``shards_per_block`` that was given, which the Sampler refuses."""
     if not _is_block(mode):
         return {} if shards_per_block is None else {"shards_per_block": shards_per_block}
+    if sources is not None:
+        raise ValueError(
+            "mode BLOCK does not combine with weights yet: each source would need its own "
+            "groups. Mix in mode CYCLIC or IID"
+        )
     layouts = {
         name: tuple(rows for rows in dataset.store.manifest.rows if rows > 0)
         for name, dataset in streams.items()

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import enum
 import operator
+import threading
 from collections.abc import Sequence
 from typing import Any, SupportsIndex
 
@@ -137,6 +138,7 @@ class Sampler:
         "_groups",
         "_starts",
         "_per_block",
+        "_local",
         "_step",
         "__weakref__",
     )
@@ -151,6 +153,7 @@ class Sampler:
     _groups: tuple[int, ...] | None  # BLOCK: the groups' row counts
     _starts: np.ndarray | None  # BLOCK: group g's first index, and length last
     _per_block: int | None
+    _local: threading.local  # BLOCK: each thread's native groups struct and scratch
     _step: int
 
     def __init__(
@@ -196,6 +199,7 @@ class Sampler:
         self._groups, self._starts, self._per_block = _check_blocks(
             mode, length, groups, shards_per_block
         )
+        self._local = threading.local()
         self._length = length
         self._batch_size = batch_size
         self._mode = mode
@@ -315,21 +319,31 @@ class Sampler:
             check(status, "Sampler")
 
     def _write_block(self, step: int, out: np.ndarray) -> None:
-        """BLOCK: the native batch with the groups and a scratch of this call's
-        own, so concurrent calls (the loader's workers) share nothing."""
-        starts = self._starts
-        assert starts is not None and self._per_block is not None
-        scratch = _empty(2 * starts.size - 1, _UINT64)
-        blocks = _new_blocks(
-            "lx_sampler_blocks *",
-            {
-                "starts": _from_buffer("uint64_t[]", starts),
-                "group_count": starts.size - 1,
-                "per_block": self._per_block,
-                "scratch": _from_buffer("uint64_t[]", scratch, True),
-                "scratch_count": scratch.size,
-            },
-        )
+        """BLOCK: the native batch with the groups and a scratch of this thread's
+        own (built at its first batch), so concurrent calls (the loader's
+        workers) share nothing they write."""
+        blocks = getattr(self._local, "blocks", None)
+        if blocks is None:
+            starts = self._starts
+            assert starts is not None and self._per_block is not None
+            scratch = _empty(2 * starts.size - 1, _UINT64)
+            # The cffi buffers keep starts and scratch alive with the struct.
+            buffers = (
+                _from_buffer("uint64_t[]", starts),
+                _from_buffer("uint64_t[]", scratch, True),
+            )
+            blocks = _new_blocks(
+                "lx_sampler_blocks *",
+                {
+                    "starts": buffers[0],
+                    "group_count": starts.size - 1,
+                    "per_block": self._per_block,
+                    "scratch": buffers[1],
+                    "scratch_count": scratch.size,
+                },
+            )
+            self._local.blocks = blocks
+            self._local.buffers = buffers
         target = _from_buffer("uint64_t[]", out, True)
         status = _native_block_batch(self._config, blocks, step, target, self._batch_size)
         if status:
