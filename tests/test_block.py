@@ -370,7 +370,7 @@ def test_loader_arguments_are_checked(sharded, single, tmp_path):
     with pytest.raises(ValueError, match="parameters of mode BLOCK, not IID"):
         block_loader(sharded, mode="iid")
     with pytest.raises(ValueError, match="BLOCK does not combine with weights"):
-        block_loader([{"y": sharded}, {"y": single}], weights=[1, 1])
+        DataLoader([{"y": sharded}, {"y": single}], mode="block", weights=[1, 1], batch_size=4)
     path = tmp_path / "other"
     for k in range(3):
         shards.write_shard(path, k, np.arange(30 * k, 30 * k + 30, dtype=np.int64), codec="raw")
