@@ -16,7 +16,15 @@ import re
 import numpy as np
 import pytest
 
-from loaderx import DataLoader, DenseDataset, Sampler, from_numpy, shards
+from loaderx import (
+    DataLoader,
+    DenseDataset,
+    Packing,
+    RaggedDataset,
+    Sampler,
+    from_numpy,
+    shards,
+)
 from loaderx._native import ZrecordError, check, ffi, lib
 from loaderx.sampler import GROUPS_MAX, SHARDS_PER_BLOCK_DEFAULT, equal_groups
 from loaderx.schedule import Schedule, elastic_anchor
@@ -381,6 +389,23 @@ def test_loader_arguments_are_checked(sharded, single, tmp_path):
         # A single store next to a sharded one: the shards are the groups.
         with DataLoader({"y": sharded, "z": single}, mode="block", batch_size=4) as loader:
             assert loader._sampler.groups == (10, 25, 5, 30, 20)
+
+
+def test_packing_reads_the_documents_in_block_order(tmp_path):
+    """A packed BLOCK loader packs the documents in the BLOCK order of the shards."""
+    lengths = np.random.default_rng(1).integers(1, 12, 30)
+    docs = [np.arange(n, dtype=np.int32) + 100 * i for i, n in enumerate(lengths)]
+    for k, (first, end) in enumerate([(0, 10), (10, 18), (18, 30)]):
+        shards.write_shard(tmp_path / "tokens", k, docs[first:end])
+    shards.commit(tmp_path / "tokens")
+    options = {"batch_size": 2, "seed": 5, "num_workers": 0, "packing": Packing(4)}
+    with (
+        RaggedDataset(tmp_path / "tokens") as dataset,
+        DataLoader({"tokens": dataset}, mode="block", shards_per_block=2, **options) as loader,
+    ):
+        got = np.concatenate([next(loader)["tokens"].reshape(-1) for _ in range(5)])
+    order = Sampler(30, 30, BLOCK, 5, groups=[10, 8, 12], shards_per_block=2).batch(0)
+    np.testing.assert_array_equal(got, np.concatenate([docs[i] for i in order])[: got.size])
 
 
 # ---- the library checks its caller ----------------------------------------------------
