@@ -474,6 +474,7 @@ class DataLoader:
         length = len(next(iter(self._streams.values())))
         blocks = _block_keywords(self._streams, mode, shards_per_block, length, sources)
         self._sampler = Sampler(length, batch_size, mode, seed=seed, shard=shard, **blocks)
+        self._block_state = None if blocks.get("groups") is None else _block_state(self._sampler)
         self._stats = _Stats()
         packer = None
         if packing is not None:
@@ -578,18 +579,18 @@ class DataLoader:
 
     @property
     def epoch(self) -> int:
-        """CYCLIC: the epoch (cycle) of the batch the next ``next()`` returns."""
+        """CYCLIC, BLOCK: the epoch (cycle) of the batch the next ``next()`` returns."""
         return self._cyclic_schedule().epoch(self._step)
 
     @property
     def steps_per_epoch(self) -> int:
-        """CYCLIC: batches in a whole epoch, ``length // (batch_size * world_size)``
+        """CYCLIC, BLOCK: batches in a whole epoch, ``length // (batch_size * world_size)``
         (the remaining ``length % (batch_size * world_size)`` records of each epoch
         are dropped, different ones each epoch, so every batch is whole)."""
         return self._cyclic_schedule().batches_per_cycle
 
     def one_epoch(self) -> Iterator[Any]:
-        """CYCLIC: yields the batches left in the current epoch, then stops; the
+        """CYCLIC, BLOCK: yields the batches left in the current epoch, then stops; the
         loader stays open, and the next call yields the next epoch."""
         schedule = self._cyclic_schedule()
         epoch = schedule.epoch(self._step)
@@ -648,7 +649,7 @@ class DataLoader:
             "length": self._sampler.length,
             "global_batch": self._batches.schedule.global_batch,
             "anchor": self._batches.schedule.anchor,
-            **({} if self._sampler.groups is None else {"block": _block_state(self._sampler)}),
+            **({} if self._block_state is None else {"block": self._block_state}),
             **({} if self._packing_state is None else {"packing": self._packing_state}),
             **(
                 {}
@@ -666,11 +667,12 @@ class DataLoader:
         """Continues from ``state`` (from ``state_dict()``) with exactly the batch
         that would have come next. Call it on a loader that has not started.
 
-        Seed, mode and length must match. The world size may differ as long as
+        Seed, mode and length (and in BLOCK mode the groups and
+        ``shards_per_block``) must match. The world size may differ as long as
         the global batch (``batch_size * world_size``) is the same: the global
         stream is then identical. A different global batch continues the same
-        global order from the exact next sample in SEQUENTIAL and CYCLIC mode
-        (elastic resume); in IID mode it raises ``ElasticError``. Pass the state
+        global order from the exact next sample in SEQUENTIAL, CYCLIC and BLOCK
+        mode (elastic resume); in IID mode it raises ``ElasticError``. Pass the state
         as ``state_dict()`` returned it: this loader's own ``shard`` and
         ``batch_size`` apply, and a state whose ``batch_size`` or ``shard`` was
         edited (so that they no longer make its ``global_batch``) is refused.
@@ -753,11 +755,10 @@ def _saved_sampler(state: Mapping[str, Any], mine: Sampler) -> Sampler:
                 f"state was saved by a differently configured DataLoader: mode=BLOCK (this "
                 f"loader: {mine.mode.name})"
             )
-        if block != _block_state(mine):
+        if block != (mine_state := _block_state(mine)):
             raise ValueError(
                 f"state was saved in BLOCK mode with groups {block!r}, this loader's are "
-                f"{_block_state(mine)!r}: resume over the same shards with the same "
-                "shards_per_block"
+                f"{mine_state!r}: resume over the same shards with the same shards_per_block"
             )
         keywords = mine.block_options
     try:
@@ -839,8 +840,8 @@ def _check_global_batch(state: Mapping[str, Any], schedule: Schedule) -> None:
             f"state global_batch {recorded} is not its batch_size * world_size = "
             f"{schedule.global_batch}: its batch_size or shard was edited after state_dict() "
             "returned it. Load the state as saved: load_state_dict resumes on another world size "
-            "or global batch by itself (elastic resume, exact in SEQUENTIAL and CYCLIC mode and "
-            "with packing), from the loader's own shard and batch_size"
+            "or global batch by itself (elastic resume, exact in SEQUENTIAL, CYCLIC and BLOCK "
+            "mode and with packing), from the loader's own shard and batch_size"
         )
 
 
