@@ -253,6 +253,28 @@ def test_too_many_groups_are_refused():
         Sampler(GROUPS_MAX + 1, 1, BLOCK, groups=np.ones(GROUPS_MAX + 1, np.int64))
 
 
+def test_cycle_positions_read_any_run_of_a_cycle():
+    groups = [5, 1, 9, 3, 12, 7, 2, 8]
+    sampler = Sampler(47, 4, BLOCK, 2, groups=groups, shards_per_block=3)
+    cycle = reference_cycle(2, 5, groups, 3)
+    for offset, count in [(0, 47), (1, 3), (13, 20), (46, 1), (47, 0)]:
+        out = np.empty(count, np.uint64)
+        assert sampler.cycle_positions(5, offset, out) is out
+        np.testing.assert_array_equal(out, cycle[offset : offset + count])
+    with pytest.raises(ValueError, match="not inside one cycle of 47"):
+        sampler.cycle_positions(5, 40, np.empty(8, np.uint64))
+    with pytest.raises(ValueError, match="not inside one cycle"):
+        sampler.cycle_positions(5, -1, np.empty(1, np.uint64))
+    with pytest.raises(TypeError, match="1-D numpy uint64"):
+        sampler.cycle_positions(5, 0, np.empty(2, np.int64))
+    with pytest.raises(ValueError, match="writable"):
+        sampler.cycle_positions(5, 0, np.empty(4, np.uint64)[::2])
+    with pytest.raises(ValueError, match="STEP_MAX"):
+        sampler.cycle_positions(2**64, 0, np.empty(1, np.uint64))
+    with pytest.raises(ValueError, match="for mode BLOCK, not CYCLIC"):
+        Sampler(47, 4, "cyclic").cycle_positions(0, 0, np.empty(1, np.uint64))
+
+
 # ---- the schedule: elastic resume ---------------------------------------------------------
 
 

@@ -433,6 +433,30 @@ export fn lx_sampler_block_batch(
     return status.ok;
 }
 
+/// BLOCK: the indices at positions offset..offset + count of cycle `cycle`'s
+/// stream into `target` (the elastic anchor's runs of a cycle).
+export fn lx_sampler_block_positions(
+    config: *const sampler.Config,
+    blocks: *const sampler.Blocks,
+    cycle: u64,
+    offset: u64,
+    target: [*]u64,
+    count: u64,
+) c_int {
+    sampler.validateBlocks(config, blocks) catch |err| return result(err);
+    if (offset > config.length or count > config.length - offset) {
+        return result(status.fail(error.InvalidArgument, "BLOCK positions {d}..{d}+{d} run " ++
+            "past the cycle's length {d}: read inside one cycle", .{
+            offset,
+            offset,
+            count,
+            config.length,
+        }));
+    }
+    sampler.positionsBlock(config, blocks, cycle, offset, target[0..count]);
+    return status.ok;
+}
+
 test {
     _ = sampler;
 }

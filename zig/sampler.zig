@@ -345,6 +345,23 @@ pub fn batchBlock(config: *const Config, blocks: *const Blocks, step: u64, targe
     Layout.init(config.seed, cycle, blocks).fill(offset, target);
 }
 
+/// Writes the indices at positions offset.. of BLOCK cycle `cycle` into
+/// `target`: any run of a cycle, for a stream resumed at a position that
+/// is not a multiple of the batch (the elastic anchor). `blocks` must have
+/// passed `validateBlocks`.
+pub fn positionsBlock(
+    config: *const Config,
+    blocks: *const Blocks,
+    cycle: u64,
+    offset: u64,
+    target: []u64,
+) void {
+    assert(isValid(config) and config.mode == @intFromEnum(Mode.block));
+    assert(offset <= config.length and target.len <= config.length - offset);
+    if (target.len == 0) return;
+    Layout.init(config.seed, cycle, blocks).fill(offset, target);
+}
+
 /// One cycle's arrangement of the groups, in the caller's scratch: slot i of
 /// the cycle's group order holds the group whose first index is firsts[i],
 /// and the slots before it hold ends[i] records (ends[groups] = length).
@@ -1106,6 +1123,19 @@ test "block edge cases: one group, single-row groups, a block of all groups" {
         var all_groups = all.blocks();
         try testing.expectEqual(1, Layout.init(all.config.seed, 0, &all_groups).block_count);
     }
+}
+
+test "block positions read any run of a cycle, as the batches do" {
+    var whole = TestBlocks.init(&test_rows, 2, 1137);
+    var stream: [1137]u64 = undefined;
+    try whole.batch(6, &stream);
+    var groups = whole.blocks();
+    for ([_]u64{ 0, 1, 299, 300, 1000, 1130 }) |offset| {
+        var target: [7]u64 = undefined;
+        positionsBlock(&whole.config, &groups, 6, offset, &target);
+        try testing.expectEqualSlices(u64, stream[offset..][0..7], &target);
+    }
+    positionsBlock(&whole.config, &groups, 6, 1137, &.{});
 }
 
 test "the ranks' block batches concatenate to the global batch" {

@@ -127,6 +127,9 @@ typedef struct {
 uint64_t lx_sampler_blocks_bytes(void);
 int lx_sampler_block_batch(const lx_sampler_config *config, const lx_sampler_blocks *blocks,
                            uint64_t step, uint64_t *target, uint64_t target_count);
+/* Positions offset..offset + count of BLOCK cycle `cycle`'s stream. */
+int lx_sampler_block_positions(const lx_sampler_config *config, const lx_sampler_blocks *blocks,
+                               uint64_t cycle, uint64_t offset, uint64_t *target, uint64_t count);
 
 /* ---- sharded datasets (zig/shards.zig) -------------------------------- */
 

@@ -74,6 +74,7 @@ _empty = np.empty
 _from_buffer = ffi.from_buffer
 _native_batch = lib.lx_sampler_batch
 _native_block_batch = lib.lx_sampler_block_batch
+_native_block_positions = lib.lx_sampler_block_positions
 _new_blocks = ffi.new
 
 if lib.lx_sampler_config_bytes() != ffi.sizeof("lx_sampler_config"):
@@ -322,6 +323,38 @@ class Sampler:
         """BLOCK: the native batch with the groups and a scratch of this thread's
         own (built at its first batch), so concurrent calls (the loader's
         workers) share nothing they write."""
+        target = _from_buffer("uint64_t[]", out, True)
+        status = _native_block_batch(self._config, self._blocks(), step, target, self._batch_size)
+        if status:
+            check(status, "Sampler")
+
+    def cycle_positions(self, cycle: int, offset: int, out: np.ndarray) -> np.ndarray:
+        """BLOCK: writes the indices at positions ``offset..offset + out.size`` of
+        cycle ``cycle``'s stream into ``out`` (a writable, C-contiguous 1-D uint64
+        array) and returns it: any run of one cycle, as an elastic resume reads."""
+        if self._starts is None:
+            raise ValueError(f"cycle_positions is for mode BLOCK, not {self._mode.name}")
+        cycle = self._check_step(cycle)
+        offset = _integer("offset", offset)
+        if not isinstance(out, np.ndarray) or out.dtype != _UINT64 or out.ndim != 1:
+            raise TypeError("out must be a 1-D numpy uint64 array")
+        if not (out.flags.c_contiguous and out.flags.writeable):
+            raise ValueError("out must be a writable, C-contiguous array")
+        if not 0 <= offset <= self._length - out.size:
+            raise ValueError(
+                f"positions {offset}..{offset + out.size} are not inside one cycle of "
+                f"{self._length}: read a cycle's positions 0..{self._length}"
+            )
+        target = _from_buffer("uint64_t[]", out, True)
+        status = _native_block_positions(
+            self._config, self._blocks(), cycle, offset, target, out.size
+        )
+        if status:
+            check(status, "Sampler")
+        return out
+
+    def _blocks(self) -> Any:  # a cffi lx_sampler_blocks *
+        """This thread's native groups struct, with its own scratch."""
         blocks = getattr(self._local, "blocks", None)
         if blocks is None:
             starts = self._starts
@@ -344,10 +377,7 @@ class Sampler:
             )
             self._local.blocks = blocks
             self._local.buffers = buffers
-        target = _from_buffer("uint64_t[]", out, True)
-        status = _native_block_batch(self._config, blocks, step, target, self._batch_size)
-        if status:
-            check(status, "Sampler")
+        return blocks
 
     def with_batch_size(self, batch_size: int) -> Sampler:
         """An unsharded sampler of the same stream (length, mode, seed and BLOCK

@@ -135,11 +135,13 @@ class Schedule:
         return self._cyclic_positions(cycle, offset + self.rank * share, out)
 
     def _cyclic_positions(self, cycle: int, first: int, out: np.ndarray) -> np.ndarray:
-        """Positions ``first..first + len(out)`` of ``cycle``'s permutation, read
-        in chunks of g = gcd(first, len(out)) through an unsharded sampler of
-        batch g, whose step s reads positions ``(s mod (length // g)) * g``
-        on of cycle ``s // (length // g)``: the same permutation, since it
-        depends on the seed, cycle and length (and BLOCK's groups) only."""
+        """Positions ``first..first + len(out)`` of ``cycle``'s permutation. BLOCK
+        reads them with one native call; CYCLIC in chunks of g = gcd(first,
+        len(out)) through an unsharded sampler of batch g, whose step s reads
+        positions ``(s mod (length // g)) * g`` on of cycle ``s // (length // g)``:
+        the same permutation, since it depends on the seed, cycle and length only."""
+        if self.sampler.mode == Sampler.Mode.BLOCK:  # the native library reads any run
+            return self.sampler.cycle_positions(cycle, first, out)
         chunk = math.gcd(first, out.size)
         sampler = self._chunk_samplers.get(chunk)
         if sampler is None:
