@@ -460,3 +460,27 @@ def test_the_library_refuses_bad_groups_itself(fields, words):
     assert status != 0
     with pytest.raises(ZrecordError, match=re.escape(words)):
         check(status)
+
+
+def test_the_library_refuses_positions_past_the_cycle():
+    config = ffi.new(
+        "lx_sampler_config *",
+        {"length": 12, "batch_size": 4, "seed": 1, "rank": 0, "world_size": 1, "mode": 3},
+    )
+    starts = ffi.new("uint64_t[]", [0, 3, 7, 12])
+    scratch = ffi.new("uint64_t[]", 7)
+    blocks = ffi.new(
+        "lx_sampler_blocks *",
+        {
+            "starts": starts,
+            "group_count": 3,
+            "per_block": 2,
+            "scratch": scratch,
+            "scratch_count": 7,
+        },
+    )
+    out = ffi.new("uint64_t[]", 5)
+    assert lib.lx_sampler_block_positions(config, blocks, 0, 7, out, 5) == 0
+    status = lib.lx_sampler_block_positions(config, blocks, 0, 8, out, 5)
+    with pytest.raises(ZrecordError, match=re.escape("8..8+5 run past the cycle's length 12")):
+        check(status)
