@@ -12,7 +12,7 @@ const ragged = @import("ragged.zig");
 
 /// Bumped whenever the ABI or the on-disk format changes; `_native.py`
 /// refuses a library whose version differs from the one it was written for.
-pub const abi_version: u32 = 4;
+pub const abi_version: u32 = 5;
 
 export fn lx_version() u32 {
     return abi_version;
