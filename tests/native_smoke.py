@@ -54,6 +54,12 @@ def check_samplers(digest) -> None:
         if mode == Sampler.Mode.CYCLIC:
             assert len(np.unique(every)) == len(every), "a cycle repeated an index"
         digest.update(every.tobytes())
+    # BLOCK: uneven groups, blocks of 2 (the Feistel path for the 600-row group).
+    groups = [1, 99, 600, 7, 293]
+    sampler = Sampler(length, batch, Sampler.Mode.BLOCK, seed=7, groups=groups, shards_per_block=2)
+    every = np.concatenate([sampler.next() for _ in range(length // batch)])
+    assert len(np.unique(every)) == len(every) and every.max() < length, "BLOCK"
+    digest.update(every.tobytes())
 
 
 def check_loader(dataset: DenseDataset, data: np.ndarray, digest) -> None:

@@ -74,6 +74,7 @@ def test_a_missing_or_stale_prebuilt_ffi_falls_back_to_parsing_the_header(monkey
 def test_struct_sizes_agree_between_zig_and_cdef():
     """The cdef's structs have the sizes the library was compiled with."""
     assert _native.lib.lx_store_info_bytes() == _native.ffi.sizeof("lx_store_info")
+    assert _native.lib.lx_sampler_blocks_bytes() == _native.ffi.sizeof("lx_sampler_blocks")
 
 
 def test_status_codes_match_the_zig_enum():
@@ -116,13 +117,14 @@ def test_limits_come_from_the_core():
     zig/sampler.zig define (read through lx_limits, not written twice)."""
     from loaderx import converter, sampler, zrecord
 
-    assert _native.ffi.sizeof("lx_limits_t") == 40  # zig/root.zig asserts the same
+    assert _native.ffi.sizeof("lx_limits_t") == 48  # zig/root.zig asserts the same
     format_source = (ROOT / "zig" / "format.zig").read_text()
     assert "pub const record_bytes_max: u64 = 1 << 48;" in format_source
     assert zrecord.MAX_RECORD_LEN == _native.LIMITS["record_bytes_max"] == 1 << 48
     assert converter.DICT_BYTES_MIN == _native.LIMITS["dict_bytes_min"] == 256
     assert converter.DICT_BYTES_MAX == _native.LIMITS["dict_bytes_max"] == 16 << 20
     assert sampler.LENGTH_MAX == _native.LIMITS["sampler_length_max"] == 1 << 63
+    assert sampler.GROUPS_MAX == _native.LIMITS["sampler_groups_max"] == 1 << 20
 
 
 def test_the_same_mistake_raises_the_same_class_in_either_layer(tmp_path):

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from loaderx._native import ZrecordError, check, ffi, lib
 from loaderx.sampler import LENGTH_MAX, Sampler
 
-MODES = list(Sampler.Mode)
+# BLOCK needs its groups: tests/test_block.py.
+MODES = [mode for mode in Sampler.Mode if mode != Sampler.Mode.BLOCK]
 SEQUENTIAL, IID, CYCLIC = Sampler.Mode.SEQUENTIAL, Sampler.Mode.IID, Sampler.Mode.CYCLIC
 
 
@@ -36,8 +37,8 @@ def batches(sampler, count):
 
 
 def test_mode_values_and_plain_ints():
-    assert [int(mode) for mode in MODES] == [0, 1, 2]
-    assert [mode.name for mode in MODES] == ["SEQUENTIAL", "IID", "CYCLIC"]
+    assert [int(mode) for mode in Sampler.Mode] == [0, 1, 2, 3]
+    assert [mode.name for mode in Sampler.Mode] == ["SEQUENTIAL", "IID", "CYCLIC", "BLOCK"]
     for mode in MODES:
         by_int = Sampler(100, 10, int(mode), seed=5)
         by_enum = Sampler(100, 10, mode, seed=5)
@@ -317,7 +318,7 @@ def test_shards_are_disjoint_in_cyclic_and_agree_in_every_mode(mode):
         (dict(batch_size=0), ValueError, "batch_size"),
         (dict(batch_size=-1), ValueError, "batch_size"),
         (dict(batch_size="8"), TypeError, "batch_size"),
-        (dict(mode=3), ValueError, "CYCLIC (2)"),
+        (dict(mode=4), ValueError, "CYCLIC (2) or BLOCK (3)"),
         (dict(mode=-1), ValueError, "mode"),
         (dict(mode="iidd"), ValueError, "'iid'"),
         (dict(mode=1.0), TypeError, "mode"),
@@ -407,6 +408,7 @@ def native_config(**fields):
         (dict(batch_size=2**40, world_size=2**24), "overflows 64 bits"),
         (dict(mode=2, length=7), "CYCLIC"),
         (dict(reserved=1), "reserved"),
+        (dict(mode=3), "BLOCK) needs its groups: call lx_sampler_block_batch"),
     ],
 )
 def test_the_library_refuses_bad_configs_itself(fields, words):

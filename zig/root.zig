@@ -12,7 +12,7 @@ const ragged = @import("ragged.zig");
 
 /// Bumped whenever the ABI or the on-disk format changes; `_native.py`
 /// refuses a library whose version differs from the one it was written for.
-pub const abi_version: u32 = 4;
+pub const abi_version: u32 = 5;
 
 export fn lx_version() u32 {
     return abi_version;
@@ -58,10 +58,11 @@ const Limits = extern struct {
     dict_bytes_min: u64,
     dict_bytes_max: u64,
     sampler_length_max: u64,
+    sampler_groups_max: u64,
 };
 
 comptime {
-    std.debug.assert(@sizeOf(Limits) == 40);
+    std.debug.assert(@sizeOf(Limits) == 48);
 }
 
 export fn lx_limits(out: *Limits) void {
@@ -71,6 +72,7 @@ export fn lx_limits(out: *Limits) void {
         .dict_bytes_min = format.dict_bytes_min,
         .dict_bytes_max = format.dict_bytes_max,
         .sampler_length_max = sampler.length_max,
+        .sampler_groups_max = sampler.groups_max,
     };
 }
 
@@ -396,7 +398,62 @@ export fn lx_sampler_batch(
             config.batch_size,
         }));
     }
+    if (config.mode == @intFromEnum(sampler.Mode.block)) {
+        return result(status.fail(error.InvalidArgument, "sampler mode 3 (BLOCK) needs its " ++
+            "groups: call lx_sampler_block_batch", .{}));
+    }
     sampler.batch(config, step, target[0..config.batch_size]);
+    return status.ok;
+}
+
+/// The size of `lx_sampler_blocks`, for Python's layout check at import.
+export fn lx_sampler_blocks_bytes() u64 {
+    return @sizeOf(sampler.Blocks);
+}
+
+/// `lx_sampler_batch` for mode 3 (BLOCK), whose batches also depend on the
+/// groups in `blocks`; validates both on every call (O(groups), as is the
+/// batch itself).
+export fn lx_sampler_block_batch(
+    config: *const sampler.Config,
+    blocks: *const sampler.Blocks,
+    step: u64,
+    target: [*]u64,
+    target_count: u64,
+) c_int {
+    sampler.validateBlocks(config, blocks) catch |err| return result(err);
+    if (target_count < config.batch_size) {
+        return result(status.fail(error.BufferTooSmall, "sampler target holds {d} indices " ++
+            "but batch_size is {d}: pass a uint64 buffer of batch_size", .{
+            target_count,
+            config.batch_size,
+        }));
+    }
+    sampler.batchBlock(config, blocks, step, target[0..config.batch_size]);
+    return status.ok;
+}
+
+/// BLOCK: the indices at positions offset..offset + count of cycle `cycle`'s
+/// stream into `target` (the elastic anchor's runs of a cycle).
+export fn lx_sampler_block_positions(
+    config: *const sampler.Config,
+    blocks: *const sampler.Blocks,
+    cycle: u64,
+    offset: u64,
+    target: [*]u64,
+    count: u64,
+) c_int {
+    sampler.validateBlocks(config, blocks) catch |err| return result(err);
+    if (offset > config.length or count > config.length - offset) {
+        return result(status.fail(error.InvalidArgument, "BLOCK positions {d}..{d}+{d} run " ++
+            "past the cycle's length {d}: read inside one cycle", .{
+            offset,
+            offset,
+            count,
+            config.length,
+        }));
+    }
+    sampler.positionsBlock(config, blocks, cycle, offset, target[0..count]);
     return status.ok;
 }
 

@@ -23,9 +23,20 @@
 //!   up to 256 are shuffled exactly (Fisher-Yates on the stack); longer ones
 //!   go through a keyed Feistel network with cycle-walking (see
 //!   `Permutation`). Nothing of dataset size is ever allocated.
+//! - block: without replacement, local to groups of records (a sharded
+//!   dataset's shards). Cycle c permutes the groups (keyed by seed and c),
+//!   cuts that order into blocks of `per_block` consecutive groups (the last
+//!   block may hold fewer), and permutes the records of each block together
+//!   (keyed by seed, c and the block); the cycle's stream is the blocks'
+//!   streams one after another, read in batches and cut as in cyclic mode
+//!   (the last `length mod G` positions, the end of the cycle's last block,
+//!   are dropped). A batch costs O(groups) for the cycle's group order and
+//!   its prefix sums, in a caller's scratch buffer, plus O(log groups) per
+//!   index to find its block and group (`batchBlock`).
 //!
 //! Limits: length in 1..2^63 (every index fits an int64 as well as a u64),
-//! G must fit a u64, and cyclic needs length >= G so a cycle holds a batch.
+//! G must fit a u64, and cyclic and block need length >= G so a cycle holds
+//! a batch; block takes 1..`groups_max` groups.
 const std = @import("std");
 const builtin = @import("builtin");
 const assert = std.debug.assert;
@@ -35,6 +46,7 @@ pub const Mode = enum(u32) {
     sequential = 0,
     iid = 1,
     cyclic = 2,
+    block = 3,
 };
 
 /// The C ABI's `lx_sampler_config`; Python checks its size against
@@ -69,7 +81,7 @@ pub fn validate(config: *const Config) status.Error!void {
     const invalid = error.InvalidArgument;
     if (std.meta.intToEnum(Mode, config.mode)) |_| {} else |_| {
         return status.fail(invalid, "sampler mode {d} is unknown: use 0 (SEQUENTIAL), " ++
-            "1 (IID) or 2 (CYCLIC)", .{config.mode});
+            "1 (IID), 2 (CYCLIC) or 3 (BLOCK)", .{config.mode});
     }
     if (config.reserved != 0) {
         return status.fail(
@@ -105,23 +117,28 @@ pub fn validate(config: *const Config) status.Error!void {
         return status.fail(invalid, "sampler batch_size {d} * world_size {d} overflows 64 bits: " ++
             "use a smaller batch or fewer ranks", .{ config.batch_size, config.world_size });
     }
-    if (config.mode == @intFromEnum(Mode.cyclic) and config.length < config.globalBatchSize()) {
-        return status.fail(invalid, "CYCLIC sampling without replacement needs a whole global " ++
+    if (withoutReplacement(config) and config.length < config.globalBatchSize()) {
+        const name = if (config.mode == @intFromEnum(Mode.block)) "BLOCK" else "CYCLIC";
+        return status.fail(invalid, "{s} sampling without replacement needs a whole global " ++
             "batch per cycle, but length {d} < batch_size * world_size = {d}: use a smaller " ++
-            "batch or IID", .{ config.length, config.globalBatchSize() });
+            "batch or IID", .{ name, config.length, config.globalBatchSize() });
     }
 }
 
+fn withoutReplacement(config: *const Config) bool {
+    return config.mode == @intFromEnum(Mode.cyclic) or config.mode == @intFromEnum(Mode.block);
+}
+
 fn isValid(config: *const Config) bool {
-    return config.mode <= @intFromEnum(Mode.cyclic) and config.reserved == 0 and
+    return config.mode <= @intFromEnum(Mode.block) and config.reserved == 0 and
         config.length >= 1 and config.length <= length_max and
         config.batch_size >= 1 and config.rank < config.world_size and
         @mulWithOverflow(config.batch_size, config.world_size)[1] == 0 and
-        (config.mode != @intFromEnum(Mode.cyclic) or config.length >= config.globalBatchSize());
+        (!withoutReplacement(config) or config.length >= config.globalBatchSize());
 }
 
 /// Writes this rank's `batch_size` indices of batch `step` into `target`.
-/// The config must have passed `validate`.
+/// The config must have passed `validate` and not be BLOCK (`batchBlock`).
 pub fn batch(config: *const Config, step: u64, target: []u64) void {
     assert(isValid(config));
     assert(target.len == config.batch_size);
@@ -129,6 +146,7 @@ pub fn batch(config: *const Config, step: u64, target: []u64) void {
         .sequential => batchSequential(config, step, target),
         .iid => batchIid(config, step, target),
         .cyclic => batchCyclic(config, step, target),
+        .block => unreachable, // needs the groups: batchBlock
     }
 }
 
@@ -205,10 +223,17 @@ fn batchCyclic(config: *const Config, step: u64, target: []u64) void {
     assert(offset + target.len <= config.length);
 
     const key = mix(mix(config.seed ^ domain_cyclic) +% cycle *% gamma_step);
-    if (config.length <= shuffle_length_max) {
-        shuffleBatch(config.length, key, offset, target);
+    permuteRange(config.length, key, offset, target);
+}
+
+/// Positions offset.. of the keyed permutation of 0..length: an exact
+/// shuffle up to `shuffle_length_max`, the Feistel network above.
+fn permuteRange(length: u64, key: u64, offset: u64, target: []u64) void {
+    assert(offset + target.len <= length);
+    if (length <= shuffle_length_max) {
+        shuffleBatch(length, key, offset, target);
     } else {
-        Permutation.init(config.length, key).fill(offset, target);
+        Permutation.init(length, key).fill(offset, target);
     }
 }
 
@@ -233,6 +258,198 @@ fn shuffleBatch(length: u64, key: u64, offset: u64, target: []u64) void {
     for (target, order[offset..][0..target.len]) |*slot, index| slot.* = index;
 }
 
+// ---- block mode -------------------------------------------------------------
+
+/// The most groups BLOCK mode takes: the most shards one sharded dataset
+/// holds (`shard_count_max` in shards.zig). A batch's scratch is then at
+/// most 16 MiB, and laying out a cycle's groups a few milliseconds.
+pub const groups_max: u64 = 1 << 20;
+
+/// BLOCK mode's groups, the C ABI's `lx_sampler_blocks`: group g holds the
+/// indices starts[g]..starts[g + 1].
+pub const Blocks = extern struct {
+    /// group_count + 1 entries: 0, strictly increasing, ending at length.
+    starts: [*]const u64,
+    group_count: u64,
+    /// Groups per block, >= 1; at group_count or above, one block holds all.
+    per_block: u64,
+    /// Caller-owned, `scratchCount(group_count)` slots at least, written by
+    /// every batch: one buffer per concurrent call.
+    scratch: [*]u64,
+    scratch_count: u64,
+
+    comptime {
+        assert(@sizeOf(Blocks) == 40);
+    }
+};
+
+pub fn scratchCount(group_count: u64) u64 {
+    return 2 * group_count + 1;
+}
+
+/// Rejects groups `batchBlock` cannot serve with this (BLOCK) config.
+pub fn validateBlocks(config: *const Config, blocks: *const Blocks) status.Error!void {
+    try validate(config);
+    const invalid = error.InvalidArgument;
+    if (config.mode != @intFromEnum(Mode.block)) {
+        return status.fail(invalid, "sampler groups are for mode 3 (BLOCK), but the mode is " ++
+            "{d}: call lx_sampler_batch", .{config.mode});
+    }
+    if (blocks.group_count == 0 or blocks.group_count > groups_max) {
+        return status.fail(invalid, "BLOCK sampling takes 1..{d} groups, got {d}", .{
+            groups_max,
+            blocks.group_count,
+        });
+    }
+    if (blocks.per_block == 0) {
+        return status.fail(invalid, "BLOCK shards_per_block is 0: a block holds at least " ++
+            "one group", .{});
+    }
+    if (blocks.scratch_count < scratchCount(blocks.group_count)) {
+        return status.fail(error.BufferTooSmall, "BLOCK scratch holds {d} slots but {d} " ++
+            "groups need 2 * groups + 1 = {d}", .{
+            blocks.scratch_count,
+            blocks.group_count,
+            scratchCount(blocks.group_count),
+        });
+    }
+    const starts = blocks.starts[0 .. blocks.group_count + 1];
+    if (starts[0] != 0 or starts[starts.len - 1] != config.length) {
+        return status.fail(invalid, "BLOCK group starts run from {d} to {d}, not from 0 to " ++
+            "the sampler length {d}: the groups' rows must add up to the length", .{
+            starts[0],
+            starts[starts.len - 1],
+            config.length,
+        });
+    }
+    for (starts[0 .. starts.len - 1], starts[1..], 0..) |start, end, group| {
+        if (end <= start) {
+            return status.fail(invalid, "BLOCK group {d} holds no rows (indices {d}..{d}): " ++
+                "every group needs at least one row", .{ group, start, end });
+        }
+    }
+}
+
+/// Writes this rank's `batch_size` indices of BLOCK batch `step` into
+/// `target`. Both arguments must have passed `validateBlocks`. Positions
+/// are (cycle, offset) exactly as in cyclic mode.
+pub fn batchBlock(config: *const Config, blocks: *const Blocks, step: u64, target: []u64) void {
+    assert(isValid(config) and config.mode == @intFromEnum(Mode.block));
+    assert(target.len == config.batch_size);
+    const batches_per_cycle = config.length / config.globalBatchSize();
+    assert(batches_per_cycle >= 1);
+    const cycle = step / batches_per_cycle;
+    const offset = (step % batches_per_cycle) * config.globalBatchSize() +
+        config.rank * config.batch_size;
+    assert(offset + target.len <= config.length);
+    Layout.init(config.seed, cycle, blocks).fill(offset, target);
+}
+
+/// Writes the indices at positions offset.. of BLOCK cycle `cycle` into
+/// `target`: any run of a cycle, for a stream resumed at a position that
+/// is not a multiple of the batch (the elastic anchor). `blocks` must have
+/// passed `validateBlocks`.
+pub fn positionsBlock(
+    config: *const Config,
+    blocks: *const Blocks,
+    cycle: u64,
+    offset: u64,
+    target: []u64,
+) void {
+    assert(isValid(config) and config.mode == @intFromEnum(Mode.block));
+    assert(offset <= config.length and target.len <= config.length - offset);
+    if (target.len == 0) return;
+    Layout.init(config.seed, cycle, blocks).fill(offset, target);
+}
+
+/// One cycle's arrangement of the groups, in the caller's scratch: slot i of
+/// the cycle's group order holds the group whose first index is firsts[i],
+/// and the slots before it hold ends[i] records (ends[groups] = length).
+/// Block b is slots b * per_block.. and positions ends[b * per_block]..
+const Layout = struct {
+    firsts: []u64,
+    ends: []u64,
+    per_block: u64,
+    block_count: u64,
+    /// The cycle's key; each block's records are permuted under a key drawn
+    /// from it and the block number.
+    key: u64,
+
+    fn init(seed: u64, cycle: u64, blocks: *const Blocks) Layout {
+        const count = blocks.group_count;
+        assert(count >= 1 and count <= groups_max and blocks.per_block >= 1);
+        const scratch = blocks.scratch[0..scratchCount(count)];
+        const firsts = scratch[0..count];
+        const ends = scratch[count..][0 .. count + 1];
+        const key = mix(mix(seed ^ domain_block) +% cycle *% gamma_step);
+        permuteRange(count, mix(key ^ domain_block_groups), 0, firsts);
+        var total: u64 = 0;
+        ends[0] = 0;
+        for (firsts, ends[1..]) |*first, *end| {
+            const group = first.*;
+            first.* = blocks.starts[group];
+            total += blocks.starts[group + 1] - blocks.starts[group];
+            end.* = total;
+        }
+        assert(ends[count] == blocks.starts[count]);
+        return .{
+            .firsts = firsts,
+            .ends = ends,
+            .per_block = blocks.per_block,
+            .block_count = std.math.divCeil(u64, count, blocks.per_block) catch unreachable,
+            .key = key,
+        };
+    }
+
+    /// Block b's first position; block_count gives the length.
+    fn blockStart(layout: *const Layout, block: u64) u64 {
+        assert(block <= layout.block_count);
+        if (block == layout.block_count) return layout.ends[layout.firsts.len];
+        return layout.ends[block * layout.per_block];
+    }
+
+    /// Cycle positions offset.. into target: each run of positions inside
+    /// one block is one permuted range of the block, then each record is
+    /// placed in its group by bisection over the block's slots.
+    fn fill(layout: *const Layout, offset: u64, target: []u64) void {
+        var block = lastAtMost(layout.ends, layout.per_block, layout.block_count, offset);
+        var position = offset;
+        var done: usize = 0;
+        while (done < target.len) : (block += 1) {
+            const low = layout.blockStart(block);
+            const high = layout.blockStart(block + 1);
+            assert(low <= position and position < high);
+            const run = target[done..][0..@min(target.len - done, high - position)];
+            permuteRange(high - low, mix(layout.key +% (block + 1) *% gamma), position - low, run);
+            const first_slot = block * layout.per_block;
+            const slot_count = @min(layout.per_block, layout.firsts.len - first_slot);
+            const ends = layout.ends[first_slot..][0..slot_count];
+            const firsts = layout.firsts[first_slot..][0..slot_count];
+            for (run) |*slot| {
+                const at = low + slot.*;
+                const group = lastAtMost(ends, 1, slot_count, at);
+                slot.* = firsts[group] + (at - ends[group]);
+            }
+            position += run.len;
+            done += run.len;
+        }
+        assert(position == offset + target.len);
+    }
+};
+
+/// The largest i in 0..count with values[i * stride] <= value, for values
+/// increasing along the stride with values[0] <= value.
+fn lastAtMost(values: []const u64, stride: u64, count: u64, value: u64) u64 {
+    assert(count >= 1 and values[0] <= value);
+    var low: u64 = 0;
+    var high: u64 = count;
+    while (high - low > 1) {
+        const middle = low + (high - low) / 2;
+        if (values[middle * stride] <= value) low = middle else high = middle;
+    }
+    return low;
+}
+
 // ---- the generator ----------------------------------------------------------
 
 /// The golden-ratio increment of SplitMix64: odd, so the counter visits all
@@ -245,6 +462,8 @@ const gamma_step: u64 = 0xd1b5_4a32_d192_ed03;
 const domain_iid: u64 = 0x6a09_e667_f3bc_c908;
 const domain_cyclic: u64 = 0xbb67_ae85_84ca_a73b;
 const domain_retry: u64 = 0x3c6e_f372_fe94_f82b;
+const domain_block: u64 = 0xa54f_f53a_5f1d_36f1;
+const domain_block_groups: u64 = 0x510e_527f_ade6_82d1;
 
 /// The SplitMix64 finalizer (Stafford's mix 13): a bijection of u64 whose
 /// outputs for consecutive inputs pass BigCrush.
@@ -509,7 +728,7 @@ test "validate rejects every config that batch cannot serve, saying why" {
 
     const Case = struct { field: []const u8, value: u64, words: []const u8 };
     const cases = [_]Case{
-        .{ .field = "mode", .value = 3, .words = "mode 3 is unknown" },
+        .{ .field = "mode", .value = 4, .words = "mode 4 is unknown" },
         .{ .field = "reserved", .value = 1, .words = "reserved" },
         .{ .field = "length", .value = 0, .words = "length is 0" },
         .{ .field = "length", .value = length_max + 1, .words = "above 2^63" },
@@ -740,4 +959,199 @@ test "the ranks' batches concatenate to the global batch in every mode" {
             }
         }
     };
+}
+
+/// A BLOCK config and its groups over `rows`, with scratch, for the tests.
+const TestBlocks = struct {
+    config: Config,
+    starts: [65]u64,
+    scratch: [2 * 64 + 1]u64,
+    count: u64,
+    per_block: u64,
+
+    fn init(rows: []const u64, per_block: u64, batch_size: u64) TestBlocks {
+        assert(rows.len <= 64);
+        var self: TestBlocks = undefined;
+        self.starts[0] = 0;
+        for (rows, 0..) |count, group| self.starts[group + 1] = self.starts[group] + count;
+        self.count = rows.len;
+        self.per_block = per_block;
+        self.config = testConfig(.block, self.starts[rows.len], batch_size);
+        return self;
+    }
+
+    fn blocks(self: *TestBlocks) Blocks {
+        return .{
+            .starts = &self.starts,
+            .group_count = self.count,
+            .per_block = self.per_block,
+            .scratch = &self.scratch,
+            .scratch_count = self.scratch.len,
+        };
+    }
+
+    fn batch(self: *TestBlocks, step: u64, target: []u64) !void {
+        const groups = self.blocks();
+        try validateBlocks(&self.config, &groups);
+        batchBlock(&self.config, &groups, step, target);
+    }
+
+    /// The group holding index.
+    fn groupOf(self: *const TestBlocks, index: u64) u64 {
+        return lastAtMost(self.starts[0 .. self.count + 1], 1, self.count, index);
+    }
+};
+
+test "validateBlocks rejects groups that batchBlock cannot serve, saying why" {
+    var cases = TestBlocks.init(&.{ 3, 4, 5 }, 2, 4);
+    var groups = cases.blocks();
+    try validateBlocks(&cases.config, &groups);
+
+    const cyclic = testConfig(.cyclic, 12, 4);
+    status.clear();
+    try testing.expectError(error.InvalidArgument, validateBlocks(&cyclic, &groups));
+    try testing.expect(std.mem.indexOf(u8, status.message(), "mode is 2") != null);
+
+    const Case = struct { field: []const u8, value: u64, words: []const u8 };
+    const cases_bad = [_]Case{
+        .{ .field = "group_count", .value = 0, .words = "1..1048576 groups, got 0" },
+        .{ .field = "per_block", .value = 0, .words = "shards_per_block is 0" },
+        .{ .field = "scratch_count", .value = 6, .words = "need 2 * groups + 1 = 7" },
+        .{ .field = "group_count", .value = 2, .words = "not from 0 to the sampler length 12" },
+    };
+    inline for (cases_bad) |case| {
+        var bad = groups;
+        @field(bad, case.field) = case.value;
+        status.clear();
+        try testing.expect(std.meta.isError(validateBlocks(&cases.config, &bad)));
+        try testing.expect(std.mem.indexOf(u8, status.message(), case.words) != null);
+    }
+    cases.starts[2] = cases.starts[1];
+    status.clear();
+    try testing.expectError(error.InvalidArgument, validateBlocks(&cases.config, &groups));
+    try testing.expect(std.mem.indexOf(u8, status.message(), "group 1 holds no rows") != null);
+}
+
+/// Group sizes for the block tests: tiny and single-row groups, groups
+/// above the exact-shuffle length (the Feistel path inside a block), and
+/// more than 256 records per block.
+const test_rows = [_]u64{ 1, 7, 300, 1, 1, 40, 129, 5, 2, 600, 1, 33, 17 };
+
+test "each block cycle is a permutation of all records, different every cycle" {
+    for ([_]u64{ 1, 2, 3, 4, 13, 50 }) |per_block| {
+        var cases = TestBlocks.init(&test_rows, per_block, 1);
+        const length = cases.config.length;
+        cases.config.batch_size = length; // one batch per cycle: the whole cycle
+        var first: [1137]u64 = undefined;
+        var second: [1137]u64 = undefined;
+        try testing.expectEqual(length, first.len);
+        try cases.batch(0, &first);
+        try cases.batch(1, &second);
+        try expectPermutation(&first);
+        try expectPermutation(&second);
+        try testing.expect(!std.mem.eql(u64, &first, &second));
+    }
+}
+
+test "a block's records come only from its groups, and each block is whole" {
+    for ([_]u64{ 1, 2, 3, 5 }) |per_block| {
+        var cases = TestBlocks.init(&test_rows, per_block, 1137);
+        var stream: [1137]u64 = undefined;
+        try cases.batch(3, &stream);
+        var groups = cases.blocks();
+        const layout = Layout.init(cases.config.seed, 3, &groups);
+        try testing.expectEqual((test_rows.len + per_block - 1) / per_block, layout.block_count);
+        for (0..layout.block_count) |block| {
+            const low = layout.blockStart(block);
+            const high = layout.blockStart(block + 1);
+            // The block's groups, by their first index.
+            const slots = layout.firsts[block * per_block ..][0..@min(
+                per_block,
+                test_rows.len - block * per_block,
+            )];
+            var rows: u64 = 0;
+            for (slots) |first| rows += test_rows[cases.groupOf(first)];
+            try testing.expectEqual(rows, high - low);
+            for (stream[low..high]) |index| {
+                const first = cases.starts[cases.groupOf(index)];
+                try testing.expect(std.mem.indexOfScalar(u64, slots, first) != null);
+            }
+        }
+    }
+}
+
+test "block batches are a pure function of (seed, step), whatever the batch size" {
+    var whole = TestBlocks.init(&test_rows, 3, 1137);
+    var stream: [1137]u64 = undefined;
+    try whole.batch(2, &stream);
+    // Batches of 10 read the same cycle 2 in order; the last 7 are dropped.
+    var cases = TestBlocks.init(&test_rows, 3, 10);
+    for (0..113) |b| {
+        var target: [10]u64 = undefined;
+        try cases.batch(2 * 113 + b, &target);
+        try testing.expectEqualSlices(u64, stream[b * 10 ..][0..10], &target);
+        var again: [10]u64 = undefined;
+        try cases.batch(2 * 113 + b, &again);
+        try testing.expectEqualSlices(u64, &target, &again);
+    }
+    var reseeded = whole;
+    reseeded.config.seed = 43;
+    var other: [1137]u64 = undefined;
+    try reseeded.batch(2, &other);
+    try testing.expect(!std.mem.eql(u64, &stream, &other));
+}
+
+test "block edge cases: one group, single-row groups, a block of all groups" {
+    var target: [64]u64 = undefined;
+    // One group: every block order is a permutation of the group.
+    var one = TestBlocks.init(&.{64}, 2, 64);
+    try one.batch(0, &target);
+    try expectPermutation(&target);
+    // Single-row groups, one per block: the stream is the group order itself.
+    const singles = [_]u64{1} ** 64;
+    var single = TestBlocks.init(&singles, 1, 64);
+    try single.batch(5, &target);
+    try expectPermutation(&target);
+    var groups = single.blocks();
+    const layout = Layout.init(single.config.seed, 5, &groups);
+    try testing.expectEqualSlices(u64, layout.firsts, &target);
+    // per_block at or above the group count: one block, all of it.
+    for ([_]u64{ 64, 65, std.math.maxInt(u64) }) |per_block| {
+        var all = TestBlocks.init(&singles, per_block, 64);
+        try all.batch(0, &target);
+        try expectPermutation(&target);
+        var all_groups = all.blocks();
+        try testing.expectEqual(1, Layout.init(all.config.seed, 0, &all_groups).block_count);
+    }
+}
+
+test "block positions read any run of a cycle, as the batches do" {
+    var whole = TestBlocks.init(&test_rows, 2, 1137);
+    var stream: [1137]u64 = undefined;
+    try whole.batch(6, &stream);
+    var groups = whole.blocks();
+    for ([_]u64{ 0, 1, 299, 300, 1000, 1130 }) |offset| {
+        var target: [7]u64 = undefined;
+        positionsBlock(&whole.config, &groups, 6, offset, &target);
+        try testing.expectEqualSlices(u64, stream[offset..][0..7], &target);
+    }
+    positionsBlock(&whole.config, &groups, 6, 1137, &.{});
+}
+
+test "the ranks' block batches concatenate to the global batch" {
+    const world_size = 3;
+    const share = 7;
+    var global = TestBlocks.init(&test_rows, 2, share * world_size);
+    for ([_]u64{ 0, 1, 53, 54, 1 << 40 }) |step| {
+        var expected: [share * world_size]u64 = undefined;
+        try global.batch(step, &expected);
+        for (0..world_size) |rank| {
+            var cases = TestBlocks.init(&test_rows, 2, share);
+            cases.config.rank = rank;
+            cases.config.world_size = world_size;
+            var target: [share]u64 = undefined;
+            try cases.batch(step, &target);
+            try testing.expectEqualSlices(u64, expected[rank * share ..][0..share], &target);
+        }
+    }
 }

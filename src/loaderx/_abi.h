@@ -35,6 +35,7 @@ typedef struct {
     uint64_t dict_bytes_min;
     uint64_t dict_bytes_max;
     uint64_t sampler_length_max;
+    uint64_t sampler_groups_max;
 } lx_limits_t;
 
 void lx_limits(lx_limits_t *out);
@@ -105,13 +106,30 @@ typedef struct {
     uint64_t seed;
     uint64_t rank;         /* 0 <= rank < world_size */
     uint64_t world_size;   /* global batch = batch_size * world_size */
-    uint32_t mode;         /* 0 SEQUENTIAL, 1 IID, 2 CYCLIC */
+    uint32_t mode;         /* 0 SEQUENTIAL, 1 IID, 2 CYCLIC, 3 BLOCK (lx_sampler_block_batch) */
     uint32_t reserved;     /* 0 */
 } lx_sampler_config;
 
 uint64_t lx_sampler_config_bytes(void);
 int lx_sampler_batch(const lx_sampler_config *config, uint64_t step,
                      uint64_t *target, uint64_t target_count);
+
+/* BLOCK mode's groups: group g holds indices starts[g]..starts[g + 1]
+ * (group_count + 1 entries, from 0, strictly increasing, to length). */
+typedef struct {
+    const uint64_t *starts;
+    uint64_t group_count;   /* 1..sampler_groups_max */
+    uint64_t per_block;     /* groups per block, >= 1 */
+    uint64_t *scratch;      /* 2 * group_count + 1 slots, one buffer per concurrent call */
+    uint64_t scratch_count;
+} lx_sampler_blocks;
+
+uint64_t lx_sampler_blocks_bytes(void);
+int lx_sampler_block_batch(const lx_sampler_config *config, const lx_sampler_blocks *blocks,
+                           uint64_t step, uint64_t *target, uint64_t target_count);
+/* Positions offset..offset + count of BLOCK cycle `cycle`'s stream. */
+int lx_sampler_block_positions(const lx_sampler_config *config, const lx_sampler_blocks *blocks,
+                               uint64_t cycle, uint64_t offset, uint64_t *target, uint64_t count);
 
 /* ---- sharded datasets (zig/shards.zig) -------------------------------- */
 

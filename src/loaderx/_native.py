@@ -26,7 +26,7 @@ import cffi
 
 from ._errors import StoreFullError, StoreOSError, StoreReadOnlyError, ZrecordError, class_for_errno
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 _HERE = Path(__file__).resolve().parent
 _REBUILD = (
@@ -228,6 +228,7 @@ def _limits() -> dict[str, int]:
             "dict_bytes_min",
             "dict_bytes_max",
             "sampler_length_max",
+            "sampler_groups_max",
         )
     }
 

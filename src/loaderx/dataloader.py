@@ -39,6 +39,7 @@ transforms that hold the GIL; everything else stays in the threads.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 import weakref
@@ -53,8 +54,9 @@ from .dataset import DenseDataset, RaggedDataset
 from .mixing import Mixer, check_sources
 from .packing import Packing, make_packer
 from .processes import ProcessTransform, check_picklable
-from .sampler import STEP_MAX, Sampler
+from .sampler import STEP_MAX, Sampler, equal_groups
 from .schedule import ElasticError, Schedule, elastic_anchor
+from .sharded import ShardedStore
 from .streams import RaggedBatch, reader_for
 
 __all__ = [
@@ -413,13 +415,18 @@ class DataLoader:
     every stream is gathered at the same indices, so record i lines up across
     them. A dense stream's array is ``(batch_size, *item_shape)``, a ragged
     stream's a ``RaggedBatch`` (flat values plus offsets). ``mode`` is a
-    ``Sampler.Mode`` (or its int: 0 SEQUENTIAL, 1 IID, 2 CYCLIC) and ``seed``
+    ``Sampler.Mode`` (or its int: 0 SEQUENTIAL, 1 IID, 2 CYCLIC, 3 BLOCK) and ``seed``
     its seed; ``shard=(rank, world_size)`` gives this process its share of
     every global batch (``batch_size`` is the share). At most
     ``prefetch_size`` batches are in flight. Batch k is the sampler's step k
     for any ``num_workers``; ``state_dict()`` / ``load_state_dict()`` resume
     exactly, also with another world size or global batch where the mode
     allows it (see ``load_state_dict``).
+
+    BLOCK mode's groups are the shards of the first sharded stream (every
+    sharded stream must have the same shard row counts), or for single
+    stores ``equal_groups(length)``: 64 contiguous ranges of equal size;
+    ``shards_per_block`` (BLOCK only) is the number of groups per block.
     """
 
     def __init__(
@@ -436,6 +443,7 @@ class DataLoader:
         packing: Packing | None = None,
         weights: Sequence[float] | npt.NDArray[np.floating[Any]] | None = None,
         transform_processes: bool = False,
+        shards_per_block: int | None = None,
     ) -> None:
         sources = None
         if weights is not None:
@@ -464,7 +472,9 @@ class DataLoader:
             )
             check_picklable(transform)
         length = len(next(iter(self._streams.values())))
-        self._sampler = Sampler(length, batch_size, mode, seed=seed, shard=shard)
+        blocks = _block_keywords(self._streams, mode, shards_per_block, length, sources)
+        self._sampler = Sampler(length, batch_size, mode, seed=seed, shard=shard, **blocks)
+        self._block_state = None if blocks.get("groups") is None else _block_state(self._sampler)
         self._stats = _Stats()
         packer = None
         if packing is not None:
@@ -552,13 +562,13 @@ class DataLoader:
             "a DataLoader is endless (step-based): it has no len(); count the steps you take"
         )
 
-    # -- epochs (CYCLIC) ---------------------------------------------------------------
+    # -- epochs (CYCLIC, BLOCK) -------------------------------------------------------
 
     def _cyclic_schedule(self) -> Schedule:
-        if self._sampler.mode != Sampler.Mode.CYCLIC:
+        if self._sampler.mode not in (Sampler.Mode.CYCLIC, Sampler.Mode.BLOCK):
             raise ValueError(
-                f"epochs exist in CYCLIC mode only (each cycle is one pass without replacement); "
-                f"this loader samples {self._sampler.mode.name}"
+                "epochs exist in CYCLIC and BLOCK mode only (each cycle is one pass without "
+                f"replacement); this loader samples {self._sampler.mode.name}"
             )
         if self._batches.packer is not None or self._batches.mixer is not None:
             raise ValueError(
@@ -569,18 +579,18 @@ class DataLoader:
 
     @property
     def epoch(self) -> int:
-        """CYCLIC: the epoch (cycle) of the batch the next ``next()`` returns."""
+        """CYCLIC, BLOCK: the epoch (cycle) of the batch the next ``next()`` returns."""
         return self._cyclic_schedule().epoch(self._step)
 
     @property
     def steps_per_epoch(self) -> int:
-        """CYCLIC: batches in a whole epoch, ``length // (batch_size * world_size)``
+        """CYCLIC, BLOCK: batches in a whole epoch, ``length // (batch_size * world_size)``
         (the remaining ``length % (batch_size * world_size)`` records of each epoch
         are dropped, different ones each epoch, so every batch is whole)."""
         return self._cyclic_schedule().batches_per_cycle
 
     def one_epoch(self) -> Iterator[Any]:
-        """CYCLIC: yields the batches left in the current epoch, then stops; the
+        """CYCLIC, BLOCK: yields the batches left in the current epoch, then stops; the
         loader stays open, and the next call yields the next epoch."""
         schedule = self._cyclic_schedule()
         epoch = schedule.epoch(self._step)
@@ -639,6 +649,7 @@ class DataLoader:
             "length": self._sampler.length,
             "global_batch": self._batches.schedule.global_batch,
             "anchor": self._batches.schedule.anchor,
+            **({} if self._block_state is None else {"block": self._block_state}),
             **({} if self._packing_state is None else {"packing": self._packing_state}),
             **(
                 {}
@@ -656,11 +667,12 @@ class DataLoader:
         """Continues from ``state`` (from ``state_dict()``) with exactly the batch
         that would have come next. Call it on a loader that has not started.
 
-        Seed, mode and length must match. The world size may differ as long as
+        Seed, mode and length (and in BLOCK mode the groups and
+        ``shards_per_block``) must match. The world size may differ as long as
         the global batch (``batch_size * world_size``) is the same: the global
         stream is then identical. A different global batch continues the same
-        global order from the exact next sample in SEQUENTIAL and CYCLIC mode
-        (elastic resume); in IID mode it raises ``ElasticError``. Pass the state
+        global order from the exact next sample in SEQUENTIAL, CYCLIC and BLOCK
+        mode (elastic resume); in IID mode it raises ``ElasticError``. Pass the state
         as ``state_dict()`` returned it: this loader's own ``shard`` and
         ``batch_size`` apply, and a state whose ``batch_size`` or ``shard`` was
         edited (so that they no longer make its ``global_batch``) is refused.
@@ -679,8 +691,8 @@ class DataLoader:
                 f"state has version {state.get('version')!r}; this loaderx reads versions "
                 f"{_STATE_VERSIONS}"
             )
-        saved = _saved_sampler(state)
         mine = self._sampler
+        saved = _saved_sampler(state, mine)
         differences = [
             f"{key}={getattr(saved, key)!r} (this loader: {getattr(mine, key)!r})"
             for key in ("seed", "mode", "length")
@@ -724,11 +736,31 @@ class DataLoader:
         )
 
 
-def _saved_sampler(state: Mapping[str, Any]) -> Sampler:
-    """The sampler a state was saved with, rebuilt (which also validates it)."""
+def _saved_sampler(state: Mapping[str, Any], mine: Sampler) -> Sampler:
+    """The sampler a state was saved with, rebuilt (which also validates it).
+    A BLOCK state records its groups by digest: they must be this loader's."""
     missing = sorted({"step", "seed", "mode", "batch_size", "shard", "length"} - set(state))
     if missing:
         raise ValueError(f"state lacks {', '.join(missing)}")
+    block = state.get("block")
+    if (block is not None) != _is_block(state["mode"]):
+        raise ValueError(
+            f"state mode {state['mode']!r} and its BLOCK groups {block!r} disagree: the state is "
+            "damaged"
+        )
+    keywords: dict[str, Any] = {}
+    if block is not None:
+        if mine.groups is None:
+            raise ValueError(
+                f"state was saved by a differently configured DataLoader: mode=BLOCK (this "
+                f"loader: {mine.mode.name})"
+            )
+        if block != (mine_state := _block_state(mine)):
+            raise ValueError(
+                f"state was saved in BLOCK mode with groups {block!r}, this loader's are "
+                f"{mine_state!r}: resume over the same shards with the same shards_per_block"
+            )
+        keywords = mine.block_options
     try:
         return Sampler(
             state["length"],
@@ -736,9 +768,61 @@ def _saved_sampler(state: Mapping[str, Any]) -> Sampler:
             state["mode"],
             seed=state["seed"],
             shard=state["shard"],
+            **keywords,
         )
     except (TypeError, ValueError) as exc:
         raise ValueError(f"state does not describe a valid sampler: {exc}") from exc
+
+
+def _is_block(mode: object) -> bool:
+    """Whether ``mode`` (as a loader or state takes it) names BLOCK."""
+    if isinstance(mode, str):
+        return mode.upper() == Sampler.Mode.BLOCK.name
+    return not isinstance(mode, bool) and mode == Sampler.Mode.BLOCK
+
+
+def _block_keywords(
+    streams: dict[str, DenseDataset | RaggedDataset],
+    mode: object,
+    shards_per_block: int | None,
+    length: int,
+    sources: object,
+) -> dict[str, Any]:
+    """The Sampler keywords of BLOCK mode's groups: the sharded streams' shards
+    (which must agree), else ``equal_groups(length)``. Other modes get only a
+    ``shards_per_block`` that was given, which the Sampler refuses."""
+    if not _is_block(mode):
+        return {} if shards_per_block is None else {"shards_per_block": shards_per_block}
+    if sources is not None:
+        raise ValueError(
+            "mode BLOCK does not combine with weights yet: each source would need its own "
+            "groups. Mix in mode CYCLIC or IID"
+        )
+    layouts = {
+        name: tuple(rows for rows in dataset.store.manifest.rows if rows > 0)
+        for name, dataset in streams.items()
+        if isinstance(dataset.store, ShardedStore)
+    }
+    if len(set(layouts.values())) > 1:
+        found = ", ".join(f"{name}: {len(rows)} shards" for name, rows in layouts.items())
+        raise ValueError(
+            f"mode BLOCK reads the streams' shards together, but their shard row counts differ "
+            f"({found}): write the streams with the same shards, or use mode CYCLIC"
+        )
+    groups = next(iter(layouts.values())) if layouts else equal_groups(length)
+    return {"groups": groups, "shards_per_block": shards_per_block}
+
+
+def _block_state(sampler: Sampler) -> dict[str, Any]:
+    """What a state records of a BLOCK sampler's groups: their number, a digest
+    of their row counts, and the groups per block."""
+    assert sampler.groups is not None
+    rows = np.asarray(sampler.groups, dtype="<u8").tobytes()
+    return {
+        "groups": len(sampler.groups),
+        "groups_sha256": hashlib.sha256(rows).hexdigest(),
+        "shards_per_block": sampler.shards_per_block,
+    }
 
 
 def _check_global_batch(state: Mapping[str, Any], schedule: Schedule) -> None:
@@ -756,8 +840,8 @@ def _check_global_batch(state: Mapping[str, Any], schedule: Schedule) -> None:
             f"state global_batch {recorded} is not its batch_size * world_size = "
             f"{schedule.global_batch}: its batch_size or shard was edited after state_dict() "
             "returned it. Load the state as saved: load_state_dict resumes on another world size "
-            "or global batch by itself (elastic resume, exact in SEQUENTIAL and CYCLIC mode and "
-            "with packing), from the loader's own shard and batch_size"
+            "or global batch by itself (elastic resume, exact in SEQUENTIAL, CYCLIC and BLOCK "
+            "mode and with packing), from the loader's own shard and batch_size"
         )
 
 

@@ -114,7 +114,7 @@ class _Documents:
         self.dataset = dataset
         self.length = sampler.length
         self.chunk = min(DOCUMENT_CHUNK, self.length)
-        self.sampler = Sampler(self.length, self.chunk, sampler.mode, seed=sampler.seed)
+        self.sampler = sampler.with_batch_size(self.chunk)
         self.cached: tuple[int, Any, Any] = (
             -1,
             None,

@@ -10,6 +10,8 @@ the mode:
   cycle's permutation, which depends on the seed, the cycle and the length,
   not on the batch size or the world size. A batch never straddles two
   cycles: when fewer than G positions remain in a cycle they are dropped.
+- BLOCK: as CYCLIC; the cycle's stream also depends on the groups and
+  ``shards_per_block``, still not on the batch size or the world size.
 - IID: no positions; draw j of step k is keyed by (seed, k, j), so only the
   step carries over.
 
@@ -33,8 +35,9 @@ from .sampler import STEP_MAX, Sampler
 
 __all__ = ["Schedule", "ElasticError"]
 
-_CYCLIC = Sampler.Mode.CYCLIC
 _SEQUENTIAL = Sampler.Mode.SEQUENTIAL
+#: The modes whose positions are (cycle, offset).
+_CYCLES = (Sampler.Mode.CYCLIC, Sampler.Mode.BLOCK)
 
 
 class ElasticError(ValueError):
@@ -56,16 +59,17 @@ class Schedule:
 
     @property
     def batches_per_cycle(self) -> int:
-        """CYCLIC: whole global batches in a cycle (the rest of a cycle is dropped)."""
+        """CYCLIC, BLOCK: whole global batches in a cycle (the rest of a cycle is
+        dropped)."""
         return self.length // self.global_batch
 
     def position(self, step: int) -> dict[str, int]:
         """Where the global stream stands before batch ``step``: ``{"cycle",
-        "offset"}`` (CYCLIC: the samples of the cycle read so far, which may
+        "offset"}`` (CYCLIC, BLOCK: the samples of the cycle read so far, which may
         leave less than a batch) or ``{"position"}`` (SEQUENTIAL: a sample
         count modulo length); ``{}`` for IID."""
         mode = self.sampler.mode
-        if mode == _CYCLIC:
+        if mode in _CYCLES:
             if step == (0 if self.anchor is None else self.anchor["step"]):
                 return (
                     {"cycle": 0, "offset": 0}
@@ -108,14 +112,14 @@ class Schedule:
         return (start + since * self.global_batch) % self.length
 
     def epoch(self, step: int) -> int:
-        """CYCLIC: the cycle global batch ``step`` belongs to."""
+        """CYCLIC, BLOCK: the cycle global batch ``step`` belongs to."""
         return self._cyclic(step)[0]
 
     # -- indices -------------------------------------------------------------------
 
     def indices(self, step: int, out: np.ndarray) -> np.ndarray:
         """This rank's indices of global batch ``step``, written into ``out``."""
-        if self.anchor is None or self.sampler.mode not in (_CYCLIC, _SEQUENTIAL):
+        if self.anchor is None or self.sampler.mode not in (*_CYCLES, _SEQUENTIAL):
             return self.sampler.batch(step, out)
         share = self.sampler.batch_size
         if self.sampler.mode == _SEQUENTIAL:
@@ -131,15 +135,17 @@ class Schedule:
         return self._cyclic_positions(cycle, offset + self.rank * share, out)
 
     def _cyclic_positions(self, cycle: int, first: int, out: np.ndarray) -> np.ndarray:
-        """Positions ``first..first + len(out)`` of ``cycle``'s permutation, read
-        in chunks of g = gcd(first, len(out)) through an unsharded sampler of
-        batch g, whose step s reads positions ``(s mod (length // g)) * g``
-        on of cycle ``s // (length // g)``: the same permutation, since it
-        depends on the seed, cycle and length only."""
+        """Positions ``first..first + len(out)`` of ``cycle``'s permutation. BLOCK
+        reads them with one native call; CYCLIC in chunks of g = gcd(first,
+        len(out)) through an unsharded sampler of batch g, whose step s reads
+        positions ``(s mod (length // g)) * g`` on of cycle ``s // (length // g)``:
+        the same permutation, since it depends on the seed, cycle and length only."""
+        if self.sampler.mode == Sampler.Mode.BLOCK:  # the native library reads any run
+            return self.sampler.cycle_positions(cycle, first, out)
         chunk = math.gcd(first, out.size)
         sampler = self._chunk_samplers.get(chunk)
         if sampler is None:
-            sampler = Sampler(self.length, chunk, _CYCLIC, seed=self.sampler.seed)
+            sampler = self.sampler.with_batch_size(chunk)
             self._chunk_samplers[chunk] = sampler
         base = cycle * (self.length // chunk) + first // chunk
         for part in range(out.size // chunk):
@@ -150,15 +156,15 @@ class Schedule:
 def _check_anchor(anchor: object, mode: Sampler.Mode, length: int) -> dict[str, int]:
     if not isinstance(anchor, Mapping):
         raise ValueError(f"state anchor must be a dict or None, got {type(anchor).__name__}")
-    keys = {"step", "cycle", "offset"} if mode == _CYCLIC else {"step", "position"}
-    if mode not in (_CYCLIC, _SEQUENTIAL) or set(anchor) != keys:
+    keys = {"step", "cycle", "offset"} if mode in _CYCLES else {"step", "position"}
+    if mode not in (*_CYCLES, _SEQUENTIAL) or set(anchor) != keys:
         raise ValueError(
             f"state anchor {dict(anchor)!r} does not fit mode {Sampler.Mode(mode).name}"
         )
     # A step or cycle beyond STEP_MAX names a sampler step that does not exist.
     values = {key: check_state_int(f"state anchor {key}", anchor[key], STEP_MAX) for key in keys}
     # A cycle's offset may equal the length (the cycle read to its end).
-    bound = values["offset"] if mode == _CYCLIC else values["position"] + 1
+    bound = values["offset"] if mode in _CYCLES else values["position"] + 1
     if bound > length:
         raise ValueError(f"state anchor {dict(anchor)!r} points past the dataset length {length}")
     return {key: int(value) for key, value in values.items()}
@@ -170,7 +176,7 @@ def elastic_anchor(saved: Schedule, step: int, target: Schedule) -> dict[str, in
     if saved.global_batch == target.global_batch:
         return saved.anchor
     mode = saved.sampler.mode
-    if mode not in (_CYCLIC, _SEQUENTIAL):
+    if mode not in (*_CYCLES, _SEQUENTIAL):
         raise ElasticError(
             f"an IID state saved with global batch {saved.global_batch} cannot continue with "
             f"global batch {target.global_batch}: IID draws are keyed by (step, position in the "
