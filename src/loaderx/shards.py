@@ -34,7 +34,6 @@ from typing import Any, TextIO
 import numpy as np
 
 from ._checks import check_flag
-from ._envelope import seal
 from ._fs import (
     ASIDE_PREFIX,
     LOCK_PREFIX,
@@ -75,6 +74,9 @@ from .sharded import (
 )
 from .sharded import (
     is_sharded as is_sharded,
+)
+from .sharded import (
+    pack_manifest as pack_manifest,
 )
 from .sharded import (
     read_manifest as read_manifest,
@@ -244,7 +246,7 @@ def commit(dataset_dir: StrPath, shard_count: int | None = None, *, _fs: OsFs = 
             if old is not None:
                 _check_extends(dataset_dir, old, names, rows)
         write_file_atomic(
-            os.path.join(dataset_dir, MANIFEST_FILE), _pack_manifest(schema, names, rows), _fs
+            os.path.join(dataset_dir, MANIFEST_FILE), pack_manifest(schema, names, rows), _fs
         )
         _fs.fsync_dir(
             os.path.dirname(os.path.abspath(dataset_dir))
@@ -363,9 +365,3 @@ def _remove_leftovers(dataset_dir: str, fs: OsFs) -> None:
                 )
     if changed:
         fs.fsync_dir(dataset_dir)
-
-
-def _pack_manifest(schema: Schema, names: list[str], rows: list[int]) -> bytes:
-    shards = [{"name": name, "rows": int(count)} for name, count in zip(names, rows)]
-    content = {"schema": schema.to_dict(), "shards": shards, "rows": int(sum(rows))}
-    return seal(MANIFEST_FORMAT, MANIFEST_VERSION, content)
