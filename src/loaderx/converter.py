@@ -42,6 +42,8 @@ import numpy.typing as npt
 
 from ._checks import check_int
 from ._fs import OS_FS, OsFs, write_file_durable
+from ._remote import is_remote
+from ._upload import write_store as write_remote_store
 from ._writing import (
     CHUNK_BYTES as CHUNK_BYTES,
 )
@@ -94,6 +96,8 @@ def from_numpy(
     progress: bool | TextIO = True,
     mode: str = "w",
     *,
+    storage_options: dict[str, Any] | None = None,
+    staging_dir: StrPath | None = None,
     _fs: OsFs = OS_FS,
     _staged: bool = False,
 ) -> int:
@@ -118,7 +122,22 @@ def from_numpy(
     ``CODECS`` (``"zstd_shuffle4"``, ``"zstd_dict_shuffle8"``...). ``progress=True`` shows a
     progress bar on a terminal when writing takes more than a second; a text
     stream (``progress=sys.stderr``) gets the bar whether or not it is one.
+
+    ``path`` may be a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``,
+    ``file://``; see "Writing to object storage"): the store is staged in
+    ``staging_dir`` (by default under the cache directory), uploaded and
+    checked, and committed as a sharded dataset of one shard whose manifest
+    is uploaded last (``mode="a"`` adds a shard). ``storage_options`` are
+    the store's options (endpoint, credentials), as when reading.
     """
+    if is_remote(path):
+        _checked_options(codec, schema, mode, chunk_bytes, dict_size, progress)
+
+        def build(local: str, existing: Schema | None) -> int:
+            chosen = existing.codec if existing is not None and codec == "auto" else codec
+            return from_numpy(local, array, chosen, chunk_bytes, dict_size, schema, progress, "x")
+
+        return write_remote_store(os.fspath(path), mode, build, storage_options, staging_dir)
     codec, mode, chunk_bytes, dict_size = _checked_options(
         codec, schema, mode, chunk_bytes, dict_size, progress
     )
@@ -155,6 +174,8 @@ def from_iterator(
     progress: bool | TextIO = True,
     mode: str = "w",
     *,
+    storage_options: dict[str, Any] | None = None,
+    staging_dir: StrPath | None = None,
     _fs: OsFs = OS_FS,
     _staged: bool = False,
 ) -> int:
@@ -170,7 +191,19 @@ def from_iterator(
     ``codec``, ``chunk_bytes``, ``dict_size`` and ``progress`` are as for
     ``from_numpy`` (the dictionary is trained from the first chunk; ``"auto"``
     tries the shuffle filter on the first records, up to 64 or 4 MiB).
+    ``path`` may be a URL, with ``storage_options`` and ``staging_dir`` as
+    for ``from_numpy``.
     """
+    if is_remote(path):
+        _checked_options(codec, schema, mode, chunk_bytes, dict_size, progress)
+
+        def build(local: str, existing: Schema | None) -> int:
+            chosen = existing.codec if existing is not None and codec == "auto" else codec
+            return from_iterator(
+                local, source, chosen, chunk_bytes, dict_size, schema, progress, "x"
+            )
+
+        return write_remote_store(os.fspath(path), mode, build, storage_options, staging_dir)
     codec, mode, chunk_bytes, dict_size = _checked_options(
         codec, schema, mode, chunk_bytes, dict_size, progress
     )
