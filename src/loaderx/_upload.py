@@ -153,14 +153,25 @@ def put_checked(source: ObjectSource, key: str, data: Any, size: int, md5: str |
             f"{_RESUME}",
             _where(source, key),
         )
-    etag = (info.etag or "").strip('"').lower()
-    checkable = source.url.split("://", 1)[0].lower() in _MD5_ETAG_SCHEMES
-    if md5 is not None and checkable and _MD5_HEX.fullmatch(etag) and etag != md5:
+    etag = _md5_etag(source, info)
+    if md5 is not None and etag not in (None, md5):
         raise RemoteIntegrityError(
             f"uploaded {_where(source, key)} has MD5 {etag}, but the bytes sent have {md5}: "
             f"corrupted in transit; {_RESUME}",
             _where(source, key),
         )
+
+
+def _md5_etag(source: ObjectSource, info: ObjectInfo) -> str | None:
+    """The object's MD5 when its etag is one (a single-part upload to S3 or
+    GCS), else None."""
+    etag = (info.etag or "").strip('"').lower()
+    checkable = source.url.split("://", 1)[0].lower() in _MD5_ETAG_SCHEMES
+    return etag if checkable and _MD5_HEX.fullmatch(etag) else None
+
+
+def _etag_is(source: ObjectSource, info: ObjectInfo, md5: str) -> bool:
+    return _md5_etag(source, info) == md5
 
 
 def read_record(source: ObjectSource, name: str) -> dict[str, Any] | None:
@@ -232,8 +243,9 @@ def upload_directory(
     for entry, (size, sha, md5) in staged.items():
         key = f"{name}/{entry}"
         info = listed.get(key)
-        if kept.get(entry) == (size, sha) and info is not None and info.size == size:
-            continue
+        there = info is not None and info.size == size
+        if there and (kept.get(entry) == (size, sha) or _etag_is(source, info, md5)):
+            continue  # already there: recorded, or an interrupted upload's MD5 etag
         put_checked(source, key, os.path.join(local, entry), size, md5)
         puts += 1
     for key in listed:
