@@ -296,7 +296,11 @@ def written_shards(url: str, storage_options: dict[str, Any] | None = None) -> l
 def is_committed(url: str, storage_options: dict[str, Any] | None = None) -> bool:
     """Whether the target holds a manifest (a committed sharded dataset)."""
     source = open_target(url, storage_options)
-    return any(info.key == MANIFEST_FILE for info in source.list(MANIFEST_FILE))
+    try:
+        source.head(MANIFEST_FILE)
+    except RemoteNotFoundError:
+        return False
+    return True
 
 
 def shard_schema(url: str, k: int, storage_options: dict[str, Any] | None = None) -> Schema:

@@ -123,21 +123,14 @@ def from_numpy(
     progress bar on a terminal when writing takes more than a second; a text
     stream (``progress=sys.stderr``) gets the bar whether or not it is one.
 
-    ``path`` may be a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``,
-    ``file://``; see "Writing to object storage"): the store is staged in
-    ``staging_dir`` (by default under the cache directory), uploaded and
-    checked, and committed as a sharded dataset of one shard whose manifest
-    is uploaded last (``mode="a"`` adds a shard). ``storage_options`` are
-    the store's options (endpoint, credentials), as when reading.
+    ``path`` may be a URL (``s3://``, ``file://``...; "Writing to object
+    storage"): staged in ``staging_dir``, uploaded, checked, and committed
+    as a one-shard sharded dataset (``mode="a"`` adds a shard).
     """
     if is_remote(path):
         _checked_options(codec, schema, mode, chunk_bytes, dict_size, progress)
-
-        def build(local: str, existing: Schema | None) -> int:
-            chosen = existing.codec if existing is not None and codec == "auto" else codec
-            return from_numpy(local, array, chosen, chunk_bytes, dict_size, schema, progress, "x")
-
-        return write_remote_store(os.fspath(path), mode, build, storage_options, staging_dir)
+        options = (chunk_bytes, dict_size, schema, progress)
+        return _to_url(from_numpy, path, array, codec, options, mode, storage_options, staging_dir)
     codec, mode, chunk_bytes, dict_size = _checked_options(
         codec, schema, mode, chunk_bytes, dict_size, progress
     )
@@ -196,14 +189,10 @@ def from_iterator(
     """
     if is_remote(path):
         _checked_options(codec, schema, mode, chunk_bytes, dict_size, progress)
-
-        def build(local: str, existing: Schema | None) -> int:
-            chosen = existing.codec if existing is not None and codec == "auto" else codec
-            return from_iterator(
-                local, source, chosen, chunk_bytes, dict_size, schema, progress, "x"
-            )
-
-        return write_remote_store(os.fspath(path), mode, build, storage_options, staging_dir)
+        options = (chunk_bytes, dict_size, schema, progress)
+        return _to_url(
+            from_iterator, path, source, codec, options, mode, storage_options, staging_dir
+        )
     codec, mode, chunk_bytes, dict_size = _checked_options(
         codec, schema, mode, chunk_bytes, dict_size, progress
     )
@@ -232,6 +221,26 @@ def from_iterator(
         return _write_ragged(writer, records, target, forced_dtype, chunk_bytes, dict_size, meter)
 
     return write_store(path, target, mode, fill, _fs, _staged)
+
+
+def _to_url(
+    convert: Callable[..., int],
+    path: StrPath,
+    data: Any,
+    codec: str | int,
+    options: tuple[Any, ...],
+    mode: str,
+    storage_options: dict[str, Any] | None,
+    staging_dir: StrPath | None,
+) -> int:
+    """A converter's write to a URL: ``convert`` stages the shard locally
+    (appending: with the dataset's codec when ``codec`` is ``"auto"``)."""
+
+    def build(local: str, existing: Schema | None) -> int:
+        chosen = existing.codec if existing is not None and codec == "auto" else codec
+        return convert(local, data, chosen, *options, "x")
+
+    return write_remote_store(os.fspath(path), mode, build, storage_options, staging_dir)
 
 
 def _checked_options(

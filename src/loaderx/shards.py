@@ -149,16 +149,6 @@ def write_shard(
     name = shard_name(k)
     # overwrite="no" is truthy: it replaced the shard.
     overwrite = check_flag("overwrite", overwrite)
-    if is_remote(dataset_dir):
-
-        def build(local: str) -> int:
-            return write_shard(
-                local, k, data, codec, schema, False, chunk_bytes, dict_size, progress
-            )
-
-        return write_remote_shard(dataset_dir, k, build, overwrite, storage_options, staging_dir)
-    _prepare_directory(dataset_dir, _fs)
-    final = os.path.join(dataset_dir, name)
     options: dict[str, Any] = {
         "codec": codec,
         "chunk_bytes": CHUNK_BYTES if chunk_bytes is None else chunk_bytes,
@@ -166,6 +156,28 @@ def write_shard(
         "schema": schema,
         "progress": progress,
     }
+    if is_remote(dataset_dir):
+
+        def stage(local: str) -> int:
+            return _swap_shard(local, k, name, False, data, options, OS_FS)
+
+        return write_remote_shard(dataset_dir, k, stage, overwrite, storage_options, staging_dir)
+    return _swap_shard(dataset_dir, k, name, overwrite, data, options, _fs)
+
+
+def _swap_shard(
+    dataset_dir: str,
+    k: int,
+    name: str,
+    overwrite: bool,
+    data: Any,
+    options: dict[str, Any],
+    _fs: OsFs,
+) -> int:
+    """``write_shard`` into a local dataset directory: built whole beside
+    ``shard-k`` and swapped in, under the dataset's shared commit lock."""
+    _prepare_directory(dataset_dir, _fs)
+    final = os.path.join(dataset_dir, name)
     rows = 0
 
     def build(staging: str) -> None:
