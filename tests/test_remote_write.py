@@ -113,7 +113,12 @@ def test_from_numpy_to_s3_round_trips_and_leaves_no_staging(s3, tmp_path):
     assert loaderx.from_numpy(s3.url("ds"), array, progress=False, staging_dir=staging) == 1000
     assert os.listdir(staging) == []  # the staged shard was deleted
     keys = download(s3.url("ds"), str(tmp_path / "copy"))
-    assert keys[-1] == "shard-00000/superblock" or "manifest.msgpack" in keys
+    assert {key.split("/")[0] for key in keys} == {
+        ".loaderx-upload",
+        ".uploaded",
+        "manifest.msgpack",
+        "shard-00000",
+    }
     manifest = check_files(str(tmp_path / "copy"))
     assert manifest.names == ("shard-00000",) and manifest.rows == (1000,)
     with loaderx.DenseDataset(str(tmp_path / "copy")) as dataset:
@@ -315,6 +320,32 @@ def test_modes_over_a_remote_dataset(tmp_path):
     with pytest.raises(FileExistsError, match="not a loaderx dataset"):
         loaderx.from_numpy(f"file://{tmp_path / 'foreign'}", first, staging_dir=staging)
     assert (tmp_path / "foreign" / "notes.txt").read_text() == "mine"
+
+
+def test_a_body_corrupted_in_transit_fails_its_md5_etag(s3, tmp_path, monkeypatch):
+    """An object whose bytes differ from the staged file's (one bit flipped on
+    the way) is caught by the etag check, named, and nothing is committed."""
+    real = _upload.open_target
+
+    class Flipping:
+        def __init__(self, inner):
+            self.inner, self.url = inner, inner.url
+
+        def put(self, key, data):
+            if key.endswith("/superblock"):
+                body = bytearray(open(data, "rb").read())  # noqa: SIM115 (a test's one read)
+                body[100] ^= 1
+                data = bytes(body)
+            return self.inner.put(key, data)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    monkeypatch.setattr(_upload, "open_target", lambda url, options: Flipping(real(url, options)))
+    url = s3.url("flip")
+    with pytest.raises(RemoteIntegrityError, match=r"flip/shard-00000/superblock has MD5"):
+        loaderx.from_numpy(url, np.ones((4, 4)), progress=False, staging_dir=tmp_path / "s")
+    assert not _upload.is_committed(url)
 
 
 def test_an_upload_of_the_wrong_size_is_refused():
