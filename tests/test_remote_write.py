@@ -148,6 +148,8 @@ def test_write_shard_and_commit_to_s3_are_one_dataset(s3, tmp_path):
         assert shards.write_shard(url, k, part, staging_dir=tmp_path / "s") == len(part)
     assert shards.written_shards(url) == [0, 1, 2]
     assert not _upload.is_committed(url)
+    with pytest.raises(FileExistsError, match="already uploaded"):
+        shards.write_shard(url, 0, parts[0], staging_dir=tmp_path / "s")
     assert shards.commit(url) == sum(map(len, parts))
     assert _upload.is_committed(url)
     download(url, str(tmp_path / "copy"))

@@ -210,11 +210,45 @@ def complete(record: dict[str, Any] | None, name: str, listed: dict[str, ObjectI
     )
 
 
-def mark_target(source: ObjectSource, listed: dict[str, ObjectInfo]) -> None:
-    """Puts the marker that says the prefix is a loaderx write target, once."""
-    if MARKER_KEY not in listed:
+def prepare_target(source: ObjectSource) -> Manifest | None:
+    """The target's manifest (None when it has none), after refusing a prefix
+    of objects loaderx did not write and marking the prefix as a loaderx
+    target. Costs a ``head`` and a ``get`` once the prefix is marked (a
+    listing only before), so each of many shard writers pays the same."""
+    try:
+        source.head(MARKER_KEY)
+        marked = True
+    except RemoteNotFoundError:
+        marked = False
+    manifest = remote_manifest(source)
+    if not marked:
+        if manifest is None:
+            _check_empty(source)
         payload = seal(RECORD_FORMAT, RECORD_VERSION, {"target": True})
         put_checked(source, MARKER_KEY, payload, len(payload), None)
+    return manifest
+
+
+def _check_empty(source: ObjectSource) -> None:
+    """Refuses a prefix that holds objects loaderx did not write there."""
+    listed = source.list()
+    if listed:
+        raise FileExistsError(
+            f"{source.url} holds objects that are not a loaderx dataset (e.g. {listed[0].key}): "
+            "give a new or empty prefix"
+        )
+
+
+def shard_uploaded(url: str, k: int, storage_options: dict[str, Any] | None = None) -> bool:
+    """Whether shard ``k``'s upload finished (one listing of its prefix and
+    one read of its record: what a resumed task checks of its own shard)."""
+    return _shard_complete(open_target(url, storage_options), k)
+
+
+def _shard_complete(source: ObjectSource, k: int) -> bool:
+    name = shard_name(k)
+    listed = {info.key: info for info in source.list(name + "/")}
+    return bool(listed) and complete(read_record(source, name), name, listed)
 
 
 def upload_directory(
@@ -324,20 +358,17 @@ def write_shard(
     uploaded and checked, and its staged copy deleted. Returns its rows."""
     source = open_target(url, storage_options)
     name = shard_name(k)
-    listed = _listing(source)
-    manifest = remote_manifest(source) if MANIFEST_FILE in listed else None
+    manifest = prepare_target(source)
     if manifest is not None and name in manifest.names:
         raise FileExistsError(
             f"shard {k} of {url} is committed in its manifest and cannot change: write new "
             "shards with higher numbers"
         )
-    _check_target(source, listed)
-    if not overwrite and complete(read_record(source, name), name, listed):
+    if not overwrite and _shard_complete(source, k):
         raise FileExistsError(
             f"shard {k} of {url} is already uploaded: skip it (see written_shards) or pass "
             "overwrite=True"
         )
-    mark_target(source, listed)
     return _stage_shard(source, k, build, staging_dir)
 
 
@@ -356,16 +387,6 @@ def _stage_shard(
         assert schema is not None  # the local writer finished the shard
         upload_directory(source, name, local, {"schema": schema.to_dict(), "rows": int(rows)})
     return rows
-
-
-def _check_target(source: ObjectSource, listed: dict[str, ObjectInfo]) -> None:
-    """Refuses a prefix that holds objects loaderx did not write there."""
-    if listed and MARKER_KEY not in listed and MANIFEST_FILE not in listed:
-        first = next(iter(listed))
-        raise FileExistsError(
-            f"{source.url} holds objects that are not a loaderx dataset (e.g. {first}): give a "
-            "new or empty prefix"
-        )
 
 
 def commit(url: str, shard_count: int | None, storage_options: dict[str, Any] | None = None) -> int:
@@ -436,9 +457,7 @@ def write_store(
     ``k`` of the new dataset ``directory``; ``schema`` is the dataset's when
     appending. Returns the rows written."""
     source = open_target(url, storage_options)
-    listed = _listing(source)
-    manifest = remote_manifest(source) if MANIFEST_FILE in listed else None
-    _check_target(source, listed)
+    manifest = prepare_target(source)
     k, existing = 0, None
     if manifest is not None and mode == "x":
         raise FileExistsError(
@@ -446,7 +465,6 @@ def write_store(
         )
     if manifest is not None and mode == "a":
         k, existing = len(manifest.names), manifest.schema
-    mark_target(source, listed)
     if manifest is not None and mode == "w":
         source.delete(MANIFEST_FILE)  # first: from here on the target is no dataset
     rows = _stage_shard(
@@ -485,14 +503,12 @@ def write_columns(
     directory locally; each column store is uploaded as a unit, then
     ``listing_file`` last. Returns the rows written."""
     source = open_target(url, storage_options)
-    listed = _listing(source)
-    if listing_file in listed:
+    if listing_file in {info.key for info in source.list()}:
         raise FileExistsError(
             f"{url} holds a column directory already: from_arrow writes a new one, give a new "
             "prefix"
         )
-    _check_target(source, listed)
-    mark_target(source, listed)
+    prepare_target(source)
     with staging(staging_dir) as root:
         local = os.path.join(root, "columns")
         rows = build(local)

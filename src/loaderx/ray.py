@@ -40,7 +40,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from . import shards
 from ._checks import check_flag
 from ._remote import is_remote
-from ._upload import is_committed, shard_schema
+from ._upload import is_committed, shard_schema, shard_uploaded
 from .dataset import DenseDataset, RaggedDataset
 from .schema import StrPath, read_schema
 
@@ -156,10 +156,7 @@ class LoaderxDatasink(Datasink):
         tables = [table for table in tables if table.num_rows] or tables[:1]
         if not tables:
             return (k, None)
-        if all(
-            shards.shard_name(k) in _complete(_column(self.path, name), self.remote)
-            for name in self.columns
-        ):
+        if all(self._uploaded(_column(self.path, name), k) for name in self.columns):
             return (k, sum(table.num_rows for table in tables))  # resumed: kept from an earlier run
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         for name in self.columns:
@@ -175,6 +172,13 @@ class LoaderxDatasink(Datasink):
                 **self.staging,
             )
         return (k, table.num_rows)
+
+    def _uploaded(self, column_dir: str, k: int) -> bool:
+        """Whether shard k of the column is complete (remote: this shard's
+        objects only, so N tasks do not each list all N shards)."""
+        if self.remote:
+            return shard_uploaded(column_dir, k, self.remote["storage_options"])
+        return shards.shard_name(k) in _complete(column_dir, self.remote)
 
     def on_write_complete(self, write_result: Any) -> None:
         written = dict(write_result.write_returns)
