@@ -299,6 +299,30 @@ def test_staging_holds_about_one_shard_at_a_time(tmp_path, monkeypatch):
     assert tree_bytes(str(staging)) == 0
 
 
+def test_converters_cut_a_url_write_into_shards_staged_one_at_a_time(tmp_path, monkeypatch):
+    """from_numpy and from_iterator to a URL write shards of about
+    shard_bytes, one codec for all, staging one shard at a time."""
+    staging = tmp_path / "s"
+    recorder = Recorder(monkeypatch, str(staging))
+    array = np.random.default_rng(1).integers(0, 1 << 20, (10_000, 8), dtype=np.int64)
+    url = f"file://{tmp_path / 'dense'}"
+    loaderx.from_numpy(url, array, progress=False, staging_dir=staging, shard_bytes=160_000)
+    manifest = read_manifest(str(tmp_path / "dense"))
+    assert manifest.rows == (2500,) * 4 and recorder.peak < 2 * 160_000
+    with loaderx.DenseDataset(str(tmp_path / "dense")) as dataset:
+        np.testing.assert_array_equal(dataset[:], array)
+    records = [np.full(k % 50 + 1, k, dtype=np.int32) for k in range(400)]
+    url = f"file://{tmp_path / 'ragged'}"
+    loaderx.from_iterator(url, iter(records), progress=False, staging_dir=staging, shard_bytes=8000)
+    assert len(read_manifest(str(tmp_path / "ragged")).names) > 3
+    with loaderx.RaggedDataset(str(tmp_path / "ragged")) as dataset:
+        assert len(dataset) == len(records)
+        for k in (0, 199, 399):
+            np.testing.assert_array_equal(dataset[k], records[k])
+    with pytest.raises(ValueError, match="shard_bytes applies to a URL"):
+        loaderx.from_numpy(tmp_path / "local", array, shard_bytes=1000)
+
+
 # ---- overwrite, foreign prefixes, checks
 
 

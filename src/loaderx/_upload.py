@@ -36,7 +36,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Callable
 
 from ._envelope import EnvelopeError, seal, unseal
@@ -66,6 +66,10 @@ MARKER_KEY = ".loaderx-upload"  # put first: the prefix is a loaderx target
 RECORD_FORMAT = "loaderx-upload"
 RECORD_VERSION = 1
 _RECORD_BYTES_MAX = 64 << 20
+# from_numpy and from_iterator to a URL cut their input into shards of about
+# this many bytes (before compression): staging holds one at a time, and a
+# shard is the cache's unit when the dataset is read back.
+SHARD_BYTES = 256 << 20
 _HASH_BLOCK_BYTES = 1 << 20
 # Stores whose etag of a single-part upload is the body's MD5.
 _MD5_ETAG_SCHEMES = frozenset({"s3", "gs"})
@@ -369,7 +373,7 @@ def write_shard(
             f"shard {k} of {url} is already uploaded: skip it (see written_shards) or pass "
             "overwrite=True"
         )
-    return _stage_shard(source, k, build, staging_dir)
+    return _stage_shard(source, k, build, staging_dir)[0]
 
 
 def _stage_shard(
@@ -377,7 +381,7 @@ def _stage_shard(
     k: int,
     build: Callable[[str], int],
     staging_dir: str | os.PathLike[str] | None,
-) -> int:
+) -> tuple[int, Schema]:
     name = shard_name(k)
     with staging(staging_dir) as root:
         local_dataset = os.path.join(root, "dataset")
@@ -386,7 +390,7 @@ def _stage_shard(
         schema = read_schema(local)
         assert schema is not None  # the local writer finished the shard
         upload_directory(source, name, local, {"schema": schema.to_dict(), "rows": int(rows)})
-    return rows
+    return rows, schema
 
 
 def commit(url: str, shard_count: int | None, storage_options: dict[str, Any] | None = None) -> int:
@@ -447,15 +451,17 @@ def _numbers(url: str, present: list[int], shard_count: int | None) -> list[int]
 def write_store(
     url: str,
     mode: str,
-    build: Callable[[str, Schema | None], int],
+    parts: Iterable[Callable[[str, Schema | None], int]],
     storage_options: dict[str, Any] | None,
     staging_dir: str | os.PathLike[str] | None,
 ) -> int:
-    """``from_numpy``/``from_iterator`` to ``url``: a sharded dataset of one
-    shard (``mode="a"``: one more shard), so the manifest is what makes it
-    valid. ``build(directory, schema)`` writes the shard locally as shard
-    ``k`` of the new dataset ``directory``; ``schema`` is the dataset's when
-    appending. Returns the rows written."""
+    """``from_numpy``/``from_iterator`` to ``url``: a sharded dataset whose
+    manifest is what makes it valid (``mode="a"``: shards added after the
+    dataset's). Each of ``parts``, called as ``part(path, schema)``, writes
+    one shard as a new local store at ``path``; ``schema`` is the dataset's
+    (appending) or the first shard's, so every shard gets one codec. The
+    parts are taken one at a time, each staged, uploaded and deleted before
+    the next. Returns the rows written."""
     source = open_target(url, storage_options)
     manifest = prepare_target(source)
     k, existing = 0, None
@@ -467,15 +473,19 @@ def write_store(
         k, existing = len(manifest.names), manifest.schema
     if manifest is not None and mode == "w":
         source.delete(MANIFEST_FILE)  # first: from here on the target is no dataset
-    rows = _stage_shard(
-        source,
-        k,
-        lambda directory: build(os.path.join(directory, shard_name(k)), existing),
-        staging_dir,
-    )
-    commit_source(source, k + 1)
+    rows, first = 0, k
+    for part in parts:
+
+        def build(directory: str, part: Any = part, shard: int = k, known: Any = existing) -> int:
+            return int(part(os.path.join(directory, shard_name(shard)), known))
+
+        count, schema = _stage_shard(source, k, build, staging_dir)
+        rows, k = rows + count, k + 1
+        existing = existing if existing is not None else schema
+    assert k > first  # the converters give at least one part
+    commit_source(source, k)
     if mode != "a":
-        delete_stale(source, k + 1)
+        delete_stale(source, k)
     return rows
 
 
