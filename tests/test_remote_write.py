@@ -398,3 +398,17 @@ def test_manifest_files_map_is_optional_and_checked(tmp_path):
     for bad in ({"shard-00000": {"../x": (1, "ab" * 32)}}, {"shard-00000": {"a": (1, "zz")}}):
         with pytest.raises(ManifestError, match="damaged file list"):
             parse_manifest(pack_manifest(old.schema, ["shard-00000"], [3], bad), "m")
+
+
+def test_the_staging_root_defaults_to_the_cache_directory(tmp_path, monkeypatch):
+    """staging_dir wins; then $LOADERX_CACHE_DIR, $XDG_CACHE_HOME/loaderx and
+    ~/.cache/loaderx, each with staging/ below it."""
+    monkeypatch.setenv("LOADERX_CACHE_DIR", str(tmp_path / "cache"))
+    assert _upload.staging_root(tmp_path / "mine") == str(tmp_path / "mine")
+    assert _upload.staging_root(None) == str(tmp_path / "cache" / "staging")
+    monkeypatch.delenv("LOADERX_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _upload.staging_root(None) == str(tmp_path / "xdg" / "loaderx" / "staging")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert _upload.staging_root(None) == str(tmp_path / "home" / ".cache" / "loaderx" / "staging")
