@@ -348,9 +348,11 @@ def test_modes_over_a_remote_dataset(tmp_path):
     assert (tmp_path / "foreign" / "notes.txt").read_text() == "mine"
 
 
-def test_a_body_corrupted_in_transit_fails_its_md5_etag(s3, tmp_path, monkeypatch):
+@pytest.mark.parametrize("rows, victim", [(4, "superblock"), (9 << 10, "data-0000000000000001")])
+def test_a_body_corrupted_in_transit_fails_its_md5_etag(s3, tmp_path, monkeypatch, rows, victim):
     """An object whose bytes differ from the staged file's (one bit flipped on
-    the way) is caught by the etag check, named, and nothing is committed."""
+    the way) is caught by the etag check, single-part or multipart (the 9 MiB
+    data file), named, and nothing is committed."""
     real = _upload.open_target
 
     class Flipping:
@@ -358,7 +360,7 @@ def test_a_body_corrupted_in_transit_fails_its_md5_etag(s3, tmp_path, monkeypatc
             self.inner, self.url = inner, inner.url
 
         def put(self, key, data):
-            if key.endswith("/superblock"):
+            if key.endswith("/" + victim):
                 body = bytearray(open(data, "rb").read())  # noqa: SIM115 (a test's one read)
                 body[100] ^= 1
                 data = bytes(body)
@@ -369,8 +371,9 @@ def test_a_body_corrupted_in_transit_fails_its_md5_etag(s3, tmp_path, monkeypatc
 
     monkeypatch.setattr(_upload, "open_target", lambda url, options: Flipping(real(url, options)))
     url = s3.url("flip")
-    with pytest.raises(RemoteIntegrityError, match=r"flip/shard-00000/superblock has MD5"):
-        loaderx.from_numpy(url, np.ones((4, 4)), progress=False, staging_dir=tmp_path / "s")
+    array = np.ones((rows, 1024), dtype=np.uint8)
+    with pytest.raises(RemoteIntegrityError, match=rf"flip/shard-00000/{victim} has MD5 etag"):
+        loaderx.from_numpy(url, array, codec="raw", progress=False, staging_dir=tmp_path / "s")
     assert not _upload.is_committed(url)
 
 

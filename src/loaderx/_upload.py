@@ -8,12 +8,12 @@ column store of ``from_arrow``):
 
 1. the local writer builds the unit in a private directory under the
    staging root (``staging_dir=``, by default ``<cache dir>/staging``);
-2. each of its files is hashed once (SHA-256, plus MD5 for the etag check),
+2. each of its files is hashed once (SHA-256, plus the MD5s of its S3 etag),
    uploaded with ``ObjectSource.put`` (multipart above 8 MiB) unless the
    target already holds that exact file (the same size and SHA-256 in the
    unit's upload record, and an object of that size), and checked with
-   ``head``: its size always, its bytes too when the store's etag is the MD5
-   of a single-part upload (S3 and GCS); objects under the unit's prefix
+   ``head``: its size always, its bytes too when the store's etag is made
+   of MD5s (S3; GCS single-part uploads); objects under the unit's prefix
    that are not its files are deleted;
 3. the unit's upload record ``.uploaded/<name>`` (sealed: schema, rows,
    files) is put, which marks it complete, and the staged copy is deleted,
@@ -41,6 +41,8 @@ from typing import Any, Callable
 
 from ._envelope import EnvelopeError, seal, unseal
 from ._remote import (
+    MULTIPART_BYTES,
+    PART_BYTES,
     ObjectInfo,
     ObjectSource,
     RemoteError,
@@ -71,9 +73,12 @@ _RECORD_BYTES_MAX = 64 << 20
 # shard is the cache's unit when the dataset is read back.
 SHARD_BYTES = 256 << 20
 _HASH_BLOCK_BYTES = 1 << 20
-# Stores whose etag of a single-part upload is the body's MD5.
+assert PART_BYTES % _HASH_BLOCK_BYTES == 0  # a hashed block never straddles two parts
+# Stores whose etag of a single-part upload is the body's MD5; S3's etag of
+# a multipart upload is the MD5 of its parts' MD5s and "-<parts>".
 _MD5_ETAG_SCHEMES = frozenset({"s3", "gs"})
-_MD5_HEX = re.compile(r"[0-9a-f]{32}")
+_MD5_ETAG = re.compile(r"[0-9a-f]{32}")
+_MULTIPART_ETAG = re.compile(r"[0-9a-f]{32}-[0-9]+")
 _RESUME = "nothing of it is committed: call again to resume (uploaded shards are kept)"
 
 Files = dict[str, tuple[int, str]]  # file name -> (size, sha256 hex)
@@ -126,14 +131,33 @@ def staging(staging_dir: str | os.PathLike[str] | None) -> Iterator[str]:
 
 
 def digest_file(path: str) -> tuple[int, str, str]:
-    """(size, SHA-256 hex, MD5 hex) of a staged file, in one read."""
-    sha, md5, size = hashlib.sha256(), hashlib.md5(usedforsecurity=False), 0
+    """(size, SHA-256 hex, S3 etag) of a staged file, in one read. The etag
+    is the one S3 gives the upload ``put`` makes of it: the MD5 of the bytes,
+    or above MULTIPART_BYTES (parts of PART_BYTES) the MD5 of the parts'
+    MD5s followed by ``-<parts>``."""
+    total = os.path.getsize(path)
+    multipart = total > MULTIPART_BYTES
+    sha, whole = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
+    part, parts, size, in_part = hashlib.md5(usedforsecurity=False), [], 0, 0
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(_HASH_BLOCK_BYTES), b""):
             sha.update(block)
-            md5.update(block)
             size += len(block)
-    return size, sha.hexdigest(), md5.hexdigest()
+            if not multipart:
+                whole.update(block)
+                continue
+            part.update(block)
+            in_part += len(block)
+            if in_part == PART_BYTES:
+                parts.append(part.digest())
+                part, in_part = hashlib.md5(usedforsecurity=False), 0
+    assert size == total, path  # a staged file does not change
+    if not multipart:
+        return size, sha.hexdigest(), whole.hexdigest()
+    if in_part:
+        parts.append(part.digest())
+    joined = hashlib.md5(b"".join(parts), usedforsecurity=False).hexdigest()
+    return size, sha.hexdigest(), f"{joined}-{len(parts)}"
 
 
 # ---- uploads
@@ -143,9 +167,10 @@ def _where(source: ObjectSource, key: str) -> str:
     return source.url.rstrip("/") + "/" + key
 
 
-def put_checked(source: ObjectSource, key: str, data: Any, size: int, md5: str | None) -> None:
+def put_checked(source: ObjectSource, key: str, data: Any, size: int, etag: str | None) -> None:
     """Puts ``data`` (bytes or a file path) at ``key`` and checks the object:
-    its size, and its MD5 when the etag is one. A failure names the object."""
+    its size, and its content when the store's etag is an MD5 one (``etag``:
+    what `digest_file` expects). A failure names the object."""
     try:
         source.put(key, data)
         info = source.head(key)
@@ -157,25 +182,27 @@ def put_checked(source: ObjectSource, key: str, data: Any, size: int, md5: str |
             f"{_RESUME}",
             _where(source, key),
         )
-    etag = _md5_etag(source, info)
-    if md5 is not None and etag not in (None, md5):
+    found = _md5_etag(source, info)
+    if etag is not None and found not in (None, etag):
         raise RemoteIntegrityError(
-            f"uploaded {_where(source, key)} has MD5 {etag}, but the bytes sent have {md5}: "
-            f"corrupted in transit; {_RESUME}",
+            f"uploaded {_where(source, key)} has MD5 etag {found}, but the bytes sent give "
+            f"{etag}: corrupted in transit; {_RESUME}",
             _where(source, key),
         )
 
 
 def _md5_etag(source: ObjectSource, info: ObjectInfo) -> str | None:
-    """The object's MD5 when its etag is one (a single-part upload to S3 or
-    GCS), else None."""
+    """The object's etag when it is one of MD5s (single-part uploads to S3 or
+    GCS, multipart uploads to S3), else None: then only the size is checked."""
     etag = (info.etag or "").strip('"').lower()
-    checkable = source.url.split("://", 1)[0].lower() in _MD5_ETAG_SCHEMES
-    return etag if checkable and _MD5_HEX.fullmatch(etag) else None
+    scheme = source.url.split("://", 1)[0].lower()
+    if scheme in _MD5_ETAG_SCHEMES and _MD5_ETAG.fullmatch(etag):
+        return etag
+    return etag if scheme == "s3" and _MULTIPART_ETAG.fullmatch(etag) else None
 
 
-def _etag_is(source: ObjectSource, info: ObjectInfo, md5: str) -> bool:
-    return _md5_etag(source, info) == md5
+def _etag_is(source: ObjectSource, info: ObjectInfo, etag: str) -> bool:
+    return _md5_etag(source, info) == etag
 
 
 def read_record(source: ObjectSource, name: str) -> dict[str, Any] | None:
@@ -425,7 +452,9 @@ def commit_source(source: ObjectSource, shard_count: int | None) -> int:
         )
     files = {name: _record_files(records[number]) for name, number in zip(names, numbers)}
     payload = pack_manifest(schemas[0], names, rows, files)
-    put_checked(source, MANIFEST_FILE, payload, len(payload), hashlib.md5(payload).hexdigest())
+    md5 = hashlib.md5(payload, usedforsecurity=False).hexdigest()
+    one_part = len(payload) <= MULTIPART_BYTES  # else: checked by its size
+    put_checked(source, MANIFEST_FILE, payload, len(payload), md5 if one_part else None)
     return sum(rows)
 
 
