@@ -279,6 +279,25 @@ def test_resume_after_a_fault_uploads_only_the_missing_shards(s3, tmp_path, monk
         np.testing.assert_array_equal(dataset[:], np.concatenate(parts))
 
 
+def test_a_rewrite_reuploads_only_objects_whose_etag_differs(s3, tmp_path, monkeypatch):
+    """write_shard(overwrite=True) of the same data puts only the record; an
+    object changed behind loaderx's back (same size) is put again, found by
+    its MD5 etag."""
+    url, part = s3.url("again"), np.arange(600, dtype=np.int16).reshape(-1, 6)
+    shards.write_shard(url, 0, part, staging_dir=tmp_path / "s")
+    recorder = Recorder(monkeypatch, str(tmp_path / "s"))
+    shards.write_shard(url, 0, part, overwrite=True, staging_dir=tmp_path / "s")
+    assert recorder.puts == []  # the record and every object already match
+    source = open_source(url)
+    size = source.head("shard-00000/superblock").size
+    source.put("shard-00000/superblock", b"\0" * size)
+    shards.write_shard(url, 0, part, overwrite=True, staging_dir=tmp_path / "s")
+    assert recorder.puts == ["shard-00000/superblock", ".uploaded/shard-00000"]
+    shards.commit(url)
+    download(url, str(tmp_path / "copy"))
+    check_files(str(tmp_path / "copy"))
+
+
 def test_staging_holds_about_one_shard_at_a_time(tmp_path, monkeypatch):
     """Writing 5 shards to a remote target stages one at a time: the staging
     directory's peak is one shard's files, not the dataset's."""

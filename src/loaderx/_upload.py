@@ -201,10 +201,6 @@ def _md5_etag(source: ObjectSource, info: ObjectInfo) -> str | None:
     return etag if scheme == "s3" and _MULTIPART_ETAG.fullmatch(etag) else None
 
 
-def _etag_is(source: ObjectSource, info: ObjectInfo, etag: str) -> bool:
-    return _md5_etag(source, info) == etag
-
-
 def read_record(source: ObjectSource, name: str) -> dict[str, Any] | None:
     """The upload record of unit ``name``, or None when absent or unreadable
     (then the unit is uploaded again)."""
@@ -286,9 +282,9 @@ def upload_directory(
     source: ObjectSource, name: str, local: str, meta: dict[str, Any]
 ) -> tuple[Files, int]:
     """Uploads the files of the staged unit ``local`` under ``name/``, skipping
-    those the target already holds (same size and SHA-256 in the record),
-    deletes stale objects there, then puts the unit's record (``meta`` plus
-    its files). Returns the files and the number of objects put."""
+    those the target already holds (`_held`), deletes stale objects there,
+    then puts the unit's record (``meta`` plus its files). Returns the files
+    and the number of objects put."""
     staged: dict[str, tuple[int, str, str]] = {}
     for entry in sorted(os.listdir(local)):
         path = os.path.join(local, entry)
@@ -298,27 +294,42 @@ def upload_directory(
     files = {entry: (size, sha) for entry, (size, sha, _) in staged.items()}
     record = read_record(source, name)
     listed = {info.key: info for info in source.list(name + "/")}
-    new_record = {**meta, "files": {entry: [size, sha] for entry, (size, sha) in files.items()}}
-    if record == new_record and complete(record, name, listed) and len(listed) == len(files):
-        return files, 0  # already uploaded, exactly
     kept = _record_files(record)
+    missing = [
+        entry
+        for entry, digests in staged.items()
+        if not _held(source, listed.get(f"{name}/{entry}"), digests, kept.get(entry))
+    ]
+    stale = [key for key in listed if key[len(name) + 1 :] not in files]
+    new_record = {**meta, "files": {entry: [size, sha] for entry, (size, sha) in files.items()}}
+    if record == new_record and not missing and not stale:
+        return files, 0  # already uploaded, exactly
     if record is not None:
         source.delete(RECORDS_PREFIX + name)  # incomplete while it changes
-    puts = 0
-    for entry, (size, sha, md5) in staged.items():
-        key = f"{name}/{entry}"
-        info = listed.get(key)
-        there = info is not None and info.size == size
-        if there and (kept.get(entry) == (size, sha) or _etag_is(source, info, md5)):
-            continue  # already there: recorded, or an interrupted upload's MD5 etag
-        put_checked(source, key, os.path.join(local, entry), size, md5)
-        puts += 1
-    for key in listed:
-        if key[len(name) + 1 :] not in files:
-            source.delete(key)
+    for entry in missing:
+        size, _, etag = staged[entry]
+        put_checked(source, f"{name}/{entry}", os.path.join(local, entry), size, etag)
+    for key in stale:
+        source.delete(key)
     payload = seal(RECORD_FORMAT, RECORD_VERSION, new_record)
     put_checked(source, RECORDS_PREFIX + name, payload, len(payload), None)
-    return files, puts + 1
+    return files, len(missing) + 1
+
+
+def _held(
+    source: ObjectSource,
+    info: ObjectInfo | None,
+    digests: tuple[int, str, str],
+    recorded: tuple[int, str] | None,
+) -> bool:
+    """Whether the object ``info`` already holds a staged file of ``digests``
+    (size, SHA-256, S3 etag): its size, and its etag where the store's etag
+    is made of MD5s, else the record's SHA-256 of what was uploaded there."""
+    size, sha, etag = digests
+    if info is None or info.size != size:
+        return False
+    found = _md5_etag(source, info)
+    return found == etag if found is not None else recorded == (size, sha)
 
 
 # ---- sharded datasets
