@@ -68,6 +68,8 @@ from ._envelope import (
     unpack_map,
 )
 from ._fs import readable_path, write_file_atomic
+from ._remote import is_remote
+from ._upload import write_columns
 from ._writing import (
     CHUNK_BYTES,
     DICT_BYTES,
@@ -131,6 +133,9 @@ def from_arrow(
     codec: str | int | Mapping[str, str | int] = "auto",
     chunk_bytes: int = CHUNK_BYTES,
     progress: bool | TextIO = True,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    staging_dir: StrPath | None = None,
 ) -> int:
     """Writes the table ``source`` to a new column directory at ``path`` (one
     store per column, see the module doc); returns the rows written.
@@ -149,9 +154,19 @@ def from_arrow(
     dictionary from its first batch (a shuffled dictionary codec from its
     records shuffled). ``chunk_bytes`` bounds the row data read
     and appended at once; ``progress`` shows a bar on a terminal.
+
+    ``path`` may be a URL (``s3://...``; "Writing to object storage"): the
+    column directory is written whole into ``staging_dir``, each column
+    store is uploaded and checked, and ``columns.msgpack`` is uploaded last.
     """
     chunk_bytes = check_chunk_bytes(chunk_bytes)
     check_progress(progress)
+    if is_remote(path):
+
+        def build(local: str) -> int:
+            return from_arrow(local, source, columns, codec, chunk_bytes, progress)
+
+        return write_columns(os.fspath(path), COLUMNS_FILE, build, storage_options, staging_dir)
     reader = _open_source(source)
     plan = _plan(reader.schema, columns, codec)
     path = os.fspath(path)

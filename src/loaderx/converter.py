@@ -42,6 +42,9 @@ import numpy.typing as npt
 
 from ._checks import check_int
 from ._fs import OS_FS, OsFs, write_file_durable
+from ._remote import is_remote
+from ._upload import SHARD_BYTES
+from ._upload import write_store as write_remote_store
 from ._writing import (
     CHUNK_BYTES as CHUNK_BYTES,
 )
@@ -94,6 +97,9 @@ def from_numpy(
     progress: bool | TextIO = True,
     mode: str = "w",
     *,
+    storage_options: dict[str, Any] | None = None,
+    staging_dir: StrPath | None = None,
+    shard_bytes: int | None = None,
     _fs: OsFs = OS_FS,
     _staged: bool = False,
 ) -> int:
@@ -118,7 +124,15 @@ def from_numpy(
     ``CODECS`` (``"zstd_shuffle4"``, ``"zstd_dict_shuffle8"``...). ``progress=True`` shows a
     progress bar on a terminal when writing takes more than a second; a text
     stream (``progress=sys.stderr``) gets the bar whether or not it is one.
+    A URL ``path`` ("Writing to object storage") gets a sharded dataset, uploaded
+    in shards of ``shard_bytes`` (256 MiB) staged in ``staging_dir``.
     """
+    if is_remote(path):
+        _checked_options(codec, schema, mode, chunk_bytes, dict_size, progress)
+        options = (chunk_bytes, dict_size, schema, progress)
+        remote = {"storage_options": storage_options, "staging_dir": staging_dir}
+        return _to_url(from_numpy, path, array, codec, options, mode, remote, shard_bytes)
+    _no_shard_bytes(shard_bytes)
     codec, mode, chunk_bytes, dict_size = _checked_options(
         codec, schema, mode, chunk_bytes, dict_size, progress
     )
@@ -155,6 +169,9 @@ def from_iterator(
     progress: bool | TextIO = True,
     mode: str = "w",
     *,
+    storage_options: dict[str, Any] | None = None,
+    staging_dir: StrPath | None = None,
+    shard_bytes: int | None = None,
     _fs: OsFs = OS_FS,
     _staged: bool = False,
 ) -> int:
@@ -170,7 +187,15 @@ def from_iterator(
     ``codec``, ``chunk_bytes``, ``dict_size`` and ``progress`` are as for
     ``from_numpy`` (the dictionary is trained from the first chunk; ``"auto"``
     tries the shuffle filter on the first records, up to 64 or 4 MiB).
+    ``path`` may be a URL, with ``storage_options``, ``staging_dir`` and
+    ``shard_bytes`` (of record bytes) as for ``from_numpy``.
     """
+    if is_remote(path):
+        _checked_options(codec, schema, mode, chunk_bytes, dict_size, progress)
+        options = (chunk_bytes, dict_size, schema, progress)
+        remote = {"storage_options": storage_options, "staging_dir": staging_dir}
+        return _to_url(from_iterator, path, source, codec, options, mode, remote, shard_bytes)
+    _no_shard_bytes(shard_bytes)
     codec, mode, chunk_bytes, dict_size = _checked_options(
         codec, schema, mode, chunk_bytes, dict_size, progress
     )
@@ -199,6 +224,75 @@ def from_iterator(
         return _write_ragged(writer, records, target, forced_dtype, chunk_bytes, dict_size, meter)
 
     return write_store(path, target, mode, fill, _fs, _staged)
+
+
+def _to_url(
+    convert: Callable[..., int],
+    path: StrPath,
+    data: Any,
+    codec: str | int,
+    options: tuple[Any, ...],
+    mode: str,
+    remote: dict[str, Any],
+    shard_bytes: int | None,
+) -> int:
+    """A converter's write to a URL: the input cut into shards of about
+    ``shard_bytes``, each staged by ``convert`` (with the first shard's
+    codec, or the dataset's when appending, when ``codec`` is ``"auto"``)."""
+    shard_bytes = check_int("shard_bytes", shard_bytes or SHARD_BYTES, 1, 1 << 62)
+
+    def part(chunk: Any) -> Callable[[str, Schema | None], int]:
+        def build(local: str, existing: Schema | None) -> int:
+            chosen = existing.codec if existing is not None and codec == "auto" else codec
+            return convert(local, chunk, chosen, *options, "x")
+
+        return build
+
+    chunks = (
+        _dense_chunks(data, shard_bytes)
+        if convert is from_numpy
+        else _ragged_chunks(data, shard_bytes)
+    )
+    return write_remote_store(os.fspath(path), mode, map(part, chunks), **remote)
+
+
+def _no_shard_bytes(shard_bytes: int | None) -> None:
+    if shard_bytes is not None:
+        raise ValueError(
+            "shard_bytes applies to a URL target (it cuts the upload into shards); a local store "
+            "is one store: write a sharded dataset with loaderx.shards.write_shard"
+        )
+
+
+def _dense_chunks(array: npt.ArrayLike, shard_bytes: int) -> Iterator[Any]:
+    """Row slices of ``array`` of about ``shard_bytes`` each (at least one)."""
+    source = _array_like(array)
+    if not source.shape:
+        yield source  # the converter refuses it, with its own message
+        return
+    row_bytes = max(1, math.prod(source.shape[1:]) * np.dtype(source.dtype).itemsize)
+    per_shard = max(1, shard_bytes // row_bytes)
+    for start in range(0, max(1, int(source.shape[0])), per_shard):
+        yield source[start : start + per_shard]
+
+
+def _ragged_chunks(records: Iterable[Any], shard_bytes: int) -> Iterator[Iterator[Any]]:
+    """The records cut into runs of about ``shard_bytes`` (at least one run),
+    each a lazy iterator that must be consumed before the next is taken."""
+    iterator = iter(records)
+    pending = [next(iterator, _END)]
+
+    def run() -> Iterator[Any]:
+        total = 0
+        while pending[0] is not _END and total < shard_bytes:
+            item = pending[0]
+            yield item
+            total += _record_bytes(item)
+            pending[0] = next(iterator, _END)  # after the converter took the record
+
+    yield run()
+    while pending[0] is not _END:
+        yield run()
 
 
 def _checked_options(

@@ -39,6 +39,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from . import shards
 from ._checks import check_flag
+from ._remote import is_remote
+from ._upload import is_committed, shard_schema, shard_uploaded
 from .dataset import DenseDataset, RaggedDataset
 from .schema import StrPath, read_schema
 
@@ -57,6 +59,9 @@ def write_dataset(
     codec: str | dict[str, str] = "zstd",
     resume: bool = False,
     concurrency: int | None = None,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    staging_dir: StrPath | None = None,
 ) -> dict[str, int]:
     """Writes ``dataset`` (its ``columns``, all by default) to ``path/<column>``,
     one sharded loaderx dataset per column, one shard per Ray write task, in
@@ -68,8 +73,17 @@ def write_dataset(
     refused unless ``resume=True``, which keeps every shard already complete
     in all columns (run the same pipeline again); a committed column is
     never overwritten.
+
+    ``path`` may be a URL (``s3://...``; "Writing to object storage"): each
+    task stages its shard in ``staging_dir`` (by default under the cache
+    directory of the worker's machine), uploads and checks it, and the
+    driver uploads each column's manifest last. ``storage_options`` go to
+    every task (credentials from the environment are the workers' own).
     """
-    path = os.path.abspath(os.fspath(path))  # Ray workers run in another directory
+    path = os.fspath(path)
+    if not is_remote(path):
+        path = os.path.abspath(path)  # Ray workers run in another directory
+    remote = {"storage_options": storage_options} if is_remote(path) else {}
     resume = check_flag("resume", resume)
     names = list(columns) if columns is not None else list(dataset.columns())
     if not names:
@@ -79,8 +93,8 @@ def write_dataset(
             raise ValueError(
                 f"column {name!r} cannot be a directory name: rename it (dataset.rename_columns)"
             )
-    _check_target(path, names, resume)
-    sink = LoaderxDatasink(path, names, codec)
+    _check_target(path, names, resume, remote)
+    sink = LoaderxDatasink(path, names, codec, storage_options, staging_dir)
     options = dataset.context.execution_options
     preserved = options.preserve_order
     options.preserve_order = True  # task k gets the k-th blocks: a deterministic manifest
@@ -91,14 +105,23 @@ def write_dataset(
     return sink.rows
 
 
-def _check_target(path: str, names: list[str], resume: bool) -> None:
+def _column(path: str, name: str) -> str:
+    return f"{path.rstrip('/')}/{name}" if is_remote(path) else os.path.join(path, name)
+
+
+def _check_target(path: str, names: list[str], resume: bool, remote: dict[str, Any]) -> None:
     for name in names:
-        column_dir = os.path.join(path, name)
-        if shards.is_sharded(column_dir):
+        column_dir = _column(path, name)
+        committed = (
+            is_committed(column_dir, remote["storage_options"])
+            if remote
+            else shards.is_sharded(column_dir)
+        )
+        if committed:
             raise FileExistsError(
                 f"'{column_dir}' is a committed loaderx dataset: write to a new directory"
             )
-        if shards.written_shards(column_dir) and not resume:
+        if shards.written_shards(column_dir, **remote) and not resume:
             raise FileExistsError(
                 f"'{column_dir}' holds shards of an unfinished conversion: pass resume=True to "
                 "keep "
@@ -109,9 +132,21 @@ def _check_target(path: str, names: list[str], resume: bool) -> None:
 class LoaderxDatasink(Datasink):
     """Writes each Ray write task's blocks as shard ``task_idx`` of every column."""
 
-    def __init__(self, path: str, columns: list[str], codec: str | dict[str, str]) -> None:
+    def __init__(
+        self,
+        path: str,
+        columns: list[str],
+        codec: str | dict[str, str],
+        storage_options: dict[str, Any] | None = None,
+        staging_dir: StrPath | None = None,
+    ) -> None:
         self.path = path
         self.columns = columns
+        # Remote targets only: where a task stages its shard, the store's options.
+        self.remote: dict[str, Any] = (
+            {"storage_options": storage_options} if is_remote(path) else {}
+        )
+        self.staging = {"staging_dir": staging_dir} if is_remote(path) else {}
         self.codecs = codec if isinstance(codec, dict) else dict.fromkeys(columns, codec)
         self.rows: dict[str, int] = {}
 
@@ -121,23 +156,29 @@ class LoaderxDatasink(Datasink):
         tables = [table for table in tables if table.num_rows] or tables[:1]
         if not tables:
             return (k, None)
-        if all(
-            shards.shard_name(k) in _complete(os.path.join(self.path, name))
-            for name in self.columns
-        ):
+        if all(self._uploaded(_column(self.path, name), k) for name in self.columns):
             return (k, sum(table.num_rows for table in tables))  # resumed: kept from an earlier run
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         for name in self.columns:
             data, schema = column_records(table.column(name), name)
             shards.write_shard(
-                os.path.join(self.path, name),
+                _column(self.path, name),
                 k,
                 data,
                 codec=self.codecs[name],
                 schema=schema,
                 overwrite=True,
+                **self.remote,
+                **self.staging,
             )
         return (k, table.num_rows)
+
+    def _uploaded(self, column_dir: str, k: int) -> bool:
+        """Whether shard k of the column is complete (remote: this shard's
+        objects only, so N tasks do not each list all N shards)."""
+        if self.remote:
+            return shard_uploaded(column_dir, k, self.remote["storage_options"])
+        return shards.shard_name(k) in _complete(column_dir, self.remote)
 
     def on_write_complete(self, write_result: Any) -> None:
         written = dict(write_result.write_returns)
@@ -145,26 +186,32 @@ class LoaderxDatasink(Datasink):
             raise ValueError("the Ray dataset produced no blocks: nothing to write")
         count = max(written) + 1
         for name in self.columns:
-            column_dir = os.path.join(self.path, name)
+            column_dir = _column(self.path, name)
             for k in range(count):
                 if written.get(k) is None:
-                    _write_empty_shard(column_dir, k)
-            self.rows[name] = shards.commit(column_dir, shard_count=count)
+                    _write_empty_shard(column_dir, k, self.remote, self.staging)
+            self.rows[name] = shards.commit(column_dir, shard_count=count, **self.remote)
 
 
-def _complete(column_dir: str) -> set[str]:
-    return {shards.shard_name(k) for k in shards.written_shards(column_dir)}
+def _complete(column_dir: str, remote: dict[str, Any]) -> set[str]:
+    return {shards.shard_name(k) for k in shards.written_shards(column_dir, **remote)}
 
 
-def _write_empty_shard(column_dir: str, k: int) -> None:
+def _write_empty_shard(
+    column_dir: str, k: int, remote: dict[str, Any], staging: dict[str, Any]
+) -> None:
     """A task that got no blocks still owns shard k: an empty one keeps the
     numbering contiguous. Its schema is the column's first written shard's."""
-    if shards.shard_name(k) in _complete(column_dir):
+    if shards.shard_name(k) in _complete(column_dir, remote):
         return
-    present = shards.written_shards(column_dir)
+    present = shards.written_shards(column_dir, **remote)
     if not present:
         raise ValueError(f"no shard of '{column_dir}' was written: the dataset is empty")
-    schema = read_schema(os.path.join(column_dir, shards.shard_name(present[0])))
+    schema = (
+        shard_schema(column_dir, present[0], remote["storage_options"])
+        if remote
+        else read_schema(os.path.join(column_dir, shards.shard_name(present[0])))
+    )
     assert schema is not None  # written_shards lists only shards with a schema file
     empty: np.ndarray | list[Any] = (
         np.empty((0, *schema.item_shape), dtype=schema.dtype) if schema.kind == "dense" else []
@@ -175,6 +222,8 @@ def _write_empty_shard(column_dir: str, k: int) -> None:
         empty,
         codec=schema.codec,
         schema={"dtype": schema.dtype, "item_shape": schema.item_shape},
+        **remote,
+        **staging,
     )
 
 

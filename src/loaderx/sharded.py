@@ -43,6 +43,7 @@ from ._envelope import (
     check_header,
     checked_body,
     is_sealed,
+    seal,
     unpack_map,
 )
 from ._fs import OS_FS, OsFs
@@ -60,6 +61,8 @@ __all__ = [
     "ManifestError",
     "ShardedStore",
     "is_sharded",
+    "pack_manifest",
+    "parse_manifest",
     "read_manifest",
     "shard_name",
     "shard_number",
@@ -76,6 +79,12 @@ _SHA256_VERSION = 1
 SHARD_COUNT_MAX = int(lib.lx_shard_count_max())
 _MANIFEST_BYTES_MAX = 256 << 20
 SHARD_PATTERN = re.compile(r"shard-(\d{5,})")
+# The optional ``files`` map (shard name -> {file name: [size, sha256 hex]}),
+# which writers to object storage record and readers check fetched bytes
+# against, is an added key: readers that predate it ignore it, so the
+# version did not change.
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class ManifestError(ValueError):
@@ -107,11 +116,15 @@ def shard_number(k: Any) -> int:  # Any: checked here
 
 @dataclass(frozen=True)
 class Manifest:
-    """A checked manifest: the schema and each shard's name and row count."""
+    """A checked manifest: the schema and each shard's name and row count.
+    ``files`` is ``{shard name: {file name: (size, sha256 hex)}}`` for every
+    shard when the writer recorded it (datasets written to object storage),
+    else None (local commits, and every manifest before it existed)."""
 
     schema: Schema
     names: tuple[str, ...]
     rows: tuple[int, ...]
+    files: dict[str, dict[str, tuple[int, str]]] | None = None
 
     @property
     def total_rows(self) -> int:
@@ -125,6 +138,14 @@ def read_manifest(dataset_dir: StrPath, *, _fs: OsFs = OS_FS) -> Manifest:
     dataset_dir = os.fspath(dataset_dir)
     file = os.path.join(dataset_dir, MANIFEST_FILE)
     payload = _fs.read_file(file, _MANIFEST_BYTES_MAX + 1)
+    return parse_manifest(payload, file, os.path.realpath(dataset_dir))
+
+
+def parse_manifest(payload: bytes, file: str, root: str | None = None) -> Manifest:
+    """The manifest in ``payload`` (the bytes of ``file``, named in errors),
+    checked as ``read_manifest`` does. ``root``: the dataset directory's real
+    path, which every shard must resolve inside; None for a dataset in object
+    storage, whose shard names are checked as text only."""
     if len(payload) > _MANIFEST_BYTES_MAX:
         raise ManifestError(f"{file} is over {_MANIFEST_BYTES_MAX} bytes: not a loaderx manifest")
     body = _unpack_envelope(file, payload)
@@ -141,13 +162,61 @@ def read_manifest(dataset_dir: StrPath, *, _fs: OsFs = OS_FS) -> Manifest:
         schema = Schema.from_dict(data.get("schema"), where=f"the schema in {file}")
     except ValueError as exc:
         raise ManifestError(str(exc)) from exc
-    names, rows = _check_entries(dataset_dir, file, data["shards"])
+    names, rows = _check_entries(root, file, data["shards"])
     if data.get("rows") != sum(rows):
         raise ManifestError(
             f"{file} says {data.get('rows')!r} rows in total but its shards add up to {sum(rows)}: "
             "the manifest is damaged; run loaderx.shards.commit again"
         )
-    return Manifest(schema, tuple(names), tuple(rows))
+    files = _check_files(file, names, data.get("files"))
+    return Manifest(schema, tuple(names), tuple(rows), files)
+
+
+def pack_manifest(
+    schema: Schema,
+    names: list[str],
+    rows: list[int],
+    files: dict[str, dict[str, tuple[int, str]]] | None = None,
+) -> bytes:
+    """The sealed bytes of a manifest; ``files`` as ``Manifest.files``."""
+    assert len(names) == len(rows) and (files is None or set(files) == set(names))
+    shards = [{"name": name, "rows": int(count)} for name, count in zip(names, rows)]
+    content: dict[str, Any] = {"schema": schema.to_dict(), "shards": shards, "rows": int(sum(rows))}
+    if files is not None:
+        content["files"] = {
+            name: {file: [int(size), digest] for file, (size, digest) in files[name].items()}
+            for name in names
+        }
+    return seal(MANIFEST_FORMAT, MANIFEST_VERSION, content)
+
+
+def _check_files(
+    file: str, names: list[str], found: object
+) -> dict[str, dict[str, tuple[int, str]]] | None:
+    """The manifest's ``files`` map checked entry by entry (None when absent):
+    one map per listed shard, plain file names, sizes and SHA-256 digests."""
+    if found is None:
+        return None
+    damaged = f"{file} has a damaged file list"
+    if not isinstance(found, dict) or set(found) != set(names):
+        raise ManifestError(f"{damaged}: it must map exactly the listed shards to their files")
+    files: dict[str, dict[str, tuple[int, str]]] = {}
+    for name in names:
+        entries = found[name]
+        if not isinstance(entries, dict) or not entries:
+            raise ManifestError(f"{damaged}: shard {name!r} has no files")
+        checked: dict[str, tuple[int, str]] = {}
+        for entry, value in entries.items():
+            if not isinstance(entry, str) or not _FILE_NAME.fullmatch(entry):
+                raise ManifestError(f"{damaged}: shard {name!r} names an invalid file {entry!r}")
+            size, digest = value if isinstance(value, list) and len(value) == 2 else (None, None)
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise ManifestError(f"{damaged}: {name}/{entry} has an invalid size {size!r}")
+            if not isinstance(digest, str) or not _SHA256_HEX.fullmatch(digest):
+                raise ManifestError(f"{damaged}: {name}/{entry} has an invalid SHA-256 {digest!r}")
+            checked[entry] = (size, digest)
+        files[name] = checked
+    return files
 
 
 def _unpack_envelope(file: str, payload: bytes) -> bytes:
@@ -193,12 +262,11 @@ def _refusal(file: str, exc: EnvelopeError, limit: int) -> str:
     return f"{file} fails its checksum: the manifest is damaged; {remedy}"
 
 
-def _check_entries(dataset_dir: str, file: str, entries: list[Any]) -> tuple[list[str], list[int]]:
+def _check_entries(root: str | None, file: str, entries: list[Any]) -> tuple[list[str], list[int]]:
     if not 1 <= len(entries) <= SHARD_COUNT_MAX:
         raise ManifestError(
             f"{file} lists {len(entries)} shards; a dataset has 1 to {SHARD_COUNT_MAX}"
         )
-    root = os.path.realpath(dataset_dir)
     names: list[str] = []
     rows: list[int] = []
     seen: dict[str, int] = {}
@@ -223,8 +291,9 @@ def _check_entries(dataset_dir: str, file: str, entries: list[Any]) -> tuple[lis
     return names, rows
 
 
-def _confined(root: str, file: str, position: int, name: object) -> str:
-    """The real path of shard ``name``; ManifestError unless it is a
+def _confined(root: str | None, file: str, position: int, name: object) -> str:
+    """The real path of shard ``name`` (the name itself when ``root`` is
+    None: object storage has no symlinks); ManifestError unless it is a
     relative path that stays inside the dataset directory ``root``."""
     if not isinstance(name, str) or not name or "\x00" in name:
         raise ManifestError(f"{file}: shard entry {position} has an invalid name {name!r}")
@@ -238,6 +307,8 @@ def _confined(root: str, file: str, position: int, name: object) -> str:
             f"{file}: shard entry {position} name {name!r} has an empty, '.' or '..' component; "
             "shard names stay inside the dataset directory"
         )
+    if root is None:
+        return name
     resolved = os.path.realpath(os.path.join(root, name))
     if not resolved.startswith(root + os.sep):
         raise ManifestError(

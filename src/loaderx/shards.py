@@ -34,7 +34,6 @@ from typing import Any, TextIO
 import numpy as np
 
 from ._checks import check_flag
-from ._envelope import seal
 from ._fs import (
     ASIDE_PREFIX,
     LOCK_PREFIX,
@@ -47,6 +46,10 @@ from ._fs import (
     sibling,
     write_file_atomic,
 )
+from ._remote import is_remote
+from ._upload import commit as commit_remote
+from ._upload import write_shard as write_remote_shard
+from ._upload import written_shards as written_remote_shards
 from .converter import CHUNK_BYTES, from_iterator, from_numpy
 from .schema import SCHEMA_FILE, Schema, StrPath, read_schema
 from .sharded import (  # loaderx.shards offers the reading names too
@@ -75,6 +78,9 @@ from .sharded import (
 )
 from .sharded import (
     is_sharded as is_sharded,
+)
+from .sharded import (
+    pack_manifest as pack_manifest,
 )
 from .sharded import (
     read_manifest as read_manifest,
@@ -113,6 +119,8 @@ def write_shard(
     dict_size: int | None = None,
     progress: bool | TextIO = False,
     *,
+    storage_options: dict[str, Any] | None = None,
+    staging_dir: StrPath | None = None,
     _fs: OsFs = OS_FS,
 ) -> int:
     """Writes shard ``k`` of the sharded dataset at ``dataset_dir``; returns its rows.
@@ -129,13 +137,18 @@ def write_shard(
     never overwritten. Safe to call from many processes at once for
     different ``k``; a second writer of the same ``k``, and any writer while
     ``commit`` runs, gets ``StoreLockedError``.
+
+    ``dataset_dir`` may be a URL (``s3://...``; "Writing to object
+    storage"): the shard is written into ``staging_dir`` (by default under
+    the cache directory) as above, uploaded file by file and checked, then
+    its staged copy is deleted. Files the target already holds with the same
+    size and SHA-256 are not uploaded again. Writers of one remote shard are
+    not locked against each other: give each ``k`` to one task.
     """
     dataset_dir = os.fspath(dataset_dir)
     name = shard_name(k)
     # overwrite="no" is truthy: it replaced the shard.
     overwrite = check_flag("overwrite", overwrite)
-    _prepare_directory(dataset_dir, _fs)
-    final = os.path.join(dataset_dir, name)
     options: dict[str, Any] = {
         "codec": codec,
         "chunk_bytes": CHUNK_BYTES if chunk_bytes is None else chunk_bytes,
@@ -143,6 +156,28 @@ def write_shard(
         "schema": schema,
         "progress": progress,
     }
+    if is_remote(dataset_dir):
+
+        def stage(local: str) -> int:
+            return _swap_shard(local, k, name, False, data, options, OS_FS)
+
+        return write_remote_shard(dataset_dir, k, stage, overwrite, storage_options, staging_dir)
+    return _swap_shard(dataset_dir, k, name, overwrite, data, options, _fs)
+
+
+def _swap_shard(
+    dataset_dir: str,
+    k: int,
+    name: str,
+    overwrite: bool,
+    data: Any,
+    options: dict[str, Any],
+    _fs: OsFs,
+) -> int:
+    """``write_shard`` into a local dataset directory: built whole beside
+    ``shard-k`` and swapped in, under the dataset's shared commit lock."""
+    _prepare_directory(dataset_dir, _fs)
+    final = os.path.join(dataset_dir, name)
     rows = 0
 
     def build(staging: str) -> None:
@@ -189,10 +224,18 @@ def _check_writable(
         )
 
 
-def written_shards(dataset_dir: StrPath, *, _fs: OsFs = OS_FS) -> list[int]:
+def written_shards(
+    dataset_dir: StrPath,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    _fs: OsFs = OS_FS,
+) -> list[int]:
     """The shard numbers whose directories are complete (committed or not),
-    sorted: what a resumed conversion can skip."""
+    sorted: what a resumed conversion can skip. For a URL: the shards whose
+    upload finished (every object present, of the recorded size)."""
     dataset_dir = os.fspath(dataset_dir)
+    if is_remote(dataset_dir):
+        return written_remote_shards(dataset_dir, storage_options)
     if not _fs.isdir(dataset_dir):
         return []
     found = []
@@ -203,7 +246,13 @@ def written_shards(dataset_dir: StrPath, *, _fs: OsFs = OS_FS) -> list[int]:
     return sorted(found)
 
 
-def commit(dataset_dir: StrPath, shard_count: int | None = None, *, _fs: OsFs = OS_FS) -> int:
+def commit(
+    dataset_dir: StrPath,
+    shard_count: int | None = None,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    _fs: OsFs = OS_FS,
+) -> int:
     """Makes shards ``0..shard_count-1`` of ``dataset_dir`` one dataset by
     writing its manifest last and atomically; returns the total rows.
 
@@ -217,8 +266,14 @@ def commit(dataset_dir: StrPath, shard_count: int | None = None, *, _fs: OsFs = 
     shard being replaced); it deletes the leftovers of killed writers. The
     manifest, and the dataset directory's entry in its parent, are durable
     when it returns.
+
+    For a URL, the manifest is uploaded last, after checking that every
+    shard's upload finished (each object present, of its recorded size);
+    it records every file's size and SHA-256 (``Manifest.files``).
     """
     dataset_dir = os.fspath(dataset_dir)
+    if is_remote(dataset_dir):
+        return commit_remote(dataset_dir, shard_count, storage_options)
     if not _fs.isdir(dataset_dir):
         raise FileNotFoundError(
             f"no sharded dataset at '{dataset_dir}': write shards with loaderx.shards.write_shard "
@@ -244,7 +299,7 @@ def commit(dataset_dir: StrPath, shard_count: int | None = None, *, _fs: OsFs = 
             if old is not None:
                 _check_extends(dataset_dir, old, names, rows)
         write_file_atomic(
-            os.path.join(dataset_dir, MANIFEST_FILE), _pack_manifest(schema, names, rows), _fs
+            os.path.join(dataset_dir, MANIFEST_FILE), pack_manifest(schema, names, rows), _fs
         )
         _fs.fsync_dir(
             os.path.dirname(os.path.abspath(dataset_dir))
@@ -363,9 +418,3 @@ def _remove_leftovers(dataset_dir: str, fs: OsFs) -> None:
                 )
     if changed:
         fs.fsync_dir(dataset_dir)
-
-
-def _pack_manifest(schema: Schema, names: list[str], rows: list[int]) -> bytes:
-    shards = [{"name": name, "rows": int(count)} for name, count in zip(names, rows)]
-    content = {"schema": schema.to_dict(), "shards": shards, "rows": int(sum(rows))}
-    return seal(MANIFEST_FORMAT, MANIFEST_VERSION, content)
