@@ -136,11 +136,15 @@ def directory_unit(
     prefix: str, infos: Sequence[ObjectInfo], sha256: dict[str, str] | None = None
 ) -> Unit:
     """The directory unit of the objects ``infos``, all under ``prefix``
-    (their keys relative to the source); ``sha256`` maps keys to digests."""
+    (their keys relative to the source); ``sha256`` maps keys to digests.
+    An empty ``prefix`` is every object of the source (a store at its URL)."""
     prefix = prefix.strip("/")
     members = []
     for info in sorted(infos, key=lambda i: i.key):
-        relative = info.key[len(prefix) + 1 :] if info.key.startswith(prefix + "/") else ""
+        if not prefix:
+            relative = info.key
+        else:
+            relative = info.key[len(prefix) + 1 :] if info.key.startswith(prefix + "/") else ""
         parts = relative.split("/")
         if not relative or any(part in ("", ".", "..") for part in parts):
             raise ValueError(
@@ -356,7 +360,7 @@ def _targets(unit: Unit, fd: int, part: str) -> list[tuple[Unit, str]]:
     unit [(unit, "")], meaning its bytes go to ``fd`` itself."""
     if not unit.members:
         return [(unit, "")]
-    offset = len(unit.key) + 1
+    offset = len(unit.key) + 1 if unit.key else 0
     return [(m, os.path.join(part, *m.key[offset:].split("/"))) for m in unit.members]
 
 

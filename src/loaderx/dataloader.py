@@ -48,7 +48,9 @@ from typing import Any, Callable
 import numpy as np
 import numpy.typing as npt
 
+from ._cache import CacheTooSmallError
 from ._checks import check_flag, check_int, check_state_int
+from ._remote_dataset import LoaderPlan, RemoteStore, reading_step
 from .dataset import DenseDataset, RaggedDataset
 from .mixing import Mixer, check_sources
 from .packing import Packing, make_packer
@@ -192,19 +194,8 @@ class _Batches:
         stage failed."""
         started = sampled = time.perf_counter()
         try:
-            if plan is not None:
-                batch = self.packer.read(plan)
-            elif self.mixer is not None:
-                choice, parts = self.mixer.sample(step)
-                sampled = time.perf_counter()
-                batch = self.mixer.read(choice, parts)
-            else:
-                self.schedule.indices(step, indices)
-                sampled = time.perf_counter()
-                batch = {
-                    name: reader.read(indices, out)
-                    for (name, reader), out in zip(self.readers, outputs)
-                }
+            with reading_step(step):  # a remote store's cache pins with the step
+                batch, sampled = self._read(step, plan, indices, outputs, sampled)
         except BaseException as exc:
             raise _StepFailure(step, "reading the batch", exc) from exc
         gathered = time.perf_counter()
@@ -214,6 +205,57 @@ class _Batches:
             raise _StepFailure(step, "transform", exc) from exc
         self.stats.add_stages(sampled - started, gathered - sampled, time.perf_counter() - gathered)
         return result
+
+    def _read(
+        self, step: int, plan: Any, indices: npt.NDArray[np.uint64], outputs: list[Any], at: float
+    ) -> tuple[Any, float]:
+        """Batch ``step`` before its transform, and when its sampling ended."""
+        sampled = at
+        if plan is not None:
+            batch = self.packer.read(plan)
+        elif self.mixer is not None:
+            choice, parts = self.mixer.sample(step)
+            sampled = time.perf_counter()
+            batch = self.mixer.read(choice, parts)
+        else:
+            self.schedule.indices(step, indices)
+            sampled = time.perf_counter()
+            batch = {
+                name: reader.read(indices, out)
+                for (name, reader), out in zip(self.readers, outputs)
+            }
+        return batch, sampled
+
+    def remote_stores(self, streams: list[dict[str, DenseDataset | RaggedDataset]]) -> list[Any]:
+        """The remote stores whose caches get a plan (none when packing: the
+        packer's reads depend on the lengths before them, see packing.py)."""
+        if self.packer is not None:
+            return []
+        found = {
+            id(dataset.store): dataset.store
+            for source in streams
+            for dataset in source.values()
+            if isinstance(dataset.store, RemoteStore)
+        }
+        return list(found.values())
+
+    def remote_reads(self, step: int) -> list[tuple[Any, npt.NDArray[np.uint64]]]:
+        """[(remote store, indices)] step ``step`` reads: a pure function of the step."""
+        if self.mixer is not None:
+            _, parts = self.mixer.sample(step)
+            return [
+                (dataset.store, indices)
+                for number, _, indices in parts
+                for dataset in self.mixer.sources[number].values()
+                if isinstance(dataset.store, RemoteStore)
+            ]
+        indices = np.empty(self.schedule.sampler.batch_size, dtype=np.uint64)
+        self.schedule.indices(step, indices)
+        return [
+            (reader.dataset.store, indices)
+            for _, reader in self.readers
+            if isinstance(reader.dataset.store, RemoteStore)
+        ]
 
 
 class _StepFailure(Exception):
@@ -483,6 +525,8 @@ class DataLoader:
             Schedule(self._sampler), self._streams, transform, self._stats, packer, mixer
         )
         self._packing_state = None if packer is None else packer.state()
+        self._plan = self._remote_plan(sources)
+        self._plan_error: CacheTooSmallError | None = None
         self._step = 0
         self._pipeline: _Pipeline | None = None
         self._finalizer: weakref.finalize[[], DataLoader] | None = None
@@ -490,12 +534,25 @@ class DataLoader:
         self._failure: _StepFailure | None = None
         self._closed = False
 
+    def _remote_plan(self, sources: list[Any] | None) -> LoaderPlan:
+        """Remote streams: their caches get the schedule's next steps (Belady's
+        MIN evicts by it); a budget too small for the steps in flight fails here."""
+        plan = LoaderPlan(
+            self._batches.remote_stores(sources or [self._streams]),
+            self._batches.remote_reads,
+            min(max(1, self._num_workers), self._prefetch_size),
+        )
+        plan.start(0)
+        return plan
+
     # -- iteration ---------------------------------------------------------------
 
     def __iter__(self) -> DataLoader:
         return self
 
     def __next__(self) -> Any:
+        if self._plan_error is not None:
+            raise self._plan_error
         if self._failure is not None:
             raise self._failure.loader_error() from self._failure.error
         if self._closed:
@@ -516,6 +573,10 @@ class DataLoader:
             raise failure.loader_error() from failure.error
         self._stats.add_delivered(time.perf_counter() - started)
         self._step += 1
+        try:
+            self._plan.advance(self._step)
+        except CacheTooSmallError as exc:
+            self._plan_error = exc  # raised by the next next(), not instead of this batch
         if plan is not None:
             self._packing_state = plan.state_after
         return batch
@@ -712,6 +773,7 @@ class DataLoader:
         else:
             anchor = elastic_anchor(saved_schedule, step, self._batches.schedule)
             self._batches.schedule = Schedule(mine, anchor)
+        self._plan.start(step)
         self._step = step
 
     def __repr__(self) -> str:
