@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import threading
 from collections.abc import Iterator, Sequence
@@ -52,7 +53,7 @@ from ._remote import (
 )
 from .schema import SCHEMA_FILE, Schema, read_schema
 from .sharded import MANIFEST_FILE, BatchView, Manifest, ManifestError, parse_manifest
-from .zrecord import IndexOutOfRangeError, StoreClosedError, Zrecord, as_indices
+from .zrecord import IndexOutOfRangeError, StoreClosedError, Zrecord, ZrecordError, as_indices
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -76,6 +77,7 @@ PLAN_STEPS = 256
 #: holds many evicted (deleted but mapped) shards' files.
 OPEN_SHARDS_MAX = 16
 _STEP = threading.local()
+_VIEW_SHARD = re.compile(r"shard (\d+):")
 
 
 def make_source(url: str, storage_options: dict[str, Any] | None) -> ObjectSource:
@@ -168,6 +170,7 @@ class RemoteStore:
         if MANIFEST_FILE in keys:
             self.manifest = self._read_manifest()
             self.schema: Schema = self.manifest.schema
+            self._check_kind(self.schema.kind, "a sharded")
             self.units = _shard_units(self.path, self.manifest, objects)
             rows = self.manifest.rows
         elif SCHEMA_FILE in keys:
@@ -222,15 +225,18 @@ class RemoteStore:
         schema = read_schema(path)
         if schema is None:
             raise ManifestError(f"{self.path}: {SCHEMA_FILE} is missing from the fetched store")
-        if schema.kind != self._kind:
-            other = "RaggedDataset" if schema.kind == "ragged" else "DenseDataset"
-            raise ValueError(f"'{self.path}' is a {schema.kind} store: open it with {other}")
+        self._check_kind(schema.kind, "a")
         self.schema = schema
         store = Zrecord(path, codec=schema.codec, verify=self._verify, threads=self._threads)
         self._open[0] = _Open(store, path, _identity(self._single_pin))
         self._check_records(store, "the store")
         self._row_starts = _starts([len(store)])
         self._rows = np.asarray([len(store)], dtype=np.uint64)
+
+    def _check_kind(self, kind: str, what: str) -> None:
+        if self._kind and kind != self._kind:
+            other = "RaggedDataset" if kind == "ragged" else "DenseDataset"
+            raise ValueError(f"'{self.path}' is {what} {kind} dataset: open it with {other}")
 
     def _open_shard(self, number: int, pin: Pin) -> Zrecord:
         """The store of shard ``number`` in its pinned directory, checked
@@ -248,9 +254,15 @@ class RemoteStore:
                 f"'{self.path}': shard {name!r} holds {shard_schema.describe()}, but the manifest "
                 f"says {self.schema.describe()}"
             )
-        store = Zrecord(
-            pin.path, codec=self.schema.codec, verify=self._verify, threads=self._threads
-        )
+        try:
+            store = Zrecord(
+                pin.path, codec=self.schema.codec, verify=self._verify, threads=self._threads
+            )
+        except ZrecordError as exc:
+            raise type(exc)(
+                f"{self.path}/{name}: the shard's objects do not make a sound store ({exc}); the "
+                "objects in storage are damaged: write the shard again"
+            ) from exc
         try:
             if len(store) != count:
                 raise ManifestError(
@@ -266,7 +278,7 @@ class RemoteStore:
     def _check_records(self, store: Zrecord, what: str) -> None:
         """A dense store's records have the schema's size (checked per shard,
         as it is first opened, instead of over the whole dataset at open)."""
-        if self._kind != "dense":
+        if self.schema.kind != "dense":
             return
         stats = store.stats()
         if stats["layout"] == "fixed":
@@ -369,6 +381,8 @@ class RemoteStore:
                 view = BatchView(stores, starts, self.schema.item_bytes, self.path)
                 try:
                     yield view, remapped
+                except ZrecordError as exc:
+                    raise self._named(exc, chosen) from exc
                 finally:
                     view.close()
             finally:
@@ -377,6 +391,20 @@ class RemoteStore:
         finally:
             for pin in pins:
                 pin.release()
+
+    def _named(self, exc: ZrecordError, chosen: list[int]) -> ZrecordError:
+        """``exc`` of a batch view, its "shard k" (k of the view) named as the
+        dataset's shard object, so the error says which object is damaged."""
+        assert self.manifest is not None
+        names = self.manifest.names
+        message = str(exc)
+        found = _VIEW_SHARD.match(message)
+        if found and int(found.group(1)) < len(chosen):
+            where = f"{self.path}/{names[chosen[int(found.group(1))]]}"
+            message = f"{where}:{message[found.end() :]}"
+        else:
+            message = f"{self.path} (shards {', '.join(names[n] for n in chosen)}): {message}"
+        return type(exc)(message)
 
     # ---- the read side of ShardedStore
 
@@ -437,6 +465,13 @@ class RemoteStore:
                 progress(number)
             damaged.extend(self.verify_shard(number))
         return damaged
+
+    def shard_start(self, number: int) -> int:
+        """The global index of shard ``number``'s first record."""
+        return int(self._row_starts[number])
+
+    def shard_rows(self, number: int) -> int:
+        return int(self._rows[number])
 
     def verify_shard(self, number: int) -> list[int]:
         """The damaged global records of shard ``number`` (fetched, pinned, checked)."""
