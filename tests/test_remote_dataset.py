@@ -51,6 +51,17 @@ def bytes_under(directory) -> int:
         os.close(fd)
 
 
+def deleted_mappings(directory) -> set[str]:
+    """Files under ``directory`` this process still maps though they were
+    deleted (an evicted shard's store left open): disk the budget cannot see."""
+    with open("/proc/self/maps") as maps:
+        return {
+            line.split()[-2]
+            for line in maps
+            if line.rstrip().endswith("(deleted)") and str(directory) in line
+        }
+
+
 def dense_rows():
     return np.random.default_rng(0).random((DENSE_ROWS, 16)).astype(np.float32)
 
@@ -214,6 +225,9 @@ def test_budget_holds_after_every_batch(tmp_path, local, mode, shards_held):
         assert np.array_equal(next(loader)["x"], next(expected)["x"])
         peak = max(peak, bytes_under(directory))
         assert peak <= budget
+        # An evicted shard's store is closed at the next read: at most the
+        # data and index files of two shards are still mapped after a batch.
+        assert len(deleted_mappings(directory)) <= 4
     loader.close()
     stats = remote.store.cache.stats
     if shards_held == 9:  # everything fits: every byte fetched once

@@ -53,7 +53,14 @@ from ._remote import (
 )
 from .schema import SCHEMA_FILE, Schema, read_schema
 from .sharded import MANIFEST_FILE, BatchView, Manifest, ManifestError, parse_manifest
-from .zrecord import IndexOutOfRangeError, StoreClosedError, Zrecord, ZrecordError, as_indices
+from .zrecord import (
+    IndexOutOfRangeError,
+    StoreClosedError,
+    Zrecord,
+    ZrecordError,
+    as_indices,
+    path_identity,
+)
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -162,6 +169,7 @@ class RemoteStore:
         self._closed = False
         self._single_pin: Pin | None = None
         self._plan_base = 0  # the loader step the cache's plan step 0 is
+        self._evictions_seen = 0
         self.cache: UnitCache | None = None
         self.source = source if source is not None else make_source(self.path, storage_options)
         self.manifest: Manifest | None = None
@@ -349,6 +357,14 @@ class RemoteStore:
         the least recently used unpinned stores past OPEN_SHARDS_MAX."""
         for number in numbers:
             self._open[number].users -= 1
+        assert self.cache is not None
+        if self.cache.stats.evictions != self._evictions_seen:
+            # This process evicted units: close the stores of those no one uses
+            # (their files are deleted but still mapped, outside the budget).
+            self._evictions_seen = self.cache.stats.evictions
+            for number, entry in list(self._open.items()):
+                if entry.users == 0 and path_identity(entry.path) != entry.identity:
+                    self._open.pop(number).store.close()
         spare = [n for n, e in self._open.items() if e.users == 0]
         for number in spare[: max(0, len(self._open) - OPEN_SHARDS_MAX)]:
             self._open.pop(number).store.close()
