@@ -140,6 +140,14 @@ class _Open:
         self.users = 0
 
 
+class _Held:
+    """A pin this store keeps on a shard, and how many reads use it now."""
+
+    def __init__(self, pin: Pin) -> None:
+        self.pin = pin
+        self.users = 1
+
+
 class RemoteStore:
     """The store of a dataset at ``url`` (see the module doc). ``kind`` is
     ``dense`` or ``ragged``; the cache lives in ``cache_dir`` (default
@@ -166,6 +174,7 @@ class RemoteStore:
         self._threads = threads
         self._lock = threading.Lock()
         self._open: dict[int, _Open] = {}
+        self._held: dict[int, _Held] = {}
         self._closed = False
         self._single_pin: Pin | None = None
         self._plan_base = 0  # the loader step the cache's plan step 0 is
@@ -314,19 +323,54 @@ class RemoteStore:
         return [self.units[int(s)] for s in np.unique(self.shards_of(indices))]
 
     def _acquire(self, numbers: Sequence[int]) -> list[Pin]:
+        """Pins of shards ``numbers`` for one read, marked in use (``_release``).
+        A pin outlives its read until a later read misses a shard: then the
+        pins no read uses are released before the missing ones are acquired.
+        So the pins held are those of the reads in flight plus, until the
+        next miss, the last ones' (a random order keeps every shard pinned and
+        pins nothing per batch), never more than the in-flight steps need."""
         assert self.cache is not None
         step = getattr(_STEP, "step", None)
         if step is not None:
             step -= self._plan_base  # the step's place in the plan the cache holds
-        pins: list[Pin] = []
-        try:
+        with self._lock:
+            missing = [n for n in numbers if n not in self._held]
             for number in numbers:
-                pins.append(self.cache.acquire(self.units[number], step))
+                if number in self._held:
+                    self._held[number].users += 1
+            if missing:
+                self._drop_unused(set(numbers))
+        got: list[tuple[int, Pin]] = []
+        try:
+            for number in missing:
+                got.append((number, self.cache.acquire(self.units[number], step)))
         except BaseException:
-            for pin in pins:
+            for _, pin in got:
                 pin.release()
+            self._release([n for n in numbers if n not in missing])
             raise
-        return pins
+        with self._lock:
+            for number, pin in got:
+                held = self._held.get(number)
+                if held is None:
+                    self._held[number] = _Held(pin)
+                else:  # another thread's read pinned it meanwhile
+                    pin.release()
+                    held.users += 1
+            return [self._held[n].pin for n in numbers]
+
+    def _release(self, numbers: Sequence[int]) -> None:
+        """The read of shards ``numbers`` is over (their pins stay, see ``_acquire``)."""
+        with self._lock:
+            for number in numbers:
+                self._held[number].users -= 1
+
+    def _drop_unused(self, keep: set[int]) -> None:
+        """Under ``_lock``: release the pins no read uses, but those of ``keep``."""
+        for number, held in list(self._held.items()):
+            if held.users == 0 and number not in keep:
+                held.pin.release()
+                del self._held[number]
 
     def _stores_for(self, numbers: Sequence[int], pins: Sequence[Pin]) -> list[Zrecord]:
         """The open stores of shards ``numbers`` (pinned by ``pins``), opened
@@ -405,8 +449,7 @@ class RemoteStore:
                 with self._lock:
                     self._done_with(chosen)
         finally:
-            for pin in pins:
-                pin.release()
+            self._release(chosen)
 
     def _named(self, exc: ZrecordError, chosen: list[int]) -> ZrecordError:
         """``exc`` of a batch view, its "shard k" (k of the view) named as the
@@ -503,7 +546,7 @@ class RemoteStore:
                 with self._lock:
                     self._done_with([number])
         finally:
-            pins[0].release()
+            self._release([number])
 
     def refresh(self) -> int:
         """A remote dataset does not change while it is open; returns len()."""
@@ -533,6 +576,9 @@ class RemoteStore:
             for entry in self._open.values():
                 entry.store.close()
             self._open = {}
+            for held in self._held.values():
+                held.pin.release()
+            self._held = {}
         if self._single_pin is not None:
             self._single_pin.release()
             self._single_pin = None
