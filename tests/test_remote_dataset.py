@@ -182,7 +182,9 @@ def test_mixing_and_packing_equal_local(tmp_path, local):
         ),
         10,
     )
-    got = stream(loaderx.DataLoader({"t": remote}, packing=packing, batch_size=8), 10)
+    packed = loaderx.DataLoader({"t": remote}, packing=packing, batch_size=8, num_workers=2)
+    assert remote.store.cache.plan is not None  # planned by the packer's chunks
+    got = stream(packed, 10)
     assert all(same(a, b) for a, b in zip(expected, got))
 
 

@@ -102,6 +102,24 @@ class Unit:
     sha256: str | None = None
     members: tuple[Unit, ...] = ()
 
+    def __hash__(self) -> int:
+        # Computed once: a directory unit hashes all its members, and the
+        # loader's plans hash every unit of hundreds of steps.
+        cached: int | None = self.__dict__.get("_hash")
+        if cached is None:
+            cached = (
+                hash(dataclasses.astuple(self))
+                if not self.members
+                else hash((self.key, self.length, self.version, self.members))
+            )
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, object]:
+        state = dict(self.__dict__)
+        state.pop("_hash", None)  # str hashes differ between processes
+        return state
+
     def name(self, url: str) -> str:
         """The unit's file name: a hash of everything that identifies its bytes."""
         text = "\0".join(

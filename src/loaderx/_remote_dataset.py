@@ -684,13 +684,13 @@ class LoaderPlan:
         assert store.cache is not None
         budget = store.cache.cache_bytes
         for at in range(len(planned)):
-            window = {u for units in planned[at : at + self.in_flight] for u in units}
-            need = sum(unit.length for unit in window)
+            window = {id(u): u for units in planned[at : at + self.in_flight] for u in units}
+            need = sum(unit.length for unit in window.values())
             if need > budget:
-                largest = max(unit.length for unit in window)
+                largest = max(unit.length for unit in window.values())
                 raise CacheTooSmallError(
                     f"cache_bytes={budget} of {store.path} is smaller than the {need} bytes "
-                    f"loader step {first + at} reads at once ({len(window)} shards, the largest "
+                    f"loader step (a packed loader: chunk) {first + at} reads at once ({len(window)} shards, the largest "
                     f"{largest} bytes, with {self.in_flight} steps in flight): give cache_bytes "
                     f"of at least {need}, fewer num_workers, a smaller batch, or smaller shards"
                 )

@@ -227,10 +227,7 @@ class _Batches:
         return batch, sampled
 
     def remote_stores(self, streams: list[dict[str, DenseDataset | RaggedDataset]]) -> list[Any]:
-        """The remote stores whose caches get a plan (none when packing: the
-        packer's reads depend on the lengths before them, see packing.py)."""
-        if self.packer is not None:
-            return []
+        """The remote stores whose caches get a plan."""
         found = {
             id(dataset.store): dataset.store
             for source in streams
@@ -240,7 +237,14 @@ class _Batches:
         return list(found.values())
 
     def remote_reads(self, step: int) -> list[tuple[Any, npt.NDArray[np.uint64]]]:
-        """[(remote store, indices)] step ``step`` reads: a pure function of the step."""
+        """[(remote store, indices)] step ``step`` reads: a pure function of the
+        step. A packed loader's steps here are the packer's chunks of documents
+        (the order it reads them in; how many a batch takes depends on lengths)."""
+        if self.packer is not None:
+            dataset = self.packer.dataset
+            if not isinstance(dataset.store, RemoteStore):
+                return []
+            return [(dataset.store, self.packer.planned_reads(step))]
         if self.mixer is not None:
             _, parts = self.mixer.sample(step)
             return [
@@ -525,9 +529,9 @@ class DataLoader:
             Schedule(self._sampler), self._streams, transform, self._stats, packer, mixer
         )
         self._packing_state = None if packer is None else packer.state()
+        self._step = 0
         self._plan = self._remote_plan(sources)
         self._plan_error: CacheTooSmallError | None = None
-        self._step = 0
         self._pipeline: _Pipeline | None = None
         self._finalizer: weakref.finalize[[], DataLoader] | None = None
         self._indices: npt.NDArray[np.uint64] | None = None
@@ -537,13 +541,19 @@ class DataLoader:
     def _remote_plan(self, sources: list[Any] | None) -> LoaderPlan:
         """Remote streams: their caches get the schedule's next steps (Belady's
         MIN evicts by it); a budget too small for the steps in flight fails here."""
+        in_flight = min(max(1, self._num_workers), self._prefetch_size)
         plan = LoaderPlan(
             self._batches.remote_stores(sources or [self._streams]),
             self._batches.remote_reads,
-            min(max(1, self._num_workers), self._prefetch_size),
+            in_flight + (self._batches.packer is not None),  # and the chunk being planned
         )
-        plan.start(0)
+        plan.start(self._plan_position())
         return plan
+
+    def _plan_position(self) -> int:
+        """Where the remote plan starts: the step, or a packer's next chunk."""
+        packer = self._batches.packer
+        return self._step if packer is None else packer.chunk_of(packer.state())
 
     # -- iteration ---------------------------------------------------------------
 
@@ -574,7 +584,7 @@ class DataLoader:
         self._stats.add_delivered(time.perf_counter() - started)
         self._step += 1
         try:
-            self._plan.advance(self._step)
+            self._plan.advance(self._plan_position())
         except CacheTooSmallError as exc:
             self._plan_error = exc  # raised by the next next(), not instead of this batch
         if plan is not None:
@@ -773,8 +783,8 @@ class DataLoader:
         else:
             anchor = elastic_anchor(saved_schedule, step, self._batches.schedule)
             self._batches.schedule = Schedule(mine, anchor)
-        self._plan.start(step)
         self._step = step
+        self._plan.start(self._plan_position())
 
     def __repr__(self) -> str:
         names = ", ".join(self._streams)
