@@ -485,14 +485,18 @@ def _remote_verify(args: argparse.Namespace) -> dict[str, Any]:
     budget) and checked; damaged records by global index, as for local shards."""
     with contextlib.closing(_open_remote(args)) as store:
         names = store.manifest.names if store.manifest is not None else ("",)
-        entries = []
+        entries: list[dict[str, Any]] = []
         for number, name in enumerate(names):
             where = f"{store.path}/{name}".rstrip("/")
             first = int(store.shard_start(number))
             try:
                 damaged = store.verify_shard(number)
-                entry = {"path": where, "records": store.shard_rows(number), "damaged": damaged}
-                entry["error"] = None
+                entry: dict[str, Any] = {
+                    "path": where,
+                    "records": store.shard_rows(number),
+                    "damaged": damaged,
+                    "error": None,
+                }
             except (ZrecordError, ValueError, OSError) as exc:
                 entry = _unreadable(where, exc)
             entry["first_record"] = first
