@@ -194,6 +194,7 @@ def test_single_store_and_pickle(tmp_path, local):
     rows = dense_rows()[:500]
     remote = loaderx.DenseDataset(url(local / "single"), cache_dir=tmp_path)
     assert np.array_equal(remote[:], rows)
+    assert remote[[]].shape == (0, 16)
     copy = pickle.loads(pickle.dumps(remote))
     assert np.array_equal(copy[[3, 499, 0]], rows[[3, 499, 0]])
     assert copy.store.cache.stats.fetches == 0  # the other process's units are shared
@@ -243,6 +244,8 @@ def test_budget_below_what_a_step_needs_is_refused_at_build(tmp_path, local):
     tiny = loaderx.DenseDataset(url(local / "dense"), cache_dir=tmp_path, cache_bytes=one // 2)
     with pytest.raises(CacheTooSmallError, match="cache_bytes"):
         loaderx.DataLoader({"x": tiny}, mode="SEQUENTIAL", batch_size=BATCH)
+    with pytest.raises(CacheTooSmallError, match="read fewer records"):
+        tiny[:]  # one read pins all its shards together
     # IID touches every shard each step: four workers in flight need them all at once.
     some = loaderx.DenseDataset(url(local / "dense"), cache_dir=tmp_path, cache_bytes=3 * one)
     with pytest.raises(CacheTooSmallError, match="in flight"):

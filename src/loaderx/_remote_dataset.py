@@ -424,7 +424,7 @@ class RemoteStore:
         if indices.size and int(indices.max()) >= len(self):
             bad = int(indices[np.argmax(indices >= len(self))])
             raise IndexOutOfRangeError(
-                f"index {bad} is out of range for '{self.path}' ({len(self)} records)"
+                f"index {bad} is out of range for a dataset of {len(self)} records ({self.path})"
             )
         if self.manifest is None:
             yield self._open[0].store, indices
@@ -432,6 +432,7 @@ class RemoteStore:
         shard_of = self.shards_of(indices)
         numbers, inverse = np.unique(shard_of, return_inverse=True)
         chosen = [int(n) for n in numbers]
+        self._check_read(chosen)
         pins = self._acquire(chosen)
         try:
             stores = self._stores_for(chosen, pins)
@@ -450,6 +451,18 @@ class RemoteStore:
                     self._done_with(chosen)
         finally:
             self._release(chosen)
+
+    def _check_read(self, chosen: list[int]) -> None:
+        """One read pins all its shards at once: refuse one that cannot fit."""
+        assert self.cache is not None
+        need = sum(self.units[n].length for n in chosen)
+        if need > self.cache.cache_bytes:
+            raise CacheTooSmallError(
+                f"this read of {self.path} touches {len(chosen)} shards ({need} bytes), which "
+                f"are pinned together, but cache_bytes={self.cache.cache_bytes}: read fewer "
+                "records at a time (a batch at a time, as the DataLoader does), or raise "
+                "cache_bytes"
+            )
 
     def _named(self, exc: ZrecordError, chosen: list[int]) -> ZrecordError:
         """``exc`` of a batch view, its "shard k" (k of the view) named as the
@@ -494,7 +507,10 @@ class RemoteStore:
         target: npt.NDArray[np.uint8] | None,
     ) -> tuple[int, npt.NDArray[np.int64]]:
         """``ShardedStore.gather_rows`` over global records."""
-        with self._view(as_indices(indices)) as (view, remapped):
+        indices = as_indices(indices)
+        if indices.size == 0:
+            return 0, np.zeros(1, dtype=np.int64)
+        with self._view(indices) as (view, remapped):
             result: tuple[int, npt.NDArray[np.int64]] = view.gather_rows(
                 remapped, row_bytes, target
             )
