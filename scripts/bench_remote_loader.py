@@ -66,13 +66,45 @@ def run(kind: str, root: Path, mode: str) -> dict[str, float]:
     return {"batches_per_s": TIMED / seconds, "peak_rss": peak}
 
 
+def gather_medians(root: Path, mode: str) -> None:
+    """In one process, batch by batch in turn: the median milliseconds of a
+    local and of a remote (warm cache) gather of the same indices."""
+    local = loaderx.DenseDataset(root / "data")
+    remote = loaderx.DenseDataset(f"file://{root / 'data'}", cache_dir=root / "cache")
+    sampler = loaderx.Sampler(COUNT, BATCH, mode, seed=1)
+    out = np.empty((BATCH, FLOATS), np.float32)
+    times: dict[str, list[float]] = {"local": [], "remote": []}
+    for step in range(400 + COUNT // BATCH):
+        indices = sampler.batch(step)
+        order = (local, remote) if step % 2 else (remote, local)
+        for dataset in order:
+            began = time.perf_counter()
+            dataset.gather_into(indices, out)
+            if step >= COUNT // BATCH:  # the first epoch fills the cache
+                times["local" if dataset is local else "remote"].append(time.perf_counter() - began)
+    medians = {kind: statistics.median(values) * 1e3 for kind, values in times.items()}
+    print(
+        f"gather, one process, {mode}: local {medians['local']:.3f} ms, remote "
+        f"{medians['remote']:.3f} ms per batch of {BATCH} (median of 400 each), "
+        f"overhead {medians['remote'] - medians['local']:+.3f} ms"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--mode", default="IID")
     parser.add_argument("--dir", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--gather", action="store_true", help="time single gathers in one process instead"
+    )
     options = parser.parse_args(argv)
+    if options.gather:
+        root = Path(options.dir or tempfile.mkdtemp(prefix="bench-remote-"))
+        build(root)
+        gather_medians(root, options.mode)
+        return 0
     if options.child:
         print(json.dumps(run(options.child, Path(options.dir), options.mode)))
         return 0
