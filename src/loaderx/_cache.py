@@ -121,7 +121,11 @@ class Unit:
         return state
 
     def name(self, url: str) -> str:
-        """The unit's file name: a hash of everything that identifies its bytes."""
+        """The unit's file name: a hash of everything that identifies its bytes
+        (kept for the last ``url``: the prefetcher names every unit it looks at)."""
+        cached: tuple[str, str] | None = self.__dict__.get("_name")
+        if cached is not None and cached[0] == url:
+            return cached[1]
         text = "\0".join(
             (
                 url,
@@ -132,7 +136,9 @@ class Unit:
                 "whole" if self.whole else "range",
             )
         )
-        return UNIT_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:40]
+        name = UNIT_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:40]
+        object.__setattr__(self, "_name", (url, name))
+        return name
 
 
 def object_unit(info: ObjectInfo, sha256: str | None = None) -> Unit:
