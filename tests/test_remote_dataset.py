@@ -224,19 +224,20 @@ def test_budget_holds_after_every_batch(tmp_path, local, mode, shards_held):
         {"x": loaderx.DenseDataset(local / "dense")}, mode=mode, batch_size=BATCH
     )
     peak = 0
-    for _ in range(2 * (DENSE_ROWS // BATCH)):  # two epochs
-        assert np.array_equal(next(loader)["x"], next(expected)["x"])
+    for step in range(2 * (DENSE_ROWS // BATCH)):  # two epochs
+        assert np.array_equal(next(loader)["x"], next(expected)["x"]), step
         peak = max(peak, bytes_under(directory))
-        assert peak <= budget
+        assert peak <= budget, (step, peak, budget)
         # An evicted shard's store is closed at the next read: at most the
         # data and index files of two shards are still mapped after a batch.
-        assert len(deleted_mappings(directory)) <= 4
+        deleted = deleted_mappings(directory)
+        assert len(deleted) <= 4, (step, deleted)
     loader.close()
     stats = remote.store.cache.stats
     if shards_held == 9:  # everything fits: every byte fetched once
-        assert stats.bytes_fetched == sum(u.length for u in remote.store.units)
+        assert stats.bytes_fetched == sum(u.length for u in remote.store.units), stats
     else:
-        assert stats.evictions > 0
+        assert stats.evictions > 0, stats
 
 
 def test_budget_below_what_a_step_needs_is_refused_at_build(tmp_path, local):
