@@ -234,8 +234,9 @@ def test_budget_holds_after_every_batch(tmp_path, local, mode, shards_held):
         assert len(deleted) <= 4, (step, deleted)
     loader.close()
     stats = remote.store.cache.stats
-    if shards_held == 9:  # everything fits: every byte fetched once
-        assert stats.bytes_fetched == sum(u.length for u in remote.store.units), stats
+    if shards_held == 9:  # everything fits: no byte fetched twice, nothing evicted
+        assert stats.bytes_fetched <= sum(u.length for u in remote.store.units), stats
+        assert stats.evictions == 0 and all(map(remote.store.cache.resident, remote.store.units))
     else:
         assert stats.evictions > 0, stats
 
