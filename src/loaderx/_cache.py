@@ -102,8 +102,30 @@ class Unit:
     sha256: str | None = None
     members: tuple[Unit, ...] = ()
 
+    def __hash__(self) -> int:
+        # Computed once: a directory unit hashes all its members, and the
+        # loader's plans hash every unit of hundreds of steps.
+        cached: int | None = self.__dict__.get("_hash")
+        if cached is None:
+            cached = (
+                hash(dataclasses.astuple(self))
+                if not self.members
+                else hash((self.key, self.length, self.version, self.members))
+            )
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, object]:
+        state = dict(self.__dict__)
+        state.pop("_hash", None)  # str hashes differ between processes
+        return state
+
     def name(self, url: str) -> str:
-        """The unit's file name: a hash of everything that identifies its bytes."""
+        """The unit's file name: a hash of everything that identifies its bytes
+        (kept for the last ``url``: the prefetcher names every unit it looks at)."""
+        cached: tuple[str, str] | None = self.__dict__.get("_name")
+        if cached is not None and cached[0] == url:
+            return cached[1]
         text = "\0".join(
             (
                 url,
@@ -114,7 +136,9 @@ class Unit:
                 "whole" if self.whole else "range",
             )
         )
-        return UNIT_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:40]
+        name = UNIT_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:40]
+        object.__setattr__(self, "_name", (url, name))
+        return name
 
 
 def object_unit(info: ObjectInfo, sha256: str | None = None) -> Unit:
@@ -136,11 +160,15 @@ def directory_unit(
     prefix: str, infos: Sequence[ObjectInfo], sha256: dict[str, str] | None = None
 ) -> Unit:
     """The directory unit of the objects ``infos``, all under ``prefix``
-    (their keys relative to the source); ``sha256`` maps keys to digests."""
+    (their keys relative to the source); ``sha256`` maps keys to digests.
+    An empty ``prefix`` is every object of the source (a store at its URL)."""
     prefix = prefix.strip("/")
     members = []
     for info in sorted(infos, key=lambda i: i.key):
-        relative = info.key[len(prefix) + 1 :] if info.key.startswith(prefix + "/") else ""
+        if not prefix:
+            relative = info.key
+        else:
+            relative = info.key[len(prefix) + 1 :] if info.key.startswith(prefix + "/") else ""
         parts = relative.split("/")
         if not relative or any(part in ("", ".", "..") for part in parts):
             raise ValueError(
@@ -356,7 +384,7 @@ def _targets(unit: Unit, fd: int, part: str) -> list[tuple[Unit, str]]:
     unit [(unit, "")], meaning its bytes go to ``fd`` itself."""
     if not unit.members:
         return [(unit, "")]
-    offset = len(unit.key) + 1
+    offset = len(unit.key) + 1 if unit.key else 0
     return [(m, os.path.join(part, *m.key[offset:].split("/"))) for m in unit.members]
 
 

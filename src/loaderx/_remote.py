@@ -279,7 +279,15 @@ def build_store(remote: RemoteURL, storage_options: dict[str, Any] | None = None
             return stores.AzureStore(remote.bucket, prefix=prefix, config=config, **common)
         if remote.scheme in ("http", "https"):
             return stores.HTTPStore.from_url(remote.url.rstrip("/"), **common)
+        if not os.path.isdir(remote.prefix):
+            raise RemoteNotFoundError(
+                f"cannot open {remote.url}: no directory {remote.prefix} on this machine; "
+                "check the URL (file:///absolute/path)",
+                remote.url,
+            )
         return stores.LocalStore(remote.prefix)
+    except RemoteError:
+        raise
     except Exception as exc:  # the client's own error types, mapped below
         raise map_error(exc, remote.url, "open") from exc
 

@@ -27,6 +27,7 @@ library does not already depend on.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -44,6 +45,7 @@ import numpy as np
 from . import __version__
 from ._arrayview import LazyArray, reading_store
 from ._fs import OS_FS, DirectorySwap, OsFs
+from ._remote_dataset import RemoteStore, is_remote
 from .arraystore import MARKER_FILE, ArrayStore
 from .arrow import COLUMNS_FILE, from_arrow, open_columns, read_listing
 from .converter import from_numpy
@@ -163,11 +165,13 @@ def _parser() -> argparse.ArgumentParser:
         "info", parents=[common], help="what a store, dataset or ArrayStore holds"
     )
     info.add_argument("path", metavar="PATH")
+    _add_cache_options(info)
     info.set_defaults(run=_run_info)
     verify = commands.add_parser(
         "verify", parents=[common], help="check every record's checksum (exit 1 on damage)"
     )
     verify.add_argument("path", metavar="PATH")
+    _add_cache_options(verify)
     verify.set_defaults(run=_run_verify)
     compact = commands.add_parser(
         "compact", parents=[common], help="reclaim the bytes of deleted and replaced records"
@@ -188,6 +192,23 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.set_defaults(run=_run_bench)
     return parser
+
+
+def _add_cache_options(command: argparse.ArgumentParser) -> None:
+    """PATH may be a URL (s3://, gs://, az://, http(s)://, file://): its cache."""
+    command.add_argument(
+        "--cache-dir",
+        default=None,
+        help="for a URL: the cache directory (default: $LOADERX_CACHE_DIR, else "
+        "$XDG_CACHE_HOME/loaderx, else ~/.cache/loaderx)",
+    )
+    command.add_argument(
+        "--cache-bytes",
+        type=int,
+        default=None,
+        help="for a URL: the cache's byte budget (default: the dataset plus one shard, at most "
+        "a quarter of the free space); verify fetches one shard at a time",
+    )
 
 
 def _add_convert(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -415,7 +436,82 @@ _INFO = {"arraystore": _arraystore_info, "sharded": _sharded_info, "columns": _c
 # ---- info ------------------------------------------------------------------------
 
 
+def _open_remote(args: argparse.Namespace) -> RemoteStore:
+    if args.cache_bytes is not None and args.cache_bytes < 1:
+        raise CommandError(f"--cache-bytes must be positive, got {args.cache_bytes}")
+    return RemoteStore(args.path, "", cache_dir=args.cache_dir, cache_bytes=args.cache_bytes)
+
+
+def _remote_info(args: argparse.Namespace) -> dict[str, Any]:
+    """What the manifest (or the store) of a URL says; shards are not fetched."""
+    with contextlib.closing(_open_remote(args)) as store:
+        stats, schema = store.stats(), store.schema
+    info: dict[str, Any] = {
+        "path": args.path,
+        "kind": schema.kind,
+        "sharded": store.manifest is not None,
+        "shards": stats["shards"],
+        "dtype": str(schema.dtype),
+        "item_shape": list(schema.item_shape),
+        "codec": schema.codec,
+        "records": stats["records"],
+        "remote_bytes": stats["dataset_bytes"],
+        "cache_dir": stats["cache_dir"],
+        "cache_bytes": stats["cache_bytes"],
+    }
+    if schema.kind == "dense":
+        info["shape"] = [stats["records"], *schema.item_shape]
+    return info
+
+
+def _remote_info_text(info: dict[str, Any]) -> str:
+    rows = [
+        ("kind", info["kind"]),
+        ("shards", f"{info['shards']:,}" if info["sharded"] else "none (one store)"),
+        ("dtype", info["dtype"]),
+        ("item shape", str(tuple(info["item_shape"]))),
+        ("codec", info["codec"]),
+        ("records", f"{info['records']:,}"),
+        ("in storage", _size(info["remote_bytes"])),
+        ("cache", f"{info['cache_dir']} (budget {_size(info['cache_bytes'])})"),
+    ]
+    return f"{info['path']}: loaderx {info['kind']} dataset in object storage\n" + "\n".join(
+        f"  {key:<12} {value}" for key, value in rows
+    )
+
+
+def _remote_verify(args: argparse.Namespace) -> dict[str, Any]:
+    """Every shard of a URL fetched through the cache one at a time (within the
+    budget) and checked; damaged records by global index, as for local shards."""
+    with contextlib.closing(_open_remote(args)) as store:
+        names = store.manifest.names if store.manifest is not None else ("",)
+        entries: list[dict[str, Any]] = []
+        for number, name in enumerate(names):
+            where = f"{store.path}/{name}".rstrip("/")
+            first = int(store.shard_start(number))
+            try:
+                damaged = store.verify_shard(number)
+                entry: dict[str, Any] = {
+                    "path": where,
+                    "records": store.shard_rows(number),
+                    "damaged": damaged,
+                    "error": None,
+                }
+            except (ZrecordError, ValueError, OSError) as exc:
+                entry = _unreadable(where, exc)
+            entry["first_record"] = first
+            entries.append(entry)
+    ok = all(not entry["damaged"] and entry["error"] is None for entry in entries)
+    result: dict[str, Any] = {"path": args.path, "ok": ok, "stores": entries}
+    result["damaged"] = [index for entry in entries for index in entry["damaged"]]
+    return result
+
+
 def _run_info(args: argparse.Namespace) -> int:
+    if is_remote(args.path):
+        _emit(args, _remote_info(args), _remote_info_text)
+        return EXIT_OK
+    _refuse_cache_options(args)
     kind = _kind(args.path)
     info = _INFO[kind](args.path) if kind in _INFO else _store_info(args.path, kind)
     _emit(args, info, _info_text)
@@ -605,7 +701,19 @@ def _verify_columns(path: str) -> list[dict[str, Any]]:
     ]
 
 
+def _refuse_cache_options(args: argparse.Namespace) -> None:
+    if args.cache_dir is not None or args.cache_bytes is not None:
+        raise CommandError(
+            f"--cache-dir and --cache-bytes are for URLs; '{args.path}' is a local path"
+        )
+
+
 def _run_verify(args: argparse.Namespace) -> int:
+    if is_remote(args.path):
+        result = _remote_verify(args)
+        _emit(args, result, _verify_text)
+        return EXIT_OK if result["ok"] else EXIT_DAMAGED
+    _refuse_cache_options(args)
     try:
         kind = _kind(args.path)
     except ValueError as exc:  # a schema.msgpack that does not parse: damage, not a usage error

@@ -49,7 +49,9 @@ from typing import Any, Callable
 import numpy as np
 import numpy.typing as npt
 
+from ._cache import CacheTooSmallError
 from ._checks import check_flag, check_int, check_state_int
+from ._remote_dataset import LoaderPlan, RemoteStore, reading_step
 from .dataset import DenseDataset, RaggedDataset
 from .mixing import Mixer, check_sources
 from .packing import Packing, make_packer
@@ -194,19 +196,8 @@ class _Batches:
         stage failed."""
         started = sampled = time.perf_counter()
         try:
-            if plan is not None:
-                batch = self.packer.read(plan)
-            elif self.mixer is not None:
-                choice, parts = self.mixer.sample(step)
-                sampled = time.perf_counter()
-                batch = self.mixer.read(choice, parts)
-            else:
-                self.schedule.indices(step, indices)
-                sampled = time.perf_counter()
-                batch = {
-                    name: reader.read(indices, out)
-                    for (name, reader), out in zip(self.readers, outputs)
-                }
+            with reading_step(step):  # a remote store's cache pins with the step
+                batch, sampled = self._read(step, plan, indices, outputs, sampled)
         except BaseException as exc:
             raise _StepFailure(step, "reading the batch", exc) from exc
         gathered = time.perf_counter()
@@ -216,6 +207,61 @@ class _Batches:
             raise _StepFailure(step, "transform", exc) from exc
         self.stats.add_stages(sampled - started, gathered - sampled, time.perf_counter() - gathered)
         return result
+
+    def _read(
+        self, step: int, plan: Any, indices: npt.NDArray[np.uint64], outputs: list[Any], at: float
+    ) -> tuple[Any, float]:
+        """Batch ``step`` before its transform, and when its sampling ended."""
+        sampled = at
+        if plan is not None:
+            batch = self.packer.read(plan)
+        elif self.mixer is not None:
+            choice, parts = self.mixer.sample(step)
+            sampled = time.perf_counter()
+            batch = self.mixer.read(choice, parts)
+        else:
+            self.schedule.indices(step, indices)
+            sampled = time.perf_counter()
+            batch = {
+                name: reader.read(indices, out)
+                for (name, reader), out in zip(self.readers, outputs)
+            }
+        return batch, sampled
+
+    def remote_stores(self, streams: list[dict[str, DenseDataset | RaggedDataset]]) -> list[Any]:
+        """The remote stores whose caches get a plan."""
+        found = {
+            id(dataset.store): dataset.store
+            for source in streams
+            for dataset in source.values()
+            if isinstance(dataset.store, RemoteStore)
+        }
+        return list(found.values())
+
+    def remote_reads(self, step: int) -> list[tuple[Any, npt.NDArray[np.uint64]]]:
+        """[(remote store, indices)] step ``step`` reads: a pure function of the
+        step. A packed loader's steps here are the packer's chunks of documents
+        (the order it reads them in; how many a batch takes depends on lengths)."""
+        if self.packer is not None:
+            dataset = self.packer.dataset
+            if not isinstance(dataset.store, RemoteStore):
+                return []
+            return [(dataset.store, self.packer.planned_reads(step))]
+        if self.mixer is not None:
+            _, parts = self.mixer.sample(step)
+            return [
+                (dataset.store, indices)
+                for number, _, indices in parts
+                for dataset in self.mixer.sources[number].values()
+                if isinstance(dataset.store, RemoteStore)
+            ]
+        indices = np.empty(self.schedule.sampler.batch_size, dtype=np.uint64)
+        self.schedule.indices(step, indices)
+        return [
+            (reader.dataset.store, indices)
+            for _, reader in self.readers
+            if isinstance(reader.dataset.store, RemoteStore)
+        ]
 
 
 class _StepFailure(Exception):
@@ -494,11 +540,30 @@ class DataLoader:
         )
         self._packing_state = None if packer is None else packer.state()
         self._step = 0
+        self._plan = self._remote_plan(sources)
+        self._plan_error: CacheTooSmallError | None = None
         self._pipeline: _Pipeline | None = None
         self._finalizer: weakref.finalize[[], DataLoader] | None = None
         self._indices: npt.NDArray[np.uint64] | None = None
         self._failure: _StepFailure | None = None
         self._closed = False
+
+    def _remote_plan(self, sources: list[Any] | None) -> LoaderPlan:
+        """Remote streams: their caches get the schedule's next steps (Belady's
+        MIN evicts by it); a budget too small for the steps in flight fails here."""
+        in_flight = min(max(1, self._num_workers), self._prefetch_size)
+        plan = LoaderPlan(
+            self._batches.remote_stores(sources or [self._streams]),
+            self._batches.remote_reads,
+            in_flight + (self._batches.packer is not None),  # and the chunk being planned
+        )
+        plan.start(self._plan_position())
+        return plan
+
+    def _plan_position(self) -> int:
+        """Where the remote plan starts: the step, or a packer's next chunk."""
+        packer = self._batches.packer
+        return self._step if packer is None else packer.chunk_of(packer.state())
 
     # -- iteration ---------------------------------------------------------------
 
@@ -506,6 +571,8 @@ class DataLoader:
         return self
 
     def __next__(self) -> Any:
+        if self._plan_error is not None:
+            raise self._plan_error
         if self._failure is not None:
             raise self._failure.loader_error() from self._failure.error
         if self._closed:
@@ -526,6 +593,10 @@ class DataLoader:
             raise failure.loader_error() from failure.error
         self._stats.add_delivered(time.perf_counter() - started)
         self._step += 1
+        try:
+            self._plan.advance(self._plan_position())
+        except CacheTooSmallError as exc:
+            self._plan_error = exc  # raised by the next next(), not instead of this batch
         if plan is not None:
             self._packing_state = plan.state_after
         return batch
@@ -725,6 +796,7 @@ class DataLoader:
             anchor = elastic_anchor(saved_schedule, step, self._batches.schedule)
             self._batches.schedule = Schedule(mine, anchor)
         self._step = step
+        self._plan.start(self._plan_position())
 
     def __repr__(self) -> str:
         names = ", ".join(self._streams)

@@ -23,6 +23,7 @@ import numpy.typing as npt
 from ._checks import check_int, check_verify
 from ._fs import readable_path
 from ._indexing import int_index, is_int, record_indices
+from ._remote_dataset import RemoteStore, is_remote
 from .schema import (  # the names loaderx.dataset has always offered
     FORMAT_NAME as FORMAT_NAME,
 )
@@ -83,14 +84,28 @@ class _Dataset:
     _kind = ""
 
     def __init__(
-        self, path: StrPath, verify: bool | None = None, threads: int = 0, *, _durable: bool = True
+        self,
+        path: StrPath,
+        verify: bool | None = None,
+        threads: int = 0,
+        *,
+        cache_dir: StrPath | None = None,
+        cache_bytes: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        _durable: bool = True,
+        _source: Any = None,
     ) -> None:
         # ``_durable=False`` is for ArrayStore, which writes through the
         # dataset's store: one native open instead of a second handle.
         self.path = os.fspath(path)
         verify = check_verify(verify)
         threads = check_int("threads", threads, 0, THREADS_MAX)
-        self._store: Zrecord | ShardedStore
+        self._store: Zrecord | ShardedStore | RemoteStore
+        self._remote = (cache_dir, cache_bytes, storage_options)
+        if is_remote(self.path):
+            self._open_remote(verify, threads, _source)
+            return
+        self._refuse_remote_options()
         # A sharded dataset has no schema at its top (write_shard refuses a
         # directory that has one): a store's schema is the one look-up.
         for attempt in range(_SWAPS_SEEN_MAX + 1):
@@ -133,6 +148,35 @@ class _Dataset:
                     f"'{self.path}' was replaced {attempt + 1} times while it was being opened: "
                     "open it again when its writer is done"
                 )
+        self._opened(verify, threads)
+
+    def _refuse_remote_options(self) -> None:
+        if self._remote != (None, None, None):
+            raise ValueError(
+                f"cache_dir, cache_bytes and storage_options are for datasets in object storage "
+                f"(s3://, gs://, az://, http(s)://, file:// URLs); '{self.path}' is a local path, "
+                "read in place: leave them out, or give a URL"
+            )
+
+    def _open_remote(self, verify: bool | None, threads: int, source: Any) -> None:
+        """A dataset in object storage: its store reads through the cache."""
+        cache_dir, cache_bytes, storage_options = self._remote
+        if cache_bytes is not None:
+            cache_bytes = check_int("cache_bytes", cache_bytes, 1)
+        self._store = RemoteStore(
+            self.path,
+            self._kind,
+            verify,
+            threads,
+            cache_dir=cache_dir,
+            cache_bytes=cache_bytes,
+            storage_options=storage_options,
+            source=source,
+        )
+        self._schema = self._store.schema
+        self._opened(verify, threads)
+
+    def _opened(self, verify: bool | None, threads: int) -> None:
         self.dtype = self._schema.dtype
         self.item_shape = self._schema.item_shape
         self.codec = self._schema.codec
@@ -140,20 +184,30 @@ class _Dataset:
         self._store._reopen_hint = f"{type(self).__name__}(path)"
         self._options = (verify, threads)
 
-    def __reduce__(self) -> tuple[type[_Dataset], tuple[str, bool | None, int]]:
+    def __reduce__(self) -> tuple[Any, ...]:
         if self.closed:
             raise TypeError(
                 f"cannot pickle the closed {type(self).__name__} '{self.path}': pickle it while "
                 "open"
             )
-        return (type(self), (self.path, *self._options))
+        if not isinstance(self._store, RemoteStore):
+            return (type(self), (self.path, *self._options))
+        # A remote dataset pickles as its URL and options: the other process
+        # opens its own cache on the same directory (shared safely).
+        cache_dir, cache_bytes, storage_options = self._remote
+        options = {
+            "cache_dir": cache_dir if cache_dir is not None else self._store.cache_base,
+            "cache_bytes": self._store.cache_budget,
+            "storage_options": storage_options,
+        }
+        return (_reopen, (type(self), self.path, *self._options, options))
 
     @property
     def schema(self) -> Schema:
         return self._schema
 
     @property
-    def store(self) -> Zrecord | ShardedStore:
+    def store(self) -> Zrecord | ShardedStore | RemoteStore:
         """The underlying record store, a ``Zrecord`` or for a sharded dataset
         a ``loaderx.shards.ShardedStore`` (read it, do not write through it)."""
         return self._store
@@ -187,6 +241,13 @@ class _Dataset:
         )
 
 
+def _reopen(
+    cls: type[_Dataset], path: str, verify: bool | None, threads: int, options: dict[str, Any]
+) -> _Dataset:
+    """Unpickling a remote dataset: open it again with its cache options."""
+    return cls(path, verify, threads, **options)
+
+
 class DenseDataset(_Dataset):
     """A dense store: every record is one item of ``item_shape`` and ``dtype``.
 
@@ -201,9 +262,29 @@ class DenseDataset(_Dataset):
     _kind = "dense"
 
     def __init__(
-        self, path: StrPath, verify: bool | None = None, threads: int = 0, *, _durable: bool = True
+        self,
+        path: StrPath,
+        verify: bool | None = None,
+        threads: int = 0,
+        *,
+        cache_dir: StrPath | None = None,
+        cache_bytes: int | None = None,
+        storage_options: dict[str, Any] | None = None,
+        _durable: bool = True,
+        _source: Any = None,
     ) -> None:
-        super().__init__(path, verify=verify, threads=threads, _durable=_durable)
+        super().__init__(
+            path,
+            verify=verify,
+            threads=threads,
+            cache_dir=cache_dir,
+            cache_bytes=cache_bytes,
+            storage_options=storage_options,
+            _durable=_durable,
+            _source=_source,
+        )
+        if isinstance(self._store, RemoteStore):
+            return  # each shard's record size is checked as it is first opened
         try:
             self._check_record_bytes()
         except BaseException:

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from ._checks import check_int, check_state_int
+from ._remote_dataset import reading_step
 from .dataset import RaggedDataset
 from .sampler import STEP_MAX, Sampler
 
@@ -127,7 +128,8 @@ class _Documents:
         number, place = divmod(position, self.chunk)
         if self.cached[0] != number:
             indices = self.sampler.batch(number)
-            self.cached = (number, indices, self.dataset._row_counts(indices))
+            with reading_step(number):  # a remote cache plans by chunk (DataLoader)
+                self.cached = (number, indices, self.dataset._row_counts(indices))
         return self.cached[1], self.cached[2], place
 
     def empty_error(self) -> ValueError:
@@ -167,6 +169,15 @@ class _Packer:
         # document's chunk is a step the sampler cannot draw.
         for key in keys:
             check_state_int(f"state packing {key}", state.get(key), STEP_MAX)
+
+    def chunk_of(self, state: dict[str, Any]) -> int:
+        """The chunk of the next document of ``state``: a packed loader's remote
+        cache is planned by chunks, the order in which documents are read."""
+        return int(state["document"]) // self.documents.chunk
+
+    def planned_reads(self, chunk: int) -> np.ndarray:
+        """The documents of chunk ``chunk`` (a pure function of the chunk number)."""
+        return self.documents.sampler.batch(chunk)
 
     def _gather(self, indices: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Documents ``indices`` whole, back to back, in one native gather; and their offsets."""
@@ -272,7 +283,8 @@ class _ConcatPacker(_Packer):
         """This rank's rows: the stream's tokens, ``segment_ids`` and ``positions``,
         each ``(batch_size, seq_len)``; the rows are one slice of the gathered
         documents, as consecutive pieces are consecutive documents."""
-        flat, _ = self._gather(plan.indices, plan.lengths)
+        with reading_step(self.chunk_of(plan.state_after)):
+            flat, _ = self._gather(plan.indices, plan.lengths)
         size = self.share * self.seq_len
         tokens = flat[plan.skip : plan.skip + size].reshape(self.share, self.seq_len)
         segment_ids, positions = _segments(plan.piece_starts, self.share, self.seq_len)
@@ -401,8 +413,9 @@ class _FirstFitPacker(_Packer):
         ).reshape(-1, 3)
         row_of = np.repeat(np.arange(len(plan.rows)), [len(row) // 3 for row in plan.rows])
         unique, inverse = np.unique(pieces[:, 0], return_inverse=True)
-        lengths = self.dataset._row_counts(unique.astype(np.uint64))
-        flat, offsets = self._gather(unique.astype(np.uint64), lengths)
+        with reading_step(self.chunk_of(plan.state_after)):
+            lengths = self.dataset._row_counts(unique.astype(np.uint64))
+            flat, offsets = self._gather(unique.astype(np.uint64), lengths)
         counts = pieces[:, 2]
         column = np.cumsum(counts) - counts  # the piece's start column within its row
         first_of_row = np.searchsorted(row_of, row_of, side="left")

@@ -59,7 +59,9 @@ __all__ = [
     "SHARD_PATTERN",
     "Manifest",
     "ManifestError",
+    "BatchView",
     "ShardedStore",
+    "ShardsView",
     "is_sharded",
     "pack_manifest",
     "parse_manifest",
@@ -321,7 +323,97 @@ def _confined(root: str | None, file: str, position: int, name: object) -> str:
 # ---- reading ----------------------------------------------------------------------
 
 
-class ShardedStore(NativeHandle):
+class ShardsView(NativeHandle):
+    """One native handle (zig/shards.zig) over open stores read as one store
+    of global rows: ``gather``, ``lengths`` and ``gather_rows`` are one native
+    call for a whole batch, however many stores it touches. It borrows the
+    stores: close it before them. ``ShardedStore`` is one over every shard of
+    a dataset; a remote dataset opens one per batch over the shards it pinned."""
+
+    _item_bytes: int
+
+    def _open_view(
+        self, stores: list[Zrecord], row_starts: npt.NDArray[np.uint64], threads: int, where: str
+    ) -> None:
+        handles = ffi.new("lx_store *[]", [store._handle for store in stores])
+        out = ffi.new("lx_shards **")
+        check(
+            lib.lx_shards_open(
+                handles,
+                ffi.cast("uint64_t *", ffi.from_buffer(row_starts)),
+                len(stores),
+                threads,
+                out,
+            ),
+            f"cannot open sharded dataset '{where}'",
+        )
+        self._handle = out[0]
+
+    def _close_view(self) -> None:
+        if self._handle != ffi.NULL:
+            lib.lx_shards_close(self._handle)
+            self._handle = ffi.NULL
+
+    def gather(self, idxs: npt.ArrayLike, dst: Any, offsets: npt.ArrayLike | None = None) -> None:
+        """Decodes global records ``idxs`` into ``dst`` at byte ``offsets[k]``,
+        or at ``k * L`` when all records are ``L`` bytes long (dense)."""
+        indices, target, target_bytes, target_offsets = gather_arguments(
+            idxs, dst, offsets, self.lengths
+        )
+        offsets_pointer = ffi.NULL if target_offsets is None else u64_pointer(target_offsets)
+        if indices.size == 0:
+            return
+        handle = self._enter()
+        try:
+            status = lib.lx_shards_gather(
+                handle,
+                u64_pointer(indices),
+                indices.size,
+                target,
+                target_bytes,
+                offsets_pointer,
+                self._item_bytes,
+            )
+        finally:
+            self._leave()
+        if status:
+            check(status)
+
+    def lengths(self, idxs: npt.ArrayLike) -> npt.NDArray[np.uint64]:
+        """The decoded byte length of each global record in ``idxs``."""
+        return self._lengths_with(lib.lx_shards_lengths, idxs)
+
+    def gather_rows(
+        self,
+        indices: npt.NDArray[np.uint64],
+        row_bytes: int,
+        target: npt.NDArray[np.uint8] | None,
+    ) -> tuple[int, npt.NDArray[np.int64]]:
+        """``Zrecord.gather_rows`` over global records, one native call."""
+        return self._gather_rows_with(lib.lx_shards_gather_rows, indices, row_bytes, target)
+
+
+class BatchView(ShardsView):
+    """A ``ShardsView`` over ``stores`` (open, and kept open by the caller
+    until ``close``) holding ``row_starts`` rows each, for one batch."""
+
+    def __init__(
+        self, stores: list[Zrecord], row_starts: npt.NDArray[np.uint64], item_bytes: int, where: str
+    ) -> None:
+        self._init_lifetime()
+        self._handle = ffi.NULL
+        self._item_bytes = item_bytes
+        self._where = where
+        self._open_view(stores, row_starts, 0, where)
+
+    def _closed_message(self) -> str:
+        return f"the batch view of '{self._where}' is closed"
+
+    def _release(self) -> None:
+        self._close_view()
+
+
+class ShardedStore(ShardsView):
     """The shards of a committed dataset read as one store of global rows.
 
     It offers the read side of ``Zrecord`` that datasets use (``len``,
@@ -361,19 +453,8 @@ class ShardedStore(NativeHandle):
             self.shards.append(self._open_shard(name, count))
         self._row_starts = np.zeros(len(self.shards) + 1, dtype=np.uint64)
         np.cumsum(np.asarray(manifest.rows, dtype=np.uint64), out=self._row_starts[1:])
-        handles = ffi.new("lx_store *[]", [shard._handle for shard in self.shards])
-        out = ffi.new("lx_shards **")
-        check(
-            lib.lx_shards_open(
-                handles,
-                ffi.cast("uint64_t *", ffi.from_buffer(self._row_starts)),
-                len(self.shards),
-                self._threads,
-                out,
-            ),
-            f"cannot open sharded dataset '{self.path}'",
-        )
-        self._handle = out[0]
+        self._item_bytes = self.schema.item_bytes
+        self._open_view(self.shards, self._row_starts, self._threads, self.path)
 
     def _open_shard(self, name: str, count: int) -> Zrecord:
         path = os.path.join(self.path, name)
@@ -405,9 +486,7 @@ class ShardedStore(NativeHandle):
         self._close_shards()
 
     def _close_shards(self) -> None:
-        if self._handle != ffi.NULL:
-            lib.lx_shards_close(self._handle)
-            self._handle = ffi.NULL
+        self._close_view()
         for shard in self.shards:
             shard.close()
 
@@ -415,44 +494,6 @@ class ShardedStore(NativeHandle):
 
     def __len__(self) -> int:
         return int(self._row_starts[-1])
-
-    def gather(self, idxs: npt.ArrayLike, dst: Any, offsets: npt.ArrayLike | None = None) -> None:
-        """Decodes global records ``idxs`` into ``dst`` at byte ``offsets[k]``,
-        or at ``k * L`` when all records are ``L`` bytes long (dense)."""
-        indices, target, target_bytes, target_offsets = gather_arguments(
-            idxs, dst, offsets, self.lengths
-        )
-        offsets_pointer = ffi.NULL if target_offsets is None else u64_pointer(target_offsets)
-        if indices.size == 0:
-            return
-        handle = self._enter()
-        try:
-            status = lib.lx_shards_gather(
-                handle,
-                u64_pointer(indices),
-                indices.size,
-                target,
-                target_bytes,
-                offsets_pointer,
-                self.schema.item_bytes,
-            )
-        finally:
-            self._leave()
-        if status:
-            check(status)
-
-    def lengths(self, idxs: npt.ArrayLike) -> npt.NDArray[np.uint64]:
-        """The decoded byte length of each global record in ``idxs``."""
-        return self._lengths_with(lib.lx_shards_lengths, idxs)
-
-    def gather_rows(
-        self,
-        indices: npt.NDArray[np.uint64],
-        row_bytes: int,
-        target: npt.NDArray[np.uint8] | None,
-    ) -> tuple[int, npt.NDArray[np.int64]]:
-        """``Zrecord.gather_rows`` over global records, one native call."""
-        return self._gather_rows_with(lib.lx_shards_gather_rows, indices, row_bytes, target)
 
     def stats(self) -> dict[str, Any]:
         """The shards' stats added up; ``layout`` is ``fixed`` only when every

@@ -1,0 +1,383 @@
+"""Datasets in object storage (loaderx._remote_dataset): a remote stream equals
+the local stream bit for bit (every mode, shard=, resume, mixing, packing,
+dense and ragged, over S3 and file://), the cache budget at every batch,
+budgets too small refused when the loader is built, two processes on one
+cache directory, a reader killed mid-download, a network fault then an exact
+resume, the CLI on a URL, and corrupted objects on the server."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import loaderx
+from loaderx import _remote, cli, shards
+from loaderx._cache import CacheTooSmallError
+from loaderx._remote import Fault, FaultySource, RetryingSource
+
+pytest.importorskip("obstore", reason="remote datasets need obstore: pip install 'loaderx[remote]'")
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "remote_worker.py"
+WORKER_SECONDS = 60
+DENSE_ROWS, DENSE_SHARDS = 2000, 8
+BATCH = 64
+
+
+def bytes_under(directory) -> int:
+    """The bytes of the files under ``directory``, taken under the cache's lock."""
+    directory = str(directory)
+    lock = os.path.join(directory, "lock")
+    if not os.path.exists(lock):
+        return 0
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        total = 0
+        for root, _, files in os.walk(directory):
+            total += sum(os.lstat(os.path.join(root, name)).st_size for name in files)
+        return total
+    finally:
+        os.close(fd)
+
+
+def deleted_mappings(directory) -> set[str]:
+    """Files under ``directory`` this process still maps though they were
+    deleted (an evicted shard's store left open): disk the budget cannot see."""
+    with open("/proc/self/maps") as maps:
+        return {
+            line.split()[-2]
+            for line in maps
+            if line.rstrip().endswith("(deleted)") and str(directory) in line
+        }
+
+
+def dense_rows():
+    return np.random.default_rng(0).random((DENSE_ROWS, 16)).astype(np.float32)
+
+
+def token_docs(count=800):
+    rng = np.random.default_rng(1)
+    return [rng.integers(0, 1000, rng.integers(1, 40)).astype(np.int32) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    """Local datasets: dense sharded, ragged sharded (scalar tokens), a single store."""
+    root = tmp_path_factory.mktemp("local")
+    rows = dense_rows()
+    per = DENSE_ROWS // DENSE_SHARDS
+    for k in range(DENSE_SHARDS):
+        shards.write_shard(root / "dense", k, rows[k * per : (k + 1) * per])
+    shards.commit(root / "dense")
+    docs = token_docs()
+    for k in range(4):
+        shards.write_shard(root / "ragged", k, docs[k * 200 : (k + 1) * 200])
+    shards.commit(root / "ragged")
+    loaderx.from_numpy(root / "single", rows[:500])
+    return root
+
+
+def url(path) -> str:
+    return f"file://{path}"
+
+
+def shard_bytes(path) -> int:
+    """The largest shard's bytes (what one cache unit holds)."""
+    return max(
+        sum(f.stat().st_size for f in shard.rglob("*") if f.is_file())
+        for shard in Path(path).glob("shard-*")
+    )
+
+
+def upload(local_dir, source) -> None:
+    """A local dataset, file by file (the manifest last, as a writer would)."""
+    files = sorted(p for p in Path(local_dir).rglob("*") if p.is_file())
+    files.sort(key=lambda p: p.name == "manifest.msgpack")
+    for path in files:
+        source.put(str(path.relative_to(local_dir)), str(path))
+
+
+def stream(loader, steps):
+    batches = [next(loader) for _ in range(steps)]
+    loader.close()
+    return batches
+
+
+def same(left, right) -> bool:
+    if isinstance(left, dict):
+        return left.keys() == right.keys() and all(same(left[k], right[k]) for k in left)
+    if isinstance(left, loaderx.RaggedBatch):
+        return left == right
+    return np.array_equal(left, right)
+
+
+# ---- the stream, bit for bit
+
+
+def test_s3_stream_equals_local_in_every_mode(tmp_path, s3, local):
+    """Uploaded to the S3 server file by file, a dense and a ragged dataset read
+    the local stream bit for bit, in SEQUENTIAL, IID and CYCLIC order."""
+    for name in ("dense", "ragged"):
+        upload(local / name, _remote.open_source(s3.url(name)))
+    for name, kind in (("dense", loaderx.DenseDataset), ("ragged", loaderx.RaggedDataset)):
+        remote = kind(s3.url(name), cache_dir=tmp_path / "c")
+        assert len(remote) == len(kind(local / name))
+        for mode in ("SEQUENTIAL", "IID", "CYCLIC"):
+            expected = stream(loaderx.DataLoader({"x": kind(local / name)}, mode=mode), 12)
+            got = stream(loaderx.DataLoader({"x": remote}, mode=mode, num_workers=2), 12)
+            assert all(same(a, b) for a, b in zip(expected, got)), (name, mode)
+        remote.close()
+
+
+@pytest.mark.parametrize("mode", ["SEQUENTIAL", "IID", "CYCLIC"])
+def test_file_stream_equals_local_with_shard_and_resume(tmp_path, local, mode):
+    """shard=(rank, 2), and a resume from state_dict at step 7, under a budget
+    of three shards of eight (SEQUENTIAL; a random order reads every shard in
+    every step, so it gets the default budget, the whole dataset): the remote
+    stream is the local one."""
+    budget = 3 * shard_bytes(local / "dense") if mode == "SEQUENTIAL" else None
+    options = dict(batch_size=BATCH, mode=mode, shard=(1, 2), num_workers=2)
+    expected = stream(
+        loaderx.DataLoader({"x": loaderx.DenseDataset(local / "dense")}, **options), 20
+    )
+    remote = loaderx.DenseDataset(url(local / "dense"), cache_dir=tmp_path, cache_bytes=budget)
+    first = loaderx.DataLoader({"x": remote}, **options)
+    got = [next(first) for _ in range(7)]
+    state = first.state_dict()
+    first.close()
+    again = loaderx.DataLoader({"x": remote}, **options)
+    again.load_state_dict(state)
+    got += stream(again, 13)
+    assert all(same(a, b) for a, b in zip(expected, got))
+
+
+def test_mixing_and_packing_equal_local(tmp_path, local):
+    remote_dense = loaderx.DenseDataset(url(local / "dense"), cache_dir=tmp_path)
+    sources = [{"x": loaderx.DenseDataset(local / "dense")}, {"x": remote_dense}]
+    mixed = dict(weights=[0.3, 0.7], batch_size=BATCH, mode="IID")
+    local_pair = [{"x": loaderx.DenseDataset(local / "dense")}] * 2
+    assert all(
+        same(a, b)
+        for a, b in zip(
+            stream(loaderx.DataLoader(local_pair, **mixed), 10),
+            stream(loaderx.DataLoader(sources, **mixed), 10),
+        )
+    )
+    packing = loaderx.Packing(64)
+    remote = loaderx.RaggedDataset(url(local / "ragged"), cache_dir=tmp_path)
+    expected = stream(
+        loaderx.DataLoader(
+            {"t": loaderx.RaggedDataset(local / "ragged")}, packing=packing, batch_size=8
+        ),
+        10,
+    )
+    packed = loaderx.DataLoader({"t": remote}, packing=packing, batch_size=8, num_workers=2)
+    assert remote.store.cache.plan is not None  # planned by the packer's chunks
+    got = stream(packed, 10)
+    assert all(same(a, b) for a, b in zip(expected, got))
+
+
+def test_single_store_and_pickle(tmp_path, local):
+    """A store without shards is one unit pinned while open; a budget below it is
+    refused at open; a pickled remote dataset opens its own cache on the same directory."""
+    rows = dense_rows()[:500]
+    remote = loaderx.DenseDataset(url(local / "single"), cache_dir=tmp_path)
+    assert np.array_equal(remote[:], rows)
+    assert remote[[]].shape == (0, 16)
+    copy = pickle.loads(pickle.dumps(remote))
+    assert np.array_equal(copy[[3, 499, 0]], rows[[3, 499, 0]])
+    assert copy.store.cache.stats.fetches == 0  # the other process's units are shared
+    copy.close()
+    remote.close()
+    with pytest.raises(CacheTooSmallError, match="shards"):
+        loaderx.DenseDataset(url(local / "single"), cache_dir=tmp_path / "small", cache_bytes=1000)
+    with pytest.raises(ValueError, match="local path"):
+        loaderx.DenseDataset(local / "single", cache_bytes=10**6)
+
+
+# ---- the budget
+
+
+@pytest.mark.parametrize("mode, shards_held", [("SEQUENTIAL", 2), ("SEQUENTIAL", 4), ("CYCLIC", 9)])
+def test_budget_holds_after_every_batch(tmp_path, local, mode, shards_held):
+    """Two epochs under budgets of 2, 4 and 9 shards (of 8): the cache directory
+    never holds more than the budget after any batch, and the stream is local's."""
+    one = shard_bytes(local / "dense")
+    budget = shards_held * one
+    remote = loaderx.DenseDataset(url(local / "dense"), cache_dir=tmp_path, cache_bytes=budget)
+    directory = remote.store.cache_directory
+    loader = loaderx.DataLoader(
+        {"x": remote}, mode=mode, batch_size=BATCH, num_workers=2, prefetch_size=2
+    )
+    expected = loaderx.DataLoader(
+        {"x": loaderx.DenseDataset(local / "dense")}, mode=mode, batch_size=BATCH
+    )
+    peak = 0
+    for step in range(2 * (DENSE_ROWS // BATCH)):  # two epochs
+        assert np.array_equal(next(loader)["x"], next(expected)["x"]), step
+        peak = max(peak, bytes_under(directory))
+        assert peak <= budget, (step, peak, budget)
+        # An evicted shard's store is closed at the next read: at most the
+        # data and index files of two shards are still mapped after a batch.
+        deleted = deleted_mappings(directory)
+        assert len(deleted) <= 4, (step, deleted)
+    loader.close()
+    stats = remote.store.cache.stats
+    if shards_held == 9:  # everything fits: no byte fetched twice, nothing evicted
+        assert stats.bytes_fetched <= sum(u.length for u in remote.store.units), stats
+        assert stats.evictions == 0 and all(map(remote.store.cache.resident, remote.store.units))
+    else:
+        assert stats.evictions > 0, stats
+
+
+def test_budget_below_what_a_step_needs_is_refused_at_build(tmp_path, local):
+    one = shard_bytes(local / "dense")
+    tiny = loaderx.DenseDataset(url(local / "dense"), cache_dir=tmp_path, cache_bytes=one // 2)
+    with pytest.raises(CacheTooSmallError, match="cache_bytes"):
+        loaderx.DataLoader({"x": tiny}, mode="SEQUENTIAL", batch_size=BATCH)
+    with pytest.raises(CacheTooSmallError, match="read fewer records"):
+        tiny[:]  # one read pins all its shards together
+    # IID touches every shard each step: four workers in flight need them all at once.
+    some = loaderx.DenseDataset(url(local / "dense"), cache_dir=tmp_path, cache_bytes=3 * one)
+    with pytest.raises(CacheTooSmallError, match="in flight"):
+        loaderx.DataLoader({"x": some}, mode="IID", batch_size=BATCH, num_workers=4)
+
+
+# ---- processes, faults, corruption
+
+
+def worker(mode, dataset_url, cache_dir, budget):
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")]),
+    )
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), mode, dataset_url, str(cache_dir), str(budget)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+
+
+def finish(process):
+    out, err = process.communicate(timeout=WORKER_SECONDS)
+    assert process.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_two_processes_share_one_cache_without_double_downloads(tmp_path, local):
+    budget = 10 * shard_bytes(local / "dense")
+    readers = [worker("read", url(local / "dense"), tmp_path, budget) for _ in range(2)]
+    results = [finish(p) for p in readers]
+    total = float(dense_rows().astype(np.float64).sum())
+    assert all(abs(r["sum"] - total) < 1e-3 for r in results)
+    objects = sum(
+        1 for p in (local / "dense").rglob("*") if p.is_file() and p.parent != local / "dense"
+    )
+    assert sum(r["fetches"] for r in results) == objects  # each object once, between the two
+
+
+def test_reader_killed_mid_download_then_a_new_reader_works(tmp_path, local):
+    process = worker("hang", url(local / "dense"), tmp_path, 10**7)
+    deadline = time.monotonic() + WORKER_SECONDS
+    while not any(Path(tmp_path).glob("d-*/tmp/*.part")):
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=WORKER_SECONDS)
+    remote = loaderx.DenseDataset(url(local / "dense"), cache_dir=tmp_path, cache_bytes=10**7)
+    assert np.array_equal(remote[:], dense_rows())
+    assert not any(Path(tmp_path).glob("d-*/tmp/*.part"))
+    remote.close()
+
+
+def test_network_fault_mid_run_then_exact_resume(tmp_path, local):
+    """Gets 20 to 49 fail (past every retry): the loader raises at that step, its
+    state_dict names it, and a loader resumed from it reads the exact stream."""
+    one = shard_bytes(local / "dense")
+    faults = [Fault(n, "fail", method="get") for n in range(20, 50)]
+    inner = FaultySource(_remote.open_source(url(local / "dense")), faults)
+    flaky = RetryingSource(inner, sleep=lambda seconds: None)
+    options = dict(batch_size=BATCH, mode="SEQUENTIAL", num_workers=2)
+    remote = loaderx.DenseDataset(
+        url(local / "dense"), cache_dir=tmp_path, cache_bytes=3 * one, _source=flaky
+    )
+    loader = loaderx.DataLoader({"x": remote}, **options)
+    got = []
+    with pytest.raises(loaderx.LoaderError) as caught:
+        while True:
+            got.append(next(loader))
+    assert isinstance(caught.value.__cause__, loaderx.RemoteNetworkError)
+    assert inner.injected
+    state = loader.state_dict()
+    assert state["step"] == len(got) == caught.value.step
+    healthy = loaderx.DenseDataset(url(local / "dense"), cache_dir=tmp_path, cache_bytes=3 * one)
+    resumed = loaderx.DataLoader({"x": healthy}, **options)
+    resumed.load_state_dict(state)
+    got += stream(resumed, 40 - len(got))
+    expected = stream(
+        loaderx.DataLoader({"x": loaderx.DenseDataset(local / "dense")}, **options), 40
+    )
+    assert all(same(a, b) for a, b in zip(expected, got))
+
+
+def corrupt_copy(local, tmp_path, how):
+    copy = tmp_path / "served"
+    subprocess.run(["cp", "-r", str(local / "dense"), str(copy)], check=True)
+    data = sorted((copy / "shard-00003").glob("data-*"))[0]
+    payload = bytearray(data.read_bytes())
+    if how == "flip":
+        payload[len(payload) // 2] ^= 0x40
+    else:
+        payload = payload[: len(payload) // 2]
+    data.write_bytes(bytes(payload))
+    return copy, data
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_corrupted_object_on_the_server_is_an_error_never_wrong_data(tmp_path, local, how):
+    served, _ = corrupt_copy(local, tmp_path, how)
+    remote = loaderx.DenseDataset(url(served), cache_dir=tmp_path / "c")
+    rows = dense_rows()
+    assert np.array_equal(remote[:250], rows[:250])  # shard 0 is intact
+    with pytest.raises((loaderx.ZrecordError, ValueError, OSError)) as caught:
+        got = remote[750:1000]  # shard 3
+        assert np.array_equal(got, rows[750:1000]), "wrong data returned"
+    assert f"{url(served)}/shard-00003" in str(caught.value)
+    remote.close()
+
+
+def test_body_corrupted_in_transit_is_fetched_again_then_refused(tmp_path, local):
+    """A body truncated on every get is never used: RemoteIntegrityError names the object."""
+    faults = [Fault(n, "truncate", method="get", amount=3) for n in range(1, 100)]
+    source = FaultySource(_remote.open_source(url(local / "dense")), faults)
+    remote = loaderx.DenseDataset(url(local / "dense"), cache_dir=tmp_path, _source=source)
+    with pytest.raises(loaderx.RemoteIntegrityError, match="shard-00000/"):
+        remote[0]
+    remote.close()
+
+
+def test_cli_info_and_verify_on_a_url(tmp_path, local, capsys):
+    dense = url(local / "dense")
+    assert cli.main(["info", dense, "--cache-dir", str(tmp_path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["records"] == DENSE_ROWS and info["shards"] == DENSE_SHARDS
+    one = shard_bytes(local / "dense")
+    argv = ["verify", dense, "--cache-dir", str(tmp_path / "v"), "--cache-bytes", str(one)]
+    assert cli.main(argv) == 0
+    assert "ok" in capsys.readouterr().out
+    served, _ = corrupt_copy(local, tmp_path, "flip")
+    assert cli.main(["verify", url(served), "--cache-dir", str(tmp_path / "w")]) == 1
+    assert "shard-00003" in capsys.readouterr().out
