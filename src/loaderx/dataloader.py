@@ -498,25 +498,7 @@ class DataLoader:
         self._streams = _check_streams(streams)
         self._num_workers = check_int("num_workers", num_workers, 0, NUM_WORKERS_MAX)
         self._prefetch_size = check_int("prefetch_size", prefetch_size, 1, PREFETCH_SIZE_MAX)
-        if not callable(transform):
-            raise TypeError(
-                "transform must be callable (a batch dict in, a batch out), got "
-                f"{type(transform).__name__}"
-            )
-        self._processes = check_flag("transform_processes", transform_processes)
-        if self._processes:
-            if self._num_workers == 0:
-                raise ValueError(
-                    "transform_processes=True runs the transform in the workers' processes: set "
-                    "num_workers >= 1"
-                )
-            check_int(
-                "num_workers with transform_processes=True",
-                self._num_workers,
-                1,
-                PROCESS_WORKERS_MAX,
-            )
-            check_picklable(transform)
+        self._processes = _check_transform(transform, transform_processes, self._num_workers)
         length = len(next(iter(self._streams.values())))
         blocks = _block_keywords(self._streams, mode, shards_per_block, length, sources)
         self._sampler = Sampler(length, batch_size, mode, seed=seed, shard=shard, **blocks)
@@ -806,6 +788,25 @@ class DataLoader:
             f"mode={self._sampler.mode.name}, seed={self._sampler.seed}, "
             f"shard={self._sampler.shard}) at step {self._step}"
         )
+
+
+def _check_transform(transform: object, processes: object, num_workers: int) -> bool:
+    """The transform and ``transform_processes`` checked; returns the flag."""
+    if not callable(transform):
+        raise TypeError(
+            "transform must be callable (a batch dict in, a batch out), got "
+            f"{type(transform).__name__}"
+        )
+    flag = check_flag("transform_processes", processes)
+    if flag:
+        if num_workers == 0:
+            raise ValueError(
+                "transform_processes=True runs the transform in the workers' processes: set "
+                "num_workers >= 1"
+            )
+        check_int("num_workers with transform_processes=True", num_workers, 1, PROCESS_WORKERS_MAX)
+        check_picklable(transform)
+    return flag
 
 
 def _saved_sampler(state: Mapping[str, Any], mine: Sampler) -> Sampler:
