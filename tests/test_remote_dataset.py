@@ -381,3 +381,59 @@ def test_cli_info_and_verify_on_a_url(tmp_path, local, capsys):
     served, _ = corrupt_copy(local, tmp_path, "flip")
     assert cli.main(["verify", url(served), "--cache-dir", str(tmp_path / "w")]) == 1
     assert "shard-00003" in capsys.readouterr().out
+
+
+# ---- written remotely, read remotely
+
+
+def test_written_to_s3_reads_back_and_a_flipped_superblock_is_refused(tmp_path, s3):
+    """from_numpy to an S3 URL, then DenseDataset on it: the rows come back.
+    A superblock flipped on the server (which a store alone can open at its
+    older, empty generation) fails the manifest's SHA-256 on every fetch:
+    RemoteIntegrityError naming the object, never an empty or wrong read."""
+    rows = dense_rows()
+    target = s3.url("written")
+    loaderx.from_numpy(target, rows, codec="raw", shard_bytes=rows.nbytes // 4, progress=False)
+    remote = loaderx.DenseDataset(target, cache_dir=tmp_path / "c")
+    assert remote.store.manifest.files is not None and len(remote.store.units) == 4
+    assert np.array_equal(remote[:], rows)
+    remote.close()
+    source = _remote.open_source(target)
+    key = "shard-00001/superblock"
+    payload = bytearray(source.get(key))
+    payload[4096 + 64] ^= 0x01  # slot 1: the newest generation's fields
+    source.put(key, bytes(payload))
+    remote = loaderx.DenseDataset(target, cache_dir=tmp_path / "fresh")
+    first = len(rows) // 4
+    assert np.array_equal(remote[:first], rows[:first])  # shard 0 is intact
+    with pytest.raises(loaderx.RemoteIntegrityError, match="shard-00001/superblock"):
+        remote[first : first + 10]
+    remote.close()
+
+
+def test_block_order_streams_from_half_a_dataset_fetching_only_what_did_not_fit(tmp_path):
+    """BLOCK order (one shard per block) under a budget of half the shards: the
+    stream is the local one, the budget holds after every batch, and over two
+    cycles Belady fetches the dataset once plus at most 0.55x of it again
+    (the second cycle keeps what fits beside the two shards a step spans)."""
+    rows = np.random.default_rng(2).random((3200, 4)).astype(np.float32)
+    for k in range(64):
+        shards.write_shard(tmp_path / "data", k, rows[k * 50 : (k + 1) * 50], codec="raw")
+    shards.commit(tmp_path / "data")
+    one = shard_bytes(tmp_path / "data")
+    total = sum(f.stat().st_size for f in (tmp_path / "data").rglob("shard-*/*") if f.is_file())
+    budget = 32 * one
+    remote = loaderx.DenseDataset(
+        url(tmp_path / "data"), cache_dir=tmp_path / "c", cache_bytes=budget
+    )
+    options = dict(mode="block", shards_per_block=1, batch_size=16, num_workers=1)
+    loader = loaderx.DataLoader({"x": remote}, prefetch_size=2, **options)
+    expected = loaderx.DataLoader({"x": loaderx.DenseDataset(tmp_path / "data")}, **options)
+    for step in range(2 * loader.steps_per_epoch):
+        assert np.array_equal(next(loader)["x"], next(expected)["x"]), step
+        assert bytes_under(remote.store.cache_directory) <= budget, step
+    loader.close()
+    expected.close()
+    fetched = remote.store.cache.stats.bytes_fetched
+    assert total < fetched <= 1.55 * total, (fetched, total)
+    remote.close()

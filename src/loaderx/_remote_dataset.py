@@ -725,7 +725,7 @@ class LoaderPlan:
                 largest = max(unit.length for unit in window.values())
                 raise CacheTooSmallError(
                     f"cache_bytes={budget} of {store.path} is smaller than the {need} bytes "
-                    f"loader step (packed: chunk) {first + at} reads at once ({len(window)} "
+                    f"loader step {first + at} reads at once ({len(window)} "
                     f"shards, the largest {largest} bytes, with {self.in_flight} steps in "
                     f"flight): give cache_bytes of at least {need}, fewer num_workers, a "
                     "smaller batch, or smaller shards"

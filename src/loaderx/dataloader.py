@@ -58,7 +58,7 @@ from .packing import Packing, make_packer
 from .processes import ProcessTransform, check_picklable
 from .sampler import STEP_MAX, Sampler, equal_groups
 from .schedule import ElasticError, Schedule, elastic_anchor
-from .sharded import ShardedStore
+from .sharded import Manifest, ShardedStore
 from .streams import RaggedBatch, reader_for
 
 __all__ = [
@@ -871,10 +871,9 @@ def _block_keywords(
             "mode BLOCK does not combine with weights yet: each source would need its own "
             "groups. Mix in mode CYCLIC or IID"
         )
-    layouts = {
-        name: tuple(rows for rows in dataset.store.manifest.rows if rows > 0)
-        for name, dataset in streams.items()
-        if isinstance(dataset.store, ShardedStore)
+    layouts = {  # a sharded dataset's shards, local or remote
+        name: tuple(rows for rows in manifest.rows if rows > 0)
+        for name, manifest in _manifests(streams).items()
     }
     if len(set(layouts.values())) > 1:
         found = ", ".join(f"{name}: {len(rows)} shards" for name, rows in layouts.items())
@@ -884,6 +883,19 @@ def _block_keywords(
         )
     groups = next(iter(layouts.values())) if layouts else equal_groups(length)
     return {"groups": groups, "shards_per_block": shards_per_block}
+
+
+def _manifests(streams: Mapping[str, DenseDataset | RaggedDataset]) -> dict[str, Manifest]:
+    """The manifests of the sharded streams (local or at a URL), by name."""
+    found = {}
+    for name, dataset in streams.items():
+        store = dataset.store
+        if isinstance(store, ShardedStore) or (
+            isinstance(store, RemoteStore) and store.manifest is not None
+        ):
+            assert store.manifest is not None
+            found[name] = store.manifest
+    return found
 
 
 def _block_state(sampler: Sampler) -> dict[str, Any]:
