@@ -368,7 +368,8 @@ test "lz4 and lz4_shuffleN round-trip every element size and length near a block
     defer giveEncoder(encoder);
     const decoder = try takeDecoder();
     defer giveDecoder(decoder);
-    const lengths = [_]usize{ 1, 7, 100, 12288, lz4_block_bytes - 1, lz4_block_bytes, lz4_block_bytes + 1, source.len };
+    const block = lz4_block_bytes;
+    const lengths = [_]usize{ 1, 7, 100, 12288, block - 1, block, block + 1, source.len };
     for ([_]Codec{ .lz4, .lz4_shuffle2, .lz4_shuffle4, .lz4_shuffle8 }) |record_codec| {
         for (lengths) |length| {
             const written = try compress(
