@@ -146,8 +146,9 @@ def from_arrow(
     every store or ``{store_name: codec}`` (stores it does not name get
     ``"auto"``); ``"auto"``, the default, picks ``"zstd_shuffleN"`` or
     ``"zstd"`` (``"auto-speed"``: ``"lz4_shuffleN"`` or ``"lz4"``) per store
-    as ``from_numpy`` does, from the store's first records in the first batch (up to 64, or 4 MiB); ``zstd_dict`` trains each store's
-    dictionary from its first batch (a shuffled dictionary codec from its
+    as ``from_numpy`` does, from the store's first records in the first batch
+    (up to 64, or 4 MiB); ``zstd_dict`` trains each store's dictionary from
+    its first batch (a shuffled dictionary codec from its
     records shuffled). ``chunk_bytes`` bounds the row data read
     and appended at once; ``progress`` shows a bar on a terminal.
     """
