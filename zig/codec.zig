@@ -9,12 +9,13 @@
 //! xxHash32 of the content would cost decode time the codec exists to save),
 //! compression level 0 (LZ4's fast default: LZ4HC writes at tens of MB/s).
 const std = @import("std");
-const clib = @import("clib.zig");
+/// Public for scripts/codec_ceiling.zig, which times the libraries alone.
+pub const clib = @import("clib.zig");
 const shuffle = @import("shuffle.zig");
 const format = @import("format.zig");
 const status = @import("status.zig");
 const Error = status.Error;
-const Codec = format.Codec;
+pub const Codec = format.Codec;
 
 const allocator = std.heap.c_allocator;
 

@@ -1,0 +1,199 @@
+"""The codec table of scripts/bench.py: decode speed per core of zstd,
+zstd_shuffle4, lz4 and lz4_shuffle4 on the bench's float32 records, against
+the libraries' own decode ceilings, and the DataLoader against that ceiling.
+
+    python scripts/bench.py codecs [--quick]
+
+The ceilings come from scripts/codec_ceiling.zig, which this table compiles
+(about 20 s, once per run): one core of the system libzstd / liblz4 decoding
+in a tight native loop the payloads zig/codec.zig writes for a store. A
+ctypes loop would not do for LZ4: its ~1 us per call is a fifth of an LZ4
+decode of a 12 KiB record.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+CODECS = ("zstd", "zstd_shuffle4", "lz4", "lz4_shuffle4")
+
+
+def build_ceiling(directory: Path) -> Path:
+    """Compiles scripts/codec_ceiling.zig against the system libraries into `directory`."""
+    sys.path.insert(0, str(ROOT / "build_backend"))
+    from loaderx_build import find_library
+
+    binary = directory / "codec_ceiling"
+    command = [
+        sys.executable,
+        "-m",
+        "ziglang",
+        "build-exe",
+        "-OReleaseFast",
+        "-lc",
+        "--dep",
+        "codec",
+        f"-Mroot={ROOT / 'scripts' / 'codec_ceiling.zig'}",
+        f"-Mcodec={ROOT / 'zig' / 'codec.zig'}",
+        find_library("zstd"),
+        find_library("lz4"),
+        f"-femit-bin={binary}",
+    ]
+    subprocess.run(command, cwd=ROOT, check=True, timeout=600)
+    return binary
+
+
+def ceiling_run(binary: Path, codec: str, records: Path, record_bytes: int) -> tuple[float, float]:
+    """One pass of the helper: (library decode seconds, codec.decode seconds) over all records."""
+    result = subprocess.run(
+        [str(binary), codec, str(records), str(record_bytes), "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    _, library, ours = result.stdout.split()
+    return float(library), float(ours)
+
+
+def gather_seconds(store, batches: np.ndarray, out: np.ndarray) -> float:
+    """Seconds for one pass of `batches` through `store.gather` (one thread)."""
+    start = time.perf_counter()
+    for batch in batches:
+        store.gather(batch, out)
+    return time.perf_counter() - start
+
+
+def loader_seconds(directory: Path, codec: str, workers: int, batch_size: int, seconds: float):
+    """Seconds per batch of a DataLoader over the `codec` store (features only)."""
+    from loaderx import DataLoader, DenseDataset
+
+    dataset = DenseDataset(directory / codec)
+    with DataLoader({"x": dataset}, num_workers=workers, batch_size=batch_size) as loader:
+        for _ in range(8):
+            next(loader)
+        start, done = time.perf_counter(), 0
+        while done < 10 or time.perf_counter() - start < seconds:
+            next(loader)
+            done += 1
+        elapsed = (time.perf_counter() - start) / done
+    dataset.close()
+    return elapsed
+
+
+def bench_codecs(quick: bool) -> str:
+    """The codec table (see the module docstring)."""
+    # bench.py imports this module to register the table: its helpers are
+    # imported when the table runs.
+    from bench import BATCH_SIZE, LOADER_WORKERS, MiB, _cores, markdown_table, structured_rows
+
+    from loaderx import from_numpy
+    from loaderx.zrecord import Zrecord
+
+    count, batch_count = (2000, 20) if quick else (20000, 200)
+    rounds, loader_time = (1, 0.3) if quick else (7, 2.0)
+    rows = structured_rows(count)
+    batches = np.random.default_rng(1).integers(0, count, (batch_count, BATCH_SIZE))
+    out = np.empty((BATCH_SIZE, rows.shape[1]), dtype=rows.dtype)
+    gathered = batches.size * rows[0].nbytes
+    cores = _cores()
+    gather: dict[str, list[float]] = {codec: [] for codec in CODECS}
+    library: dict[str, list[float]] = {codec: [] for codec in CODECS}
+    decode: dict[str, list[float]] = {codec: [] for codec in CODECS}
+    loader: list[float] = []
+    loader_fraction: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="loaderx-bench-codecs-") as temporary:
+        directory = Path(temporary)
+        binary = build_ceiling(directory)
+        records = directory / "records.bin"
+        rows.tofile(records)
+        ratio = {}
+        for codec in CODECS:
+            from_numpy(directory / codec, rows, codec=codec, progress=False)
+        stores = {codec: Zrecord(directory / codec, threads=1) for codec in CODECS}
+        try:
+            for codec, store in stores.items():
+                ratio[codec] = rows.nbytes / store.stats()["live_bytes"]
+                store.gather(batches[0], out)
+                if not np.array_equal(out, rows[batches[0]]):
+                    raise AssertionError(f"{codec}: a gathered batch differs from its source")
+            for _ in range(rounds):  # interleaved: a burst of noise hits every codec alike
+                for codec, store in stores.items():
+                    gather[codec].append(gather_seconds(store, batches, out))
+                    seconds_library, seconds_decode = ceiling_run(
+                        binary, codec, records, rows[0].nbytes
+                    )
+                    library[codec].append(seconds_library)
+                    decode[codec].append(seconds_decode)
+                per_batch = loader_seconds(
+                    directory, "lz4_shuffle4", LOADER_WORKERS, BATCH_SIZE, loader_time
+                )
+                loader.append(per_batch)
+                # The ceiling: every core decoding at the library's single-core speed.
+                ceiling_per_batch = library["lz4_shuffle4"][-1] / count * BATCH_SIZE / cores
+                loader_fraction.append(ceiling_per_batch / per_batch)
+        finally:
+            for store in stores.values():
+                store.close()
+
+    def speed(seconds: list[float], byte_count: int) -> float:
+        return byte_count / statistics.median(seconds) / MiB
+
+    table_rows = []
+    for codec in CODECS:
+        ours = speed(gather[codec], gathered)
+        ceiling = speed(library[codec], rows.nbytes)
+        table_rows.append(
+            [
+                codec,
+                f"{ratio[codec]:.2f}x",
+                f"{ours:,.0f}",
+                f"{speed(decode[codec], rows.nbytes):,.0f}",
+                f"{ceiling:,.0f}",
+                f"{ours / ceiling:.2f}",
+            ]
+        )
+    versus = [
+        statistics.median(
+            zstd / lz4 for zstd, lz4 in zip(seconds["zstd_shuffle4"], seconds["lz4_shuffle4"])
+        )
+        for seconds in (gather, library)
+    ]
+    table = markdown_table(
+        [
+            "codec",
+            "ratio",
+            "gather, 1 thread, MiB/s",
+            "codec.decode, 1 core, MiB/s",
+            "library decode ceiling, 1 core, MiB/s",
+            "gather / ceiling",
+        ],
+        table_rows,
+    )
+    loader_line = (
+        f"DataLoader over lz4_shuffle4 ({LOADER_WORKERS} workers, batches of {BATCH_SIZE}, "
+        f"features only): {1 / statistics.median(loader):,.0f} batches/s, "
+        f"{statistics.median(loader_fraction):.2f}x its decode ceiling (liblz4 single-core "
+        f"speed x {cores} cores; per round {', '.join(f'{v:.2f}' for v in loader_fraction)})."
+    )
+    return (
+        f"### codecs: {count:,} records of {rows[0].nbytes // 1024} KiB (float32), one thread "
+        f"per decode, {batch_count} random batches of {BATCH_SIZE}\n\n{table}\n\n"
+        f"lz4_shuffle4 against zstd_shuffle4, per core: gather {versus[0]:.2f}x, library decode "
+        f"{versus[1]:.2f}x (median of the {rounds} rounds' ratios).\n"
+        f"{loader_line}\n\n"
+        f"Median of {rounds} interleaved rounds. `ratio` is source bytes over stored payload "
+        "bytes (records no frame shrinks are stored raw: plain lz4 barely shrinks these floats). "
+        "`gather` is `Zrecord(threads=1).gather` over the random batches (index, checks, decode, "
+        "unshuffle into the caller's array); `codec.decode` is loaderx's decode of every record "
+        "in order in a native loop; the ceiling is the library alone (ZSTD_decompressDCtx, "
+        "LZ4F_decompress) on the same payloads, without the unshuffle (scripts/codec_ceiling.zig)."
+    )
