@@ -1,6 +1,7 @@
 """loaderx benchmarks: speed reports, not tests.
 
-    python scripts/bench.py all|sampler|store|loader|codecs|numpack|ragged|packing|processes [--quick]
+    python scripts/bench.py all|sampler|store|loader|codecs|numpack|ragged|packing|processes
+        [--quick]
 
 Prints a machine block, then one markdown table per benchmark. Every figure
 is the median of several runs (the count is printed under each table); runs

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -89,74 +90,87 @@ def loader_seconds(directory: Path, codec: str, workers: int, batch_size: int, s
     return elapsed
 
 
-def bench_codecs(quick: bool) -> str:
-    """The codec table (see the module docstring)."""
+@dataclass
+class Measured:
+    """Seconds per round for every codec (gathers, library and codec.decode
+    passes over all records), the DataLoader's seconds per batch and its
+    fraction of the lz4_shuffle4 decode ceiling, and each store's ratio."""
+
+    gather: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CODECS})
+    library: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CODECS})
+    decode: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CODECS})
+    loader: list[float] = field(default_factory=list)
+    loader_fraction: list[float] = field(default_factory=list)
+    ratio: dict[str, float] = field(default_factory=dict)
+
+
+def measure(rows: np.ndarray, batches: np.ndarray, rounds: int, loader_time: float) -> Measured:
+    """Interleaved rounds: every codec's gather and ceiling pass, then one DataLoader run."""
     # bench.py imports this module to register the table: its helpers are
     # imported when the table runs.
-    from bench import BATCH_SIZE, LOADER_WORKERS, MiB, _cores, markdown_table, structured_rows
+    from bench import BATCH_SIZE, LOADER_WORKERS, _cores
 
     from loaderx import from_numpy
     from loaderx.zrecord import Zrecord
 
-    count, batch_count = (2000, 20) if quick else (20000, 200)
-    rounds, loader_time = (1, 0.3) if quick else (7, 2.0)
-    rows = structured_rows(count)
-    batches = np.random.default_rng(1).integers(0, count, (batch_count, BATCH_SIZE))
-    out = np.empty((BATCH_SIZE, rows.shape[1]), dtype=rows.dtype)
-    gathered = batches.size * rows[0].nbytes
-    cores = _cores()
-    gather: dict[str, list[float]] = {codec: [] for codec in CODECS}
-    library: dict[str, list[float]] = {codec: [] for codec in CODECS}
-    decode: dict[str, list[float]] = {codec: [] for codec in CODECS}
-    loader: list[float] = []
-    loader_fraction: list[float] = []
+    measured = Measured()
+    out = np.empty((batches.shape[1], rows.shape[1]), dtype=rows.dtype)
     with tempfile.TemporaryDirectory(prefix="loaderx-bench-codecs-") as temporary:
         directory = Path(temporary)
         binary = build_ceiling(directory)
         records = directory / "records.bin"
         rows.tofile(records)
-        ratio = {}
         for codec in CODECS:
             from_numpy(directory / codec, rows, codec=codec, progress=False)
         stores = {codec: Zrecord(directory / codec, threads=1) for codec in CODECS}
         try:
             for codec, store in stores.items():
-                ratio[codec] = rows.nbytes / store.stats()["live_bytes"]
+                measured.ratio[codec] = rows.nbytes / store.stats()["live_bytes"]
                 store.gather(batches[0], out)
                 if not np.array_equal(out, rows[batches[0]]):
                     raise AssertionError(f"{codec}: a gathered batch differs from its source")
             for _ in range(rounds):  # interleaved: a burst of noise hits every codec alike
                 for codec, store in stores.items():
-                    gather[codec].append(gather_seconds(store, batches, out))
-                    seconds_library, seconds_decode = ceiling_run(
-                        binary, codec, records, rows[0].nbytes
-                    )
-                    library[codec].append(seconds_library)
-                    decode[codec].append(seconds_decode)
+                    measured.gather[codec].append(gather_seconds(store, batches, out))
+                    library, decode = ceiling_run(binary, codec, records, rows[0].nbytes)
+                    measured.library[codec].append(library)
+                    measured.decode[codec].append(decode)
                 per_batch = loader_seconds(
                     directory, "lz4_shuffle4", LOADER_WORKERS, BATCH_SIZE, loader_time
                 )
-                loader.append(per_batch)
+                measured.loader.append(per_batch)
                 # The ceiling: every core decoding at the library's single-core speed.
-                ceiling_per_batch = library["lz4_shuffle4"][-1] / count * BATCH_SIZE / cores
-                loader_fraction.append(ceiling_per_batch / per_batch)
+                ceiling = measured.library["lz4_shuffle4"][-1] / len(rows) * BATCH_SIZE / _cores()
+                measured.loader_fraction.append(ceiling / per_batch)
         finally:
             for store in stores.values():
                 store.close()
+    return measured
+
+
+def bench_codecs(quick: bool) -> str:
+    """The codec table (see the module docstring)."""
+    from bench import BATCH_SIZE, LOADER_WORKERS, MiB, _cores, markdown_table, structured_rows
+
+    count, batch_count = (2000, 20) if quick else (20000, 200)
+    rounds, loader_time = (1, 0.3) if quick else (7, 2.0)
+    rows = structured_rows(count)
+    batches = np.random.default_rng(1).integers(0, count, (batch_count, BATCH_SIZE))
+    measured = measure(rows, batches, rounds, loader_time)
 
     def speed(seconds: list[float], byte_count: int) -> float:
         return byte_count / statistics.median(seconds) / MiB
 
     table_rows = []
     for codec in CODECS:
-        ours = speed(gather[codec], gathered)
-        ceiling = speed(library[codec], rows.nbytes)
+        ours = speed(measured.gather[codec], batches.size * rows[0].nbytes)
+        ceiling = speed(measured.library[codec], rows.nbytes)
         table_rows.append(
             [
                 codec,
-                f"{ratio[codec]:.2f}x",
+                f"{measured.ratio[codec]:.2f}x",
                 f"{ours:,.0f}",
-                f"{speed(decode[codec], rows.nbytes):,.0f}",
+                f"{speed(measured.decode[codec], rows.nbytes):,.0f}",
                 f"{ceiling:,.0f}",
                 f"{ours / ceiling:.2f}",
             ]
@@ -165,7 +179,7 @@ def bench_codecs(quick: bool) -> str:
         statistics.median(
             zstd / lz4 for zstd, lz4 in zip(seconds["zstd_shuffle4"], seconds["lz4_shuffle4"])
         )
-        for seconds in (gather, library)
+        for seconds in (measured.gather, measured.library)
     ]
     table = markdown_table(
         [
@@ -178,18 +192,16 @@ def bench_codecs(quick: bool) -> str:
         ],
         table_rows,
     )
-    loader_line = (
-        f"DataLoader over lz4_shuffle4 ({LOADER_WORKERS} workers, batches of {BATCH_SIZE}, "
-        f"features only): {1 / statistics.median(loader):,.0f} batches/s, "
-        f"{statistics.median(loader_fraction):.2f}x its decode ceiling (liblz4 single-core "
-        f"speed x {cores} cores; per round {', '.join(f'{v:.2f}' for v in loader_fraction)})."
-    )
+    fractions = measured.loader_fraction
     return (
         f"### codecs: {count:,} records of {rows[0].nbytes // 1024} KiB (float32), one thread "
         f"per decode, {batch_count} random batches of {BATCH_SIZE}\n\n{table}\n\n"
         f"lz4_shuffle4 against zstd_shuffle4, per core: gather {versus[0]:.2f}x, library decode "
         f"{versus[1]:.2f}x (median of the {rounds} rounds' ratios).\n"
-        f"{loader_line}\n\n"
+        f"DataLoader over lz4_shuffle4 ({LOADER_WORKERS} workers, batches of {BATCH_SIZE}, "
+        f"features only): {1 / statistics.median(measured.loader):,.0f} batches/s, "
+        f"{statistics.median(fractions):.2f}x its decode ceiling (liblz4 single-core speed x "
+        f"{_cores()} cores; per round {', '.join(f'{value:.2f}' for value in fractions)}).\n\n"
         f"Median of {rounds} interleaved rounds. `ratio` is source bytes over stored payload "
         "bytes (records no frame shrinks are stored raw: plain lz4 barely shrinks these floats). "
         "`gather` is `Zrecord(threads=1).gather` over the random batches (index, checks, decode, "
