@@ -706,6 +706,10 @@ def test_codec_table_comes_from_the_core():
         "zstd_dict_shuffle2": 0x12,
         "zstd_dict_shuffle4": 0x22,
         "zstd_dict_shuffle8": 0x32,
+        "lz4": 0x03,
+        "lz4_shuffle2": 0x13,
+        "lz4_shuffle4": 0x23,
+        "lz4_shuffle8": 0x33,
     }
     assert SHUFFLE_ELEMENT_BYTES == (2, 4, 8)
     assert codec_parts("zstd_dict_shuffle4")[2:] == (4, True)
