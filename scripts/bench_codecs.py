@@ -52,17 +52,28 @@ def build_ceiling(directory: Path) -> Path:
     return binary
 
 
-def ceiling_run(binary: Path, codec: str, records: Path, record_bytes: int) -> tuple[float, float]:
-    """One pass of the helper: (library decode seconds, codec.decode seconds) over all records."""
+def ceiling_runs(
+    binary: Path, codecs: tuple[str, ...], records: Path, record_bytes: int, rounds: int
+) -> dict[str, tuple[int, list[float], list[float]]]:
+    """The helper's rounds: per codec, (payload bytes, library decode seconds
+    per round, codec.decode seconds per round) over all records."""
     result = subprocess.run(
-        [str(binary), codec, str(records), str(record_bytes), "1"],
+        [str(binary), str(records), str(record_bytes), str(rounds), *codecs],
         capture_output=True,
         text=True,
         check=True,
-        timeout=600,
+        timeout=1200,
     )
-    _, library, ours = result.stdout.split()
-    return float(library), float(ours)
+    measured = {}
+    for line in result.stdout.splitlines():
+        head, ours = line.split("|")
+        name, payload_bytes, *library = head.split()
+        measured[name] = (
+            int(payload_bytes),
+            [int(value) / 1e9 for value in library],
+            [int(value) / 1e9 for value in ours.split()],
+        )
+    return measured
 
 
 def gather_seconds(store, batches: np.ndarray, out: np.ndarray) -> float:
@@ -92,20 +103,22 @@ def loader_seconds(directory: Path, codec: str, workers: int, batch_size: int, s
 
 @dataclass
 class Measured:
-    """Seconds per round for every codec (gathers, library and codec.decode
-    passes over all records), the DataLoader's seconds per batch and its
-    fraction of the lz4_shuffle4 decode ceiling, and each store's ratio."""
+    """Seconds per round for every codec (gather passes over the batches;
+    library and codec.decode passes over all records), the DataLoader's
+    seconds per batch and its fraction of the lz4_shuffle4 decode ceiling per
+    round, and each store's ratio."""
 
     gather: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CODECS})
-    library: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CODECS})
-    decode: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CODECS})
+    library: dict[str, list[float]] = field(default_factory=dict)
+    decode: dict[str, list[float]] = field(default_factory=dict)
     loader: list[float] = field(default_factory=list)
     loader_fraction: list[float] = field(default_factory=list)
     ratio: dict[str, float] = field(default_factory=dict)
 
 
 def measure(rows: np.ndarray, batches: np.ndarray, rounds: int, loader_time: float) -> Measured:
-    """Interleaved rounds: every codec's gather and ceiling pass, then one DataLoader run."""
+    """Interleaved rounds of every codec's gather, then of the native
+    ceilings, then DataLoader runs each paired with a ceiling pass."""
     # bench.py imports this module to register the table: its helpers are
     # imported when the table runs.
     from bench import BATCH_SIZE, LOADER_WORKERS, _cores
@@ -115,6 +128,7 @@ def measure(rows: np.ndarray, batches: np.ndarray, rounds: int, loader_time: flo
 
     measured = Measured()
     out = np.empty((batches.shape[1], rows.shape[1]), dtype=rows.dtype)
+    record_bytes = rows[0].nbytes
     with tempfile.TemporaryDirectory(prefix="loaderx-bench-codecs-") as temporary:
         directory = Path(temporary)
         binary = build_ceiling(directory)
@@ -132,19 +146,24 @@ def measure(rows: np.ndarray, batches: np.ndarray, rounds: int, loader_time: flo
             for _ in range(rounds):  # interleaved: a burst of noise hits every codec alike
                 for codec, store in stores.items():
                     measured.gather[codec].append(gather_seconds(store, batches, out))
-                    library, decode = ceiling_run(binary, codec, records, rows[0].nbytes)
-                    measured.library[codec].append(library)
-                    measured.decode[codec].append(decode)
-                per_batch = loader_seconds(
-                    directory, "lz4_shuffle4", LOADER_WORKERS, BATCH_SIZE, loader_time
-                )
-                measured.loader.append(per_batch)
-                # The ceiling: every core decoding at the library's single-core speed.
-                ceiling = measured.library["lz4_shuffle4"][-1] / len(rows) * BATCH_SIZE / _cores()
-                measured.loader_fraction.append(ceiling / per_batch)
         finally:
             for store in stores.values():
                 store.close()
+        for codec, (_, library, decode) in ceiling_runs(
+            binary, CODECS, records, record_bytes, rounds
+        ).items():
+            measured.library[codec], measured.decode[codec] = library, decode
+        for _ in range(rounds):
+            per_batch = loader_seconds(
+                directory, "lz4_shuffle4", LOADER_WORKERS, BATCH_SIZE, loader_time
+            )
+            _, (library,), _ = ceiling_runs(binary, ("lz4_shuffle4",), records, record_bytes, 1)[
+                "lz4_shuffle4"
+            ]
+            measured.loader.append(per_batch)
+            # The ceiling: every core decoding at the library's single-core speed.
+            ceiling = library / len(rows) * BATCH_SIZE / _cores()
+            measured.loader_fraction.append(ceiling / per_batch)
     return measured
 
 
@@ -152,8 +171,8 @@ def bench_codecs(quick: bool) -> str:
     """The codec table (see the module docstring)."""
     from bench import BATCH_SIZE, LOADER_WORKERS, MiB, _cores, markdown_table, structured_rows
 
-    count, batch_count = (2000, 20) if quick else (20000, 200)
-    rounds, loader_time = (1, 0.3) if quick else (7, 2.0)
+    count, batch_count = (2000, 20) if quick else (20000, 50)
+    rounds, loader_time = (1, 0.3) if quick else (15, 2.0)
     rows = structured_rows(count)
     batches = np.random.default_rng(1).integers(0, count, (batch_count, BATCH_SIZE))
     measured = measure(rows, batches, rounds, loader_time)
@@ -179,7 +198,7 @@ def bench_codecs(quick: bool) -> str:
         statistics.median(
             zstd / lz4 for zstd, lz4 in zip(seconds["zstd_shuffle4"], seconds["lz4_shuffle4"])
         )
-        for seconds in (measured.gather, measured.library)
+        for seconds in (measured.gather, measured.decode, measured.library)
     ]
     table = markdown_table(
         [
@@ -196,13 +215,17 @@ def bench_codecs(quick: bool) -> str:
     return (
         f"### codecs: {count:,} records of {rows[0].nbytes // 1024} KiB (float32), one thread "
         f"per decode, {batch_count} random batches of {BATCH_SIZE}\n\n{table}\n\n"
-        f"lz4_shuffle4 against zstd_shuffle4, per core: gather {versus[0]:.2f}x, library decode "
-        f"{versus[1]:.2f}x (median of the {rounds} rounds' ratios).\n"
+        f"lz4_shuffle4 against zstd_shuffle4, per core: gather {versus[0]:.2f}x, codec.decode "
+        f"{versus[1]:.2f}x, library decode {versus[2]:.2f}x (median of the {rounds} rounds' "
+        "ratios).\n"
         f"DataLoader over lz4_shuffle4 ({LOADER_WORKERS} workers, batches of {BATCH_SIZE}, "
         f"features only): {1 / statistics.median(measured.loader):,.0f} batches/s, "
         f"{statistics.median(fractions):.2f}x its decode ceiling (liblz4 single-core speed x "
         f"{_cores()} cores; per round {', '.join(f'{value:.2f}' for value in fractions)}).\n\n"
-        f"Median of {rounds} interleaved rounds. `ratio` is source bytes over stored payload "
+        f"Speeds: median of {rounds} rounds; within a round the codecs run back to back "
+        "(gathers in this process, the native passes in the helper), so a burst of load on a "
+        "shared machine hits them alike. The DataLoader's fraction pairs each of its runs with "
+        "one liblz4 pass run right after it. `ratio` is source bytes over stored payload "
         "bytes (records no frame shrinks are stored raw: plain lz4 barely shrinks these floats). "
         "`gather` is `Zrecord(threads=1).gather` over the random batches (index, checks, decode, "
         "unshuffle into the caller's array); `codec.decode` is loaderx's decode of every record "

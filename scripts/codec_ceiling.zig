@@ -4,85 +4,97 @@
 //! No Python call, no index lookup, no unshuffle: no store can decode these
 //! payloads faster on one core.
 //!
-//!   codec_ceiling CODEC RECORDS_FILE RECORD_BYTES RUNS
+//!   codec_ceiling RECORDS_FILE RECORD_BYTES ROUNDS CODEC...
 //!
-//! reads RECORDS_FILE (records of RECORD_BYTES back to back), compresses each
-//! with CODEC (a name of format.Codec), then prints one line:
-//! `<payload bytes> <median decode seconds> <median codec.decode seconds>`,
-//! the second timing loaderx's own decode (unshuffle included) of the same
-//! payloads on one core.
+//! reads RECORDS_FILE (records of RECORD_BYTES back to back) and compresses
+//! each with every CODEC (names of format.Codec). Each round then decodes all
+//! records once per codec, codec after codec, so a burst of load on a shared
+//! machine hits the codecs of a round alike: first with the library alone,
+//! then with loaderx's codec.decode (unshuffle included). One line per codec:
+//! `<codec> <payload bytes> <library seconds per round...> | <codec.decode
+//! seconds per round...>`.
 const std = @import("std");
 const codec = @import("codec");
 const clib = codec.clib;
 
+// A short-lived process: what it allocates is freed when it exits.
 const allocator = std.heap.c_allocator;
+
+const Payloads = struct {
+    record_codec: codec.Codec,
+    bound: usize,
+    frames: []u8,
+    sizes: []usize,
+    bytes: usize = 0,
+    library: []u64,
+    ours: []u64,
+};
 
 pub fn main() !void {
     const arguments = try std.process.argsAlloc(allocator);
     defer std.process.argsFree(allocator, arguments);
-    if (arguments.len != 5) return error.Usage;
-    const record_codec = std.meta.stringToEnum(codec.Codec, arguments[1]) orelse
-        return error.UnknownCodec;
-    const record_bytes = try std.fmt.parseInt(usize, arguments[3], 10);
-    const runs = try std.fmt.parseInt(usize, arguments[4], 10);
-    const source = try std.fs.cwd().readFileAlloc(allocator, arguments[2], 1 << 34);
-    defer allocator.free(source);
+    if (arguments.len < 5) return error.Usage;
+    const record_bytes = try std.fmt.parseInt(usize, arguments[2], 10);
+    const rounds = try std.fmt.parseInt(usize, arguments[3], 10);
+    const source = try std.fs.cwd().readFileAlloc(allocator, arguments[1], 1 << 34);
     const count = source.len / record_bytes;
-
-    // Compress every record into its own slot, as a store's append does.
-    const bound = codec.compressBound(record_codec, record_bytes);
-    const frames = try allocator.alloc(u8, bound * count);
-    defer allocator.free(frames);
-    const sizes = try allocator.alloc(usize, count);
-    defer allocator.free(sizes);
     var scratch: codec.Scratch = .{};
-    defer scratch.deinit();
     const encoder = try codec.takeEncoder();
-    defer codec.giveEncoder(encoder);
-    var payload_bytes: usize = 0;
-    for (0..count) |k| {
-        sizes[k] = try codec.compress(
-            encoder,
-            record_codec,
-            null,
-            source[k * record_bytes ..][0..record_bytes],
-            frames[k * bound ..][0..bound],
-            &scratch,
-        );
-        payload_bytes += sizes[k];
+    const all = try allocator.alloc(Payloads, arguments.len - 4);
+    for (all, arguments[4..]) |*payloads, name| {
+        const record_codec = std.meta.stringToEnum(codec.Codec, name) orelse
+            return error.UnknownCodec;
+        const bound = codec.compressBound(record_codec, record_bytes);
+        payloads.* = .{
+            .record_codec = record_codec,
+            .bound = bound,
+            .frames = try allocator.alloc(u8, bound * count),
+            .sizes = try allocator.alloc(usize, count),
+            .library = try allocator.alloc(u64, rounds),
+            .ours = try allocator.alloc(u64, rounds),
+        };
+        // Every record in its own slot, as a store's append compresses it.
+        for (0..count) |k| {
+            payloads.sizes[k] = try codec.compress(
+                encoder,
+                record_codec,
+                null,
+                source[k * record_bytes ..][0..record_bytes],
+                payloads.frames[k * bound ..][0..bound],
+                &scratch,
+            );
+            payloads.bytes += payloads.sizes[k];
+        }
     }
-
     const decoder = try codec.takeDecoder();
-    defer codec.giveDecoder(decoder);
     const target = try allocator.alloc(u8, record_bytes);
-    defer allocator.free(target);
-    const library = try allocator.alloc(u64, runs);
-    defer allocator.free(library);
-    const ours = try allocator.alloc(u64, runs);
-    defer allocator.free(ours);
-    for (0..runs) |run| {
-        var timer = try std.time.Timer.start();
-        for (0..count) |k| {
-            const frame = frames[k * bound ..][0..sizes[k]];
-            if (try libraryDecode(decoder, record_codec, frame, target) != record_bytes) {
-                return error.FrameDidNotDecode;
+    for (0..rounds) |round| {
+        for (all) |*payloads| {
+            var timer = try std.time.Timer.start();
+            for (0..count) |k| {
+                const frame = payloads.frames[k * payloads.bound ..][0..payloads.sizes[k]];
+                const written = try libraryDecode(decoder, payloads.record_codec, frame, target);
+                if (written != record_bytes) return error.FrameDidNotDecode;
             }
+            payloads.library[round] = timer.lap();
+            for (0..count) |k| {
+                const frame = payloads.frames[k * payloads.bound ..][0..payloads.sizes[k]];
+                try codec.decode(decoder, payloads.record_codec, null, frame, target, &scratch);
+            }
+            payloads.ours[round] = timer.lap();
         }
-        library[run] = timer.lap();
-        for (0..count) |k| {
-            const frame = frames[k * bound ..][0..sizes[k]];
-            try codec.decode(decoder, record_codec, null, frame, target, &scratch);
-        }
-        ours[run] = timer.lap();
     }
-    var buffer: [128]u8 = undefined;
+    var buffer: [4096]u8 = undefined;
     var stdout = std.fs.File.stdout().writer(&buffer);
-    try stdout.interface.print("{d} {d:.6} {d:.6}\n", .{
-        payload_bytes,
-        median(library),
-        median(ours),
-    });
-    try stdout.interface.flush();
+    const out = &stdout.interface;
+    for (all) |payloads| {
+        try out.print("{s} {d}", .{ @tagName(payloads.record_codec), payloads.bytes });
+        for (payloads.library) |nanoseconds| try out.print(" {d}", .{nanoseconds});
+        try out.print(" |", .{});
+        for (payloads.ours) |nanoseconds| try out.print(" {d}", .{nanoseconds});
+        try out.print("\n", .{});
+    }
+    try out.flush();
 }
 
 /// One library call that decodes `frame` into `target`; the bytes written.
@@ -119,9 +131,4 @@ fn libraryDecode(
         },
         else => return error.UnsupportedCodec,
     }
-}
-
-fn median(nanoseconds: []u64) f64 {
-    std.mem.sort(u64, nanoseconds, {}, std.sort.asc(u64));
-    return @as(f64, @floatFromInt(nanoseconds[nanoseconds.len / 2])) / 1e9;
 }
