@@ -25,6 +25,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 CODECS = ("zstd", "zstd_shuffle4", "lz4", "lz4_shuffle4")
+# The DataLoader runs on these, each against its own decode ceiling.
+LOADER_CODECS = ("zstd_shuffle4", "lz4_shuffle4")
 
 
 def build_ceiling(directory: Path) -> Path:
@@ -111,8 +113,10 @@ class Measured:
     gather: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CODECS})
     library: dict[str, list[float]] = field(default_factory=dict)
     decode: dict[str, list[float]] = field(default_factory=dict)
-    loader: list[float] = field(default_factory=list)
-    loader_fraction: list[float] = field(default_factory=list)
+    loader: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in LOADER_CODECS})
+    loader_fraction: dict[str, list[float]] = field(
+        default_factory=lambda: {c: [] for c in LOADER_CODECS}
+    )
     ratio: dict[str, float] = field(default_factory=dict)
 
 
@@ -154,16 +158,15 @@ def measure(rows: np.ndarray, batches: np.ndarray, rounds: int, loader_time: flo
         ).items():
             measured.library[codec], measured.decode[codec] = library, decode
         for _ in range(rounds):
-            per_batch = loader_seconds(
-                directory, "lz4_shuffle4", LOADER_WORKERS, BATCH_SIZE, loader_time
-            )
-            _, (library,), _ = ceiling_runs(binary, ("lz4_shuffle4",), records, record_bytes, 1)[
-                "lz4_shuffle4"
-            ]
-            measured.loader.append(per_batch)
-            # The ceiling: every core decoding at the library's single-core speed.
-            ceiling = library / len(rows) * BATCH_SIZE / _cores()
-            measured.loader_fraction.append(ceiling / per_batch)
+            for codec in LOADER_CODECS:
+                per_batch = loader_seconds(
+                    directory, codec, LOADER_WORKERS, BATCH_SIZE, loader_time
+                )
+                _, (library,), _ = ceiling_runs(binary, (codec,), records, record_bytes, 1)[codec]
+                measured.loader[codec].append(per_batch)
+                # The ceiling: every core decoding at the library's single-core speed.
+                ceiling = library / len(rows) * BATCH_SIZE / _cores()
+                measured.loader_fraction[codec].append(ceiling / per_batch)
     return measured
 
 
@@ -211,21 +214,24 @@ def bench_codecs(quick: bool) -> str:
         ],
         table_rows,
     )
-    fractions = measured.loader_fraction
+    loaders = " ".join(
+        f"{codec}: {1 / statistics.median(measured.loader[codec]):,.0f} batches/s, "
+        f"{statistics.median(measured.loader_fraction[codec]):.2f}x its decode ceiling (rounds "
+        f"{', '.join(f'{value:.2f}' for value in measured.loader_fraction[codec])})."
+        for codec in LOADER_CODECS
+    )
     return (
         f"### codecs: {count:,} records of {rows[0].nbytes // 1024} KiB (float32), one thread "
         f"per decode, {batch_count} random batches of {BATCH_SIZE}\n\n{table}\n\n"
         f"lz4_shuffle4 against zstd_shuffle4, per core: gather {versus[0]:.2f}x, codec.decode "
         f"{versus[1]:.2f}x, library decode {versus[2]:.2f}x (median of the {rounds} rounds' "
         "ratios).\n"
-        f"DataLoader over lz4_shuffle4 ({LOADER_WORKERS} workers, batches of {BATCH_SIZE}, "
-        f"features only): {1 / statistics.median(measured.loader):,.0f} batches/s, "
-        f"{statistics.median(fractions):.2f}x its decode ceiling (liblz4 single-core speed x "
-        f"{_cores()} cores; per round {', '.join(f'{value:.2f}' for value in fractions)}).\n\n"
+        f"DataLoader ({LOADER_WORKERS} workers, batches of {BATCH_SIZE}, features only; ceiling: "
+        f"the library's single-core speed x {_cores()} cores): {loaders}\n\n"
         f"Speeds: median of {rounds} rounds; within a round the codecs run back to back "
         "(gathers in this process, the native passes in the helper), so a burst of load on a "
         "shared machine hits them alike. The DataLoader's fraction pairs each of its runs with "
-        "one liblz4 pass run right after it. `ratio` is source bytes over stored payload "
+        "one pass of its library run right after it. `ratio` is source bytes over stored payload "
         "bytes (records no frame shrinks are stored raw: plain lz4 barely shrinks these floats). "
         "`gather` is `Zrecord(threads=1).gather` over the random batches (index, checks, decode, "
         "unshuffle into the caller's array); `codec.decode` is loaderx's decode of every record "
