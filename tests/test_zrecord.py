@@ -239,7 +239,7 @@ def test_bad_writes_raise_and_change_nothing(tmp_path):
         store.append(b"abcdef", [0, 3])
         before = read_all(store), store.stats()["generation"]
         with pytest.raises(ValueError, match="unknown codec"):
-            store.append(b"x", [0], codec="lz4")
+            store.append(b"x", [0], codec="brotli")
         with pytest.raises(ValueError, match="empty batch"):
             store.append(b"", [])
         with pytest.raises(ValueError, match="non-decreasing"):
