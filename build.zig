@@ -1,11 +1,13 @@
 //! Builds the loaderx native core: one shared library (`libloaderx.so`) that
 //! the Python package loads with cffi, and the Zig unit tests.
 //!
-//!   zig build -Dzstd=/usr/lib/x86_64-linux-gnu/libzstd.so.1          library
-//!   zig build test -Dzstd=/usr/lib/x86_64-linux-gnu/libzstd.so.1     tests
+//!   zig build -Dzstd=/usr/lib/x86_64-linux-gnu/libzstd.so.1 \
+//!       -Dlz4=/usr/lib/x86_64-linux-gnu/liblz4.so.1                   library
+//!   zig build test -Dzstd=... -Dlz4=...                               tests
 //!
-//! libzstd is the system's shared object, linked by path: no headers, no
-//! `-dev` package, no vendored sources. `zig/zstd.zig` declares the functions.
+//! libzstd and liblz4 are the system's shared objects, linked by path: no
+//! headers, no `-dev` package, no vendored sources. `zig/clib.zig` declares
+//! the functions.
 const std = @import("std");
 
 pub fn build(b: *std.Build) void {
@@ -20,6 +22,11 @@ pub fn build(b: *std.Build) void {
         "zstd",
         "Path of the system libzstd.so.1",
     ) orelse "/usr/lib/x86_64-linux-gnu/libzstd.so.1";
+    const lz4_path = b.option(
+        []const u8,
+        "lz4",
+        "Path of the system liblz4.so.1",
+    ) orelse "/usr/lib/x86_64-linux-gnu/liblz4.so.1";
     // Wheels ship stripped: the debug info is most of the library's size.
     const strip = b.option(bool, "strip", "Strip debug info and symbols (default false)");
 
@@ -31,6 +38,7 @@ pub fn build(b: *std.Build) void {
         .strip = strip,
     });
     module.addObjectFile(.{ .cwd_relative = zstd_path });
+    module.addObjectFile(.{ .cwd_relative = lz4_path });
 
     const library = b.addLibrary(.{
         .name = "loaderx",

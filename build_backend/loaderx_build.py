@@ -4,7 +4,7 @@ Every build (wheel, sdist-free `pip install .`, and editable
 `pip install -e .`) first runs `python -m ziglang build` and copies the
 library into `src/loaderx/`, where the package loads it from. The Zig
 compiler comes from the pinned `ziglang` wheel in `[build-system] requires`;
-libzstd is the system's `libzstd.so.1`.
+libzstd and liblz4 are the system's `libzstd.so.1` and `liblz4.so.1`.
 
 The library is built for a portable CPU and glibc floor, never for the build
 machine: on x86-64 once for the baseline (`libloaderx.so`) and once per
@@ -12,8 +12,8 @@ faster level (`libloaderx-x86_64_v3.so`, `-x86_64_v4.so`), which
 `loaderx/_native.py` picks from at import; glibc symbols are those of
 GLIBC_FLOOR. The wheel is therefore tagged `py3-none-manylinux_2_17_<arch>`:
 the library does not use the Python C API, so one wheel serves every Python.
-LOADERX_ARCH=aarch64 (with LOADERX_ZSTD pointing at an aarch64
-libzstd.so.1) cross-compiles.
+LOADERX_ARCH=aarch64 (with LOADERX_ZSTD and LOADERX_LZ4 pointing at an
+aarch64 libzstd.so.1 and liblz4.so.1) cross-compiles.
 """
 
 import base64
@@ -39,32 +39,63 @@ X86_64_BUILDS = (("baseline", "x86_64"), ("x86_64_v3", "x86_64_v3"), ("x86_64_v4
 OTHER_BUILDS = (("baseline", "baseline"),)
 
 
-def zstd_search(arch: str) -> tuple:
-    """Where libzstd.so.1 for `arch` may be: its multiarch directories, then (native
-    builds) the generic ones."""
+def library_search(arch: str) -> tuple:
+    """Where a system library for `arch` may be: its multiarch directories, then
+    (native builds) the generic ones."""
     multiarch = (f"/usr/lib/{arch}-linux-gnu", f"/lib/{arch}-linux-gnu")
     if arch != platform.machine().lower():
         return multiarch
     return multiarch + ("/usr/lib64", "/lib64", "/usr/lib", "/lib", "/usr/local/lib")
 
 
-def find_zstd(arch: str = "") -> str:
-    """Return the path of the system libzstd.so.1 for `arch` (default: the target's) or
-    fail with what to install."""
-    override = os.environ.get("LOADERX_ZSTD")
+# The system libraries the core links by path: (file, environment override,
+# what to install). liblz4 comes with systemd, so it is wherever libzstd is.
+SYSTEM_LIBRARIES = {
+    "zstd": (
+        "libzstd.so.1",
+        "LOADERX_ZSTD",
+        "Debian/Ubuntu: apt-get install libzstd1; Fedora: dnf install libzstd",
+    ),
+    "lz4": (
+        "liblz4.so.1",
+        "LOADERX_LZ4",
+        "Debian/Ubuntu: apt-get install liblz4-1; Fedora: dnf install lz4-libs",
+    ),
+}
+
+
+def find_library(name: str, arch: str = "") -> str:
+    """Return the path of system library `name` ("zstd" or "lz4") for `arch`
+    (default: the target's) or fail with what to install."""
+    file_name, variable, install = SYSTEM_LIBRARIES[name]
+    override = os.environ.get(variable)
     if override:
         return override
     arch = arch or target_arch()
-    search = zstd_search(arch)
+    search = library_search(arch)
     for directory in search:
-        candidate = Path(directory) / "libzstd.so.1"
+        candidate = Path(directory) / file_name
         if candidate.exists():
             return str(candidate)
     raise RuntimeError(
-        f"loaderx needs the system zstd library (libzstd.so.1) for {arch} and found none in "
-        f"{', '.join(search)}. Install it (Debian/Ubuntu: apt-get install libzstd1; "
-        "Fedora: dnf install libzstd) or set LOADERX_ZSTD to its path."
+        f"loaderx needs the system {name} library ({file_name}) for {arch} and found none in "
+        f"{', '.join(search)}. Install it ({install}) or set {variable} to its path."
     )
+
+
+def find_zstd(arch: str = "") -> str:
+    """The system libzstd.so.1 for `arch` (see find_library)."""
+    return find_library("zstd", arch)
+
+
+def find_lz4(arch: str = "") -> str:
+    """The system liblz4.so.1 for `arch` (see find_library)."""
+    return find_library("lz4", arch)
+
+
+def library_flags(arch: str = "") -> list:
+    """The `zig build` options that name the system libraries for `arch`."""
+    return [f"-D{name}={find_library(name, arch)}" for name in SYSTEM_LIBRARIES]
 
 
 def target_arch() -> str:
@@ -95,7 +126,7 @@ def build_native() -> None:
             f"-Dtarget={arch}-linux-gnu.{GLIBC_FLOOR}",
             f"-Dcpu={cpu}",
             "-Dstrip=true",
-            f"-Dzstd={find_zstd(arch)}",
+            *library_flags(arch),
             "--prefix",
             str(prefix),
         ]

@@ -1,6 +1,7 @@
 """loaderx benchmarks: speed reports, not tests.
 
-    python scripts/bench.py all|sampler|store|loader|numpack|ragged|packing|processes [--quick]
+    python scripts/bench.py all|sampler|store|loader|codecs|numpack|ragged|packing|processes
+        [--quick]
 
 Prints a machine block, then one markdown table per benchmark. Every figure
 is the median of several runs (the count is printed under each table); runs
@@ -604,6 +605,7 @@ def store_contenders() -> list[StoreContender]:
         StoreContender("loaderx zstd", ("loaderx",), "-e .", *ours[1]),
         StoreContender("loaderx zstd_dict", ("loaderx",), "-e .", *ours[2]),
         StoreContender("loaderx zstd_shuffle4", ("loaderx",), "-e .", *_loaderx("zstd_shuffle4")),
+        StoreContender("loaderx lz4_shuffle4", ("loaderx",), "-e .", *_loaderx("lz4_shuffle4")),
         StoreContender("loaderx from_numpy raw", ("loaderx",), "-e .", *_loaderx_from_numpy("raw")),
         StoreContender(
             "loaderx from_numpy zstd", ("loaderx",), "-e .", *_loaderx_from_numpy("zstd")
@@ -1188,6 +1190,7 @@ def _write_loader_data(
         from_numpy(directory / "x-zstd", rows, codec="zstd", progress=False)
         from_numpy(directory / "x-raw", rows, codec="raw", progress=False)
         from_numpy(directory / "x-zstd_shuffle4", rows, codec="zstd_shuffle4", progress=False)
+        from_numpy(directory / "x-lz4_shuffle4", rows, codec="lz4_shuffle4", progress=False)
         # 8-byte labels gain nothing from a zstd frame each: both loaderx rows store them raw.
         from_numpy(directory / "y", labels, codec="raw", progress=False)
     if "npy" in kinds:
@@ -1411,6 +1414,13 @@ def loader_contenders() -> list[LoaderContender]:
             _start_loaderx("zstd_shuffle4"),
         ),
         LoaderContender(
+            "loaderx lz4_shuffle4",
+            ("loaderx.dataloader",),
+            "-e .",
+            "loaderx",
+            _start_loaderx("lz4_shuffle4"),
+        ),
+        LoaderContender(
             "bare gather loop, zstd (no DataLoader)",
             ("loaderx.dataset",),
             "-e .",
@@ -1619,6 +1629,7 @@ def _first_batch_table(directory: Path, runs: int) -> str:
 
 # The numpack table lives beside this script (it is long enough for a file).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_codecs import bench_codecs  # noqa: E402
 from bench_numpack import bench_numpack  # noqa: E402
 from bench_ragged import bench_packing, bench_processes, bench_ragged  # noqa: E402
 
@@ -1626,6 +1637,7 @@ TABLES: dict[str, Callable[[bool], str] | None] = {
     "sampler": bench_sampler,
     "store": bench_store,
     "loader": bench_loader,
+    "codecs": bench_codecs,
     "numpack": bench_numpack,
     "ragged": bench_ragged,
     "packing": bench_packing,

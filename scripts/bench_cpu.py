@@ -41,14 +41,14 @@ from loaderx._native import ffi  # noqa: E402
 def native_build(directory: Path) -> Path:
     """Compile the library for this machine's CPU (the build's own default target)."""
     sys.path.insert(0, str(ROOT / "build_backend"))
-    from loaderx_build import find_zstd, target_arch
+    from loaderx_build import library_flags, target_arch
 
     command = [
         sys.executable,
         "-m",
         "ziglang",
         "build",
-        f"-Dzstd={find_zstd(target_arch())}",
+        *library_flags(target_arch()),
         "--prefix",
         str(directory),
     ]

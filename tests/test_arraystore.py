@@ -198,7 +198,7 @@ def test_codecs_per_array(root):
         expected[[3, 4]] = 0
         assert same(store.load("z"), expected[1:])
         with pytest.raises(ValueError, match="unknown codec"):
-            store.save({"x": data}, codec="lz4")
+            store.save({"x": data}, codec="brotli")
 
 
 # ---- the stateful model ------------------------------------------------------------

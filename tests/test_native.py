@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_zig_unit_tests_pass():
     """`zig build test` (every inline test in zig/) passes in Debug with safety checks on."""
     sys.path.insert(0, str(ROOT / "build_backend"))
-    from loaderx_build import find_zstd
+    from loaderx_build import library_flags
 
     # The power-loss simulation runs in tests/test_simulation.py (ReleaseSafe).
     env = {**os.environ, "LOADERX_SIM_SCALE": "0"}
@@ -27,7 +27,7 @@ def test_zig_unit_tests_pass():
             "build",
             "test",
             "-Doptimize=Debug",
-            f"-Dzstd={find_zstd()}",
+            *library_flags(),
             "--summary",
             "all",
         ],

@@ -181,7 +181,7 @@ def test_verify_names_a_shuffled_record_with_a_flipped_byte(tmp_path):
 def test_unknown_codec_ids_and_shuffles_of_other_codecs_are_refused(tmp_path):
     """Codec 0x41 (a 16-byte shuffle) and 0x10 (a shuffled raw) do not exist."""
     with Zrecord(tmp_path / "s") as store:
-        for bad in (0x41, 0x10, 3):
+        for bad in (0x41, 0x10, 0x04, 0x43):
             with pytest.raises(InvalidArgumentError, match="unknown codec"):
                 store.append(b"abcd", [0], codec=bad)
     with pytest.raises(InvalidArgumentError, match="2, 4 or 8"):

@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "build_backend"))
-from loaderx_build import find_zstd  # noqa: E402
+from loaderx_build import library_flags  # noqa: E402
 
 
 def run_simulation(tmp_path: Path, scale: int) -> dict:
@@ -32,7 +32,7 @@ def run_simulation(tmp_path: Path, scale: int) -> dict:
             "build",
             "test",
             "-Doptimize=ReleaseSafe",
-            f"-Dzstd={find_zstd()}",
+            *library_flags(),
             "--summary",
             "all",
         ],
@@ -77,7 +77,7 @@ def test_crash_and_corruption_suites_pass_on_a_release_safe_build(tmp_path):
             "ziglang",
             "build",
             "-Doptimize=ReleaseSafe",
-            f"-Dzstd={find_zstd()}",
+            *library_flags(),
             "--prefix",
             str(prefix),
         ],

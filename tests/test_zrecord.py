@@ -239,7 +239,7 @@ def test_bad_writes_raise_and_change_nothing(tmp_path):
         store.append(b"abcdef", [0, 3])
         before = read_all(store), store.stats()["generation"]
         with pytest.raises(ValueError, match="unknown codec"):
-            store.append(b"x", [0], codec="lz4")
+            store.append(b"x", [0], codec="brotli")
         with pytest.raises(ValueError, match="empty batch"):
             store.append(b"", [])
         with pytest.raises(ValueError, match="non-decreasing"):
@@ -706,6 +706,10 @@ def test_codec_table_comes_from_the_core():
         "zstd_dict_shuffle2": 0x12,
         "zstd_dict_shuffle4": 0x22,
         "zstd_dict_shuffle8": 0x32,
+        "lz4": 0x03,
+        "lz4_shuffle2": 0x13,
+        "lz4_shuffle4": 0x23,
+        "lz4_shuffle8": 0x33,
     }
     assert SHUFFLE_ELEMENT_BYTES == (2, 4, 8)
     assert codec_parts("zstd_dict_shuffle4")[2:] == (4, True)

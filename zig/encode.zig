@@ -10,7 +10,6 @@ const format = @import("format.zig");
 const codec = @import("codec.zig");
 const status = @import("status.zig");
 const workers = @import("workers.zig");
-const zstd = @import("zstd.zig");
 const io = @import("io.zig");
 
 const assert = std.debug.assert;
@@ -166,7 +165,7 @@ const EncodeJob = struct {
 /// or raw when no frame shrinks it (not worth decoding), the raw bytes
 /// left for the caller to place. The entry's offset is 0 until then.
 fn encodeRecord(
-    encoder: *zstd.CCtx,
+    encoder: *codec.Encoder,
     record_codec: Codec,
     dictionary: ?*const codec.Dictionary,
     raw: []const u8,
@@ -182,7 +181,7 @@ fn encodeRecord(
 
 fn compressFailure(err: codec.CompressError) []const u8 {
     return switch (err) {
-        error.Codec => "zstd could not compress the record",
+        error.Codec => "the codec could not compress the record",
         error.OutOfMemory => "out of memory for the shuffled copy of the record",
     };
 }
@@ -222,7 +221,7 @@ pub fn encodeBatch(
     defer allocator.free(slots);
     slots[0] = 0;
     for (0..offsets.len) |k| {
-        const bound = zstd.ZSTD_compressBound(recordLengthIn(source, offsets, k));
+        const bound = codec.compressBound(record_codec, recordLengthIn(source, offsets, k));
         slots[k + 1] = std.math.add(u64, slots[k], bound) catch return error.TooLarge;
     }
     const scratch = try allocScratch(slots[offsets.len]);
@@ -344,12 +343,13 @@ const WriteJob = struct {
     /// to the piece until it is written.
     fn compressPiece(
         job: *WriteJob,
-        encoder: *zstd.CCtx,
+        encoder: *codec.Encoder,
         shuffled: *codec.Scratch,
         piece: *Piece,
     ) error{Failed}!void {
         var bound: u64 = 0;
-        for (piece.first..piece.end) |k| bound += zstd.ZSTD_compressBound(
+        for (piece.first..piece.end) |k| bound += codec.compressBound(
+            job.record_codec,
             recordLengthIn(job.source, job.offsets, k),
         );
         piece.buffer = allocator.alloc(u8, bound) catch {

@@ -77,10 +77,12 @@ pub const zstd_block_bytes_max: u64 = 128 * 1024;
 pub const zstd_expansion_max: u64 = zstd_block_bytes_max / 4;
 
 /// The codec byte of an index entry. The low nibble is the coder (raw, zstd,
-/// zstd with the store's dictionary); the high nibble, when not 0, says the
-/// record was byte-shuffled by 2^nibble-byte elements before compression
-/// (shuffle.zig). The payload is a standard zstd frame either way: any zstd
-/// tool decodes it to the shuffled bytes.
+/// zstd with the store's dictionary, LZ4); the high nibble, when not 0, says
+/// the record was byte-shuffled by 2^nibble-byte elements before compression
+/// (shuffle.zig). The payload is a standard zstd frame, or LZ4 frame, either
+/// way: any zstd or lz4 tool decodes it to the (shuffled) bytes. New codecs
+/// are appended: the ids are on disk and the declaration order is the
+/// codec table Python reads (lx_codec_get).
 pub const Codec = enum(u8) {
     raw = 0x00,
     zstd = 0x01,
@@ -91,6 +93,12 @@ pub const Codec = enum(u8) {
     zstd_dict_shuffle2 = 0x12,
     zstd_dict_shuffle4 = 0x22,
     zstd_dict_shuffle8 = 0x32,
+    lz4 = 0x03,
+    lz4_shuffle2 = 0x13,
+    lz4_shuffle4 = 0x23,
+    lz4_shuffle8 = 0x33,
+
+    pub const Coder = enum(u4) { raw = 0, zstd = 1, zstd_dict = 2, lz4 = 3 };
 
     pub fn from(value: u64) ?Codec {
         return std.enums.fromInt(Codec, value);
@@ -102,13 +110,19 @@ pub const Codec = enum(u8) {
     }
 
     pub fn usesDictionary(codec: Codec) bool {
-        return @intFromEnum(codec) & 0x0f == @intFromEnum(Codec.zstd_dict);
+        return codec.coder() == .zstd_dict;
+    }
+
+    /// What compressed the (shuffled) record: the low nibble.
+    pub fn coder(codec: Codec) Coder {
+        return @enumFromInt(@intFromEnum(codec) & 0x0f);
     }
 };
 
 comptime {
     for (std.enums.values(Codec)) |codec| {
         assert(codec.elementBytes() == 1 or (codec != .raw and codec.elementBytes() <= 8));
+        _ = std.enums.fromInt(Codec.Coder, @intFromEnum(codec) & 0x0f).?;
     }
 }
 
@@ -278,8 +292,9 @@ pub const Entry = extern struct {
         if (codec_value == .raw and stored != entry.raw_bytes) return "raw record with stored " ++
             "length != length";
         // A zstd block of 4 bytes (an RLE block) expands to at most 128 KiB,
-        // so no frame decodes to more than this: a damaged length cannot
-        // make a reader allocate without bound.
+        // so no frame decodes to more than this (an LZ4 frame expands far
+        // less: at most ~255x per block): a damaged length cannot make a
+        // reader allocate without bound.
         const frame_bytes_max = stored *| zstd_expansion_max +| zstd_block_bytes_max;
         if (codec_value != .raw and entry.raw_bytes > frame_bytes_max) {
             return "compressed record claims more bytes than its frame can hold";

@@ -12,7 +12,6 @@ const status = @import("status.zig");
 const workers = @import("workers.zig");
 const integrity = @import("integrity.zig");
 const io = @import("io.zig");
-const zstd = @import("zstd.zig");
 const Snapshot = @import("snapshot.zig").Snapshot;
 
 const assert = std.debug.assert;
@@ -234,7 +233,7 @@ const GatherJob = struct {
 
     fn run(job: *GatherJob, start: u64, end: u64) void {
         if (job.snapshot.layout() == .fixed) return job.runFixed(start, end);
-        var decoder: ?*zstd.DCtx = null;
+        var decoder: ?*codec.Decoder = null;
         defer if (decoder) |d| codec.giveDecoder(d);
         var shuffled: codec.Scratch = .{};
         defer shuffled.deinit();
@@ -258,7 +257,7 @@ const GatherJob = struct {
                 decoder = codec.takeDecoder() catch return job.failure.set(
                     error.OutOfMemory,
                     index,
-                    "out of memory for a zstd context",
+                    "out of memory for a decompression context",
                 );
             }
             codec.decode(

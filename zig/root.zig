@@ -95,9 +95,9 @@ fn codecFrom(value: u32) status.Error!format.Codec {
     return format.Codec.from(value) orelse
         status.fail(
             error.InvalidArgument,
-            "unknown codec {d}: use 0 (raw), 1 (zstd), 2 (zstd_dict), or one of them " ++
-                "byte-shuffled by 2, 4 or 8-byte elements (0x11, 0x21, 0x31 for zstd; 0x12, " ++
-                "0x22, 0x32 for zstd_dict)",
+            "unknown codec {d}: use 0 (raw), 1 (zstd), 2 (zstd_dict), 3 (lz4), or one of " ++
+                "the last three byte-shuffled by 2, 4 or 8-byte elements (0x11, 0x21, 0x31 " ++
+                "for zstd; 0x12, 0x22, 0x32 for zstd_dict; 0x13, 0x23, 0x33 for lz4)",
             .{value},
         );
 }

@@ -30,7 +30,7 @@ const std = @import("std");
 const format = @import("format.zig");
 const codec = @import("codec.zig");
 const status = @import("status.zig");
-const zstd = @import("zstd.zig");
+const clib = @import("clib.zig");
 const io = @import("io.zig");
 const superblock_file = @import("superblock.zig");
 const commit = @import("commit.zig");
@@ -1089,19 +1089,19 @@ pub const Store = struct {
         }
         const buffer = allocator.alloc(u8, target_bytes) catch return error.OutOfMemory;
         defer allocator.free(buffer);
-        const trained = zstd.ZDICT_trainFromBuffer(
+        const trained = clib.ZDICT_trainFromBuffer(
             buffer.ptr,
             buffer.len,
             samples.ptr,
             sizes.ptr,
             @intCast(sizes.len),
         );
-        if (zstd.ZDICT_isError(trained) != 0) {
+        if (clib.ZDICT_isError(trained) != 0) {
             return status.fail(
                 error.Codec,
                 "dictionary training failed ({s}); give more and more varied samples (zstd " ++
                     "wants about 100x the dictionary size)",
-                .{zstd.ZSTD_getErrorName(trained)},
+                .{clib.ZSTD_getErrorName(trained)},
             );
         }
         const bytes = buffer[0..trained];

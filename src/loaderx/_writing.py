@@ -89,6 +89,11 @@ TRIAL_BYTES_MAX = 4 * MiB
 
 SHUFFLE_GAIN_MIN = 0.03
 
+# The codec names that let a converter pick the codec from a trial:
+# "auto" the smallest (zstd or zstd_shuffleN), "auto-speed" the fastest to
+# decode (lz4 or lz4_shuffleN; docs/concepts/codecs.md has the measurements).
+AUTO_CODECS = ("auto", "auto-speed")
+
 
 # ---- the write session -------------------------------------------------------
 
@@ -291,9 +296,9 @@ def _mismatch(path: str, existing: Schema, new: Schema) -> str:
 
 def codec_name(codec: str | int, allow_auto: bool = False) -> str:
     """The codec's name (codecs may also be given by id); ValueError if unknown.
-    ``"auto"`` passes when the converter picks the codec itself."""
-    if allow_auto and codec == "auto":
-        return "auto"
+    ``"auto"`` and ``"auto-speed"`` pass when the converter picks the codec itself."""
+    if allow_auto and is_auto(codec):
+        return str(codec)
     value = codec_id(codec)
     return next(name for name, number in CODECS.items() if number == value)
 
@@ -318,9 +323,14 @@ def check_progress(progress: Any) -> None:  # Any: checked here
 # ---- the codec "auto" picks --------------------------------------------------
 
 
+def is_auto(codec: object) -> bool:
+    """Whether ``codec`` asks the converter to pick (``AUTO_CODECS``)."""
+    return isinstance(codec, str) and codec in AUTO_CODECS
+
+
 def uses_dictionary(codec: str) -> bool:
-    """Whether ``codec`` trains a dictionary (not yet known for ``"auto"``)."""
-    return codec != "auto" and codec_parts(codec).uses_dictionary
+    """Whether ``codec`` trains a dictionary (not yet known for an auto codec)."""
+    return not is_auto(codec) and codec_parts(codec).uses_dictionary
 
 
 def _shuffle_element_bytes(dtype: np.dtype) -> int | None:
@@ -334,27 +344,34 @@ def _shuffle_element_bytes(dtype: np.dtype) -> int | None:
 
 
 def auto_codec(
-    path: StrPath, mode: str, target: Schema, trial: Callable[[], tuple[np.ndarray, np.ndarray]]
+    path: StrPath,
+    mode: str,
+    target: Schema,
+    trial: Callable[[], tuple[np.ndarray, np.ndarray]],
+    auto: str = "auto",
 ) -> str:
-    """The codec ``codec="auto"`` picks: an existing store's own when
-    appending to it; else ``zstd_shuffleN`` when the dtype has N-byte
-    elements and shuffled records of the ``trial`` sample (packed bytes and
-    offsets) take at least ``SHUFFLE_GAIN_MIN`` less space than plain zstd
-    frames; else ``zstd``."""
+    """The codec ``codec=auto`` picks (``auto`` is ``"auto"`` or
+    ``"auto-speed"``): an existing store's own when appending to it; else the
+    coder (``zstd`` for ``"auto"``, ``lz4`` for ``"auto-speed"``) with the
+    shuffle filter, ``<coder>_shuffleN``, when the dtype has N-byte elements
+    and shuffled records of the ``trial`` sample (packed bytes and offsets)
+    take at least ``SHUFFLE_GAIN_MIN`` less space than plain frames of the
+    coder; else the plain coder."""
     if mode == "a" and os.path.isdir(os.fspath(path)):
         existing = read_schema(path)
         if existing is not None and existing.kind == target.kind:
             return existing.codec
+    coder = "lz4" if auto == "auto-speed" else "zstd"
     element_bytes = _shuffle_element_bytes(target.dtype)
     if element_bytes is None:
-        return "zstd"
+        return coder
     packed, offsets = trial()
     if packed.size == 0:
-        return "zstd"
-    candidate = shuffled_codec("zstd", element_bytes)
-    plain = encoded_bytes(packed, offsets, "zstd")
+        return coder
+    candidate = shuffled_codec(coder, element_bytes)
+    plain = encoded_bytes(packed, offsets, coder)
     shuffled = encoded_bytes(packed, offsets, candidate)
-    return candidate if shuffled <= plain * (1 - SHUFFLE_GAIN_MIN) else "zstd"
+    return candidate if shuffled <= plain * (1 - SHUFFLE_GAIN_MIN) else coder
 
 
 def packed_trial(pieces: list[npt.NDArray[np.uint8]]) -> tuple[np.ndarray, np.ndarray]:

@@ -83,6 +83,7 @@ from ._writing import (
     check_chunk_bytes,
     check_progress,
     codec_name,
+    is_auto,
     packed_trial,
     shuffled_samples,
     uses_dictionary,
@@ -117,9 +118,9 @@ class _Column:
     name: str
     arrow_type: str
     schema: Schema
-    # codec="auto": the schema's "zstd" stands in until the first batch's
-    # records decide between it and "zstd_shuffleN".
-    auto: bool = False
+    # codec="auto" or "auto-speed" (this names which; "" for a given codec):
+    # the schema's "zstd" stands in until the first batch's records decide.
+    auto: str = ""
 
     @property
     def ragged(self) -> bool:
@@ -149,9 +150,10 @@ def from_arrow(
     rename (a store name is a plain file name). ``codec`` is one codec for
     every store or ``{store_name: codec}`` (stores it does not name get
     ``"auto"``); ``"auto"``, the default, picks ``"zstd_shuffleN"`` or
-    ``"zstd"`` per store as ``from_numpy`` does, from the store's first records
-    in the first batch (up to 64, or 4 MiB); ``zstd_dict`` trains each store's
-    dictionary from its first batch (a shuffled dictionary codec from its
+    ``"zstd"`` (``"auto-speed"``: ``"lz4_shuffleN"`` or ``"lz4"``) per store
+    as ``from_numpy`` does, from the store's first records in the first batch
+    (up to 64, or 4 MiB); ``zstd_dict`` trains each store's dictionary from
+    its first batch (a shuffled dictionary codec from its
     records shuffled). ``chunk_bytes`` bounds the row data read
     and appended at once; ``progress`` shows a bar on a terminal.
 
@@ -419,7 +421,7 @@ def _plan(schema: Any, columns: Any, codec: Any) -> list[_Column]:  # columns, c
         _check_store_name(name, column)
         arrow_type = schema.field(column).type
         kind, dtype, item_shape = _store_layout(column, arrow_type)
-        auto = codecs[name] == "auto"
+        auto = codecs[name] if is_auto(codecs[name]) else ""
         plan.append(
             _Column(
                 column,
@@ -569,9 +571,9 @@ def _decide_codec(path: str, column: _Column, array: Any) -> _Column:
             total += piece.size
         return packed_trial(pieces)
 
-    codec = auto_codec(os.path.join(path, column.name), "x", column.schema, trial)
+    codec = auto_codec(os.path.join(path, column.name), "x", column.schema, trial, column.auto)
     return dataclasses.replace(
-        column, schema=dataclasses.replace(column.schema, codec=codec), auto=False
+        column, schema=dataclasses.replace(column.schema, codec=codec), auto=""
     )
 
 

@@ -227,10 +227,10 @@ def _add_convert(commands: Any, common: argparse.ArgumentParser) -> None:
     convert.add_argument("target", metavar="DST")
     convert.add_argument(
         "--codec",
-        choices=["auto", *sorted(CODECS)],
+        choices=["auto", "auto-speed", *sorted(CODECS)],
         default="auto",
         help="record codec (default auto: .npy picks zstd or the byte-shuffled zstd_shuffleN, "
-        "Parquet zstd)",
+        "Parquet zstd; auto-speed: lz4 or lz4_shuffleN, faster to decode, larger)",
     )
     convert.add_argument(
         "--mode",

@@ -88,8 +88,8 @@ def _codec_table() -> dict[str, Codec]:
 
 
 CODEC_TABLE = _codec_table()
-#: Codec names and their ids: ``raw``, ``zstd``, ``zstd_dict`` and the
-#: byte-shuffled ``zstd_shuffleN`` / ``zstd_dict_shuffleN``.
+#: Codec names and their ids: ``raw``, ``zstd``, ``zstd_dict``, ``lz4`` and
+#: the byte-shuffled ``zstd_shuffleN`` / ``zstd_dict_shuffleN`` / ``lz4_shuffleN``.
 CODECS = {codec.name: codec.id for codec in CODEC_TABLE.values()}
 SHUFFLE_ELEMENT_BYTES = tuple(sorted({codec.element_bytes for codec in CODEC_TABLE.values()} - {1}))
 MAX_RECORD_LEN = LIMITS["record_bytes_max"]
@@ -143,26 +143,20 @@ def codec_parts(codec: str | int | np.integer[Any]) -> Codec:
 
 
 def shuffled_codec(codec: str, element_bytes: int) -> str:
-    """The name of ``codec`` ("zstd" or "zstd_dict") with the byte-shuffle
-    filter for ``element_bytes``-byte elements (2, 4 or 8)."""
+    """The name of ``codec`` ("zstd", "zstd_dict" or "lz4") with the
+    byte-shuffle filter for ``element_bytes``-byte elements (2, 4 or 8): the
+    table names it ``<codec>_shuffle<N>``."""
     base = CODEC_TABLE.get(codec)
-    found = None
-    if base is not None and base.name != "raw" and base.element_bytes == 1:
-        found = next(
-            (
-                entry.name
-                for entry in CODEC_TABLE.values()
-                if entry.uses_dictionary == base.uses_dictionary
-                and entry.element_bytes == element_bytes != 1
-            ),
-            None,
+    name = f"{codec}_shuffle{element_bytes}"
+    if base is None or base.name == "raw" or base.element_bytes != 1 or name not in CODEC_TABLE:
+        bases = sorted(
+            entry.name for entry in CODEC_TABLE.values() if f"{entry.name}_shuffle2" in CODEC_TABLE
         )
-    if found is None:
         raise InvalidArgumentError(
-            f"the shuffle filter applies to 'zstd' and 'zstd_dict' with 2, 4 or 8-byte elements, "
-            f"not {codec!r} with {element_bytes}-byte elements"
+            f"the shuffle filter applies to {', '.join(map(repr, bases))} with 2, 4 or 8-byte "
+            f"elements, not {codec!r} with {element_bytes}-byte elements"
         )
-    return found
+    return name
 
 
 def shuffle_bytes(record: npt.NDArray[np.uint8], element_bytes: int) -> npt.NDArray[np.uint8]:

@@ -1,0 +1,240 @@
+"""The codec table of scripts/bench.py: decode speed per core of zstd,
+zstd_shuffle4, lz4 and lz4_shuffle4 on the bench's float32 records, against
+the libraries' own decode ceilings, and the DataLoader against that ceiling.
+
+    python scripts/bench.py codecs [--quick]
+
+The ceilings come from scripts/codec_ceiling.zig, which this table compiles
+(about 20 s, once per run): one core of the system libzstd / liblz4 decoding
+in a tight native loop the payloads zig/codec.zig writes for a store. A
+ctypes loop would not do for LZ4: its ~1 us per call is a fifth of an LZ4
+decode of a 12 KiB record.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+CODECS = ("zstd", "zstd_shuffle4", "lz4", "lz4_shuffle4")
+# The DataLoader runs on these, each against its own decode ceiling.
+LOADER_CODECS = ("zstd_shuffle4", "lz4_shuffle4")
+
+
+def build_ceiling(directory: Path) -> Path:
+    """Compiles scripts/codec_ceiling.zig against the system libraries into `directory`."""
+    sys.path.insert(0, str(ROOT / "build_backend"))
+    from loaderx_build import find_library
+
+    binary = directory / "codec_ceiling"
+    command = [
+        sys.executable,
+        "-m",
+        "ziglang",
+        "build-exe",
+        "-OReleaseFast",
+        "-lc",
+        "--dep",
+        "codec",
+        f"-Mroot={ROOT / 'scripts' / 'codec_ceiling.zig'}",
+        f"-Mcodec={ROOT / 'zig' / 'codec.zig'}",
+        find_library("zstd"),
+        find_library("lz4"),
+        f"-femit-bin={binary}",
+    ]
+    subprocess.run(command, cwd=ROOT, check=True, timeout=600)
+    return binary
+
+
+def ceiling_runs(
+    binary: Path, codecs: tuple[str, ...], records: Path, record_bytes: int, rounds: int
+) -> dict[str, tuple[int, list[float], list[float]]]:
+    """The helper's rounds: per codec, (payload bytes, library decode seconds
+    per round, codec.decode seconds per round) over all records."""
+    result = subprocess.run(
+        [str(binary), str(records), str(record_bytes), str(rounds), *codecs],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=1200,
+    )
+    measured = {}
+    for line in result.stdout.splitlines():
+        head, ours = line.split("|")
+        name, payload_bytes, *library = head.split()
+        measured[name] = (
+            int(payload_bytes),
+            [int(value) / 1e9 for value in library],
+            [int(value) / 1e9 for value in ours.split()],
+        )
+    return measured
+
+
+def gather_seconds(store, batches: np.ndarray, out: np.ndarray) -> float:
+    """Seconds for one pass of `batches` through `store.gather` (one thread)."""
+    start = time.perf_counter()
+    for batch in batches:
+        store.gather(batch, out)
+    return time.perf_counter() - start
+
+
+def loader_seconds(directory: Path, codec: str, workers: int, batch_size: int, seconds: float):
+    """Seconds per batch of a DataLoader over the `codec` store (features only)."""
+    from loaderx import DataLoader, DenseDataset
+
+    dataset = DenseDataset(directory / codec)
+    with DataLoader({"x": dataset}, num_workers=workers, batch_size=batch_size) as loader:
+        for _ in range(8):
+            next(loader)
+        start, done = time.perf_counter(), 0
+        while done < 10 or time.perf_counter() - start < seconds:
+            next(loader)
+            done += 1
+        elapsed = (time.perf_counter() - start) / done
+    dataset.close()
+    return elapsed
+
+
+@dataclass
+class Measured:
+    """Seconds per round for every codec (gather passes over the batches;
+    library and codec.decode passes over all records), the DataLoader's
+    seconds per batch and its fraction of the lz4_shuffle4 decode ceiling per
+    round, and each store's ratio."""
+
+    gather: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CODECS})
+    library: dict[str, list[float]] = field(default_factory=dict)
+    decode: dict[str, list[float]] = field(default_factory=dict)
+    loader: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in LOADER_CODECS})
+    loader_fraction: dict[str, list[float]] = field(
+        default_factory=lambda: {c: [] for c in LOADER_CODECS}
+    )
+    ratio: dict[str, float] = field(default_factory=dict)
+
+
+def measure(rows: np.ndarray, batches: np.ndarray, rounds: int, loader_time: float) -> Measured:
+    """Interleaved rounds of every codec's gather, then of the native
+    ceilings, then DataLoader runs each paired with a ceiling pass."""
+    # bench.py imports this module to register the table: its helpers are
+    # imported when the table runs.
+    from bench import BATCH_SIZE, LOADER_WORKERS, _cores
+
+    from loaderx import from_numpy
+    from loaderx.zrecord import Zrecord
+
+    measured = Measured()
+    out = np.empty((batches.shape[1], rows.shape[1]), dtype=rows.dtype)
+    record_bytes = rows[0].nbytes
+    with tempfile.TemporaryDirectory(prefix="loaderx-bench-codecs-") as temporary:
+        directory = Path(temporary)
+        binary = build_ceiling(directory)
+        records = directory / "records.bin"
+        rows.tofile(records)
+        for codec in CODECS:
+            from_numpy(directory / codec, rows, codec=codec, progress=False)
+        stores = {codec: Zrecord(directory / codec, threads=1) for codec in CODECS}
+        try:
+            for codec, store in stores.items():
+                measured.ratio[codec] = rows.nbytes / store.stats()["live_bytes"]
+                store.gather(batches[0], out)
+                if not np.array_equal(out, rows[batches[0]]):
+                    raise AssertionError(f"{codec}: a gathered batch differs from its source")
+            for _ in range(rounds):  # interleaved: a burst of noise hits every codec alike
+                for codec, store in stores.items():
+                    measured.gather[codec].append(gather_seconds(store, batches, out))
+        finally:
+            for store in stores.values():
+                store.close()
+        for codec, (_, library, decode) in ceiling_runs(
+            binary, CODECS, records, record_bytes, rounds
+        ).items():
+            measured.library[codec], measured.decode[codec] = library, decode
+        for _ in range(rounds):
+            for codec in LOADER_CODECS:
+                per_batch = loader_seconds(
+                    directory, codec, LOADER_WORKERS, BATCH_SIZE, loader_time
+                )
+                _, (library,), _ = ceiling_runs(binary, (codec,), records, record_bytes, 1)[codec]
+                measured.loader[codec].append(per_batch)
+                # The ceiling: every core decoding at the library's single-core speed.
+                ceiling = library / len(rows) * BATCH_SIZE / _cores()
+                measured.loader_fraction[codec].append(ceiling / per_batch)
+    return measured
+
+
+def bench_codecs(quick: bool) -> str:
+    """The codec table (see the module docstring)."""
+    from bench import BATCH_SIZE, LOADER_WORKERS, MiB, _cores, markdown_table, structured_rows
+
+    count, batch_count = (2000, 20) if quick else (20000, 50)
+    rounds, loader_time = (1, 0.3) if quick else (15, 2.0)
+    rows = structured_rows(count)
+    batches = np.random.default_rng(1).integers(0, count, (batch_count, BATCH_SIZE))
+    measured = measure(rows, batches, rounds, loader_time)
+
+    def speed(seconds: list[float], byte_count: int) -> float:
+        return byte_count / statistics.median(seconds) / MiB
+
+    table_rows = []
+    for codec in CODECS:
+        ours = speed(measured.gather[codec], batches.size * rows[0].nbytes)
+        ceiling = speed(measured.library[codec], rows.nbytes)
+        table_rows.append(
+            [
+                codec,
+                f"{measured.ratio[codec]:.2f}x",
+                f"{ours:,.0f}",
+                f"{speed(measured.decode[codec], rows.nbytes):,.0f}",
+                f"{ceiling:,.0f}",
+                f"{ours / ceiling:.2f}",
+            ]
+        )
+    versus = [
+        statistics.median(
+            zstd / lz4 for zstd, lz4 in zip(seconds["zstd_shuffle4"], seconds["lz4_shuffle4"])
+        )
+        for seconds in (measured.gather, measured.decode, measured.library)
+    ]
+    table = markdown_table(
+        [
+            "codec",
+            "ratio",
+            "gather, 1 thread, MiB/s",
+            "codec.decode, 1 core, MiB/s",
+            "library decode ceiling, 1 core, MiB/s",
+            "gather / ceiling",
+        ],
+        table_rows,
+    )
+    loaders = " ".join(
+        f"{codec}: {1 / statistics.median(measured.loader[codec]):,.0f} batches/s, "
+        f"{statistics.median(measured.loader_fraction[codec]):.2f}x its decode ceiling (rounds "
+        f"{', '.join(f'{value:.2f}' for value in measured.loader_fraction[codec])})."
+        for codec in LOADER_CODECS
+    )
+    return (
+        f"### codecs: {count:,} records of {rows[0].nbytes // 1024} KiB (float32), one thread "
+        f"per decode, {batch_count} random batches of {BATCH_SIZE}\n\n{table}\n\n"
+        f"lz4_shuffle4 against zstd_shuffle4, per core: gather {versus[0]:.2f}x, codec.decode "
+        f"{versus[1]:.2f}x, library decode {versus[2]:.2f}x (median of the {rounds} rounds' "
+        "ratios).\n"
+        f"DataLoader ({LOADER_WORKERS} workers, batches of {BATCH_SIZE}, features only; ceiling: "
+        f"the library's single-core speed x {_cores()} cores): {loaders}\n\n"
+        f"Speeds: median of {rounds} rounds; within a round the codecs run back to back "
+        "(gathers in this process, the native passes in the helper), so a burst of load on a "
+        "shared machine hits them alike. The DataLoader's fraction pairs each of its runs with "
+        "one pass of its library run right after it. `ratio` is source bytes over stored payload "
+        "bytes (records no frame shrinks are stored raw: plain lz4 barely shrinks these floats). "
+        "`gather` is `Zrecord(threads=1).gather` over the random batches (index, checks, decode, "
+        "unshuffle into the caller's array); `codec.decode` is loaderx's decode of every record "
+        "in order in a native loop; the ceiling is the library alone (ZSTD_decompressDCtx, "
+        "LZ4F_decompress) on the same payloads, without the unshuffle (scripts/codec_ceiling.zig)."
+    )
