@@ -193,6 +193,16 @@ class LazyArray:
         array = self._live().read_all()
         return array if dtype is None else array.astype(dtype, copy=False)
 
+    def __dlpack__(self, **kwargs: Any) -> Any:  # kwargs, the result: NumPy's __dlpack__
+        """DLPack (``torch.from_dlpack(lazy)``, ``jax.numpy.from_dlpack(lazy)``):
+        the array is read once into a NumPy array, whose memory the consumer
+        then shares without a copy."""
+        given = {key: value for key, value in kwargs.items() if value is not None}
+        return self.__array__().__dlpack__(**given)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU, device 0: the rows are read into host memory
+
     def __iter__(self) -> Iterator[Any]:
         entry = self._live()
         if entry.scalar:
