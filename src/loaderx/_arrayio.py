@@ -197,16 +197,23 @@ def check_chunk_bytes(chunk_bytes: Any) -> int:  # Any: checked here
     return check_int("chunk_bytes", chunk_bytes, 1, CHUNK_BYTES_MAX)
 
 
-def chunks(array: LazyArray | np.ndarray, chunk_bytes: int) -> Iterator[np.ndarray]:
-    """``array`` in runs of rows of at most ``chunk_bytes`` (at least one row
-    each); a 0-d array as one value."""
+def for_chunks(
+    array: LazyArray | np.ndarray, chunk_bytes: int, consume: Callable[[int, np.ndarray], None]
+) -> None:
+    """Calls ``consume(start_row, rows)`` with runs of rows of ``array`` of at
+    most ``chunk_bytes`` (at least one row each); a 0-d array as one value.
+    Only one run is alive at a time: none is held while the next is read."""
     if array.ndim == 0:
-        yield np.asarray(array[()])
+        consume(0, np.asarray(array[()]))
         return
     row_bytes = array.dtype.itemsize * math.prod(array.shape[1:])
     step = max(1, chunk_bytes // max(1, row_bytes))
     for start in range(0, array.shape[0], step):
-        yield np.ascontiguousarray(array[start : start + step])
+        consume(start, np.ascontiguousarray(array[start : start + step]))
+
+
+def _write_bytes(file: BinaryIO) -> Callable[[int, np.ndarray], None]:
+    return lambda start, rows: file.write(memoryview(rows.reshape(-1).view(np.uint8)))
 
 
 # ---- atomic outputs --------------------------------------------------------------
@@ -803,8 +810,7 @@ def _write_npy_to(file: BinaryIO, array: LazyArray, chunk_bytes: int) -> None:
         np.lib.format.write_array_header_1_0(file, header)
     except ValueError:  # a header past 64 KiB
         np.lib.format.write_array_header_2_0(file, header)
-    for chunk in chunks(array, chunk_bytes):
-        file.write(memoryview(chunk.reshape(-1).view(np.uint8)))
+    for_chunks(array, chunk_bytes, _write_bytes(file))
 
 
 def _write_npy(path: str, arrays: dict[str, LazyArray], chunk_bytes: int) -> None:
@@ -864,8 +870,7 @@ def _write_safetensors(path: str, arrays: dict[str, LazyArray], chunk_bytes: int
     with open(path, "wb") as file:
         file.write(struct.pack("<Q", len(text)) + text)
         for array in arrays.values():
-            for chunk in chunks(array, chunk_bytes):
-                file.write(memoryview(chunk.reshape(-1).view(np.uint8)))
+            for_chunks(array, chunk_bytes, _write_bytes(file))
 
 
 def _write_hdf5(path: str, arrays: dict[str, LazyArray], chunk_bytes: int) -> None:
@@ -879,13 +884,14 @@ def _write_hdf5(path: str, arrays: dict[str, LazyArray], chunk_bytes: int) -> No
 
 def _fill(target: Any, array: LazyArray, chunk_bytes: int) -> None:
     """Copies ``array`` into an array-like that takes slice assignment."""
-    if array.ndim == 0:
-        target[()] = array[()]
-        return
-    start = 0
-    for chunk in chunks(array, chunk_bytes):
-        target[start : start + len(chunk)] = chunk
-        start += len(chunk)
+
+    def store(start: int, rows: np.ndarray) -> None:
+        if array.ndim == 0:
+            target[()] = rows
+        else:
+            target[start : start + len(rows)] = rows
+
+    for_chunks(array, chunk_bytes, store)
 
 
 def _write_zarr(path: str, arrays: dict[str, LazyArray], chunk_bytes: int) -> None:
@@ -1002,8 +1008,7 @@ def pack_store(path: str, arrays: dict[str, tuple[LazyArray, str]], chunk_bytes:
             meta = {"name": name, "dtype": array.dtype.str, "shape": list(array.shape)}
             meta["codec"] = codec
             writer.frame(ARRAY_FRAME, msgpack.packb(meta), 0)
-            for chunk in chunks(array, chunk_bytes):
-                writer.data(chunk)
+            for_chunks(array, chunk_bytes, lambda start, rows: writer.data(rows))
         end = {"arrays": len(arrays), "sha256": writer.digest.hexdigest()}
         writer.frame(END_FRAME, msgpack.packb(end), 0)
 

@@ -492,7 +492,8 @@ class ArrayStore:
         """Unpacks the pack file ``path`` into a new store at ``dst`` and opens
         it. Every frame is checked; a damaged file raises CorruptPackError
         and leaves nothing at ``dst``."""
-        _arrayio.unpack_store(os.fspath(path), os.fspath(dst), cls)
+        # Staged without a sync per array: close() makes it all durable before the rename.
+        _arrayio.unpack_store(os.fspath(path), os.fspath(dst), lambda at: cls(at, durable=False))
         return cls(dst)
 
     def _lazy(self, name: str) -> LazyArray:
