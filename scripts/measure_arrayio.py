@@ -63,7 +63,8 @@ with ArrayStore(os.path.join(root, "store-" + mode)) as store:
         store.import_(source)
         peak[0] = base = anon()[0]
         store.pack(os.path.join(root, "store.lxpack"))
-        ArrayStore.unpack(os.path.join(root, "store.lxpack"), os.path.join(root, "unpacked")).close()
+        packed = os.path.join(root, "store.lxpack")
+        ArrayStore.unpack(packed, os.path.join(root, "unpacked")).close()
 stop.set()
 thread.join()
 print((peak[0] - base) >> 20, anon()[1] >> 20)
@@ -77,7 +78,8 @@ step = max(1, (16 << 20) // (4 * width))
 def chunks():
     for start in range(0, rows, step):
         count = min(step, rows - start)
-        yield np.arange(start * width, (start + count) * width, dtype=np.float32).reshape(count, width)
+        first, end = start * width, (start + count) * width
+        yield np.arange(first, end, dtype=np.float32).reshape(count, width)
 if format in ("npy", "npz", "safetensors", "hdf5", "zarr", "parquet", "feather", "csv"):
     # The loaderx exporters stream: build the file through a store filled chunk by chunk.
     import os, tempfile
@@ -124,7 +126,8 @@ def main() -> None:
             source = os.path.join(root, f"source.{SUFFIX.get(format, format)}")
             run(WRITER, format, source, str(rows), str(width))
             results = [run(CHILD, mode, root, source).split() for mode in ("import", "export")]
-            results.append(run(CHILD, "pack", root, source).split() if format == "npy" else ["-", ""])
+            packed = run(CHILD, "pack", root, source).split() if format == "npy" else ["-", ""]
+            results.append(packed)
             hwm = max(int(r[1]) for r in results if r[1])
             print(
                 f"| {format} | {mib} | {results[0][0]} | {results[1][0]} | {results[2][0]} "

@@ -554,7 +554,8 @@ MEMORY_CHILD = textwrap.dedent(
     store = ArrayStore(os.path.join(root, "s"))
     results = [measured(lambda: store.import_(source))]
     results.append(measured(lambda: store.export(os.path.join(root, "o.npy"), chunk_bytes=8 << 20)))
-    results.append(measured(lambda: store.pack(os.path.join(root, "p.lxpack"), chunk_bytes=8 << 20)))
+    packed = os.path.join(root, "p.lxpack")
+    results.append(measured(lambda: store.pack(packed, chunk_bytes=8 << 20)))
     results.append(measured(lambda: ArrayStore.unpack(
         os.path.join(root, "p.lxpack"), os.path.join(root, "u")).close()))
     assert open(os.path.join(root, "o.npy"), "rb").read() == open(source, "rb").read()

@@ -213,7 +213,10 @@ def for_chunks(
 
 
 def _write_bytes(file: BinaryIO) -> Callable[[int, np.ndarray], None]:
-    return lambda start, rows: file.write(memoryview(rows.reshape(-1).view(np.uint8)))
+    def write(start: int, rows: np.ndarray) -> None:
+        file.write(rows.reshape(-1).view(np.uint8).data)
+
+    return write
 
 
 # ---- atomic outputs --------------------------------------------------------------
@@ -312,7 +315,7 @@ def open_arrays(
     """``{name: ndarray | RowSource}`` of ``source``; files it opens stay
     open until ``stack`` closes."""
     if not isinstance(source, (str, os.PathLike)):
-        return _object_arrays(stack, source, names)
+        return _object_arrays(stack, source, names)  # type: ignore[no-any-return]
     path = os.fspath(source)
     if not os.path.exists(path):
         raise FileNotFoundError(f"no file or directory at '{path}' to import")
@@ -377,8 +380,8 @@ def _npy_header(file: BinaryIO, where: str) -> tuple[tuple[int, ...], bool, np.d
     try:
         version = fmt.read_magic(file)
         if version == (1, 0):
-            return fmt.read_array_header_1_0(file)  # type: ignore[no-any-return]
-        return fmt.read_array_header_2_0(file)  # type: ignore[no-any-return]
+            return fmt.read_array_header_1_0(file)
+        return fmt.read_array_header_2_0(file)
     except ValueError as exc:
         raise ValueError(f"{where} is not a readable .npy file: {exc}") from exc
 
@@ -400,7 +403,7 @@ def _npy_source(
     def read(start: int, end: int) -> np.ndarray:
         out = np.empty((end - start, *shape[1:]) if shape else (), dtype=dtype)
         file.seek(data_start + start * row_bytes)
-        view = memoryview(out.reshape(-1).view(np.uint8))
+        view = out.reshape(-1).view(np.uint8).data
         if file.readinto(view) != view.nbytes:  # type: ignore[attr-defined]
             raise ValueError(f"{where} is truncated: its header says shape {shape}")
         return out
@@ -422,7 +425,7 @@ def _npz_arrays(stack: contextlib.ExitStack, path: str) -> dict[str, Any]:
         name = member[: -len(".npy")]
 
         def open_member(member: str = member) -> BinaryIO:
-            return archive.open(member)
+            return archive.open(member)  # type: ignore[return-value]
 
         arrays[name] = _npy_source(name, open_member, stack, f"'{path}' member {member!r}")
     return arrays
@@ -498,10 +501,14 @@ def _safetensors_arrays(stack: contextlib.ExitStack, path: str) -> dict[str, Any
         shape = tuple(part.get_shape())
         dtype = np.dtype(SAFETENSORS_DTYPES[kind])
         if shape:
-            arrays[name] = _sourced(name, dtype, shape, lambda s, e, part=part: part[s:e])
+            arrays[name] = _sourced(name, dtype, shape, _sliced_part(part))
         else:
             arrays[name] = np.asarray(handle.get_tensor(name))
     return arrays
+
+
+def _sliced_part(part: Any) -> Callable[[int, int], Any]:  # part: a safetensors slice
+    return lambda start, end: part[start:end]
 
 
 # hdf5 / zarr
@@ -670,7 +677,8 @@ def _csv_header(line: bytes, path: str) -> list[tuple[str, np.dtype[Any]]]:
 def _csv_scan(file: BinaryIO, width: int, path: str) -> tuple[list[int], int]:
     """One pass over the rows: their count and the offset of every
     ``CSV_CHECKPOINT_ROWS``-th row."""
-    checkpoints, rows = [], 0
+    checkpoints: list[int] = []
+    rows = 0
     while True:
         offset = file.tell()
         line = file.readline()
@@ -720,7 +728,7 @@ def _parse_cells(cells: list[bytes], dtype: np.dtype[Any], path: str) -> np.ndar
             truth = values == b"True"
             if not np.all(truth | (values == b"False")):
                 raise ValueError("a bool column holds a cell other than True or False")
-            return truth
+            return np.asarray(truth, dtype=bool)
         if dtype.kind == "f":  # via float64: Python's correctly rounded parse
             return np.array(cells).astype(np.float64).astype(dtype)
         return np.array(cells).astype(dtype)
@@ -987,7 +995,7 @@ class _PackWriter:
             self.digest.update(part)
 
     def data(self, chunk: np.ndarray) -> None:
-        raw = memoryview(chunk.reshape(-1).view(np.uint8))
+        raw = chunk.reshape(-1).view(np.uint8).data
         for start in range(0, len(raw), FRAME_RAW_MAX):
             part = raw[start : start + FRAME_RAW_MAX]
             packed = zlib.compress(part, ZLIB_LEVEL)
@@ -1110,7 +1118,7 @@ def _pack_array(reader: _PackReader) -> tuple[str, str, Any]:  # name, codec, va
     def read(first: int, end: int) -> np.ndarray:
         assert first == position[0], "an unpack reads the rows in order"
         out = np.empty((end - first, *shape[1:]) if shape else (), dtype=dtype)
-        reader.data_into(memoryview(out.reshape(-1).view(np.uint8)))
+        reader.data_into(out.reshape(-1).view(np.uint8).data)
         position[0] = end
         return out
 
@@ -1149,7 +1157,7 @@ def _unpack_arrays(reader: _PackReader, store: Any) -> None:  # store: an ArrayS
         store.save({name: value}, codec="raw" if sequential else codec)
         if sequential:
             lazy = store.load(name, lazy=True)
-            rows = RowSource(name, lazy.dtype, lazy.shape, lambda s, e, a=lazy: a[s:e])
+            rows = RowSource(name, lazy.dtype, lazy.shape, _sliced(lazy))
             store.save({name: rows}, codec=codec)
         count += 1
         if count > 1 << 20:
