@@ -81,6 +81,7 @@ IN_MEMORY = ("torch", "pandas")  # export formats that return an object instead 
 CHUNK_BYTES = 64 << 20  # rows read at once by an export or a pack
 CHUNK_BYTES_MAX = 1 << 30
 NUMBER_KINDS = "biuf"  # bool, signed and unsigned integers, floats
+READ_PIECE_BYTES = 8 << 20  # an .npy chunk is read this much at a time
 CSV_ROWS = 4096  # rows of a CSV file parsed at once
 CSV_CHECKPOINT_ROWS = 1024  # a CSV import remembers the byte offset of every 1024th row
 
@@ -404,8 +405,11 @@ def _npy_source(
         out = np.empty((end - start, *shape[1:]) if shape else (), dtype=dtype)
         file.seek(data_start + start * row_bytes)
         view = out.reshape(-1).view(np.uint8).data
-        if file.readinto(view) != view.nbytes:  # type: ignore[attr-defined]
-            raise ValueError(f"{where} is truncated: its header says shape {shape}")
+        # In pieces: a zip member's readinto reads into a temporary bytes first.
+        for first in range(0, view.nbytes, READ_PIECE_BYTES):
+            piece = view[first : first + READ_PIECE_BYTES]
+            if file.readinto(piece) != piece.nbytes:  # type: ignore[attr-defined]
+                raise ValueError(f"{where} is truncated: its header says shape {shape}")
         return out
 
     return _sourced(name, dtype, shape, read)
