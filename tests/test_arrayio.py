@@ -202,6 +202,27 @@ def test_many_arrays_and_names(tmp_path, format):
         assert picked.get_member_list() == ["a3", "scalar"]  # a refused import saves nothing
 
 
+def test_export_needs_arrays(tmp_path):
+    with ArrayStore(tmp_path / "s", durable=False) as store:
+        with pytest.raises(ValueError, match="export of no arrays"):
+            store.export(tmp_path / "e.csv")
+        store.save({"x": np.arange(3)})
+        with pytest.raises(ValueError, match="export of no arrays"):
+            store.export(tmp_path / "e.npz", names=[])
+        with pytest.raises(KeyError, match="no array named 'y'"):
+            store.export(tmp_path / "e.npz", names=["y"])
+        with pytest.raises(ValueError, match="unknown format 'xls'"):
+            store.export(tmp_path / "e.npz", format="xls")
+        store.save({"a,b": np.arange(3)})
+        with pytest.raises(ValueError, match="'a,b' has a comma"):
+            store.export(tmp_path / "e.csv", names=["a,b"])
+        with pytest.raises(ValueError, match="give format= in"):
+            store.export(None)
+        with pytest.raises(ValueError, match="chunk_bytes"):
+            store.export(tmp_path / "e.npz", chunk_bytes=0)
+        assert sorted(os.listdir(tmp_path)) == ["s"]
+
+
 def test_tables_need_one_length(tmp_path):
     _require("pyarrow")
     with ArrayStore(tmp_path / "s") as store:
@@ -226,6 +247,8 @@ def test_tables_need_one_length(tmp_path):
         ("safetensors", "U3"),
         ("safetensors", ">i4"),
         ("safetensors", "complex128"),
+        ("zarr", "U3"),
+        ("hdf5", "U3"),
         ("pt", "U3"),
         ("torch", "S2"),
     ],

@@ -392,7 +392,7 @@ def _npy_source(
 ) -> Any:
     file = stack.enter_context(open_file())
     shape, fortran, dtype = _npy_header(file, where)
-    check_dtype(name, dtype, "an ArrayStore", "biufcSUVmM")
+    check_dtype(name, dtype, "an ArrayStore", "biufcSU")
     if fortran and len(shape) > 1:
         raise ValueError(
             f"{where} is in Fortran order, which cannot be read row by row: save it with "
@@ -535,7 +535,7 @@ def _hdf5_group_arrays(group: Any) -> dict[str, Any]:  # group: an h5py Group or
                 f"import_ reads the datasets of one group; import that group itself "
                 f"(store.import_(file[{item.name!r}])), or pick datasets with names="
             )
-        check_dtype(name, item.dtype, "an ArrayStore", "biufSV")
+        check_dtype(name, item.dtype, "an ArrayStore", "biufS")
         arrays[name] = _sourced(name, item.dtype, item.shape, _sliced(item))
     return arrays
 
@@ -565,7 +565,7 @@ def _zarr_group_arrays(group: Any) -> dict[str, Any]:  # a zarr Group or Array
                 "arrays of one group; import that group itself, or pick arrays with names="
             )
         dtype = np.dtype(item.dtype)
-        check_dtype(name, dtype, "an ArrayStore", "biufSV")
+        check_dtype(name, dtype, "an ArrayStore", "biuf")
         arrays[name] = _sourced(name, dtype, item.shape, _sliced(item))
     return arrays
 
@@ -748,6 +748,8 @@ def export_arrays(
 ) -> Any:  # path: checked here; the result: None, or the in-memory object
     """Writes ``arrays`` to ``path`` in ``format`` (from the suffix when
     None); for the in-memory formats returns the object instead."""
+    if not arrays:
+        raise ValueError("export of no arrays: the store is empty, or names= named none")
     if path is None:
         if format not in IN_MEMORY:
             raise ValueError(f"export without a path makes an object: give format= in {IN_MEMORY}")
@@ -775,7 +777,7 @@ def export_arrays(
 
 def _check_exportable(format: str, arrays: dict[str, LazyArray]) -> None:
     """Refuses, before anything is written, what ``format`` cannot hold."""
-    kinds = {"npy": None, "npz": None, "hdf5": "biufSV", "zarr": "biufSV"}.get(format, "biuf")
+    kinds = {"npy": None, "npz": None, "hdf5": "biufS"}.get(format, "biuf")
     for name, array in arrays.items():
         if kinds is not None:
             check_dtype(name, array.dtype, format, kinds)
@@ -786,6 +788,12 @@ def _check_exportable(format: str, arrays: dict[str, LazyArray]) -> None:
         )
     if format in ("parquet", "feather", "csv", "pandas"):
         _check_table(format, arrays)
+    for name in arrays if format == "csv" else ():
+        if any(mark in name for mark in ',:"\n\r'):
+            raise ValueError(
+                f"array name {name!r} has a comma, colon, quote or line break, which a CSV "
+                "header cannot hold: save the array under another name first"
+            )
 
 
 def _check_table(format: str, arrays: dict[str, LazyArray]) -> None:
