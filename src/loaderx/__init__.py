@@ -10,7 +10,13 @@ from ._remote import (
     RemoteNotFoundError,
     RemotePermissionError,
 )
-from .arraystore import ArrayStore, ArrayStoreFullError, ArrayStoreIOError, ArrayStoreReadOnlyError
+from .arraystore import (
+    ArrayStore,
+    ArrayStoreFullError,
+    ArrayStoreIOError,
+    ArrayStoreReadOnlyError,
+    CorruptPackError,
+)
 from .converter import from_iterator, from_numpy
 from .dataloader import DataLoader, LoaderError
 from .dataset import DenseDataset, RaggedDataset, pad
@@ -47,6 +53,7 @@ __all__ = [
     "CacheBusyError",
     "CacheTooSmallError",
     "ChecksumError",
+    "CorruptPackError",
     "CorruptStoreError",
     "DataLoader",
     "DenseDataset",

@@ -28,6 +28,7 @@ from .zrecord import Zrecord
 ARRAY_FILE = "array.msgpack"  # only in the directory of a 0-d array
 ARRAY_FILE_BYTES_MAX = 1 << 16
 STREAM_BYTES = 64 << 20  # a stream's default chunk, in bytes of rows
+ALIGN_BYTES = 64  # a read's output starts at a multiple of this (see aligned_empty)
 OFFSETS_CACHED_MAX = 1 << 20  # rows: a cached offsets array holds at most 8 MiB, four 32 MiB
 
 
@@ -75,7 +76,7 @@ class OpenArray:
     def read_rows(self, start: int, end: int) -> np.ndarray:
         """Rows ``start..end`` with one gather (equal-length records need no
         offsets: row k lands at k times the row size)."""
-        out = np.empty((end - start, *self.dataset.item_shape), dtype=self.dataset.dtype)
+        out = aligned_empty((end - start, *self.dataset.item_shape), self.dataset.dtype)
         if end > start and self.row_bytes:
             self.store.gather(np.arange(start, end, dtype=np.uint64), out)
         return out
@@ -193,6 +194,16 @@ class LazyArray:
         array = self._live().read_all()
         return array if dtype is None else array.astype(dtype, copy=False)
 
+    def __dlpack__(self, **kwargs: Any) -> Any:  # kwargs, the result: NumPy's __dlpack__
+        """DLPack (``torch.from_dlpack(lazy)``, ``jax.numpy.from_dlpack(lazy)``):
+        the array is read once into a NumPy array, whose memory the consumer
+        then shares without a copy."""
+        given = {key: value for key, value in kwargs.items() if value is not None}
+        return self.__array__().__dlpack__(**given)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU, device 0: the rows are read into host memory
+
     def __iter__(self) -> Iterator[Any]:
         entry = self._live()
         if entry.scalar:
@@ -243,6 +254,16 @@ def _read_scalar_marker(path: str, dataset: DenseDataset, fs: OsFs) -> bool:
             f"{dataset.item_shape}: the array is damaged"
         )
     return True
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+    """``np.empty(shape, dtype)`` starting at a multiple of ``ALIGN_BYTES``:
+    what DLPack consumers need to share the memory rather than copy it (JAX
+    on CPU copies a buffer that is not 64-byte aligned; NumPy aligns to 16)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGN_BYTES, dtype=np.uint8)
+    skip = -raw.ctypes.data % ALIGN_BYTES
+    return raw[skip : skip + nbytes].view(dtype).reshape(shape)
 
 
 @functools.lru_cache(maxsize=4)

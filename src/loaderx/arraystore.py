@@ -29,7 +29,7 @@ from typing import Any, Callable, overload
 import numpy as np
 import numpy.typing as npt
 
-from . import zrecord
+from . import _arrayio, zrecord
 from ._arraycommit import COMMIT_FILE as COMMIT_FILE
 from ._arraycommit import (
     FORMAT_NAME,
@@ -47,6 +47,7 @@ from ._arraycommit import (
 )
 from ._arraycommit import LOCK_FILE as LOCK_FILE
 from ._arraycommit import MARKER_FILE as MARKER_FILE
+from ._arrayio import CorruptPackError, RowSource
 from ._arrayview import LazyArray, OpenArray, write_array
 from ._checks import check_flag, check_int
 from ._fs import OS_FS, OsFs
@@ -59,6 +60,7 @@ __all__ = [
     "ArrayStoreFullError",
     "ArrayStoreIOError",
     "ArrayStoreReadOnlyError",
+    "CorruptPackError",
     "LazyArray",
 ]
 
@@ -439,6 +441,64 @@ class ArrayStore:
         (see `_arraycommit`); ArrayStoreIOError on a file-system error."""
         self._commits.commit(builds, drops, self._forget_all)
 
+    # ---- interchange (loaderx._arrayio: converters, DLPack, pack files)
+
+    def import_(
+        self,
+        source: Any,  # a path or an in-memory object: see the docstring
+        format: str | None = None,
+        *,
+        names: list[str] | None = None,
+        codec: str = "raw",
+    ) -> list[str]:
+        """Saves the arrays of ``source`` in one commit (all or none) and
+        returns their names, sorted. ``source`` is a file (``format`` from
+        its suffix unless given: npy, npz, pt, safetensors, hdf5, zarr,
+        parquet, feather, csv) or an object: a ``{name: array}`` dict whose
+        values may be any DLPack producer (PyTorch, JAX tensors), a pandas
+        DataFrame, an h5py File or Group, a zarr Group or a pyarrow Table.
+        ``names`` picks arrays; files are read in bounded chunks of rows."""
+        codec = _codec_name(codec)
+        return _arrayio.import_arrays(self, source, format, names, codec)
+
+    def export(
+        self,
+        path: StrPath | None,
+        format: str | None = None,
+        *,
+        names: list[str] | None = None,
+        chunk_bytes: int = _arrayio.CHUNK_BYTES,
+    ) -> Any:  # None, or the in-memory object of format "torch" or "pandas"
+        """Writes the arrays (``names``, default all) to the file ``path``
+        (written beside it, renamed into place when complete), reading
+        ``chunk_bytes`` of rows at a time; ``export(None, "torch")`` returns
+        ``{name: tensor}`` and ``export(None, "pandas")`` a DataFrame."""
+        chunk_bytes = _arrayio.check_chunk_bytes(chunk_bytes)
+        chosen = self.get_member_list() if names is None else _name_list(names)
+        arrays = {name: self._lazy(name) for name in chosen}
+        return _arrayio.export_arrays(path, format, arrays, chunk_bytes)
+
+    def pack(self, path: StrPath, *, chunk_bytes: int = _arrayio.CHUNK_BYTES) -> None:
+        """Writes the whole store to the one file ``path``: zlib-compressed,
+        every frame checksummed (SHA-256), streamed; ``unpack`` reads it."""
+        chunk_bytes = _arrayio.check_chunk_bytes(chunk_bytes)
+        arrays = {}
+        for name in self.get_member_list():
+            arrays[name] = (self._lazy(name), self._entry(name).dataset.codec)
+        _arrayio.pack_store(os.fspath(path), arrays, chunk_bytes)
+
+    @classmethod
+    def unpack(cls, path: StrPath, dst: StrPath) -> ArrayStore:
+        """Unpacks the pack file ``path`` into a new store at ``dst`` and opens
+        it. Every frame is checked; a damaged file raises CorruptPackError
+        and leaves nothing at ``dst``."""
+        # Staged without a sync per array: close() makes it all durable before the rename.
+        _arrayio.unpack_store(os.fspath(path), os.fspath(dst), lambda at: cls(at, durable=False))
+        return cls(dst)
+
+    def _lazy(self, name: str) -> LazyArray:
+        return LazyArray(self._entry(name))
+
 
 class _LazyLoading:
     """The view ``mmap_mode()`` yields: the store, with lazy ``load``."""
@@ -519,6 +579,10 @@ def _array_to_save(name: str, value: npt.ArrayLike) -> np.ndarray:
             f"save takes {{name: array}} (a 0-d string array, if that is meant, is "
             f"np.array({value[:40]!r}))"
         )
+    if isinstance(value, RowSource):  # read in chunks by write_array, like an ndarray
+        return value  # type: ignore[return-value]
+    if not isinstance(value, (np.ndarray, LazyArray)) and hasattr(value, "__dlpack__"):
+        value = _arrayio.from_dlpack(name, value)
     array = value if isinstance(value, np.ndarray) else np.asarray(value)
     if array.dtype.hasobject:
         raise ValueError(
