@@ -10,7 +10,13 @@ from ._remote import (
     RemoteNotFoundError,
     RemotePermissionError,
 )
-from .arraystore import ArrayStore, ArrayStoreFullError, ArrayStoreIOError, ArrayStoreReadOnlyError
+from .arraystore import (
+    ArrayStore,
+    ArrayStoreBatchError,
+    ArrayStoreFullError,
+    ArrayStoreIOError,
+    ArrayStoreReadOnlyError,
+)
 from .converter import from_iterator, from_numpy
 from .dataloader import DataLoader, LoaderError
 from .dataset import DenseDataset, RaggedDataset, pad
@@ -41,6 +47,7 @@ __version__ = "1.0.0.dev0"
 
 __all__ = [
     "ArrayStore",
+    "ArrayStoreBatchError",
     "ArrayStoreFullError",
     "ArrayStoreIOError",
     "ArrayStoreReadOnlyError",
