@@ -275,7 +275,11 @@ def _rows_of_pages(pages: npt.NDArray[np.int64], row_bytes: int, rows: int) -> n
     ends = np.minimum(((pages + 1) * PAGE_BYTES - 1) // row_bytes, rows - 1)
     lengths = ends - starts + 1
     offsets = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
-    return np.unique(np.arange(lengths.sum()) + offsets)
+    rows_found = np.arange(lengths.sum()) + offsets
+    # Pages ascend, so the rows do too; a row across a page end comes twice, adjacent.
+    keep = np.ones(rows_found.size, dtype=bool)
+    keep[1:] = rows_found[1:] != rows_found[:-1]
+    return rows_found[keep]
 
 
 _PROBE: list[bool] = []
