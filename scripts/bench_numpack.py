@@ -686,8 +686,7 @@ def bench_numpack(quick: bool, only: str | None = None) -> str:
     b = rng.random((rows // 2, 5), dtype=np.float32)
     contenders, notes = _contenders()
     operations, arrays = build_operations(a, b)
-    if only is not None:
-        operations = [operation for operation in operations if only in operation.label]
+    operations = [operation for operation in operations if only is None or only in operation.label]
     table_rows, errors = [], []
     with tempfile.TemporaryDirectory(prefix="loaderx-bench-numpack-") as temporary:
         root = Path(temporary)

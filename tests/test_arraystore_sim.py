@@ -8,8 +8,10 @@ file; a power cut keeps or drops each pending operation and tears pending
 writes at 512-byte sectors. Zrecord store directories are opaque blobs,
 durable once built, whose own entry follows the directory rule.
 
-Each workload is a list of ``save``/``drop``/``reset`` calls, checked against
-a model (the dict of arrays after each call):
+Each workload is a list of ``save``/``drop``/``reset`` calls and batch
+blocks (``batch_mode`` with saves, row edits, appends and drops inside;
+``writable_batch_mode`` with in-place edits), checked against a model (the
+dict of arrays after each call, computed with NumPy):
 
 - power loss before every mutating call (exhaustively, several seeds each):
   the store reopens, holds the state after every acknowledged call and

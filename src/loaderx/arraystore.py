@@ -8,7 +8,9 @@ call is checked before anything is written, so a call refused for its input
 changes nothing. A ``save`` or ``drop`` of whole arrays is one commit of
 `_arraycommit`, which keeps the root's files and states the crash-safety
 protocol; row edits (``replace``, ``append``, ``drop(rows=...)``,
-``compact``) are the store's own atomic commits.
+``compact``) are the store's own atomic commits. A ``batch_mode`` or
+``writable_batch_mode`` block (`_arraybatch`) holds its edits in memory
+and ends in one of those two commits.
 
 The directory is the only list of arrays, so there is no catalogue to keep in
 step with the data. The first write of an ArrayStore takes the root's lock and
