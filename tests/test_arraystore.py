@@ -1131,8 +1131,24 @@ def test_batch_mode_of_rows_of_one_array_is_one_replace_of_those_rows(root, monk
             store.replace({"a": [1, 1, 1]}, 0)
             store.replace({"b": [9]}, [4])
         assert len(replaces) == 1 and sorted(commits[0][0]) == ["a", "b"]
+        with store.batch_mode():  # rows kept aside, then read: the batch's copy has them
+            store.replace({"a": np.zeros((0, 3), np.int32)}, [])
+            store.replace({"a": [[2, 2, 2], [4, 4, 4]]}, [10, 11])
+            assert same(store.getitem("a", [11, 10]), np.array([[4] * 3, [2] * 3], np.int32))
+            store.replace({"a": [5, 5, 5]}, 11)
+        assert len(replaces) == 2 and replaces[1][1].tolist() == [10, 11]
+        with store.batch_mode():
+            store.replace({"a": np.zeros((0, 3), np.int32)}, [])
+        assert len(replaces) == 2 and len(commits) == 1  # nothing changed: no commit
         expected = a.copy()
-        expected[[900, 3, 500, 0]] = [[900] * 3, [3] * 3, [500] * 3, [1] * 3]
+        expected[[900, 3, 500, 0, 10, 11]] = [
+            [900] * 3,
+            [3] * 3,
+            [500] * 3,
+            [1] * 3,
+            [2] * 3,
+            [5] * 3,
+        ]
         assert same(store.load("a"), expected)
         assert same(store.load("b"), np.array([0, 0, 0, 0, 9], np.int8))
 

@@ -32,7 +32,7 @@ import mmap
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -55,26 +55,26 @@ class ArrayStoreBatchError(RuntimeError):
 
 @dataclass
 class Plan:
-    """The one commit of a batch: ``rows`` (one array's changed row indices,
-    for an in-place replace) or ``rewrite`` (arrays to write whole, with their
-    codecs) plus ``drops``."""
+    """The one commit of a batch: ``rows`` (one array's changed row indices
+    and their new rows, ``(n, *row_shape)``, for an in-place replace) or
+    ``rewrite`` (arrays to write whole, with their codecs) plus ``drops``."""
 
-    rows: dict[str, npt.NDArray[np.uint64]] = field(default_factory=dict)
+    rows: dict[str, tuple[npt.NDArray[np.uint64], np.ndarray]] = field(default_factory=dict)
     rewrite: dict[str, tuple[np.ndarray, str]] = field(default_factory=dict)
     drops: list[str] = field(default_factory=list)
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)  # the source of ``rows``
 
     @property
     def empty(self) -> bool:
         return not (self.rows or self.rewrite or self.drops)
 
-    def settle(self, codecs: dict[str, str]) -> None:
+    def settle(self, codecs: dict[str, str], whole: Callable[[str], np.ndarray]) -> None:
         """One array edited in place stays a replace; with anything else every
-        array edited in place is rewritten too, so the batch is one commit."""
+        array edited in place is rewritten too (``whole(name)``: the batch's
+        whole array), so the batch is one commit."""
         if len(self.rows) == 1 and not self.rewrite and not self.drops:
             return
         for name in self.rows:
-            self.rewrite[name] = (self.arrays[name], codecs[name])
+            self.rewrite[name] = (whole(name), codecs[name])
         self.rows = {}
 
 
@@ -97,7 +97,9 @@ class MemoryBatch(Batch):
     ``arrays`` holds the batch's state of every touched name; ``edited``
     the row indices replaced in place (None once the array changed in any
     other way: it is then rewritten); ``dropped`` the names on disk that
-    the batch dropped."""
+    the batch dropped. ``pending`` holds the replaces of an array nothing
+    else touched yet (its rows and their indices, O(rows)): it is read whole
+    only when the batch reads it or changes it otherwise."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -105,9 +107,12 @@ class MemoryBatch(Batch):
         self.scalar: dict[str, bool] = {}
         self.edited: dict[str, list[npt.NDArray[np.uint64]] | None] = {}
         self.dropped: set[str] = set()
+        # name -> (its open array, its length, the replaces in order)
+        self.pending: dict[str, tuple[OpenArray, int, list[tuple[np.ndarray, np.ndarray]]]] = {}
 
     def touch(self, entry: OpenArray) -> np.ndarray:
-        """The batch's copy of the array ``entry`` (read whole on first touch)."""
+        """The batch's copy of the array ``entry`` (read whole on first touch,
+        with its pending replaces applied)."""
         array = self.arrays.get(entry.name)
         if array is None:
             array = entry.read_all()
@@ -115,7 +120,17 @@ class MemoryBatch(Batch):
             self.scalar[entry.name] = entry.scalar
             self.codecs[entry.name] = entry.dataset.codec
             self.edited[entry.name] = []
+            for indices, rows in self.pending.pop(entry.name, (entry, 0, []))[2]:
+                self.replace(entry.name, indices, rows)
         return array
+
+    def defer(
+        self, entry: OpenArray, length: int, indices: npt.NDArray[np.uint64], rows: np.ndarray
+    ) -> None:
+        """A replace of rows of ``entry`` (``length`` rows), an array the batch
+        holds no copy of."""
+        self.codecs[entry.name] = entry.dataset.codec
+        self.pending.setdefault(entry.name, (entry, length, []))[2].append((indices, rows))
 
     def save(self, name: str, array: np.ndarray, codec: str) -> None:
         self.arrays[name] = np.array(array, copy=True)  # the caller may change its array later
@@ -123,6 +138,7 @@ class MemoryBatch(Batch):
         self.codecs[name] = codec
         self.edited[name] = None
         self.dropped.discard(name)  # a name dropped earlier in the batch: overwritten instead
+        self.pending.pop(name, None)
 
     def replace(self, name: str, indices: npt.NDArray[np.uint64], rows: np.ndarray) -> None:
         self.arrays[name][indices] = rows  # a repeated index: the last row wins, as in NumPy
@@ -136,7 +152,7 @@ class MemoryBatch(Batch):
         self.edited[name] = None
 
     def drop(self, name: str, on_disk: bool) -> None:
-        for table in (self.arrays, self.scalar, self.edited, self.codecs):
+        for table in (self.arrays, self.scalar, self.edited, self.codecs, self.pending):
             table.pop(name, None)
         if on_disk:
             self.dropped.add(name)
@@ -147,10 +163,26 @@ class MemoryBatch(Batch):
             if edited is None:
                 plan.rewrite[name] = (self.arrays[name], self.codecs[name])
             elif edited:
-                plan.rows[name] = np.unique(np.concatenate(edited))
-                plan.arrays[name] = self.arrays[name]
-        plan.settle(self.codecs)
+                indices = np.unique(np.concatenate(edited))
+                plan.rows[name] = (indices, self.arrays[name][indices])
+        for name, (_, _, replaces) in self.pending.items():
+            plan.rows[name] = _last_rows(replaces)
+        plan.rows = {name: rows for name, rows in plan.rows.items() if rows[0].size}
+        plan.settle(self.codecs, self.whole)
         return plan
+
+    def whole(self, name: str) -> np.ndarray:
+        """The batch's whole array ``name`` (read now if only pending)."""
+        pending = self.pending.get(name)
+        return self.arrays[name] if pending is None else self.touch(pending[0])
+
+
+def _last_rows(replaces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The rows that replaces in order leave: each index once, its last row."""
+    indices = np.concatenate([indices for indices, _ in replaces])
+    rows = np.concatenate([rows for _, rows in replaces])
+    unique, first_reversed = np.unique(indices[::-1], return_index=True)
+    return unique, rows[indices.size - 1 - first_reversed]
 
 
 class MappedBatch(Batch):
@@ -177,9 +209,9 @@ class MappedBatch(Batch):
         for name, copy in self.copies.items():
             changed = copy.changed_rows(self.scan == "pagemap")
             if changed.size:
-                plan.rows[name] = changed
-                plan.arrays[name] = copy.array
-        plan.settle(self.codecs)
+                array = copy.array.reshape(copy.rows, *copy.array.shape[1:])
+                plan.rows[name] = (changed, array[changed])
+        plan.settle(self.codecs, lambda name: self.copies[name].array)
         return plan
 
     def close(self) -> None:

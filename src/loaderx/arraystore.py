@@ -467,10 +467,9 @@ class ArrayStore:
             return
         self._begin_write()
         if plan.rows:
-            ((name, indices),) = plan.rows.items()
+            ((name, (indices, rows)),) = plan.rows.items()
             entry = self._entry(name)
-            source = plan.arrays[name].reshape(-1, *entry.dataset.item_shape)
-            data = np.ascontiguousarray(source[indices])
+            data = np.ascontiguousarray(rows)
             entry.store.replace(indices, data, entry.offsets(indices.size))
             entry.edited = True
             return
@@ -531,6 +530,13 @@ class ArrayStore:
         batch = self._batch_now()
         plans = []
         for name, rows in items:
+            if isinstance(batch, MemoryBatch) and name not in batch.arrays:
+                # No copy yet: kept as rows only (the disk does not change in a batch).
+                entry, length = self._pending_entry(batch, name)
+                indices = _row_indices(idx, length, name)
+                data = entry.rows(rows, indices.size, "replace")
+                plans.append((name, (entry, length), indices, data))
+                continue
             if isinstance(batch, MemoryBatch):
                 array = self._batch_array(batch, name)
             else:
@@ -544,11 +550,23 @@ class ArrayStore:
             indices = _row_indices(idx, len(array), name)
             data = coerce_rows(name, array.dtype, array.shape[1:], rows, indices.size, "replace")
             plans.append((name, array, indices, data))
-        for name, array, indices, data in plans:
-            if isinstance(batch, MemoryBatch):
+        for name, target, indices, data in plans:
+            if isinstance(target, tuple):
+                assert isinstance(batch, MemoryBatch)
+                batch.defer(*target, indices, data)
+            elif isinstance(batch, MemoryBatch):
                 batch.replace(name, indices, data)
             else:
-                array[indices] = data
+                target[indices] = data
+
+    def _pending_entry(self, batch: MemoryBatch, name: str) -> tuple[OpenArray, int]:
+        """The open array ``name`` and its length, for a replace kept aside."""
+        held = batch.pending.get(name)
+        if held is not None:
+            return held[0], held[1]
+        self._require(name)  # knows the batch's drops
+        entry = self._row_entry(name, "replace")
+        return entry, len(entry.dataset)
 
     def _batch_drop(self, batch: MemoryBatch, names: list[str], rows: Any) -> None:
         if rows is None:
