@@ -90,6 +90,10 @@ class Batch:
     def owned(self) -> bool:
         return self.thread == threading.get_ident()
 
+    def plan(self) -> Plan:
+        """The batch's one commit."""
+        raise NotImplementedError
+
 
 class MemoryBatch(Batch):
     """``batch_mode``: each array the batch touched, whole in memory.
@@ -259,7 +263,8 @@ class _MappedCopy:
         if use_pagemap:
             candidates = _rows_of_pages(written_pages(edited), self.row_bytes, rows)
             same = np.all(edited[candidates] == self.original[candidates], axis=1)
-            return candidates[~same].astype(np.uint64)
+            changed: npt.NDArray[np.uint64] = candidates[~same].astype(np.uint64)
+            return changed
         step = max(1, COMPARE_ROWS_BYTES // self.row_bytes)
         found = []
         for start in range(0, rows, step):
@@ -339,7 +344,7 @@ def _probe_pagemap() -> bool:
         found = written_pages(view).tolist()
         del view
         private.close()
-        return found == [1]
+        return bool(found == [1])
     except OSError:
         return False
     finally:

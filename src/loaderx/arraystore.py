@@ -344,11 +344,11 @@ class ArrayStore:
         batch = self._batch_now()
         if batch is not None:
             memory = self._memory_batch(batch, "append")
-            plans = [
+            additions = [
                 (name, _batch_rows(memory, self._batch_array(memory, name), name, rows))
                 for name, rows in items
             ]
-            for name, data in plans:
+            for name, data in additions:
                 memory.reshape(name, np.concatenate([memory.arrays[name], data]))
             return
         with self._lock:
@@ -473,7 +473,7 @@ class ArrayStore:
             entry.store.replace(indices, data, entry.offsets(indices.size))
             entry.edited = True
             return
-        builds = {
+        builds: dict[str, Callable[..., None]] = {
             name: functools.partial(write_array, array=array, codec=codec)
             for name, (array, codec) in plan.rewrite.items()
         }
@@ -528,7 +528,7 @@ class ArrayStore:
 
     def _batch_replace(self, items: list[tuple[str, Any]], idx: Any) -> None:
         batch = self._batch_now()
-        plans = []
+        plans: list[tuple[str, Any, npt.NDArray[np.uint64], np.ndarray]] = []
         for name, rows in items:
             if isinstance(batch, MemoryBatch) and name not in batch.arrays:
                 # No copy yet: kept as rows only (the disk does not change in a batch).
@@ -553,7 +553,7 @@ class ArrayStore:
         for name, target, indices, data in plans:
             if isinstance(target, tuple):
                 assert isinstance(batch, MemoryBatch)
-                batch.defer(*target, indices, data)
+                batch.defer(target[0], target[1], indices, data)
             elif isinstance(batch, MemoryBatch):
                 batch.replace(name, indices, data)
             else:
