@@ -32,7 +32,7 @@ import mmap
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -261,10 +261,12 @@ class _MappedCopy:
         rows = self.rows
         edited = self.array.reshape(rows, -1).view(np.uint8)
         if use_pagemap:
-            candidates = _rows_of_pages(written_pages(edited), self.row_bytes, rows)
-            same = np.all(edited[candidates] == self.original[candidates], axis=1)
-            changed: npt.NDArray[np.uint64] = candidates[~same].astype(np.uint64)
-            return changed
+            flat = edited.reshape(-1)
+            offsets = changed_offsets(flat, self.original.reshape(-1), written_pages(flat))
+            changed = offsets // self.row_bytes  # ascending: a row's repeats are adjacent
+            keep = np.ones(changed.size, dtype=bool)
+            keep[1:] = changed[1:] != changed[:-1]
+            return changed[keep].astype(np.uint64)
         step = max(1, COMPARE_ROWS_BYTES // self.row_bytes)
         found = []
         for start in range(0, rows, step):
@@ -304,19 +306,22 @@ def written_pages(view: np.ndarray) -> npt.NDArray[np.int64]:
     return np.flatnonzero(written) + (first - address // PAGE_BYTES)
 
 
-def _rows_of_pages(pages: npt.NDArray[np.int64], row_bytes: int, rows: int) -> npt.NDArray[Any]:
-    """Every row with a byte in one of ``pages`` (page 0 starts at row 0)."""
-    if not pages.size:
-        return np.zeros(0, dtype=np.int64)
-    starts = pages * PAGE_BYTES // row_bytes
-    ends = np.minimum(((pages + 1) * PAGE_BYTES - 1) // row_bytes, rows - 1)
-    lengths = ends - starts + 1
-    offsets = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
-    rows_found = np.arange(lengths.sum()) + offsets
-    # Pages ascend, so the rows do too; a row across a page end comes twice, adjacent.
-    keep = np.ones(rows_found.size, dtype=bool)
-    keep[1:] = rows_found[1:] != rows_found[:-1]
-    return rows_found[keep]
+def changed_offsets(
+    edited: npt.NDArray[np.uint8], original: npt.NDArray[np.uint8], pages: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """The byte offsets, ascending, where the flat ``edited`` differs from
+    ``original`` within ``pages`` (ascending page numbers from the start)."""
+    full = edited.size // PAGE_BYTES
+    body = pages[pages < full]
+    shape = (full, PAGE_BYTES)
+    edited_pages = edited[: full * PAGE_BYTES].reshape(shape)[body]
+    original_pages = original[: full * PAGE_BYTES].reshape(shape)[body]
+    differ = np.flatnonzero(edited_pages != original_pages)  # 1-d: nonzero of 2-d is slower
+    found = [body[differ // PAGE_BYTES] * PAGE_BYTES + differ % PAGE_BYTES]
+    if edited.size > full * PAGE_BYTES and np.any(pages == full):  # the last, partial page
+        tail = slice(full * PAGE_BYTES, None)
+        found.append(np.flatnonzero(edited[tail] != original[tail]) + full * PAGE_BYTES)
+    return np.concatenate(found).astype(np.int64)
 
 
 _PROBE: list[bool] = []
