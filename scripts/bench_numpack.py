@@ -1,6 +1,6 @@
 """The numpack benchmark: numpack's own table, for ArrayStore, numpack, NPY and NPZ.
 
-    python scripts/bench_numpack.py [--quick]
+    python scripts/bench_numpack.py [--quick] [--only LABEL-PART]
 
 `bench_numpack(quick)` returns the markdown table (scripts/bench.py prints it
 as its `numpack` table). Two float32 arrays, `a` of N x 10 and `b` of
@@ -82,6 +82,23 @@ class ArrayStoreOps:
     def append(self, handle, name, rows):
         handle.append({name: rows})
 
+    def edits(self, handle, name, rows, indices, mode):
+        """One-row edits of ``rows`` at ``indices``: one call each (``mode``
+        "calls"), or inside ``batch_mode`` ("batch") or ``writable_batch_mode``
+        ("writable") as their users write them."""
+        if mode == "batch":
+            with handle.batch_mode():
+                for index, row in zip(indices.tolist(), rows):
+                    handle.replace({name: row}, index)
+        elif mode == "writable":
+            with handle.writable_batch_mode():
+                array = handle.load(name)
+                for index, row in zip(indices.tolist(), rows):
+                    array[index] = row
+        else:
+            for index, row in zip(indices.tolist(), rows):
+                handle.replace({name: row[None]}, [index])
+
     def getitem(self, handle, name, indices):
         return handle.getitem(name, indices)
 
@@ -120,6 +137,11 @@ class NumpackOps(ArrayStoreOps):
                 "crashes the process on large lists), so it is not run"
             )
         handle.replace({name: rows}, key)
+
+    def edits(self, handle, name, rows, indices, mode):
+        """numpack 0.4.5 has no batch mode: one call per edit, whatever ``mode``."""
+        for index, row in zip(indices.tolist(), rows):
+            handle.replace({name: row[None]}, [index])
 
 
 _NUMPACK_PROBE = """
@@ -185,6 +207,9 @@ class NpyOps:
     def getitem(self, path, name, indices):
         return np.load(self._file(path, name), mmap_mode="r")[indices]
 
+    def edits(self, path, name, rows, indices, mode):
+        self.replace(path, name, rows, indices)  # one load, modify, save of them all
+
     def settle(self, path):
         pass
 
@@ -243,6 +268,9 @@ class NpzOps:
 
     def getitem(self, path, name, indices):
         return self.load(path, name)[indices]
+
+    def edits(self, path, name, rows, indices, mode):
+        self.replace(path, name, rows, indices)  # one load, modify, save of them all
 
     def settle(self, path):
         pass
@@ -314,6 +342,8 @@ class Draws:
     access: np.ndarray
     warm_row: int
     warm_access: np.ndarray
+    scattered: np.ndarray
+    scattered_rows: np.ndarray
 
     @classmethod
     def of(cls, a: np.ndarray, seed: int) -> Draws:
@@ -331,6 +361,8 @@ class Draws:
         access = rng.integers(0, rows, block)
         warm_row = (row + rows // 2) % rows
         warm_access = rng.integers(0, rows, 10)
+        scattered = rng.choice(rows, min(EDITS, rows), replace=False)
+        scattered_rows = rng.random((len(scattered), a.shape[1]), dtype=np.float32)
         return cls(
             one_row,
             block_rows,
@@ -342,6 +374,8 @@ class Draws:
             access,
             warm_row,
             warm_access,
+            scattered,
+            scattered_rows,
         )
 
 
@@ -352,6 +386,7 @@ def build_operations(a: np.ndarray, b: np.ndarray, seed: int = 0):
     operations = (
         _load_operations(a, b, arrays)
         + _replace_operations(a, draws)
+        + _batch_operations(a, draws)
         + _resize_operations(a, b, draws)
         + _access_operations(a, draws)
     )
@@ -451,6 +486,30 @@ def _replace_operations(a: np.ndarray, draws: Draws) -> list[Operation]:
             setup="fresh",
             floor_bytes=large_rows.nbytes,
         ),
+    ]
+
+
+EDITS = 1_000
+EDIT_MODES = {
+    "calls": "one call each",
+    "batch": "in batch_mode (numpack: one call each)",
+    "writable": "in writable_batch_mode (numpack: one call each)",
+}
+
+
+def _batch_operations(a: np.ndarray, draws: Draws) -> list[Operation]:
+    """1,000 scattered one-row edits of ``a``, as each side's users write them."""
+    indices, rows = draws.scattered, draws.scattered_rows
+    expected = _replaced(a, indices, rows)
+    return [
+        Operation(
+            f"{len(indices):,} scattered 1-row edits, {text}",
+            lambda ops, handle, path, mode=mode: ops.edits(handle, "a", rows, indices, mode),
+            _loaded_equal("a", expected),
+            setup="fresh",
+            floor_bytes=rows.nbytes,
+        )
+        for mode, text in EDIT_MODES.items()
     ]
 
 
@@ -617,8 +676,9 @@ def _contenders() -> tuple[list, list[str]]:
     return contenders, notes
 
 
-def bench_numpack(quick: bool) -> str:
-    """numpack's benchmark table; returns markdown."""
+def bench_numpack(quick: bool, only: str | None = None) -> str:
+    """numpack's benchmark table; returns markdown. ``only``: just the rows
+    whose label contains it."""
     rows = 100_000 if quick else 1_000_000
     runs = 3 if quick else 12  # 12: each of the six contenders starts two runs
     rng = np.random.default_rng(42)
@@ -626,6 +686,7 @@ def bench_numpack(quick: bool) -> str:
     b = rng.random((rows // 2, 5), dtype=np.float32)
     contenders, notes = _contenders()
     operations, arrays = build_operations(a, b)
+    operations = [operation for operation in operations if only is None or only in operation.label]
     table_rows, errors = [], []
     with tempfile.TemporaryDirectory(prefix="loaderx-bench-numpack-") as temporary:
         root = Path(temporary)
@@ -688,8 +749,9 @@ def bench_numpack(quick: bool) -> str:
 
 
 def main(argv=None) -> int:
-    quick = "--quick" in (sys.argv[1:] if argv is None else argv)
-    print(bench_numpack(quick))
+    args = sys.argv[1:] if argv is None else argv
+    only = args[args.index("--only") + 1] if "--only" in args else None
+    print(bench_numpack("--quick" in args, only))
     return 0
 
 

@@ -843,6 +843,13 @@ with ArrayStore(root, durable=durable) as store:
             store.save({"a": version})
             store.save({"b": version})
             store.drop("b")
+        elif mode == "batch":  # scattered rows of a and all of b get k: one commit
+            with store.batch_mode():
+                store.replace({"a": np.full((3, 16), k + 2, np.float32)}, [0, 7777, 19999])
+                store.save({"b": np.full(100, k + 2, np.int64)})
+        elif mode == "wbatch":  # scattered rows of a get k: one replace of the changed rows
+            with store.writable_batch_mode():
+                store.load("a")[[0, 7777, 19999]] = k
         elif mode == "rows":  # row edits: every row of a gets k, atomically
             store.replace({"a": np.full((20000, 16), k, np.float32)}, slice(None))
             store.drop("a", [0])
@@ -866,6 +873,10 @@ STAGING = (".new-", ".prev-", ".old-", ".drop-", ".commit.msgpack")
         ("one", "not"),
         ("rows", "durable"),
         ("rows", "not"),
+        ("batch", "durable"),
+        ("batch", "not"),
+        ("wbatch", "durable"),
+        ("wbatch", "not"),
     ],
 )
 def test_save_and_drop_survive_sigkill(tmp_path, mode, durable):
@@ -900,7 +911,16 @@ def test_save_and_drop_survive_sigkill(tmp_path, mode, durable):
             store.compact()  # takes the lock: recovery
             context = f"mode {mode}, trial {trial}, seed {seed}"
             present = [name for name in ("a", "b") if name in store]
-            if mode == "rows":
+            if mode in ("batch", "wbatch"):
+                loaded = store.load("a")
+                edited = loaded[[0, 7777, 19999]]
+                assert np.unique(edited).size == 1, f"a batch was torn ({context})"
+                assert same(np.delete(loaded, [0, 7777, 19999], axis=0), old[3:]), context
+                if mode == "batch" and edited[0, 0] != 1:
+                    assert same(store.load("b"), np.full(100, edited[0, 0], np.int64)), context
+                else:
+                    assert "b" not in present, context
+            elif mode == "rows":
                 loaded = store.load("a")
                 assert (
                     present == ["a"] and loaded.shape[1:] == (16,) and len(loaded) in (19999, 20000)
@@ -923,7 +943,7 @@ def test_save_and_drop_survive_sigkill(tmp_path, mode, durable):
         assert [name for name in os.listdir(root) if name.startswith(STAGING)] == []
     # Most kills land inside an operation (about 5 in 6 here); none would mean
     # the test exercised nothing.
-    assert interrupted > 0 or mode == "rows", (
+    assert interrupted > 0 or mode in ("rows", "wbatch"), (
         f"no kill landed mid-operation in {CRASH_TRIALS} trials (seed {seed})"
     )
 
@@ -1044,3 +1064,223 @@ def test_not_durable_arrays_edit_through_a_non_durable_store_handle(root):
         assert same(store.load("x"), expected)
         store.replace({"x": np.ones((1, 3), np.int32)}, [0])
         assert store._entry("x").store.durable is True
+
+
+# ---- batch modes (issue 29) ------------------------------------------------------------
+
+
+def count_calls(monkeypatch, owner, method: str) -> list:
+    """Records the arguments of each call of ``owner.method`` (still running it)."""
+    calls, original = [], getattr(owner, method)
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, method, counted)
+    return calls
+
+
+def test_batch_mode_edits_in_memory_and_commits_once_at_exit(root, monkeypatch):
+    """Inside the block reads see the batch, a second reader sees the disk as
+    before; at the end one commit makes all of it visible (NumPy's result)."""
+    a = np.arange(40, dtype=np.float32).reshape(10, 4)
+    b = np.arange(6, dtype=np.int64)
+    with ArrayStore(root) as store:
+        store.save({"a": a, "b": b})
+        expected_a = a.copy()
+        commits = count_calls(monkeypatch, store._commits, "commit")
+        with store.batch_mode():
+            store.replace({"a": np.ones((2, 4))}, [7, 2])
+            expected_a[[7, 2]] = 1
+            store.append({"b": [6, 7]})
+            store.drop("a", [0])
+            store.save({"c": np.eye(2)})
+            store.drop("b", [1])
+            assert same(store.load("a"), expected_a[1:])
+            assert same(store.getitem("b", slice(0, 3)), np.array([0, 2, 3]))
+            assert store.get_shape() == {"a": (9, 4), "b": (7,), "c": (2, 2)}
+            assert same(np.concatenate(list(store.stream_load("a", 4))), expected_a[1:])
+            with ArrayStore(root) as reader:
+                assert reader.get_member_list() == ["a", "b"]
+                assert same(reader.load("a"), a) and same(reader.load("b"), b)
+            assert commits == []
+        assert len(commits) == 1
+        assert same(store.load("a"), expected_a[1:])
+        assert same(store.load("b"), np.array([0, 2, 3, 4, 5, 6, 7]))
+        assert same(store.load("c"), np.eye(2))
+    with ArrayStore(root) as reopened:
+        assert reopened.get_member_list() == ["a", "b", "c"]
+        assert same(reopened.load("a"), expected_a[1:])
+
+
+def test_batch_mode_of_rows_of_one_array_is_one_replace_of_those_rows(root, monkeypatch):
+    """Only rows of one array edited: one store replace of just those rows
+    (no rewrite); a second array edited makes it one commit rewriting both."""
+    a = np.arange(3000, dtype=np.int32).reshape(1000, 3)
+    with ArrayStore(root) as store:
+        store.save({"a": a, "b": np.zeros(5, np.int8)})
+        replaces = count_calls(monkeypatch, Zrecord, "replace")
+        commits = count_calls(monkeypatch, store._commits, "commit")
+        with store.batch_mode():
+            for row in (900, 3, 500, 3):
+                store.replace({"a": np.full(3, row, np.int32)}, row)
+        assert commits == [] and len(replaces) == 1
+        assert replaces[0][1].tolist() == [3, 500, 900]
+        with store.batch_mode():
+            store.replace({"a": [1, 1, 1]}, 0)
+            store.replace({"b": [9]}, [4])
+        assert len(replaces) == 1 and sorted(commits[0][0]) == ["a", "b"]
+        with store.batch_mode():  # rows kept aside, then read: the batch's copy has them
+            store.replace({"a": np.zeros((0, 3), np.int32)}, [])
+            store.replace({"a": [[2, 2, 2], [4, 4, 4]]}, [10, 11])
+            assert same(store.getitem("a", [11, 10]), np.array([[4] * 3, [2] * 3], np.int32))
+            store.replace({"a": [5, 5, 5]}, 11)
+        assert len(replaces) == 2 and replaces[1][1].tolist() == [10, 11]
+        with store.batch_mode():
+            store.replace({"a": np.zeros((0, 3), np.int32)}, [])
+        assert len(replaces) == 2 and len(commits) == 1  # nothing changed: no commit
+        expected = a.copy()
+        expected[[900, 3, 500, 0, 10, 11]] = [
+            [900] * 3,
+            [3] * 3,
+            [500] * 3,
+            [1] * 3,
+            [2] * 3,
+            [5] * 3,
+        ]
+        assert same(store.load("a"), expected)
+        assert same(store.load("b"), np.array([0, 0, 0, 0, 9], np.int8))
+
+
+def test_an_exception_in_a_batch_discards_it(root):
+    """Nothing of a batch that raised is written, in memory or on disk; the
+    store works on (the next batch starts from the disk)."""
+    with ArrayStore(root) as store:
+        store.save({"a": np.arange(4)})
+        with pytest.raises(KeyError, match="'zz'"):
+            with store.batch_mode():
+                store.replace({"a": [9]}, 0)
+                store.drop("a")
+                store.save({"b": np.ones(2)})
+                store.load("zz")
+        with pytest.raises(RuntimeError, match="boom"):
+            with store.writable_batch_mode():
+                store.load("a")[:] = 7
+                raise RuntimeError("boom")
+        assert store.get_member_list() == ["a"] and same(store.load("a"), np.arange(4))
+        with store.batch_mode():
+            assert same(store.load("a"), np.arange(4))
+    with ArrayStore(root) as reopened:
+        assert reopened.get_member_list() == ["a"] and same(reopened.load("a"), np.arange(4))
+
+
+def test_batches_do_not_nest_or_cross_threads_and_refuse_what_they_cannot_do(root):
+    import threading
+
+    from loaderx import ArrayStoreBatchError
+
+    with ArrayStore(root) as store:
+        store.save({"a": np.arange(4), "z": np.array(1.5)})
+        with store.batch_mode():
+            with pytest.raises(ArrayStoreBatchError, match="do not nest"):
+                with store.writable_batch_mode():
+                    pass
+            store.replace({"a": [5]}, 1)
+            errors = []
+
+            def other():
+                try:
+                    store.load("a")
+                except ArrayStoreBatchError as exc:
+                    errors.append(str(exc))
+
+            thread = threading.Thread(target=other)
+            thread.start()
+            thread.join(timeout=30)
+            assert errors and "another thread" in errors[0]
+            for call in (store.compact, store.sync, store.close, store.get_metadata):
+                with pytest.raises(ArrayStoreBatchError, match="after the batch block"):
+                    call()
+            with pytest.raises(ArrayStoreBatchError, match="dataset"):
+                store.dataset("a")
+            with pytest.raises(ValueError, match="0-d"):
+                store.replace({"z": [1.0]}, 0)
+            with pytest.raises(IndexError, match="'a'"):
+                store.getitem("a", 10)
+        with store.writable_batch_mode():
+            for call in (
+                lambda: store.save({"b": np.ones(1)}),
+                lambda: store.append({"a": [1]}),
+                lambda: store.drop("a"),
+                lambda: store.reset(),
+            ):
+                with pytest.raises(ArrayStoreBatchError, match="writable_batch_mode"):
+                    call()
+        assert same(store.load("a"), np.array([0, 5, 2, 3]))
+
+
+@pytest.mark.parametrize("scan", ["pagemap", "compare"])
+def test_writable_batch_mode_commits_only_the_rows_that_changed(root, monkeypatch, scan):
+    """Edits of the arrays load() returns are one replace of exactly the
+    changed rows, found by the pagemap (rows of written pages, compared) or
+    by comparing every row; a write of the same bytes is no change; the
+    arrays are read-only after the block."""
+    from loaderx import _arraybatch
+
+    if scan == "pagemap" and not _arraybatch.pagemap_works():
+        pytest.skip("this kernel's pagemap does not tell written pages apart")
+    monkeypatch.setattr(_arraybatch, "pagemap_works", lambda: scan == "pagemap")
+    a = np.arange(200_000, dtype=np.float64).reshape(50_000, 4)
+    with ArrayStore(root) as store:
+        store.save({"a": a, "s": np.array(3)})
+        replaces = count_calls(monkeypatch, Zrecord, "replace")
+        with store.writable_batch_mode():
+            view = store.load("a")
+            assert view is store.load("a") and view.flags.writeable
+            view[[10, 49_999, 20_000]] += 1
+            view[30_000] = a[30_000]  # the same bytes: not a change
+            store.replace({"a": np.zeros((1, 4))}, 7)
+            assert same(store.getitem("a", 7), np.zeros(4))
+        assert len(replaces) == 1 and replaces[0][1].tolist() == [7, 10, 20_000, 49_999]
+        assert not view.flags.writeable
+        expected = a.copy()
+        expected[[10, 49_999, 20_000]] += 1
+        expected[7] = 0
+        assert same(store.load("a"), expected)
+        with store.writable_batch_mode():
+            store.load("s")[()] = 4
+            store.load("a")[0, 0] = -1
+        assert same(store.load("s"), np.array(4)) and store.getitem("a", 0)[0] == -1
+        with store.writable_batch_mode():
+            store.load("a")
+        assert len(replaces) == 1  # no change: no commit
+    with ArrayStore(root) as reopened:
+        expected[0, 0] = -1
+        assert same(reopened.load("a"), expected)
+
+
+@pytest.mark.parametrize("row_items", [1, 3, 1500])
+def test_writable_batch_mode_finds_rows_across_page_ends(root, monkeypatch, row_items):
+    """Rows smaller than a page, straddling page ends, and larger than a page
+    (8-, 24- and 12,000-byte rows): every changed row is found, whichever
+    byte of it changed, with the pagemap and with the full compare."""
+    from loaderx import _arraybatch
+
+    rows = 40_000 // row_items + 3  # a partial last page
+    a = np.arange(rows * row_items, dtype=np.float64).reshape(rows, row_items)
+    rng = np.random.default_rng(row_items)
+    for scan in (True, False):
+        monkeypatch.setattr(_arraybatch, "pagemap_works", lambda scan=scan: scan)
+        with ArrayStore(root) as store:
+            store.save({"a": a})
+            edits = rng.choice(rows, 7, replace=False).tolist() + [rows - 1, 0]
+            with store.writable_batch_mode():
+                view = store.load("a")
+                for row in edits:
+                    view[row, rng.integers(row_items)] = -1.0 - row
+            expected = a.copy()
+            for row in edits:
+                expected[row] = view[row]
+            assert same(store.load("a"), expected), (row_items, scan)
+        shutil.rmtree(root)

@@ -8,8 +8,10 @@ file; a power cut keeps or drops each pending operation and tears pending
 writes at 512-byte sectors. Zrecord store directories are opaque blobs,
 durable once built, whose own entry follows the directory rule.
 
-Each workload is a list of ``save``/``drop``/``reset`` calls, checked against
-a model (the dict of arrays after each call):
+Each workload is a list of ``save``/``drop``/``reset`` calls and batch
+blocks (``batch_mode`` with saves, row edits, appends and drops inside;
+``writable_batch_mode`` with in-place edits), checked against a model (the
+dict of arrays after each call, computed with NumPy):
 
 - power loss before every mutating call (exhaustively, several seeds each):
   the store reopens, holds the state after every acknowledged call and
@@ -44,11 +46,13 @@ import numpy as np
 import pytest
 from simfs import MOUNT, PowerLoss, SimFs
 
+import loaderx._arraybatch as arraybatch_module
 import loaderx._arraycommit as arraycommit_module
 import loaderx._arrayview as arrayview_module
 import loaderx.arraystore as arraystore_module
 from loaderx import ArrayStore
 from loaderx.arraystore import COMMIT_FILE, LOCK_FILE, MARKER_FILE
+from loaderx.zrecord import Zrecord
 
 ROOT = MOUNT + "/store"
 
@@ -69,6 +73,22 @@ D = np.zeros((0, 3), dtype=np.int16)
 E = np.array([[True, False], [False, True]])
 ARRAYS = [A, B, C, D, E]
 
+BATCH_OPS = [
+    ("save", {"x": A, "y": B}),
+    (
+        "batch",
+        [("replace", "x", 1, np.array([9, 9], np.float32)), ("replace", "y", [0, 4], [7, 7])],
+    ),
+    ("wbatch", [("x", 0, 5), ("y", 3, -1)]),
+    (
+        "batch",
+        [("append", "y", [1, 2]), ("droprows", "x", [0]), ("save", {"z": E}), ("drop", ["z"])],
+    ),
+    ("batch", [("append", "y", [3])]),  # one array rewritten: the one-rename commit
+    ("batch", [("drop", ["x"]), ("save", {"w": C}), ("replace", "y", 2, 5)]),
+    ("batch", [("reset",), ("save", {"x": D})]),
+]
+
 # Short workloads, swept exhaustively: multi-array saves over existing and new
 # names, a replace of a whole array, drops of one and several, reset.
 WORKLOADS = {
@@ -86,7 +106,24 @@ WORKLOADS = {
         ("save", {"x": C, "w": E}),
         ("drop", ["w", "x"]),
     ],
+    # Batch modes: each block is one commit of every array it changed. (A
+    # block that edits rows of one array only is that store's own replace,
+    # outside this model: see no_native_row_edits.)
+    "batch": BATCH_OPS,
 }
+
+
+@pytest.fixture(autouse=True)
+def no_native_row_edits(monkeypatch):
+    """A store's own row edits bypass the simulated disk (and would change
+    the memoised store directories): every workload here must commit through
+    the seam, so they fail the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a native row edit in the simulator: commit through the seam")
+
+    for method in ("replace", "delete"):  # (append also builds every store)
+        monkeypatch.setattr(Zrecord, method, refuse)
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +142,20 @@ def apply_op(store: ArrayStore, op) -> None:
         store.save(op[1])
     elif kind == "drop":
         store.drop(op[1])
+    elif kind == "replace":
+        store.replace({op[1]: op[3]}, op[2])
+    elif kind == "append":
+        store.append({op[1]: op[2]})
+    elif kind == "droprows":
+        store.drop(op[1], op[2])
+    elif kind == "batch":  # ("batch", [inner ops]): one batch_mode block, one commit
+        with store.batch_mode():
+            for inner in op[1]:
+                apply_op(store, inner)
+    elif kind == "wbatch":  # ("wbatch", [(name, row, value)]): writable_batch_mode edits
+        with store.writable_batch_mode():
+            for name, row, value in op[1]:
+                store.load(name)[row] = value
     else:
         store.reset()
 
@@ -113,16 +164,36 @@ def model_states(ops) -> list:
     """The expected state before the first call and after each call."""
     state, states = {}, [{}]
     for op in ops:
-        state = dict(state)
-        if op[0] == "save":
-            state.update({name: _frozen(array) for name, array in op[1].items()})
-        elif op[0] == "drop":
-            for name in op[1]:
-                del state[name]
-        else:
-            state = {}
-        states.append(state)
+        state = model_op(dict(state), op)
+        states.append({name: _frozen(array) for name, array in state.items()})
     return states
+
+
+def model_op(state: dict, op) -> dict:
+    """``state`` (name -> array) after ``op``, computed with NumPy."""
+    kind = op[0]
+    if kind == "save":
+        state.update({name: np.array(array) for name, array in op[1].items()})
+    elif kind == "drop":
+        for name in op[1]:
+            del state[name]
+    elif kind == "replace":
+        state[op[1]] = state[op[1]].copy()
+        state[op[1]][op[2]] = op[3]
+    elif kind == "append":
+        state[op[1]] = np.concatenate([state[op[1]], np.asarray(op[2], state[op[1]].dtype)])
+    elif kind == "droprows":
+        state[op[1]] = np.delete(state[op[1]], op[2], axis=0)
+    elif kind == "batch":
+        for inner in op[1]:
+            state = model_op(state, inner)
+    elif kind == "wbatch":
+        for name, row, value in op[1]:
+            state[name] = state[name].copy()
+            state[name][row] = value
+    else:
+        state = {}
+    return state
 
 
 def _frozen(array: np.ndarray) -> tuple:
@@ -210,7 +281,17 @@ def run_crash(workdir, memo, ops, at: int, seed: int, exchange: bool = True) -> 
 
 
 def ops_text(ops) -> str:
-    return " ".join(f"{op[0]}({','.join(sorted(op[1]))})" if len(op) > 1 else op[0] for op in ops)
+    return " ".join(op_text(op) for op in ops)
+
+
+def op_text(op) -> str:
+    if op[0] == "batch":
+        return f"batch[{ops_text(op[1])}]"
+    if op[0] == "wbatch":
+        return f"wbatch[{','.join(f'{name}[{row}]' for name, row, _ in op[1])}]"
+    if op[0] in ("replace", "append", "droprows"):
+        return f"{op[0]}({op[1]})"
+    return f"{op[0]}({','.join(sorted(op[1]))})" if len(op) > 1 else op[0]
 
 
 def sweep_crashes(workdir, memo, seeds: int) -> int:
@@ -455,6 +536,15 @@ def test_arraystore_makes_no_file_system_call_outside_the_seam():
         source,
     )
     assert calls == [], f"file-system calls outside the seam: {calls}"
+    # The batch modes' memory files and the pagemap are no disk: those calls only.
+    batch_source = Path(arraybatch_module.__file__).read_text()
+    batch_calls = set(
+        re.findall(r"\b(?:os\.(?!path\.join)\w+|shutil\.\w+|fcntl\.\w+)", batch_source)
+    )
+    memory_only = {"os.memfd_create", "os.ftruncate", "os.pread", "os.close", "os.open"}
+    flags = {"os.MFD_CLOEXEC", "os.O_RDONLY", "os.O_CLOEXEC"}
+    assert batch_calls <= memory_only | flags, f"file-system calls outside the seam: {batch_calls}"
+    assert re.findall(r"os\.open\((\w+)", batch_source) == ["_PAGEMAP"]
 
 
 # ---- soak -------------------------------------------------------------------------
@@ -514,6 +604,7 @@ NOT_DURABLE_WORKLOADS = [
         ("save", {"y": A}),
         ("sync",),
     ],
+    BATCH_OPS[:3] + [("sync",)] + BATCH_OPS[3:],
 ]
 
 

@@ -12,6 +12,7 @@ from ._remote import (
 )
 from .arraystore import (
     ArrayStore,
+    ArrayStoreBatchError,
     ArrayStoreFullError,
     ArrayStoreIOError,
     ArrayStoreReadOnlyError,
@@ -47,6 +48,7 @@ __version__ = "1.0.0.dev0"
 
 __all__ = [
     "ArrayStore",
+    "ArrayStoreBatchError",
     "ArrayStoreFullError",
     "ArrayStoreIOError",
     "ArrayStoreReadOnlyError",

@@ -92,23 +92,9 @@ class OpenArray:
     def rows(self, rows: npt.ArrayLike, count: int | None, what: str) -> np.ndarray:
         """``rows`` as a C-contiguous ``(n, *item_shape)`` array of this
         array's dtype (``n == count`` when given); ValueError otherwise."""
-        item_shape = self.dataset.item_shape
-        array = np.asarray(rows)
-        if array.shape == item_shape and count in (None, 1):
-            array = array.reshape(1, *item_shape)  # one row given without its row axis
-        if (
-            array.ndim != len(item_shape) + 1
-            or array.shape[1:] != item_shape
-            or (count is not None and len(array) != count)
-        ):
-            expected = _shape_text("n" if count is None else str(count), item_shape)
-            raise ValueError(
-                f"cannot {what} rows of '{self.name}': got shape {array.shape}, expected "
-                f"{expected} (rows of shape {item_shape})"
-            )
-        from_python = not isinstance(rows, (np.ndarray, np.generic))
-        context = f"cannot {what} rows of '{self.name}'"
-        return np.ascontiguousarray(_cast(array, self.dataset.dtype, context, from_python))
+        return coerce_rows(
+            self.name, self.dataset.dtype, self.dataset.item_shape, rows, count, what
+        )
 
     def stream(self, rows: int) -> Iterator[npt.NDArray[Any]]:
         """The array in chunks of at most ``rows`` rows, each one gather."""
@@ -234,6 +220,35 @@ def write_array(path: str, array: np.ndarray, codec: str, generation: str | None
         build_dense_store(path, array.reshape(1), codec, marker, generation)
     else:
         build_dense_store(path, array, codec, generation=generation)
+
+
+def coerce_rows(
+    name: str,
+    dtype: np.dtype,
+    item_shape: tuple[int, ...],
+    rows: npt.ArrayLike,
+    count: int | None,
+    what: str,
+) -> np.ndarray:
+    """``rows`` for the array ``name`` of ``dtype`` and ``item_shape``: a
+    C-contiguous ``(n, *item_shape)`` array (``n == count`` when given);
+    ValueError otherwise."""
+    array = np.asarray(rows)
+    if array.shape == item_shape and count in (None, 1):
+        array = array.reshape(1, *item_shape)  # one row given without its row axis
+    if (
+        array.ndim != len(item_shape) + 1
+        or array.shape[1:] != item_shape
+        or (count is not None and len(array) != count)
+    ):
+        expected = _shape_text("n" if count is None else str(count), item_shape)
+        raise ValueError(
+            f"cannot {what} rows of '{name}': got shape {array.shape}, expected "
+            f"{expected} (rows of shape {item_shape})"
+        )
+    from_python = not isinstance(rows, (np.ndarray, np.generic))
+    context = f"cannot {what} rows of '{name}'"
+    return np.ascontiguousarray(_cast(array, dtype, context, from_python))
 
 
 def _read_scalar_marker(path: str, dataset: DenseDataset, fs: OsFs) -> bool:

@@ -8,7 +8,9 @@ call is checked before anything is written, so a call refused for its input
 changes nothing. A ``save`` or ``drop`` of whole arrays is one commit of
 `_arraycommit`, which keeps the root's files and states the crash-safety
 protocol; row edits (``replace``, ``append``, ``drop(rows=...)``,
-``compact``) are the store's own atomic commits.
+``compact``) are the store's own atomic commits. A ``batch_mode`` or
+``writable_batch_mode`` block (`_arraybatch`) holds its edits in memory
+and ends in one of those two commits.
 
 The directory is the only list of arrays, so there is no catalogue to keep in
 step with the data. The first write of an ArrayStore takes the root's lock and
@@ -30,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _arrayio, zrecord
+from ._arraybatch import ArrayStoreBatchError, Batch, MappedBatch, MemoryBatch
 from ._arraycommit import COMMIT_FILE as COMMIT_FILE
 from ._arraycommit import (
     FORMAT_NAME,
@@ -48,7 +51,7 @@ from ._arraycommit import (
 from ._arraycommit import LOCK_FILE as LOCK_FILE
 from ._arraycommit import MARKER_FILE as MARKER_FILE
 from ._arrayio import CorruptPackError, RowSource
-from ._arrayview import LazyArray, OpenArray, write_array
+from ._arrayview import STREAM_BYTES, LazyArray, OpenArray, coerce_rows, write_array
 from ._checks import check_flag, check_int
 from ._fs import OS_FS, OsFs
 from ._indexing import int_index, is_int, record_indices
@@ -57,6 +60,7 @@ from .zrecord import CODECS, CorruptStoreError, StoreClosedError
 
 __all__ = [
     "ArrayStore",
+    "ArrayStoreBatchError",
     "ArrayStoreFullError",
     "ArrayStoreIOError",
     "ArrayStoreReadOnlyError",
@@ -88,6 +92,7 @@ class ArrayStore:
         self._lock = threading.RLock()
         self._arrays: dict[str, OpenArray] = {}
         self._closed = False
+        self._batch: Batch | None = None  # the open batch_mode / writable_batch_mode block
         self._commits = Committer(self.path, _fs, self.durable)  # the writer's side
         open_root(self.path, _fs)
         replay_if_unlocked(self.path, _fs)
@@ -99,6 +104,7 @@ class ArrayStore:
         with self._lock:
             if self._closed:
                 return
+            self._refuse_in_batch("close()")
             self._closed = True
             try:
                 self._commits.finish_cleanup()
@@ -113,6 +119,7 @@ class ArrayStore:
         """Makes every change so far durable (survives power loss); with
         ``durable=True`` they are already."""
         with self._lock:
+            self._refuse_in_batch("sync()")
             self._commits.finish_cleanup()
             self._check_open()
             self._sync_arrays()
@@ -154,13 +161,20 @@ class ArrayStore:
         self._check_open()
         fs = self._fs
         items = [item for item in fs.listdir(self.path) if not item.startswith(".")]
-        return sorted(item for item in items if is_member(fs, os.path.join(self.path, item)))
+        members = {item for item in items if is_member(fs, os.path.join(self.path, item))}
+        batch = self._batch_now()
+        if isinstance(batch, MemoryBatch):
+            members = (members - batch.dropped) | set(batch.arrays)
+        return sorted(members)
 
     def has_array(self, name: str) -> bool:
         """Whether an array called ``name`` exists (False for a name no array can have)."""
         self._check_open()
         if not valid_name(name):
             return False
+        batch = self._batch_now()
+        if isinstance(batch, MemoryBatch) and (name in batch.arrays or name in batch.dropped):
+            return name in batch.arrays
         return is_member(self._fs, os.path.join(self.path, name))
 
     def __contains__(self, name: object) -> bool:
@@ -179,6 +193,11 @@ class ArrayStore:
         """The whole array (one native gather into a fresh array), or with
         ``lazy=True`` at once a ``LazyArray`` that reads only the rows asked for."""
         lazy = check_flag("lazy", lazy)
+        batch = self._batch_now()
+        if isinstance(batch, MemoryBatch):
+            return self._batch_array(batch, name).copy()
+        if isinstance(batch, MappedBatch):
+            return batch.load(self._entry(name))
         entry = self._entry(name)
         return LazyArray(entry) if lazy else entry.read_all()
 
@@ -194,6 +213,16 @@ class ArrayStore:
     def getitem(self, name: str, idx: Any) -> Any:  # idx and the result: as DenseDataset[idx]
         """Rows of ``name``: an int gives one row, a slice, list, int array or
         boolean mask gives an array of rows, read with one gather."""
+        array = self._batch_view(name)
+        if array is not None:
+            if array.ndim == 0:
+                raise IndexError(
+                    f"array '{name}' is 0-d: it has no rows; load it with load('{name}')"
+                )
+            try:
+                return np.array(array[idx])
+            except IndexError as exc:
+                raise IndexError(f"array '{name}': {exc}") from None
         entry = self._entry(name)
         if entry.scalar:
             raise IndexError(f"array '{name}' is 0-d: it has no rows; load it with load('{name}')")
@@ -210,17 +239,20 @@ class ArrayStore:
     def get_shape(self, name: str | None = None) -> tuple[int, ...] | dict[str, tuple[int, ...]]:
         """The shape of ``name``, or a dict of the shapes of all arrays."""
         if name is not None:
-            return self._entry(name).shape
-        return {member: self._entry(member).shape for member in self.get_member_list()}
+            array = self._batch_view(name)
+            return self._entry(name).shape if array is None else array.shape
+        return {member: self.get_shape(member) for member in self.get_member_list()}
 
     def get_modify_time(self, name: str) -> float:
         """When ``name`` last changed, in seconds since the epoch (its last commit)."""
+        self._refuse_in_batch("get_modify_time()")
         self._require(name)
         return zrecord.modified_ns(os.path.join(self.path, name), self._fs) / 1e9
 
     def get_metadata(self) -> dict[str, Any]:
         """The format, and for each array its shape, dtype, codec, logical and
         on-disk bytes and modify time."""
+        self._refuse_in_batch("get_metadata()")
         arrays = {}
         for name in self.get_member_list():
             entry = self._entry(name)
@@ -238,6 +270,9 @@ class ArrayStore:
     def stream_load(self, name: str, buffer_size: int | None = None) -> Iterator[npt.NDArray[Any]]:
         """Iterates over ``name`` in chunks of at most ``buffer_size`` rows
         (default: 64 MiB of rows), each read with one gather."""
+        array = self._batch_view(name)
+        if array is not None:
+            return _stream_memory(name, array, buffer_size)
         entry = self._entry(name)
         if entry.scalar:
             raise ValueError(
@@ -253,6 +288,11 @@ class ArrayStore:
     def dataset(self, name: str) -> DenseDataset:
         """The array ``name`` as a new ``DenseDataset`` (for the ``DataLoader``).
         It reads the array as it is now; close it when done."""
+        if self._batch_view(name) is not None:
+            raise ArrayStoreBatchError(
+                f"dataset('{name}') reads the disk, which does not hold this batch's '{name}' "
+                "yet: call it after the batch block"
+            )
         entry = self._entry(name)
         if entry.scalar:
             raise ValueError(f"array '{name}' is 0-d: a dataset needs rows")
@@ -267,6 +307,12 @@ class ArrayStore:
         All names and arrays are checked before anything is written."""
         codec = _codec_name(codec)
         items = {name: _array_to_save(name, value) for name, value in _named(arrays, "save")}
+        batch = self._batch_now()
+        if batch is not None:
+            memory = self._memory_batch(batch, "save")
+            for name, array in items.items():
+                memory.save(name, array, codec)
+            return
         with self._lock:
             self._begin_write()
             self._commit(_builds(items, codec), [])
@@ -278,6 +324,9 @@ class ArrayStore:
         names to rows of shape ``(len(idx), *row_shape)``; a repeated index
         takes its last row."""
         items = _named(arrays, "replace")
+        if self._batch_now() is not None:
+            self._batch_replace(items, idx)
+            return
         with self._lock:
             self._begin_write()
             plans = []
@@ -294,6 +343,16 @@ class ArrayStore:
     def append(self, arrays: Mapping[str, npt.ArrayLike]) -> None:
         """Appends rows to each named (existing) array."""
         items = _named(arrays, "append")
+        batch = self._batch_now()
+        if batch is not None:
+            memory = self._memory_batch(batch, "append")
+            additions = [
+                (name, _batch_rows(memory, self._batch_array(memory, name), name, rows))
+                for name, rows in items
+            ]
+            for name, data in additions:
+                memory.reshape(name, np.concatenate([memory.arrays[name], data]))
+            return
         with self._lock:
             self._begin_write()
             plans = []
@@ -311,6 +370,10 @@ class ArrayStore:
         it returns), or with ``rows`` drops those rows of each named array,
         keeping the order of the rest."""
         names = list(dict.fromkeys([name] if isinstance(name, str) else _name_list(name)))
+        batch = self._batch_now()
+        if batch is not None:
+            self._batch_drop(self._memory_batch(batch, "drop"), names, rows)
+            return
         with self._lock:
             self._begin_write()
             if rows is None:
@@ -333,6 +396,7 @@ class ArrayStore:
 
     def compact(self) -> None:
         """Reclaims the space of replaced and dropped rows in every array."""
+        self._refuse_in_batch("compact()")
         with self._lock:
             self._begin_write()
             for name in self.get_member_list():
@@ -340,9 +404,192 @@ class ArrayStore:
 
     def reset(self) -> None:
         """Drops every array."""
+        batch = self._batch_now()
+        if batch is not None:
+            self._batch_drop(self._memory_batch(batch, "reset"), self.get_member_list(), None)
+            return
         with self._lock:
             self._begin_write()
             self._commit({}, self.get_member_list())
+
+    # ---- batch modes
+
+    @contextlib.contextmanager
+    def batch_mode(self) -> Iterator[ArrayStore]:
+        """``with store.batch_mode():`` every read and edit inside goes to
+        memory (each array touched is read whole once); the block's end is one
+        atomic commit of all of it (nothing of the batch on disk before, all
+        after). An exception inside discards the batch: nothing is written.
+        See the ArrayStore guide for what the commit costs."""
+        yield from self._batch_block(MemoryBatch(), "batch_mode")
+
+    @contextlib.contextmanager
+    def writable_batch_mode(self) -> Iterator[ArrayStore]:
+        """``with store.writable_batch_mode():`` ``load(name)`` returns a
+        writable array (the same one each time) whose edits are committed at
+        the block's end as one atomic commit of only the rows that changed.
+        ``replace`` works too; ``save``, ``append`` and ``drop`` do not (use
+        ``batch_mode``). An exception inside discards the edits. After the
+        block the arrays are read-only."""
+        yield from self._batch_block(MappedBatch(), "writable_batch_mode")
+
+    def _batch_block(self, batch: Batch, what: str) -> Iterator[ArrayStore]:
+        with self._lock:
+            if self._batch is not None:
+                where = "this thread" if self._batch.owned() else "another thread"
+                raise ArrayStoreBatchError(
+                    f"cannot start {what}: ArrayStore '{self.path}' is already in a batch "
+                    f"({where}); batches do not nest: finish the open one first"
+                )
+            self._begin_write()  # the write lock: nothing else changes the disk meanwhile
+            self._batch = batch
+        try:
+            yield self
+        except BaseException:
+            self._end_batch(batch)  # discarded: a half-run batch is no state the caller meant
+            raise
+        try:
+            with self._lock:
+                plan = batch.plan()
+                self._batch = None
+                self._commit_plan(plan)
+        finally:
+            self._end_batch(batch)
+
+    def _end_batch(self, batch: Batch) -> None:
+        with self._lock:
+            self._batch = None
+            if isinstance(batch, MappedBatch):
+                batch.close()
+
+    def _commit_plan(self, plan: Any) -> None:  # Any: an _arraybatch.Plan
+        """The batch's one commit: one in-place replace, or one commit of
+        `_arraycommit` (rewrites and drops)."""
+        if plan.empty:
+            return
+        self._begin_write()
+        if plan.rows:
+            ((name, (indices, rows)),) = plan.rows.items()
+            entry = self._entry(name)
+            data = np.ascontiguousarray(rows)
+            entry.store.replace(indices, data, entry.offsets(indices.size))
+            entry.edited = True
+            return
+        builds: dict[str, Callable[..., None]] = {
+            name: functools.partial(write_array, array=array, codec=codec)
+            for name, (array, codec) in plan.rewrite.items()
+        }
+        self._commit(builds, plan.drops)
+
+    def _batch_now(self) -> Batch | None:
+        """The open batch of this thread; ArrayStoreBatchError when another
+        thread has one (its calls would mix with the batch)."""
+        batch = self._batch
+        if batch is not None and not batch.owned():
+            raise ArrayStoreBatchError(
+                f"ArrayStore '{self.path}' is in a batch of another thread: call it from that "
+                "thread, or after its batch block ends"
+            )
+        return batch
+
+    def _refuse_in_batch(self, what: str) -> None:
+        if self._batch_now() is not None:
+            raise ArrayStoreBatchError(
+                f"{what} is not available inside a batch of ArrayStore '{self.path}': call it "
+                "after the batch block"
+            )
+
+    def _memory_batch(self, batch: Batch, what: str) -> MemoryBatch:
+        if not isinstance(batch, MemoryBatch):
+            raise ArrayStoreBatchError(
+                f"{what} is not available in writable_batch_mode (it edits arrays in place): "
+                "edit the arrays load() returns, or use batch_mode"
+            )
+        return batch
+
+    def _batch_array(self, batch: MemoryBatch, name: str) -> np.ndarray:
+        """The batch's state of ``name`` (read whole on first touch); KeyError
+        when the batch dropped it or there is none."""
+        _check_name(name)
+        array = batch.arrays.get(name)
+        if array is None:
+            self._require(name)  # knows the batch's drops
+            array = batch.touch(self._entry(name))
+        return array
+
+    def _batch_view(self, name: str) -> np.ndarray | None:
+        """The batch's array ``name`` when a batch holds it (reads answer from
+        it), else None (reads go to the disk)."""
+        batch = self._batch_now()
+        if isinstance(batch, MemoryBatch):
+            return self._batch_array(batch, name)
+        if isinstance(batch, MappedBatch):
+            copy = batch.copies.get(name)
+            return None if copy is None else copy.array
+        return None
+
+    def _batch_replace(self, items: list[tuple[str, Any]], idx: Any) -> None:
+        batch = self._batch_now()
+        plans: list[tuple[str, Any, npt.NDArray[np.uint64], np.ndarray]] = []
+        for name, rows in items:
+            if isinstance(batch, MemoryBatch) and name not in batch.arrays:
+                # No copy yet: kept as rows only (the disk does not change in a batch).
+                entry, length = self._pending_entry(batch, name)
+                indices = _row_indices(idx, length, name)
+                data = entry.rows(rows, indices.size, "replace")
+                plans.append((name, (entry, length), indices, data))
+                continue
+            if isinstance(batch, MemoryBatch):
+                array = self._batch_array(batch, name)
+            else:
+                assert isinstance(batch, MappedBatch)
+                array = batch.load(self._row_entry(name, "replace"))
+            if array.ndim == 0:
+                raise ValueError(
+                    f"cannot replace rows of '{name}': it is a 0-d array; save a new value "
+                    "with save()"
+                )
+            indices = _row_indices(idx, len(array), name)
+            data = coerce_rows(name, array.dtype, array.shape[1:], rows, indices.size, "replace")
+            plans.append((name, array, indices, data))
+        for name, target, indices, data in plans:
+            if isinstance(target, tuple):
+                assert isinstance(batch, MemoryBatch)
+                batch.defer(target[0], target[1], indices, data)
+            elif isinstance(batch, MemoryBatch):
+                batch.replace(name, indices, data)
+            else:
+                target[indices] = data
+
+    def _pending_entry(self, batch: MemoryBatch, name: str) -> tuple[OpenArray, int]:
+        """The open array ``name`` and its length, for a replace kept aside."""
+        held = batch.pending.get(name)
+        if held is not None:
+            return held[0], held[1]
+        self._require(name)  # knows the batch's drops
+        entry = self._row_entry(name, "replace")
+        return entry, len(entry.dataset)
+
+    def _batch_drop(self, batch: MemoryBatch, names: list[str], rows: Any) -> None:
+        if rows is None:
+            for member in names:
+                self._require(member)  # KeyError before any change
+            for member in names:
+                on_disk = is_member(self._fs, os.path.join(self.path, member))
+                batch.drop(member, on_disk)
+            return
+        plans = []
+        for member in names:
+            array = self._batch_array(batch, member)
+            if array.ndim == 0:
+                raise ValueError(
+                    f"array '{member}' is 0-d: it has no rows to drop; drop the array "
+                    f"with drop('{member}')"
+                )
+            plans.append((member, array, _row_indices(rows, len(array), member)))
+        for member, array, indices in plans:
+            if indices.size:
+                batch.reshape(member, np.delete(array, indices.astype(np.intp), axis=0))
 
     # ---- internals
 
@@ -620,6 +867,29 @@ def _last_wins(
         return indices, data
     keep = indices.size - 1 - first_in_reversed
     return reversed_unique, np.ascontiguousarray(data[keep])
+
+
+def _batch_rows(batch: MemoryBatch, array: np.ndarray, name: str, rows: Any) -> np.ndarray:
+    """Rows to append to the batch's ``array`` ``name``, coerced and checked."""
+    if array.ndim == 0:
+        raise ValueError(
+            f"cannot append rows of '{name}': it is a 0-d array; save a new value with save()"
+        )
+    return coerce_rows(name, array.dtype, array.shape[1:], rows, None, "append")
+
+
+def _stream_memory(name: str, array: np.ndarray, buffer_size: int | None) -> Iterator[np.ndarray]:
+    """``stream_load`` of a batch's array: copies of chunks of its rows."""
+    if array.ndim == 0:
+        raise ValueError(
+            f"array '{name}' is 0-d: it has no rows to stream; load it with load('{name}')"
+        )
+    if buffer_size is None:
+        row_bytes = array.itemsize * math.prod(array.shape[1:])
+        rows = max(1, STREAM_BYTES // max(row_bytes, 1))
+    else:
+        rows = check_int("buffer_size (rows)", buffer_size, 1)
+    return (array[start : start + rows].copy() for start in range(0, len(array), rows))
 
 
 def _tree_bytes(fs: OsFs, path: str) -> int:

@@ -1,0 +1,356 @@
+"""ArrayStore's batch modes: the edits of one ``with`` block, held in memory
+until one commit at its end.
+
+Invariant: nothing of a batch reaches the disk before its block ends; at the
+end, the batch is one commit (``Plan``): all of it visible after, none of it
+before, through a crash or power cut. ``Plan`` picks the commit:
+
+- one array edited only in place (rows replaced, shape kept, nothing else
+  changed): one ``replace`` of the changed rows on that array's store, the
+  store's own atomic commit, O(rows changed);
+- anything else (several arrays, a save, an append, a drop): one commit of
+  `_arraycommit` that rewrites each changed array whole and drops the
+  dropped ones, O(bytes of the changed arrays).
+
+``MemoryBatch`` (``batch_mode``) holds each array it touched as a NumPy array.
+``MappedBatch`` (``writable_batch_mode``) hands out arrays over a private
+(copy-on-write) mapping of an anonymous in-memory file (``memfd``) that holds
+the array as it was at its first load: the kernel copies a page on its first
+write, so the pages that changed are the ones no longer backed by the file,
+which ``/proc/self/pagemap`` says (bit 61 clear on a present page, or the page
+swapped out) without reading the data. Only the rows of those pages are
+compared with the file's copy, so finding the changes costs O(pages of the
+array / 512) pagemap bytes plus O(rows written). Where the pagemap says
+nothing (no procfs, another kernel), a probe at the first use finds that out
+and the batch compares every row instead (exact, O(array)).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import numpy.typing as npt
+
+from ._arrayview import OpenArray
+
+PAGE_BYTES = mmap.PAGESIZE
+_PAGEMAP = "/proc/self/pagemap"
+_PRESENT = np.uint64(1 << 63)
+_SWAPPED = np.uint64(1 << 62)
+_FILE_PAGE = np.uint64(1 << 61)
+COMPARE_ROWS_BYTES = 16 << 20  # the full compare goes in chunks of this many bytes of rows
+
+
+class ArrayStoreBatchError(RuntimeError):
+    """A call that a batch mode does not allow: a second batch inside one
+    (or in another thread), a call the batch cannot answer from memory, or
+    an edit ``writable_batch_mode`` does not take."""
+
+
+@dataclass
+class Plan:
+    """The one commit of a batch: ``rows`` (one array's changed row indices
+    and their new rows, ``(n, *row_shape)``, for an in-place replace) or
+    ``rewrite`` (arrays to write whole, with their codecs) plus ``drops``."""
+
+    rows: dict[str, tuple[npt.NDArray[np.uint64], np.ndarray]] = field(default_factory=dict)
+    rewrite: dict[str, tuple[np.ndarray, str]] = field(default_factory=dict)
+    drops: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.rows or self.rewrite or self.drops)
+
+    def settle(self, codecs: dict[str, str], whole: Callable[[str], np.ndarray]) -> None:
+        """One array edited in place stays a replace; with anything else every
+        array edited in place is rewritten too (``whole(name)``: the batch's
+        whole array), so the batch is one commit."""
+        if len(self.rows) == 1 and not self.rewrite and not self.drops:
+            return
+        for name in self.rows:
+            self.rewrite[name] = (whole(name), codecs[name])
+        self.rows = {}
+
+
+class Batch:
+    """What both batch modes share: the owning thread, and the plan."""
+
+    writable = False
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+        self.codecs: dict[str, str] = {}
+
+    def owned(self) -> bool:
+        return self.thread == threading.get_ident()
+
+    def plan(self) -> Plan:
+        """The batch's one commit."""
+        raise NotImplementedError
+
+
+class MemoryBatch(Batch):
+    """``batch_mode``: each array the batch touched, whole in memory.
+
+    ``arrays`` holds the batch's state of every touched name; ``edited``
+    the row indices replaced in place (None once the array changed in any
+    other way: it is then rewritten); ``dropped`` the names on disk that
+    the batch dropped. ``pending`` holds the replaces of an array nothing
+    else touched yet (its rows and their indices, O(rows)): it is read whole
+    only when the batch reads it or changes it otherwise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrays: dict[str, np.ndarray] = {}
+        self.scalar: dict[str, bool] = {}
+        self.edited: dict[str, list[npt.NDArray[np.uint64]] | None] = {}
+        self.dropped: set[str] = set()
+        # name -> (its open array, its length, the replaces in order)
+        self.pending: dict[str, tuple[OpenArray, int, list[tuple[np.ndarray, np.ndarray]]]] = {}
+
+    def touch(self, entry: OpenArray) -> np.ndarray:
+        """The batch's copy of the array ``entry`` (read whole on first touch,
+        with its pending replaces applied)."""
+        array = self.arrays.get(entry.name)
+        if array is None:
+            array = entry.read_all()
+            self.arrays[entry.name] = array
+            self.scalar[entry.name] = entry.scalar
+            self.codecs[entry.name] = entry.dataset.codec
+            self.edited[entry.name] = []
+            for indices, rows in self.pending.pop(entry.name, (entry, 0, []))[2]:
+                self.replace(entry.name, indices, rows)
+        return array
+
+    def defer(
+        self, entry: OpenArray, length: int, indices: npt.NDArray[np.uint64], rows: np.ndarray
+    ) -> None:
+        """A replace of rows of ``entry`` (``length`` rows), an array the batch
+        holds no copy of."""
+        self.codecs[entry.name] = entry.dataset.codec
+        self.pending.setdefault(entry.name, (entry, length, []))[2].append((indices, rows))
+
+    def save(self, name: str, array: np.ndarray, codec: str) -> None:
+        self.arrays[name] = np.array(array, copy=True)  # the caller may change its array later
+        self.scalar[name] = array.ndim == 0
+        self.codecs[name] = codec
+        self.edited[name] = None
+        self.dropped.discard(name)  # a name dropped earlier in the batch: overwritten instead
+        self.pending.pop(name, None)
+
+    def replace(self, name: str, indices: npt.NDArray[np.uint64], rows: np.ndarray) -> None:
+        self.arrays[name][indices] = rows  # a repeated index: the last row wins, as in NumPy
+        edited = self.edited[name]
+        if edited is not None:
+            edited.append(indices)
+
+    def reshape(self, name: str, array: np.ndarray) -> None:
+        """The array ``name`` after an append or a drop of rows: rewritten at the end."""
+        self.arrays[name] = array
+        self.edited[name] = None
+
+    def drop(self, name: str, on_disk: bool) -> None:
+        for table in (self.arrays, self.scalar, self.edited, self.codecs, self.pending):
+            table.pop(name, None)
+        if on_disk:
+            self.dropped.add(name)
+
+    def plan(self) -> Plan:
+        plan = Plan(drops=sorted(self.dropped))
+        for name, edited in self.edited.items():
+            if edited is None:
+                plan.rewrite[name] = (self.arrays[name], self.codecs[name])
+            elif edited:
+                indices = np.unique(np.concatenate(edited))
+                plan.rows[name] = (indices, self.arrays[name][indices])
+        for name, (_, _, replaces) in self.pending.items():
+            plan.rows[name] = _last_rows(replaces)
+        plan.rows = {name: rows for name, rows in plan.rows.items() if rows[0].size}
+        plan.settle(self.codecs, self.whole)
+        return plan
+
+    def whole(self, name: str) -> np.ndarray:
+        """The batch's whole array ``name`` (read now if only pending)."""
+        pending = self.pending.get(name)
+        return self.arrays[name] if pending is None else self.touch(pending[0])
+
+
+def _last_rows(replaces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The rows that replaces in order leave: each index once, its last row."""
+    indices = np.concatenate([indices for indices, _ in replaces])
+    rows = np.concatenate([rows for _, rows in replaces])
+    unique, first_reversed = np.unique(indices[::-1], return_index=True)
+    return unique, rows[indices.size - 1 - first_reversed]
+
+
+class MappedBatch(Batch):
+    """``writable_batch_mode``: each loaded array over a private mapping of
+    its first-load copy (see the module docstring)."""
+
+    writable = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.copies: dict[str, _MappedCopy] = {}
+        self.scan = "pagemap" if pagemap_works() else "compare"
+
+    def load(self, entry: OpenArray) -> np.ndarray:
+        copy = self.copies.get(entry.name)
+        if copy is None:
+            copy = _MappedCopy(entry)
+            self.copies[entry.name] = copy
+            self.codecs[entry.name] = entry.dataset.codec
+        return copy.array
+
+    def plan(self) -> Plan:
+        plan = Plan()
+        for name, copy in self.copies.items():
+            changed = copy.changed_rows(self.scan == "pagemap")
+            if changed.size:
+                array = copy.array.reshape(copy.rows, *copy.array.shape[1:])
+                plan.rows[name] = (changed, array[changed])
+        plan.settle(self.codecs, lambda name: self.copies[name].array)
+        return plan
+
+    def close(self) -> None:
+        """Makes the handed-out arrays read-only (later edits would be lost)
+        and releases the copies' files."""
+        for copy in self.copies.values():
+            copy.close()
+        self.copies.clear()
+
+
+class _MappedCopy:
+    """One array of a ``MappedBatch``: ``original`` (a shared mapping of the
+    memfd, as read at the first load) and ``array`` (a private mapping of the
+    same memfd: what the caller edits)."""
+
+    def __init__(self, entry: OpenArray) -> None:
+        self.rows = len(entry.dataset)  # a 0-d array is one row
+        self.row_bytes = entry.row_bytes
+        self.fd, self.shared = -1, None
+        self.original: np.ndarray | None = None
+        nbytes = self.rows * self.row_bytes
+        if not nbytes:  # no byte to edit: a plain array
+            self.array = np.zeros(entry.shape, dtype=entry.dataset.dtype)
+            return
+        try:
+            self.fd = os.memfd_create(f"loaderx-batch-{entry.name[:40]}", os.MFD_CLOEXEC)
+            os.ftruncate(self.fd, nbytes)
+            self.shared = mmap.mmap(self.fd, nbytes, flags=mmap.MAP_SHARED)
+            original = np.frombuffer(self.shared, dtype=np.uint8)
+            entry.store.gather(np.arange(self.rows, dtype=np.uint64), original)
+            private = mmap.mmap(self.fd, nbytes, flags=mmap.MAP_PRIVATE)
+        except BaseException:
+            self.close()
+            raise
+        self.original = original.reshape(self.rows, self.row_bytes)
+        self.array = np.frombuffer(private, dtype=entry.dataset.dtype).reshape(entry.shape)
+
+    def changed_rows(self, use_pagemap: bool) -> npt.NDArray[np.uint64]:
+        """The rows whose bytes differ from the first-load copy, exactly: the
+        rows of the pages the pagemap says were written (or of every page)."""
+        if self.original is None or self.shared is None:
+            return np.zeros(0, dtype=np.uint64)
+        rows = self.rows
+        edited = self.array.reshape(rows, -1).view(np.uint8)
+        if use_pagemap:
+            flat = edited.reshape(-1)
+            offsets = changed_offsets(flat, self.original.reshape(-1), written_pages(flat))
+            changed = offsets // self.row_bytes  # ascending: a row's repeats are adjacent
+            keep = np.ones(changed.size, dtype=bool)
+            keep[1:] = changed[1:] != changed[:-1]
+            return changed[keep].astype(np.uint64)
+        step = max(1, COMPARE_ROWS_BYTES // self.row_bytes)
+        found = []
+        for start in range(0, rows, step):
+            end = min(rows, start + step)
+            differ = np.any(edited[start:end] != self.original[start:end], axis=1)
+            found.append(np.flatnonzero(differ) + start)
+        return np.concatenate(found).astype(np.uint64)
+
+    def close(self) -> None:
+        array = getattr(self, "array", None)
+        if array is not None:
+            array.flags.writeable = False
+        self.original = None
+        if self.shared is not None:
+            with contextlib.suppress(BufferError):  # a view still held: freed with it
+                self.shared.close()
+            self.shared = None
+        if self.fd >= 0:
+            os.close(self.fd)  # the mappings keep the file alive while arrays use them
+            self.fd = -1
+
+
+def written_pages(view: np.ndarray) -> npt.NDArray[np.int64]:
+    """The pages of ``view`` (a C-contiguous array over a private mapping,
+    from its start) that hold a private copy: written since mapped."""
+    address = view.ctypes.data
+    first = address // PAGE_BYTES
+    last = (address + view.nbytes - 1) // PAGE_BYTES
+    fd = os.open(_PAGEMAP, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        raw = os.pread(fd, (last - first + 1) * 8, first * 8)
+    finally:
+        os.close(fd)
+    entries = np.frombuffer(raw, dtype=np.uint64)
+    present_private = (entries & _PRESENT != 0) & (entries & _FILE_PAGE == 0)
+    written = present_private | (entries & _SWAPPED != 0)
+    return np.flatnonzero(written) + (first - address // PAGE_BYTES)
+
+
+def changed_offsets(
+    edited: npt.NDArray[np.uint8], original: npt.NDArray[np.uint8], pages: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """The byte offsets, ascending, where the flat ``edited`` differs from
+    ``original`` within ``pages`` (ascending page numbers from the start)."""
+    full = edited.size // PAGE_BYTES
+    body = pages[pages < full]
+    shape = (full, PAGE_BYTES)
+    edited_pages = edited[: full * PAGE_BYTES].reshape(shape)[body]
+    original_pages = original[: full * PAGE_BYTES].reshape(shape)[body]
+    differ = np.flatnonzero(edited_pages != original_pages)  # 1-d: nonzero of 2-d is slower
+    found = [body[differ // PAGE_BYTES] * PAGE_BYTES + differ % PAGE_BYTES]
+    if edited.size > full * PAGE_BYTES and np.any(pages == full):  # the last, partial page
+        tail = slice(full * PAGE_BYTES, None)
+        found.append(np.flatnonzero(edited[tail] != original[tail]) + full * PAGE_BYTES)
+    return np.concatenate(found).astype(np.int64)
+
+
+_PROBE: list[bool] = []
+
+
+def pagemap_works() -> bool:
+    """Whether the pagemap tells written pages of a private mapping apart
+    (probed once: a page written, one read, one untouched)."""
+    if not _PROBE:
+        _PROBE.append(_probe_pagemap())
+    return _PROBE[0]
+
+
+def _probe_pagemap() -> bool:
+    try:
+        fd = os.memfd_create("loaderx-probe", os.MFD_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        os.ftruncate(fd, 3 * PAGE_BYTES)
+        private = mmap.mmap(fd, 3 * PAGE_BYTES, flags=mmap.MAP_PRIVATE)
+        view = np.frombuffer(private, dtype=np.uint8)
+        view[1 * PAGE_BYTES] = 1
+        _ = int(view[2 * PAGE_BYTES])
+        found = written_pages(view).tolist()
+        del view
+        private.close()
+        return bool(found == [1])
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
