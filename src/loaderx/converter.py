@@ -115,20 +115,16 @@ def from_numpy(
     A 1-D array becomes scalar records (``item_shape == ()``). ``array`` may
     be a memory-mapped array (or any array-like with ``shape``, ``dtype`` and
     slicing, such as an HDF5 dataset): it is read ``chunk_bytes`` at a time.
-    ``codec`` is ``"auto"`` (the default: ``"zstd"``, or ``"zstd_shuffleN"``
-    for numeric dtypes of N = 2, 4 or 8-byte elements when the byte-shuffle
-    filter shrinks a sample of rows by at least 3%; an existing store's codec
-    when appending), ``"auto-speed"`` (the same rule with ``"lz4"`` and
-    ``"lz4_shuffleN"``: several times faster to decode, larger on disk),
-    ``"zstd"``, ``"lz4"``, ``"raw"`` (dense raw stores cost no
-    per-record metadata), ``"zstd_dict"``, whose dictionary is trained from a
-    sample of rows before the first write (``dict_size`` bytes, 112 KiB by
-    default; a store keeps its first dictionary for life), or any of
-    ``CODECS`` (``"zstd_shuffle4"``, ``"zstd_dict_shuffle8"``...). ``progress=True`` shows a
-    progress bar on a terminal when writing takes more than a second; a text
-    stream (``progress=sys.stderr``) gets the bar whether or not it is one.
-    A URL ``path`` ("Writing to object storage") gets a sharded dataset, uploaded
-    in shards of ``shard_bytes`` (256 MiB) staged in ``staging_dir``.
+    ``codec``: ``"auto"`` (the default: ``"zstd"``, or ``"zstd_shuffleN"`` for
+    N = 2, 4 or 8-byte numbers when the shuffle shrinks a sample of rows by 3%;
+    an existing store's codec when appending), ``"auto-speed"`` (that rule with
+    ``"lz4"``/``"lz4_shuffleN"``: faster to decode, larger), ``"raw"`` (no
+    per-record metadata), ``"zstd_dict"`` (a ``dict_size``-byte dictionary,
+    112 KiB by default, trained from sample rows, kept for life), or any of
+    ``CODECS``. ``progress=True`` shows a progress bar on a terminal when
+    writing takes over a second; a stream (``progress=sys.stderr``) always gets
+    it. A URL ``path`` ("Writing to object storage") gets a sharded dataset,
+    uploaded in shards of ``shard_bytes`` (256 MiB) staged in ``staging_dir``.
     """
     if is_remote(path):
         _checked_options(codec, schema, mode, chunk_bytes, dict_size, progress)
