@@ -1199,9 +1199,19 @@ def test_batches_do_not_nest_or_cross_threads_and_refuse_what_they_cannot_do(roo
             thread.start()
             thread.join(timeout=30)
             assert errors and "another thread" in errors[0]
-            for call in (store.compact, store.sync, store.close, store.get_metadata):
+            outside = os.path.join(os.path.dirname(str(root)), "out")
+            for call in (
+                store.compact,
+                store.sync,
+                store.close,
+                store.get_metadata,
+                lambda: store.import_({"n": np.ones(2)}),  # a commit of its own
+                lambda: store.export(outside + ".npz"),  # it would miss the batch's edits
+                lambda: store.pack(outside + ".pack"),
+            ):
                 with pytest.raises(ArrayStoreBatchError, match="after the batch block"):
                     call()
+            assert not os.path.exists(outside + ".npz") and not os.path.exists(outside + ".pack")
             with pytest.raises(ArrayStoreBatchError, match="dataset"):
                 store.dataset("a")
             with pytest.raises(ValueError, match="0-d"):

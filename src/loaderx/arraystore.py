@@ -705,6 +705,7 @@ class ArrayStore:
         values may be any DLPack producer (PyTorch, JAX tensors), a pandas
         DataFrame, an h5py File or Group, a zarr Group or a pyarrow Table.
         ``names`` picks arrays; files are read in bounded chunks of rows."""
+        self._refuse_in_batch("import_()")  # one commit of its own
         codec = _codec_name(codec)
         return _arrayio.import_arrays(self, source, format, names, codec)
 
@@ -720,6 +721,7 @@ class ArrayStore:
         (written beside it, renamed into place when complete), reading
         ``chunk_bytes`` of rows at a time; ``export(None, "torch")`` returns
         ``{name: tensor}`` and ``export(None, "pandas")`` a DataFrame."""
+        self._refuse_in_batch("export()")  # it reads the committed arrays
         chunk_bytes = _arrayio.check_chunk_bytes(chunk_bytes)
         chosen = self.get_member_list() if names is None else _name_list(names)
         arrays = {name: self._lazy(name) for name in chosen}
@@ -728,6 +730,7 @@ class ArrayStore:
     def pack(self, path: StrPath, *, chunk_bytes: int = _arrayio.CHUNK_BYTES) -> None:
         """Writes the whole store to the one file ``path``: zlib-compressed,
         every frame checksummed (SHA-256), streamed; ``unpack`` reads it."""
+        self._refuse_in_batch("pack()")  # it reads the committed arrays
         chunk_bytes = _arrayio.check_chunk_bytes(chunk_bytes)
         arrays = {}
         for name in self.get_member_list():
