@@ -12,6 +12,7 @@ import json
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -437,3 +438,54 @@ def test_block_order_streams_from_half_a_dataset_fetching_only_what_did_not_fit(
     fetched = remote.store.cache.stats.bytes_fetched
     assert total < fetched <= 1.55 * total, (fetched, total)
     remote.close()
+
+
+def test_plain_http_server_reads_a_dataset_its_manifest_lists(tmp_path):
+    """A plain HTTP server cannot list: the dataset's files come from its
+    manifest, each fetch checked against the recorded SHA-256; a file changed
+    on the server is refused by name; a manifest without the record is
+    refused with what to do."""
+    rows = dense_rows()
+    served = tmp_path / "www"
+    loaderx.from_numpy(
+        url(served / "d"),
+        rows,
+        codec="raw",
+        shard_bytes=rows.nbytes // 2,
+        progress=False,
+        staging_dir=tmp_path / "staging",
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "-d", str(served)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        address = f"http://127.0.0.1:{port}/d"
+        deadline = time.monotonic() + 30
+        while True:  # bounded wait for the server to answer
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the HTTP server did not start"
+                time.sleep(0.05)
+        remote = loaderx.DenseDataset(address, cache_dir=tmp_path / "c")
+        assert len(remote.store.units) == 2 and np.array_equal(remote[:], rows)
+        remote.close()
+        data = next((served / "d" / "shard-00001").glob("data-*"))
+        payload = bytearray(data.read_bytes())
+        payload[10] ^= 0x08  # same size: only the digest tells
+        data.write_bytes(bytes(payload))
+        remote = loaderx.DenseDataset(address, cache_dir=tmp_path / "c2")
+        with pytest.raises(loaderx.RemoteIntegrityError, match=f"shard-00001/{data.name}"):
+            remote[len(rows) - 1]
+        remote.close()
+        with pytest.raises(loaderx.RemoteNotFoundError, match="manifest"):
+            loaderx.DenseDataset(f"http://127.0.0.1:{port}/nothing", cache_dir=tmp_path / "c3")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

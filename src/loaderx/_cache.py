@@ -142,8 +142,12 @@ class Unit:
 
 
 def object_unit(info: ObjectInfo, sha256: str | None = None) -> Unit:
-    """The unit of a whole object, as ``head`` or ``list`` described it."""
-    return Unit(info.key, info.size, info.version, 0, True, info.etag, sha256)
+    """The unit of a whole object, as ``head`` or ``list`` described it. A
+    known digest is part of its version: a store without etags (plain HTTP)
+    whose object changed at the same size is then another unit, never the
+    stale copy."""
+    version = info.version if sha256 is None else f"{info.version},sha256={sha256}"
+    return Unit(info.key, info.size, version, 0, True, info.etag, sha256)
 
 
 def range_unit(info: ObjectInfo, start: int, length: int, sha256: str | None = None) -> Unit:

@@ -50,6 +50,7 @@ from ._remote import (
     RetryingSource,
     is_remote,
     open_source,
+    parse_url,
 )
 from .schema import SCHEMA_FILE, Schema, read_schema
 from .sharded import MANIFEST_FILE, BatchView, Manifest, ManifestError, parse_manifest
@@ -182,10 +183,10 @@ class RemoteStore:
         self.cache: UnitCache | None = None
         self.source = source if source is not None else make_source(self.path, storage_options)
         self.manifest: Manifest | None = None
-        objects = self.source.list("")
+        objects = self._objects()
         keys = {info.key for info in objects}
         if MANIFEST_FILE in keys:
-            self.manifest = self._read_manifest()
+            self.manifest = self.manifest or self._read_manifest()
             self.schema: Schema = self.manifest.schema
             self._check_kind(self.schema.kind, "a sharded")
             self.units = _shard_units(self.path, self.manifest, objects)
@@ -222,6 +223,34 @@ class RemoteStore:
             raise
 
     # ---- opening
+
+    def _objects(self) -> list[ObjectInfo]:
+        """The dataset's objects: listed, or on a plain HTTP server (which
+        cannot list) the files its manifest records, at their recorded sizes
+        (each fetch is checked against the recorded SHA-256)."""
+        if parse_url(self.path).scheme not in ("http", "https"):
+            return self.source.list("")
+        try:
+            self.manifest = self._read_manifest()
+        except RemoteNotFoundError:
+            raise RemoteNotFoundError(
+                f"{self.path} has no {MANIFEST_FILE}: over http(s) loaderx reads sharded "
+                "datasets whose manifest records their files (written by loaderx 1.0 or later); "
+                "serve a single store from object storage or file:// instead",
+                self.path,
+            ) from None
+        if self.manifest.files is None:
+            raise ManifestError(
+                f"{self.path}/{MANIFEST_FILE} records no files, and an http(s) server cannot "
+                "list them: commit the dataset again with this loaderx (shards.commit) or "
+                "serve it from object storage or file://"
+            )
+        objects = [ObjectInfo(MANIFEST_FILE, 0, None)]
+        for name, files in self.manifest.files.items():
+            objects.extend(
+                ObjectInfo(f"{name}/{file}", size, None) for file, (size, _) in files.items()
+            )
+        return objects
 
     def _read_manifest(self) -> Manifest:
         payload = self.source.get(MANIFEST_FILE)
