@@ -870,7 +870,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budgets", help="percent of the data, comma-separated")
     parser.add_argument("--records", type=int)
     parser.add_argument("--timeout", type=float, help="seconds per run")
-    parser.add_argument("--contender-python", default=sys.executable)
+    parser.add_argument(
+        "--contender-python", default=os.environ.get("LOADERX_BENCH_PYTHON", sys.executable)
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.child:
