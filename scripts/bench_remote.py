@@ -13,8 +13,9 @@ written by the tool's own writer in the shards it recommends and uploaded to
 one bucket. Then, for each tool, order and cache budget (10, 25, 50, 100% of
 the records' bytes), a fresh child process reads two epochs of batches of
 256 through a fresh cache directory and checks every record; the parent
-reads the server's counters between the child's marks (start, epoch 2, end)
-and the child's peak RSS from wait4. Orders:
+reads the server's counters between the child's marks (start, epoch 2, end);
+the child reports its peak RSS (VmHWM; not ru_maxrss, which Linux carries
+over exec from the forking parent, here the server's process). Orders:
 
 - iid: indices uniform with replacement; cyclic: a new permutation each
   epoch. loaderx uses its sampler modes; the contenders read the same index
@@ -64,7 +65,7 @@ PAIR_EPOCHS = 5  # the file:// pair: long enough for a steady rate
 BUDGETS = (10, 25, 50, 100)
 QUICK_BUDGETS = (25, 100)
 ORDERS = ("iid", "cyclic", "native")
-TIMEOUT = 40.0
+TIMEOUT = 30.0
 QUICK_TIMEOUT = 20.0
 BUCKET = "bench"
 MARK = "/__bench__/mark/"
@@ -439,14 +440,42 @@ def cache_bytes(directory: str) -> int:
     return total
 
 
+def peak_rss() -> int:
+    """This process's peak RSS since its exec (VmHWM). Not ru_maxrss: Linux
+    carries the forking parent's peak across exec into the child's, and the
+    parent holds the server's objects."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+_OUT = threading.Lock()
+
+
 def emit(kind: str, payload) -> None:
-    print(f"{kind} {json.dumps(payload)}", flush=True)
+    with _OUT:
+        sys.stdout.write(f"{kind} {json.dumps(payload)}\n")
+        sys.stdout.flush()
+
+
+def report_rss(interval: float = 0.25) -> None:
+    """Reports the peak RSS from a thread, so a run killed at its timeout has one."""
+
+    def loop():
+        while True:
+            emit("rss", peak_rss())
+            time.sleep(interval)
+
+    threading.Thread(target=loop, name="rss", daemon=True).start()
 
 
 def read(spec: dict) -> dict:
     """Two epochs (spec['epochs']) of checked batches; marks the server at
     start, epoch 2 and end; prints progress lines and returns the result."""
     endpoint = spec.get("endpoint")
+    report_rss()
     preload(spec)  # imports are not the tool's time to first batch
     if endpoint:
         mark(endpoint, "start")
@@ -471,7 +500,8 @@ def read(spec: dict) -> dict:
                     first = first_at - began
                 if batches % 8 == 0:
                     cache_peak = max(cache_peak, cache_bytes(spec["cache"]))
-                emit("progress", [batches, delivered])
+                now = time.perf_counter() - began
+                emit("progress", [batches, delivered, peak_rss(), first, now])
     except Exception as exc:
         status = "refused" if first is None else "failed"
         return {"status": status, "error": f"{type(exc).__name__}: {exc}", "batches": batches}
@@ -487,13 +517,17 @@ def read(spec: dict) -> dict:
         "first_batch_s": first,
         "batches_per_s": (batches - 1) / max(ended - first_at, 1e-9) if batches > 1 else None,
         "cache_peak": max(cache_peak, cache_bytes(spec["cache"])),
+        "peak_rss": peak_rss(),
     }
 
 
 def child_main(spec: dict) -> int:
     actions = {"probe": probe, "write": write, "read": read}
     try:
-        emit("result", actions[spec["action"]](spec))
+        result = actions[spec["action"]](spec)
+        if spec["action"] == "read":
+            result.setdefault("peak_rss", peak_rss())
+        emit("result", result)
     except Unavailable as exc:
         emit("result", {"status": "unavailable", "error": str(exc)})
     return 0
@@ -541,7 +575,7 @@ TOOLS = (
 @dataclasses.dataclass
 class Child:
     result: dict
-    rss: int  # bytes, ru_maxrss of the child
+    rss: int  # bytes: the child's VmHWM (its last report; ru_maxrss if none)
     seconds: float
     progress: list | None
     stderr: str
@@ -577,18 +611,21 @@ def run_child(python: str, spec: dict, env: dict, timeout: float) -> Child:
         reader.join(10)
         errors.seek(0)
         stderr = errors.read()
-    result, progress = None, None
+    result, progress, rss = None, None, usage.ru_maxrss * 1024
     for line in lines:
         kind, _, payload = line.partition(" ")
         if kind == "result":
             result = json.loads(payload)
         elif kind == "progress":
             progress = json.loads(payload)
+        elif kind == "rss":
+            rss = json.loads(payload)
     if result is None:
-        status = f"timeout ({timeout:.0f} s)" if killed else "crashed"
-        tail = stderr.strip().splitlines()[-1:] if stderr.strip() else []
-        result = {"status": status, "error": " ".join(tail)}
-    return Child(result, usage.ru_maxrss * 1024, seconds, progress, stderr)
+        if killed:
+            result = {"status": f"timeout ({timeout:.0f} s)"}
+        else:  # the last line of its stderr says why
+            result = {"status": "crashed", "error": " ".join(stderr.strip().splitlines()[-1:])}
+    return Child(result, result.get("peak_rss") or rss, seconds, progress, stderr)
 
 
 def create_bucket(endpoint: str) -> None:
@@ -638,7 +675,10 @@ def measure(context: Context, tool: str, order: str, percent: int) -> dict:
     start, end = marks.get("start", now), marks.get("end", now)
     shutil.rmtree(cache, ignore_errors=True)
     result = child.result
-    batches, delivered = child.progress or [0, 0]
+    batches, delivered, _, first, elapsed = child.progress or [0, 0, 0, None, None]
+    rate = None
+    if result["status"] != "ok" and first is not None and batches > 1:
+        rate = (batches - 1) / max(elapsed - first, 1e-9)  # up to the kill
     row = {
         "tool": tool,
         "order": order,
@@ -656,8 +696,8 @@ def measure(context: Context, tool: str, order: str, percent: int) -> dict:
         if "epoch2" in marks
         else None,
         "data_bytes": data,
-        "first_batch_s": result.get("first_batch_s"),
-        "batches_per_s": result.get("batches_per_s"),
+        "first_batch_s": result.get("first_batch_s", first),
+        "batches_per_s": result.get("batches_per_s", rate),
         "peak_rss_bytes": child.rss,
         "peak_cache_bytes": result.get("cache_peak"),
         "seconds": child.seconds,
