@@ -2,6 +2,7 @@
 
     python scripts/bench.py all|sampler|store|loader|codecs|numpack|ragged|packing|processes
         [--quick]
+    python scripts/bench.py remote [--quick]     (not in `all`: scripts/bench_remote.py)
 
 Prints a machine block, then one markdown table per benchmark. Every figure
 is the median of several runs (the count is printed under each table); runs
@@ -1632,6 +1633,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_codecs import bench_codecs  # noqa: E402
 from bench_numpack import bench_numpack  # noqa: E402
 from bench_ragged import bench_packing, bench_processes, bench_ragged  # noqa: E402
+from bench_remote import bench_remote  # noqa: E402
 
 TABLES: dict[str, Callable[[bool], str] | None] = {
     "sampler": bench_sampler,
@@ -1643,11 +1645,14 @@ TABLES: dict[str, Callable[[bool], str] | None] = {
     "packing": bench_packing,
     "processes": bench_processes,
 }
+# Tables that `all` leaves out: the remote one starts a server and a child
+# process per run (about 15 minutes; bench_remote.py's own options say more).
+SEPARATE: dict[str, Callable[[bool], str]] = {"remote": bench_remote}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("table", choices=["all", *TABLES], help="which benchmark to run")
+    parser.add_argument("table", choices=["all", *TABLES, *SEPARATE], help="which benchmark to run")
     parser.add_argument("--quick", action="store_true", help="small sizes and few runs (seconds)")
     arguments = parser.parse_args(argv)
 
@@ -1657,7 +1662,7 @@ def main(argv: list[str] | None = None) -> int:
     names = list(TABLES) if arguments.table == "all" else [arguments.table]
     for name in names:
         print()
-        table = TABLES[name]
+        table = TABLES[name] if name in TABLES else SEPARATE[name]
         if table is None:
             print(f"### {name}: table not implemented yet")
             continue

@@ -195,3 +195,25 @@ def test_numpack_rows_of_an_array_in_use_run_their_warm_call_first(tmp_path):
                 assert ops.calls == [("getitem", 10), ("getitem", 100)], ops.calls
             # The replace's check expects both rows replaced: it holds only after the warm call.
             assert checked == (warm or not operation.writes), (operation.label, warm)
+
+
+REMOTE = SCRIPT.parent / "bench_remote.py"
+
+
+def test_bench_remote_quick_runs_loaderx_and_the_file_pair():
+    """The remote bench's harness end to end at its smallest: moto's server,
+    the counting middleware, loaderx's writer and upload, one child run per
+    row, the table and the file:// pair. The contenders are left out (they
+    live in their own environment); loaderx's remote rows run once its
+    remote datasets exist, and until then the run says why it skipped them."""
+    pytest.importorskip("moto", reason="moto[server] is not installed: pip install 'loaderx[test]'")
+    arguments = ["--quick", "--tools", "loaderx", "--orders", "cyclic", "--budgets", "100"]
+    result = run([sys.executable, str(REMOTE), *arguments])
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    out = result.stdout
+    assert "### remote: 2,000 records x 12 KiB" in out and "- loaderx " in out, out
+    assert "| loaderx local | ok |" in out, out
+    skipped = "skipped: loaderx remote runs:" in out
+    assert skipped or "| loaderx | cyclic | 100% | ok |" in out, out
+    assert skipped == ("| loaderx file:// | skipped" in out), out
+    assert "FAILED" not in out and "crashed" not in out, out
