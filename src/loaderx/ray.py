@@ -146,7 +146,7 @@ class LoaderxDatasink(Datasink):
         self.remote: dict[str, Any] = (
             {"storage_options": storage_options} if is_remote(path) else {}
         )
-        self.staging = {"staging_dir": staging_dir} if is_remote(path) else {}
+        self.staging: dict[str, Any] = {"staging_dir": staging_dir} if is_remote(path) else {}
         self.codecs = codec if isinstance(codec, dict) else dict.fromkeys(columns, codec)
         self.rows: dict[str, int] = {}
 
