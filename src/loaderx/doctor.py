@@ -230,7 +230,7 @@ def _shares(
     rest = gather - disk_seconds
     alone = warm["sample_seconds"] + warm["warm_gather_seconds"]
     contention = max(0.0, rest - alone)
-    scale = (rest - (0.0 if run["has_transform"] else contention)) / rest if rest > 0 else 0.0
+    scale = (rest - (contention if run["has_transform"] else 0.0)) / rest if rest > 0 else 0.0
     warm_gather, copy = warm["warm_gather_seconds"], warm["copy_seconds"]
     decode = 0.0 if raw else max(0.0, warm_gather - copy)
     parts = {"decode": decode, "gather": warm["sample_seconds"] + warm_gather - decode}
