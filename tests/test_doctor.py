@@ -20,6 +20,9 @@ def doctor(capsys, *args):
     status = main(["doctor", *args, "--json"])
     out = capsys.readouterr().out
     result = json.loads(out)
+    if status == 0:  # the stages split the workers' time, no more and no less
+        split = sum(result["stages_ms"].values())
+        assert split == pytest.approx(result["run"]["worker_ms_per_batch"], rel=0.01, abs=0.01)
     return status, result
 
 
@@ -99,6 +102,7 @@ def test_a_slow_python_transform_is_transform_bound(tmp_path, capsys, monkeypatc
     )  # fmt: skip
     assert status == 0
     assert result["verdict"] == "transform", result
+    assert result["stages_share"]["gather"] < 0.2  # its wait for the GIL counts with the transform
     assert result["loader"]["transform"] is True
     assert "transform_processes=True" in result["advice"]
 

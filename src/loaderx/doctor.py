@@ -343,6 +343,7 @@ def _report(
             "mib_s": _mib(batches * warm["batch_bytes"] / wall),
             "stall_fraction": round(run["stall_seconds"] / wall, 3),
             "workers_busy": round(worker_seconds / wall / max(1, options["num_workers"]), 3),
+            "worker_ms_per_batch": round(worker_seconds / max(1, batches) * 1e3, 3),
             "disk_read_mib_s": _mib(
                 None if run["disk_read_bytes"] is None else run["disk_read_bytes"] / wall
             ),
