@@ -19,7 +19,7 @@ import os
 from collections import deque
 from typing import Any
 
-__all__ = ["STAGES", "TRACE_BATCHES_MAX", "Trace"]
+__all__ = ["STAGES", "TRACE_BATCHES_MAX", "Trace", "process_read_bytes"]
 
 #: The stages a trace names: the workers' three, and the consumer's wait
 #: inside ``next()`` (its stall).
@@ -104,3 +104,17 @@ def write_chrome_trace(
 def consumer_name() -> str:
     """The thread name the consumer's intervals are filed under."""
     return _CONSUMER
+
+
+def process_read_bytes() -> int | None:
+    """Bytes this process read from storage so far (its page-cache misses:
+    ``read_bytes`` of ``/proc/self/io``, all threads), or None where the
+    kernel does not say (not Linux, or the file unreadable)."""
+    try:
+        with open("/proc/self/io", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None

@@ -39,6 +39,7 @@ transforms that hold the GIL; everything else stays in the threads.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import threading
@@ -703,6 +704,18 @@ class DataLoader:
             )
         return write_chrome_trace(path, rings, self._stats.origin)
 
+    def cache_stats(self) -> dict[str, dict[str, float]]:
+        """For each dataset this loader reads from a URL (by its URL): its
+        cache's counters (``fetches``, ``bytes_fetched``, ``hits``, ``misses``,
+        ``evictions``, ...), ``bytes_resident`` (the cache directory's files)
+        and ``cache_bytes`` (its budget). Empty without remote datasets."""
+        sources = self._batches.mixer.sources if self._batches.mixer else [self._streams]
+        return {
+            store.path: cache_state(store)
+            for store in self._batches.remote_stores(sources)
+            if store.cache is not None
+        }
+
     # -- lifetime ------------------------------------------------------------------
 
     def close(self) -> None:
@@ -827,6 +840,16 @@ class DataLoader:
             f"mode={self._sampler.mode.name}, seed={self._sampler.seed}, "
             f"shard={self._sampler.shard}) at step {self._step}"
         )
+
+
+def cache_state(store: RemoteStore) -> dict[str, float]:
+    """A remote store's cache counters, resident bytes and budget."""
+    assert store.cache is not None
+    return {
+        **dataclasses.asdict(store.cache.stats),
+        "bytes_resident": store.cache.usage(),
+        "cache_bytes": store.cache.cache_bytes,
+    }
 
 
 def _check_transform(transform: object, processes: object, num_workers: int) -> bool:

@@ -30,7 +30,6 @@ dataset's own files.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import os
 import time
 from typing import Any, Callable
@@ -38,7 +37,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ._remote_dataset import RemoteStore, is_remote
-from .dataloader import DataLoader
+from ._trace import process_read_bytes
+from .dataloader import DataLoader, cache_state
 from .dataset import DenseDataset, RaggedDataset
 
 __all__ = ["DISK_SAMPLE_BYTES", "SECONDS_MAX", "diagnose", "doctor_text"]
@@ -66,19 +66,6 @@ def _open(path: str) -> DenseDataset | RaggedDataset:
         if "is a ragged" not in str(exc):
             raise
     return RaggedDataset(path)
-
-
-def _read_bytes() -> int | None:
-    """Bytes this process read from storage so far, or None where the kernel
-    does not say (not Linux, or /proc/self/io unreadable)."""
-    try:
-        with open("/proc/self/io", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("read_bytes:"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
 
 
 def _files(root: str) -> list[str]:
@@ -185,21 +172,23 @@ def _run(
     options: dict[str, Any],
     seconds: float,
     evict: Callable[[], None] | None,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Runs the loader for ``seconds`` after its warm-up; the deltas of its
     stats, of the bytes read from disk and of the wall clock."""
     with DataLoader({"x": dataset}, **options) as loader:
         for _ in range(_WARMUP_BATCHES):
             next(loader)
-        before, read_before = loader.stats(), _read_bytes()
+        before, read_before = loader.stats(), process_read_bytes()
         started = time.perf_counter()
         while time.perf_counter() - started < seconds:
             if evict is not None:
                 evict()
             next(loader)
         wall = time.perf_counter() - started
-        after, read_after = loader.stats(), _read_bytes()
-    delta = {key: after[key] - before[key] for key in after if key.endswith("seconds")}
+        after, read_after = loader.stats(), process_read_bytes()
+    delta: dict[str, Any] = {
+        key: after[key] - before[key] for key in after if key.endswith("seconds")
+    }
     delta["batches"] = after["batches"] - before["batches"]
     delta["wall_seconds"] = wall
     delta["disk_read_bytes"] = (
@@ -287,7 +276,7 @@ def _cache_state(dataset: DenseDataset | RaggedDataset) -> dict[str, Any] | None
     store = dataset.store
     if not isinstance(store, RemoteStore) or store.cache is None:
         return None
-    return dataclasses.asdict(store.cache.stats)
+    return cache_state(store)
 
 
 def _machine() -> dict[str, Any]:
