@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from loaderx import ArrayStore, from_numpy
+from loaderx import ArrayStore, from_iterator, from_numpy
 from loaderx.cli import main
 
 SECONDS = "1"
@@ -119,6 +119,18 @@ def test_text_report_has_the_table_and_the_verdict(tmp_path, capsys):
     ]  # fmt: skip
     assert any(line.startswith("verdict: ") and "-bound: " in line for line in lines)
     assert any(line.startswith("advice: ") for line in lines)
+
+
+def test_a_ragged_dataset_is_diagnosed(tmp_path, capsys):
+    """Ragged records are gathered as the loader gathers them (a RaggedBatch)."""
+    rng = np.random.default_rng(0)
+    documents = [rng.integers(0, 100, rng.integers(1, 300), dtype=np.int32) for _ in range(500)]
+    from_iterator(tmp_path / "r", documents, codec="zstd", progress=False)
+    status, result = doctor(capsys, str(tmp_path / "r"), "--seconds", "0.2", "--mode", "cyclic")
+    assert status == 0
+    assert result["codec"] == "zstd" and result["records"] == 500
+    assert result["verdict"] in ("disk", "decode", "gather", "transform")
+    assert result["run"]["mib_s"] > 0
 
 
 @pytest.mark.parametrize(

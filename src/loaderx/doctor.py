@@ -14,8 +14,9 @@ It runs the loader for a few seconds and splits the workers' time per batch
 - transform: the transform's own time.
 
 The stage with the largest share is the verdict. The consumer (the training
-step) is not part of the run: the report says how fast a step must be for
-the loader not to be the bound.
+step) is not part of the run: the report gives the time per batch the
+loader delivers at, which a slower training step hides (then the step is
+the bound) and a faster one waits on.
 
 Measuring the disk drops a sample of the dataset's largest file (at most
 ``DISK_SAMPLE_BYTES``) from the page cache, after the dataset is closed.
@@ -370,9 +371,8 @@ def _advice(result: dict[str, Any]) -> str:
         size = result["dataset_bytes"]
         fits = ""
         if ram and size:
-            room = (
-                "it fits: a warm page cache removes the reads" if size < ram else "it does not fit"
-            )
+            room = "it fits, so a warm page cache removes the reads"
+            room = room if size < ram else "it does not fit (more RAM, or a smaller codec)"
             fits = (
                 f" The dataset is {size / 2**30:.2f} GiB on disk, {ram / 2**30:.1f} GiB of RAM "
                 f"is available: {room}."
@@ -432,8 +432,8 @@ def doctor_text(result: dict[str, Any]) -> str:
         "ceilings (MiB/s): "
         + ", ".join(f"{name} {value}" for name, value in ceilings.items() if value is not None)
         + f"; read from disk during the run: {run['disk_read_mib_s']} MiB/s",
-        f"your training step must take under {1e3 / max(run['batches_s'], 1e-9):.2f} ms per batch "
-        "for the loader not to be the bound",
+        f"a batch every {1e3 / max(run['batches_s'], 1e-9):.2f} ms: a training step that takes "
+        "longer is the bound, not the loader",
         "",
         f"verdict: {result['summary']}",
         f"advice: {result['advice']}",
