@@ -74,6 +74,7 @@ __all__ = [
     "NUM_WORKERS_MAX",
     "PREFETCH_SIZE_MAX",
     "PROCESS_WORKERS_MAX",
+    "TRACE_BATCHES_MAX",
 ]
 
 #: Version 2 added the global batch and the anchor of an elastic resume;
