@@ -151,6 +151,17 @@ def test_bad_arguments_fail_with_a_message(tmp_path, capsys, arguments, message)
     assert message in result["error"]
 
 
+def test_a_failing_transform_is_reported(tmp_path, capsys, monkeypatch):
+    (tmp_path / "bad_transform.py").write_text("def bad(batch):\n    raise KeyError('label')\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.chdir(tmp_path)
+    from_numpy(tmp_path / "z", compressible_rows(64), codec="zstd", progress=False)
+    status, result = doctor(capsys, "z", "--transform", "bad_transform:bad", "--seconds", "0.1")
+    assert status == 2
+    assert "the loader failed while the doctor ran it" in result["error"]
+    assert "transform raised KeyError" in result["error"]
+
+
 def test_an_arraystore_is_refused_with_advice(tmp_path, capsys):
     with ArrayStore(tmp_path / "a") as store:
         store.save({"x": np.zeros((4, 2), np.float32)})

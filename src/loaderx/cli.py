@@ -51,7 +51,7 @@ from ._remote_dataset import RemoteStore, is_remote
 from .arraystore import MARKER_FILE, ArrayStore
 from .arrow import COLUMNS_FILE, from_arrow, open_columns, read_listing
 from .converter import from_numpy
-from .dataloader import DataLoader
+from .dataloader import DataLoader, LoaderError
 from .dataset import DenseDataset, RaggedDataset, read_schema
 from .doctor import SECONDS_MAX, diagnose, doctor_text
 from .sampler import Sampler
@@ -1333,15 +1333,19 @@ def _run_doctor(args: argparse.Namespace) -> int:
                 f"'{args.path}' is a {kind}: the doctor runs the DataLoader over a dense, ragged "
                 "or sharded dataset (an ArrayStore's arrays are dense datasets: give one)"
             )
-    result = diagnose(
-        args.path,
-        batch_size=args.batch_size,
-        workers=args.workers,
-        seconds=args.seconds,
-        mode=args.mode,
-        transform=None if args.transform is None else _load_transform(args.transform),
-        transform_processes=args.transform_processes,
-        cold=args.cold,
-    )
+    transform = None if args.transform is None else _load_transform(args.transform)
+    try:
+        result = diagnose(
+            args.path,
+            batch_size=args.batch_size,
+            workers=args.workers,
+            seconds=args.seconds,
+            mode=args.mode,
+            transform=transform,
+            transform_processes=args.transform_processes,
+            cold=args.cold,
+        )
+    except LoaderError as exc:
+        raise CommandError(f"the loader failed while the doctor ran it: {exc}") from exc
     _emit(args, result, doctor_text)
     return EXIT_OK
