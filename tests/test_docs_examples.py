@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-OPTIONAL = ("torch", "jax", "ray", "pyarrow", "datasets")
+OPTIONAL = ("torch", "jax", "ray", "pyarrow", "datasets", "prometheus_client")
 SKIP_MARKER = re.compile(r"^<!-- docs-test: skip (.+?) -->$")
 PRINTS = re.compile(r"#\s*prints:\s?(.*)$")
 BLOCKS_MAX = 1000  # far above today's count: bounds the scan of a page

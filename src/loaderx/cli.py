@@ -11,6 +11,7 @@ PATH may also be a sharded dataset (a directory with ``manifest.msgpack``:
 every shard, records named by their global index) or a column directory
 written by ``loaderx.arrow.from_arrow`` (``columns.msgpack``: every column).
     loaderx bench                      quick figures for this machine
+    loaderx doctor PATH                which stage bounds the DataLoader on PATH, and what to change
 
 Output is for people; ``--json`` prints one JSON object for scripts instead,
 an error included (``{"ok": false, "error": ..., "error_type": ...,
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib
 import json
 import os
 import platform
@@ -49,8 +51,9 @@ from ._remote_dataset import RemoteStore, is_remote
 from .arraystore import MARKER_FILE, ArrayStore
 from .arrow import COLUMNS_FILE, from_arrow, open_columns, read_listing
 from .converter import from_numpy
-from .dataloader import DataLoader
+from .dataloader import DataLoader, LoaderError
 from .dataset import DenseDataset, RaggedDataset, read_schema
+from .doctor import SECONDS_MAX, diagnose, doctor_text
 from .sampler import Sampler
 from .shards import MANIFEST_FILE, is_sharded, read_manifest, written_shards
 from .zrecord import CODECS, CorruptStoreError, StoreLockedError, Zrecord, ZrecordError, is_store
@@ -102,7 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             _parser().print_help(sys.stderr)
             return _fail(
-                "give a command: info, verify, compact, convert or bench", as_json, "UsageError"
+                "give a command: info, verify, compact, convert, bench or doctor",
+                as_json,
+                "UsageError",
             )
         return _run(args)
     except BrokenPipeError:
@@ -150,7 +155,7 @@ def _fail(message: str, as_json: bool = False, kind: str = "CommandError") -> in
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="loaderx",
-        description="Inspect, verify, compact, convert and benchmark loaderx stores.",
+        description="Inspect, verify, compact, convert, benchmark and diagnose loaderx stores.",
         epilog="Exit status: 0 done, 1 verify found damage, 2 error, 141 the reader closed the "
         "pipe. --json goes before or after the command.",
     )
@@ -191,7 +196,43 @@ def _parser() -> argparse.ArgumentParser:
         help="where to write the test stores (default: a temporary directory)",
     )
     bench.set_defaults(run=_run_bench)
+    _add_doctor(commands, common)
     return parser
+
+
+def _add_doctor(commands: Any, common: argparse.ArgumentParser) -> None:
+    """The ``doctor`` command and its options."""
+    doctor = commands.add_parser(
+        "doctor",
+        parents=[common],
+        help="run the DataLoader on a dataset for a few seconds: which stage bounds it",
+    )
+    doctor.add_argument("path", metavar="DATASET", help="a dense or ragged dataset (or sharded)")
+    doctor.add_argument("--batch-size", type=int, default=256, help="default 256")
+    doctor.add_argument("--workers", type=int, default=4, help="num_workers (default 4)")
+    doctor.add_argument("--seconds", type=float, default=3.0, help="run time (default 3)")
+    doctor.add_argument(
+        "--mode",
+        choices=["sequential", "iid", "cyclic", "block"],
+        default="iid",
+        help="default iid",
+    )
+    doctor.add_argument(
+        "--transform",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="the transform to time (importable from the current directory or PYTHONPATH)",
+    )
+    doctor.add_argument(
+        "--transform-processes", action="store_true", help="run it with transform_processes=True"
+    )
+    doctor.add_argument(
+        "--cold",
+        action="store_true",
+        help="drop the dataset's pages from the page cache before each batch (data larger "
+        "than RAM)",
+    )
+    doctor.set_defaults(run=_run_doctor)
 
 
 def _add_cache_options(command: argparse.ArgumentParser) -> None:
@@ -1254,3 +1295,57 @@ def _bench_text(result: dict[str, Any]) -> str:
             "checkout compares against other libraries.",
         ]
     )
+
+
+# ---- doctor ----------------------------------------------------------------------
+
+
+def _load_transform(name: str) -> Callable[[Any], Any]:
+    """``module:function`` imported (the current directory first on the path,
+    as ``python -m`` has it)."""
+    module_name, _, function_name = name.partition(":")
+    if not module_name or not function_name:
+        raise CommandError(f"--transform must be MODULE:FUNCTION, got {name!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CommandError(
+            f"--transform {name}: cannot import {module_name!r} ({exc}); run from its directory "
+            "or add it to PYTHONPATH"
+        ) from exc
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise CommandError(f"--transform {name}: {module_name} has no function {function_name!r}")
+    return function  # type: ignore[no-any-return]
+
+
+def _run_doctor(args: argparse.Namespace) -> int:
+    if not 0 < args.seconds <= SECONDS_MAX:
+        raise CommandError(f"--seconds must be in (0, {SECONDS_MAX:g}], got {args.seconds:g}")
+    if args.transform_processes and args.transform is None:
+        raise CommandError("--transform-processes needs --transform MODULE:FUNCTION")
+    if not is_remote(args.path):
+        kind = _kind(args.path)
+        if kind not in ("dense", "ragged", "sharded"):
+            raise CommandError(
+                f"'{args.path}' is a {kind}: the doctor runs the DataLoader over a dense, ragged "
+                "or sharded dataset (an ArrayStore's arrays are dense datasets: give one)"
+            )
+    transform = None if args.transform is None else _load_transform(args.transform)
+    try:
+        result = diagnose(
+            args.path,
+            batch_size=args.batch_size,
+            workers=args.workers,
+            seconds=args.seconds,
+            mode=args.mode,
+            transform=transform,
+            transform_processes=args.transform_processes,
+            cold=args.cold,
+        )
+    except LoaderError as exc:
+        raise CommandError(f"the loader failed while the doctor ran it: {exc}") from exc
+    _emit(args, result, doctor_text)
+    return EXIT_OK

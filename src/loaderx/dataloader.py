@@ -39,7 +39,9 @@ transforms that hold the GIL; everything else stays in the threads.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import os
 import threading
 import time
 import weakref
@@ -52,6 +54,7 @@ import numpy.typing as npt
 from ._cache import CacheTooSmallError
 from ._checks import check_flag, check_int, check_state_int
 from ._remote_dataset import LoaderPlan, RemoteStore, reading_step
+from ._trace import TRACE_BATCHES_MAX, Trace, consumer_name, write_chrome_trace
 from .dataset import DenseDataset, RaggedDataset
 from .mixing import Mixer, check_sources
 from .packing import Packing, make_packer
@@ -71,6 +74,7 @@ __all__ = [
     "NUM_WORKERS_MAX",
     "PREFETCH_SIZE_MAX",
     "PROCESS_WORKERS_MAX",
+    "TRACE_BATCHES_MAX",
 ]
 
 #: Version 2 added the global batch and the anchor of an elastic resume;
@@ -92,6 +96,7 @@ NUM_WORKERS_MAX = PREFETCH_SIZE_MAX
 #: a process holds that process's GIL for all its time, so children past the
 #: cores of a large host (128) only share those cores and cost memory.
 PROCESS_WORKERS_MAX = 128
+_WORKER_PREFIX = "loaderx-worker-"
 _CLOSE_WAIT_SECONDS = 0.5
 _STALL_CHECK_SECONDS = 1.0
 
@@ -111,24 +116,37 @@ def _identity(batch: Any) -> Any:
 
 class _Stats:
     """Counters a long-running loader reports through ``DataLoader.stats()``.
-    Stage times are summed over the workers (worker-seconds)."""
+    Stage times are summed over the workers (worker-seconds). With a trace
+    (``trace_batches``), every interval summed is also kept in its ring."""
 
-    def __init__(self) -> None:
+    def __init__(self, trace_batches: int = 0) -> None:
         self.lock = threading.Lock()
         self.batches = 0
         self.stall = 0.0
         self.stages = {"sample": 0.0, "gather": 0.0, "transform": 0.0}
+        self.origin = time.perf_counter()
+        self.trace = None if trace_batches == 0 else Trace(trace_batches, self.origin)
 
-    def add_stages(self, sample: float, gather: float, transform: float) -> None:
+    def add_stages(self, step: int, *times: float) -> None:
+        """Adds one batch's stage times, from the ``perf_counter`` readings
+        ``times`` = (started, sampled[, gathered, finished]): sample only for
+        a packer's plan, else sample, gather and transform."""
         with self.lock:
-            self.stages["sample"] += sample
-            self.stages["gather"] += gather
-            self.stages["transform"] += transform
+            for stage, start, end in zip(self.stages, times, times[1:]):
+                self.stages[stage] += end - start
+            if self.trace is not None:
+                thread = threading.current_thread().name
+                if not thread.startswith(_WORKER_PREFIX):
+                    thread = consumer_name()
+                for stage, start, end in zip(self.stages, times, times[1:]):
+                    self.trace.add(thread, stage, step, start, end)
 
-    def add_delivered(self, stall: float) -> None:
+    def add_delivered(self, step: int, started: float, finished: float) -> None:
         with self.lock:
             self.batches += 1
-            self.stall += stall
+            self.stall += finished - started
+            if self.trace is not None:
+                self.trace.add(consumer_name(), "wait", step, started, finished)
 
     def snapshot(self) -> dict[str, float]:
         with self.lock:
@@ -137,6 +155,11 @@ class _Stats:
                 "stall_seconds": self.stall,
                 **{f"{stage}_seconds": seconds for stage, seconds in self.stages.items()},
             }
+
+    def trace_rings(self) -> dict[tuple[str, str], list[tuple[int, float, float]]] | None:
+        """A copy of the trace's rings, or None when tracing is off."""
+        with self.lock:
+            return None if self.trace is None else self.trace.copy()
 
 
 class _Batches:
@@ -167,7 +190,7 @@ class _Batches:
             ]
         )
 
-    def plan(self) -> Any:
+    def plan(self, step: int) -> Any:
         """The packer's plan of the next step (None without packing). Called in
         step order only: by the consumer inline, else under the pipeline lock
         as a worker claims its step."""
@@ -175,7 +198,7 @@ class _Batches:
             return None
         started = time.perf_counter()
         plan = self.packer.plan()
-        self.stats.add_stages(time.perf_counter() - started, 0.0, 0.0)
+        self.stats.add_stages(step, started, time.perf_counter())
         return plan
 
     def allocate(self) -> list[Any]:
@@ -205,7 +228,7 @@ class _Batches:
             result = (transform or self.transform)(batch)
         except BaseException as exc:
             raise _StepFailure(step, "transform", exc) from exc
-        self.stats.add_stages(sampled - started, gathered - sampled, time.perf_counter() - gathered)
+        self.stats.add_stages(step, started, sampled, gathered, time.perf_counter())
         return result
 
     def _read(
@@ -333,7 +356,7 @@ class _Pipeline:
             threading.Thread(
                 target=self._work,
                 args=(self.runners[number] if processes else None,),
-                name=f"loaderx-worker-{number}",
+                name=f"{_WORKER_PREFIX}{number}",
                 daemon=True,
             )
             for number in range(num_workers)
@@ -355,7 +378,7 @@ class _Pipeline:
                 self.claimed += 1
                 outputs = self.spare.pop() if self.spare else None
                 try:
-                    plan = self.batches.plan()
+                    plan = self.batches.plan(step)
                 except BaseException as exc:
                     plan = _StepFailure(step, "planning the batch", exc)
             try:
@@ -473,6 +496,9 @@ class DataLoader:
     sharded stream must have the same shard row counts), or for single
     stores ``equal_groups(length)``: 64 contiguous ranges of equal size;
     ``shards_per_block`` (BLOCK only) is the number of groups per block.
+
+    ``trace_batches=N`` (default 0, off) keeps the last N intervals of each
+    worker and stage for ``trace(path)``, a Chrome trace of where the time went.
     """
 
     def __init__(
@@ -490,6 +516,7 @@ class DataLoader:
         weights: Sequence[float] | npt.NDArray[np.floating[Any]] | None = None,
         transform_processes: bool = False,
         shards_per_block: int | None = None,
+        trace_batches: int = 0,
     ) -> None:
         sources = None
         if weights is not None:
@@ -503,7 +530,7 @@ class DataLoader:
         blocks = _block_keywords(self._streams, mode, shards_per_block, length, sources)
         self._sampler = Sampler(length, batch_size, mode, seed=seed, shard=shard, **blocks)
         self._block_state = None if blocks.get("groups") is None else _block_state(self._sampler)
-        self._stats = _Stats()
+        self._stats = _Stats(check_int("trace_batches", trace_batches, 0, TRACE_BATCHES_MAX))
         packer = None
         if packing is not None:
             if sources is not None:
@@ -573,7 +600,7 @@ class DataLoader:
                 raise failure.error from failure.error.__cause__
             self._failure = failure
             raise failure.loader_error() from failure.error
-        self._stats.add_delivered(time.perf_counter() - started)
+        self._stats.add_delivered(self._step, started, time.perf_counter())
         self._step += 1
         try:
             self._plan.advance(self._plan_position())
@@ -590,7 +617,7 @@ class DataLoader:
             if self._indices is None:
                 self._indices = np.empty(self._sampler.batch_size, dtype=np.uint64)
             try:
-                plan = self._batches.plan()
+                plan = self._batches.plan(self._step)
             except BaseException as exc:
                 raise _StepFailure(self._step, "planning the batch", exc) from exc
             return self._batches.compute(
@@ -662,6 +689,32 @@ class DataLoader:
             "step": self._step,
             **self._stats.snapshot(),
             "queue_depth": 0 if pipeline is None else pipeline.queue_depth(),
+        }
+
+    def trace(self, path: str | os.PathLike[str]) -> int:
+        """Writes the trace, the last ``trace_batches`` intervals of each
+        worker and stage (``sample``, ``gather``, ``transform``; the
+        consumer's ``wait`` in ``next()``), to ``path`` as Chrome trace JSON
+        (opens in Perfetto or chrome://tracing); returns the number of
+        intervals written. Times are microseconds since the loader was made."""
+        rings = self._stats.trace_rings()
+        if rings is None:
+            raise ValueError(
+                "this DataLoader keeps no trace: create it with trace_batches=N (e.g. 256) to "
+                "keep the last N intervals of each worker and stage"
+            )
+        return write_chrome_trace(path, rings, self._stats.origin)
+
+    def cache_stats(self) -> dict[str, dict[str, float]]:
+        """For each dataset this loader reads from a URL (by its URL): its
+        cache's counters (``fetches``, ``bytes_fetched``, ``hits``, ``misses``,
+        ``evictions``, ...), ``bytes_resident`` (the cache directory's files)
+        and ``cache_bytes`` (its budget). Empty without remote datasets."""
+        sources = self._batches.mixer.sources if self._batches.mixer else [self._streams]
+        return {
+            store.path: cache_state(store)
+            for store in self._batches.remote_stores(sources)
+            if store.cache is not None
         }
 
     # -- lifetime ------------------------------------------------------------------
@@ -788,6 +841,16 @@ class DataLoader:
             f"mode={self._sampler.mode.name}, seed={self._sampler.seed}, "
             f"shard={self._sampler.shard}) at step {self._step}"
         )
+
+
+def cache_state(store: RemoteStore) -> dict[str, float]:
+    """A remote store's cache counters, resident bytes and budget."""
+    assert store.cache is not None
+    return {
+        **dataclasses.asdict(store.cache.stats),
+        "bytes_resident": store.cache.usage(),
+        "cache_bytes": store.cache.cache_bytes,
+    }
 
 
 def _check_transform(transform: object, processes: object, num_workers: int) -> bool:
