@@ -82,6 +82,9 @@ class ArrayStoreOps:
     def append(self, handle, name, rows):
         handle.append({name: rows})
 
+    def clone(self, handle, name, new):
+        handle.clone(name, new)
+
     def edits(self, handle, name, rows, indices, mode):
         """One-row edits of ``rows`` at ``indices``: one call each (``mode``
         "calls"), or inside ``batch_mode`` ("batch") or ``writable_batch_mode``
@@ -137,6 +140,10 @@ class NumpackOps(ArrayStoreOps):
                 "crashes the process on large lists), so it is not run"
             )
         handle.replace({name: rows}, key)
+
+    def clone(self, handle, name, new):
+        """numpack 0.4.5 has no clone (0.7 has): a load and a save of the copy."""
+        handle.save({new: np.array(handle.load(name))})
 
     def edits(self, handle, name, rows, indices, mode):
         """numpack 0.4.5 has no batch mode: one call per edit, whatever ``mode``."""
@@ -204,6 +211,9 @@ class NpyOps:
     def append(self, path, name, rows):
         np.save(self._file(path, name), np.concatenate([self.load(path, name), rows]))
 
+    def clone(self, path, name, new):
+        shutil.copyfile(self._file(path, name), self._file(path, new))
+
     def getitem(self, path, name, indices):
         return np.load(self._file(path, name), mmap_mode="r")[indices]
 
@@ -265,6 +275,10 @@ class NpzOps:
 
     def append(self, path, name, rows):
         self._edit(path, name, lambda array: np.concatenate([array, rows]))
+
+    def clone(self, path, name, new):
+        arrays = self._all(path)
+        np.savez(self._file(path), **arrays, **{new: arrays[name]})
 
     def getitem(self, path, name, indices):
         return self.load(path, name)[indices]
@@ -526,6 +540,12 @@ def _resize_operations(a: np.ndarray, b: np.ndarray, draws: Draws) -> list[Opera
             f"drop {len(doomed):,} rows",
             lambda ops, handle, path: ops.drop_rows(handle, "a", doomed),
             _loaded_equal("a", np.delete(a, doomed, axis=0)),
+            setup="fresh",
+        ),
+        Operation(
+            "clone (a to c)",
+            lambda ops, handle, path: ops.clone(handle, "a", "c"),
+            _loaded_equal("c", a),
             setup="fresh",
         ),
         Operation(

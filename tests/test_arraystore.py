@@ -9,6 +9,8 @@ save and drop (children killed with SIGKILL mid-operation).
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import random
 import shutil
@@ -27,8 +29,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from loaderx import ArrayStore, DataLoader, DenseDataset
-from loaderx._fs import OS_FS
+from loaderx import ArrayStore, ArrayStoreBatchError, DataLoader, DenseDataset
+from loaderx._fs import OS_FS, copy_file
 from loaderx.arraystore import LazyArray
 from loaderx.zrecord import StoreClosedError, StoreLockedError, Zrecord
 
@@ -1294,3 +1296,85 @@ def test_writable_batch_mode_finds_rows_across_page_ends(root, monkeypatch, row_
                 expected[row] = view[row]
             assert same(store.load("a"), expected), (row_items, scan)
         shutil.rmtree(root)
+
+
+# ---- get_io_stats and clone -----------------------------------------------------------
+
+
+def test_io_stats_count_reads_writes_and_syncs_of_known_operations(root):
+    rows = np.arange(400, dtype=np.float32).reshape(100, 4)
+    with ArrayStore(root) as store:
+        opened = store.get_io_stats()
+        assert set(opened) == {"bytes_read", "bytes_written", "reads", "writes", "syncs", "calls"}
+        store.save({"a": rows})
+        saved = store.get_io_stats()
+        # The directory built: at least the rows' bytes; its files and the root fsynced.
+        assert saved["bytes_written"] - opened["bytes_written"] >= rows.nbytes
+        assert saved["syncs"] > opened["syncs"] and saved["bytes_read"] == opened["bytes_read"]
+        store.load("a")
+        loaded = store.get_io_stats()
+        assert loaded["bytes_read"] - saved["bytes_read"] == rows.nbytes
+        assert loaded["reads"] - saved["reads"] == 1
+        store.getitem("a", [1, 5, 7])
+        store.load("a", lazy=True)[10:20]
+        read = store.get_io_stats()
+        assert read["bytes_read"] - loaded["bytes_read"] == 3 * 16 + 10 * 16
+        assert read["reads"] - loaded["reads"] == 2
+        store.replace({"a": np.ones((2, 4), np.float32)}, [0, 1])
+        replaced = store.get_io_stats()
+        assert replaced["bytes_written"] - read["bytes_written"] == 32
+        assert replaced["writes"] - read["writes"] == 1
+        assert replaced["syncs"] - read["syncs"] == 1  # durable=True: synced before it returns
+        assert replaced["calls"] > read["calls"]
+        assert sum(len(chunk) for chunk in store.stream_load("a", 30)) == 100
+        assert store.get_io_stats()["bytes_read"] - replaced["bytes_read"] == rows.nbytes
+    with ArrayStore(root, durable=False) as store:
+        store.append({"a": np.zeros((3, 4), np.float32)})
+        assert store.get_io_stats()["syncs"] == 0  # deferred to sync()
+        store.sync()
+        assert store.get_io_stats()["syncs"] >= 1
+
+
+def test_clone_copies_an_array_in_one_commit_and_refuses_an_existing_name(root):
+    rows = np.random.default_rng(3).random((1000, 10)).astype(np.float32)
+    with ArrayStore(root, durable=False) as store:
+        store.save({"a": rows, "s": np.array(7.5)})
+        store.replace({"a": np.full(10, 2, np.float32)}, 3)  # not synced yet: clone syncs it
+        rows[3] = 2
+        store.clone("a", "b")
+        store.clone("s", "t")
+        assert same(store.load("b"), rows) and same(store.load("t"), np.array(7.5))
+        before = sorted(os.listdir(root))
+        with pytest.raises(FileExistsError, match="already has an array 'b'.*drop"):
+            store.clone("a", "b")
+        with pytest.raises(KeyError, match="no array named 'nope'"):
+            store.clone("nope", "c")
+        with pytest.raises(ValueError, match="invalid array name"):
+            store.clone("a", ".hidden")
+        assert sorted(os.listdir(root)) == before
+        store.append({"b": np.zeros((1, 10), np.float32)})  # the copies are independent
+        assert store.get_shape("a") == (1000, 10) and store.get_shape("b") == (1001, 10)
+    with ArrayStore(root) as store:
+        assert same(store.load("a"), rows) and same(store.load("b")[:1000], rows)
+        with store.batch_mode(), pytest.raises(ArrayStoreBatchError, match="clone"):
+            store.clone("a", "c")
+
+
+@pytest.mark.parametrize("cannot", ["ioctl", "ioctl+copy_file_range"])
+def test_copy_file_falls_back_where_reflink_or_copy_file_range_is_missing(
+    tmp_path, monkeypatch, cannot
+):
+    payload = os.urandom(3 * (1 << 20) + 5)
+    (tmp_path / "source").write_bytes(payload)
+
+    def unsupported(*args):
+        raise OSError(errno.EOPNOTSUPP, "not supported")
+
+    monkeypatch.setattr(fcntl, "ioctl", unsupported)
+    if "copy_file_range" in cannot:
+        monkeypatch.setattr(os, "copy_file_range", unsupported)
+    size, how = copy_file(str(tmp_path / "source"), str(tmp_path / "target"))
+    assert size == len(payload) and (tmp_path / "target").read_bytes() == payload
+    assert how == ("read" if "copy_file_range" in cannot else "copy_file_range")
+    with pytest.raises(FileExistsError, match="cannot copy"):
+        copy_file(str(tmp_path / "source"), str(tmp_path / "target"))

@@ -110,6 +110,14 @@ WORKLOADS = {
     # block that edits rows of one array only is that store's own replace,
     # outside this model: see no_native_row_edits.)
     "batch": BATCH_OPS,
+    # A clone is a one-array save of a copy of the source's files.
+    "clone": [
+        ("save", {"x": A, "y": C}),
+        ("clone", "x", "z"),
+        ("clone", "y", "w"),
+        ("drop", ["x"]),
+        ("clone", "z", "x"),
+    ],
 }
 
 
@@ -148,6 +156,8 @@ def apply_op(store: ArrayStore, op) -> None:
         store.append({op[1]: op[2]})
     elif kind == "droprows":
         store.drop(op[1], op[2])
+    elif kind == "clone":  # ("clone", src, dst): one commit, like a save of dst
+        store.clone(op[1], op[2])
     elif kind == "batch":  # ("batch", [inner ops]): one batch_mode block, one commit
         with store.batch_mode():
             for inner in op[1]:
@@ -184,6 +194,8 @@ def model_op(state: dict, op) -> dict:
         state[op[1]] = np.concatenate([state[op[1]], np.asarray(op[2], state[op[1]].dtype)])
     elif kind == "droprows":
         state[op[1]] = np.delete(state[op[1]], op[2], axis=0)
+    elif kind == "clone":
+        state[op[2]] = state[op[1]].copy()
     elif kind == "batch":
         for inner in op[1]:
             state = model_op(state, inner)
@@ -291,6 +303,8 @@ def op_text(op) -> str:
         return f"wbatch[{','.join(f'{name}[{row}]' for name, row, _ in op[1])}]"
     if op[0] in ("replace", "append", "droprows"):
         return f"{op[0]}({op[1]})"
+    if op[0] == "clone":
+        return f"clone({op[1]}->{op[2]})"
     return f"{op[0]}({','.join(sorted(op[1]))})" if len(op) > 1 else op[0]
 
 
@@ -605,6 +619,7 @@ NOT_DURABLE_WORKLOADS = [
         ("sync",),
     ],
     BATCH_OPS[:3] + [("sync",)] + BATCH_OPS[3:],
+    [("save", {"x": A}), ("clone", "x", "y"), ("sync",), ("drop", ["x"]), ("clone", "y", "x")],
 ]
 
 

@@ -20,7 +20,7 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from ._fs import OsFs
+from ._fs import IoStats, OsFs
 from .converter import build_dense_store
 from .dataset import DenseDataset
 from .zrecord import Zrecord
@@ -44,9 +44,13 @@ class OpenArray:
         self.scalar = scalar
         self.row_bytes = dataset.dtype.itemsize * math.prod(dataset.item_shape)
         self.edited = False  # a row edit since the last sync()
+        self.stats = IoStats()  # the ArrayStore's counters, once it opened this array
+        self.durable = True  # whether each row edit syncs before it returns (the store's option)
 
     @classmethod
-    def open(cls, name: str, path: str, inode: int, fs: OsFs, durable: bool) -> OpenArray:
+    def open(
+        cls, name: str, path: str, inode: int, fs: OsFs, durable: bool, stats: IoStats
+    ) -> OpenArray:
         # Row edits go through the dataset's store handle, so with
         # durable=False that one handle defers its fsyncs.
         dataset = DenseDataset(fs.real_path(path), _durable=durable)
@@ -55,7 +59,9 @@ class OpenArray:
         except BaseException:
             dataset.close()
             raise
-        return cls(name, path, inode, dataset, scalar)
+        entry = cls(name, path, inode, dataset, scalar)
+        entry.stats, entry.durable = stats, durable
+        return entry
 
     @property
     def closed(self) -> bool:
@@ -79,7 +85,41 @@ class OpenArray:
         out = aligned_empty((end - start, *self.dataset.item_shape), self.dataset.dtype)
         if end > start and self.row_bytes:
             self.store.gather(np.arange(start, end, dtype=np.uint64), out)
+            self.stats.read(out.nbytes)
         return out
+
+    def get(self, key: Any) -> Any:  # key and the result: as for DenseDataset[key]
+        """Rows ``key`` of the dataset, counted as one read."""
+        result = self.dataset[key]
+        self.stats.read(np.asarray(result).nbytes)
+        return result
+
+    # ---- row edits (each one native commit, counted in ``stats``)
+
+    def replace(self, indices: npt.NDArray[np.uint64], data: np.ndarray) -> None:
+        self.store.replace(indices, data, self.offsets(indices.size))
+        self._edited(data.nbytes)
+
+    def append(self, data: np.ndarray) -> None:
+        self.store.append(data, self.offsets(len(data)))
+        self._edited(data.nbytes)
+
+    def delete(self, indices: npt.NDArray[np.uint64]) -> None:
+        self.store.delete(indices, keep_order=True)
+        self._edited(0)
+
+    def compact(self) -> None:
+        self.store.compact()
+        self.stats.wrote(0, synced=True)  # the native compaction syncs before it returns
+
+    def sync(self) -> None:
+        self.store.sync()
+        self.stats.synced()
+        self.edited = False
+
+    def _edited(self, nbytes: int) -> None:
+        self.edited = True
+        self.stats.wrote(nbytes, synced=self.durable)
 
     def offsets(self, count: int) -> np.ndarray:
         """Byte offsets of ``count`` packed rows (shared by every array with
@@ -172,7 +212,7 @@ class LazyArray:
             if key is Ellipsis or (isinstance(key, tuple) and key == ()):
                 return entry.read_all()
             raise IndexError(f"array '{entry.name}' is 0-d: index it with [()] or [...]")
-        return entry.dataset[key]
+        return entry.get(key)
 
     def __array__(
         self, dtype: npt.DTypeLike | None = None, copy: bool | None = None

@@ -215,6 +215,57 @@ class OsFs:
 
 
 _READ_PIECE_BYTES = 4096
+_COPY_PIECE_BYTES = 1 << 20
+FICLONE = 0x40049409  # ioctl(dst, FICLONE, src): <linux/fs.h>, _IOW(0x94, 9, int)
+# errnos that say "this file system (or kernel) cannot", not "this copy failed"
+_CANNOT = (errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL, errno.EXDEV, errno.ENOSYS, errno.EBADF)
+
+
+def copy_file(source: str, target: str) -> tuple[int, str]:
+    """Copies the file ``source`` to the new file ``target`` and fsyncs it:
+    a reflink (FICLONE: the blocks are shared, nothing is copied) where the
+    file system supports it, else ``os.copy_file_range`` (the kernel copies,
+    in place where it can), else reads and writes of 1 MiB. Returns the
+    bytes and how (``"reflink"``, ``"copy_file_range"``, ``"read"``). Like
+    zrecord's own I/O, this runs inside a store build, on real paths."""
+    try:
+        with open(source, "rb") as reading, open(target, "xb") as writing:
+            size = os.fstat(reading.fileno()).st_size
+            how = _copy_open(reading.fileno(), writing.fileno(), size)
+            os.fsync(writing.fileno())
+    except OSError as exc:
+        raise _error(exc, f"copy '{source}' to '{target}'") from None
+    return size, how
+
+
+def _copy_open(reading: int, writing: int, size: int) -> str:
+    """Copies ``size`` bytes from descriptor ``reading`` to ``writing``."""
+    if size == 0:
+        return "reflink"
+    try:
+        fcntl.ioctl(writing, FICLONE, reading)
+        return "reflink"
+    except OSError as exc:
+        if exc.errno not in _CANNOT:
+            raise
+    copied = 0
+    try:
+        while copied < size:
+            count = os.copy_file_range(reading, writing, size - copied)
+            if count == 0:
+                raise OSError(errno.EIO, f"the file ended after {copied} of {size} bytes")
+            copied += count
+        return "copy_file_range"
+    except OSError as exc:
+        if copied or exc.errno not in _CANNOT:
+            raise
+    while copied < size:
+        piece = os.read(reading, min(_COPY_PIECE_BYTES, size - copied))
+        if not piece:
+            raise OSError(errno.EIO, f"the file ended after {copied} of {size} bytes")
+        os.write(writing, piece)  # a regular file takes the whole piece
+        copied += len(piece)
+    return "read"
 
 
 def read_at_most(path: str, bytes_max: int) -> bytes:
@@ -245,6 +296,11 @@ def _fsync(path: str, flags: int, thing: str) -> None:
         raise _error(exc, f"fsync {thing} (its changes may not be on disk)") from None
     finally:
         os.close(descriptor)
+
+
+def fsync_directory(path: str) -> None:
+    """fsyncs the real directory ``path`` (its entries), for a store build."""
+    _fsync(path, os.O_RDONLY | os.O_DIRECTORY, f"directory '{path}'")
 
 
 OS_FS = OsFs()
@@ -456,3 +512,87 @@ class DirectorySwap:
                     self.fs.rmtree(self.staging)
         finally:
             self.fs.unlock(self._handle)
+
+
+# ---- I/O statistics ------------------------------------------------------------------
+
+
+class IoStats:
+    """Counters of one ArrayStore since it was opened (``get_io_stats``).
+
+    ``calls`` counts every call of the file-system seam and every native
+    read or write of array rows; ``reads``/``bytes_read`` the seam's file
+    reads and the native gathers (bytes: of the rows returned);
+    ``writes``/``bytes_written`` the seam's file writes, each array
+    directory built or cloned (bytes: its files' sizes) and each native
+    row edit (bytes: of the rows given); ``syncs``
+    the seam's fsyncs, each native ``sync()`` and each native row edit of a
+    ``durable=True`` store (which syncs before it returns)."""
+
+    FIELDS = ("bytes_read", "bytes_written", "reads", "writes", "syncs", "calls")
+
+    def __init__(self) -> None:
+        self.bytes_read = self.bytes_written = 0
+        self.reads = self.writes = self.syncs = self.calls = 0
+
+    def read(self, nbytes: int) -> None:
+        self.calls += 1
+        self.reads += 1
+        self.bytes_read += nbytes
+
+    def wrote(self, nbytes: int, synced: bool = False) -> None:
+        self.calls += 1
+        self.writes += 1
+        self.bytes_written += nbytes
+        self.syncs += int(synced)
+
+    def synced(self) -> None:
+        self.calls += 1
+        self.syncs += 1
+
+    def as_dict(self) -> dict[str, int]:
+        return {field: getattr(self, field) for field in self.FIELDS}
+
+
+class CountingFs:
+    """A file-system seam that forwards every call to ``inner`` and counts
+    it in ``stats`` (reads, writes and fsyncs by kind; see ``IoStats``)."""
+
+    def __init__(self, inner: OsFs, stats: IoStats) -> None:
+        self._inner = inner
+        self._stats = stats
+
+    def __getattr__(self, attribute: str) -> Any:
+        value = getattr(self._inner, attribute)
+        if not callable(value):
+            return value
+        stats = self._stats
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            stats.calls += 1
+            return value(*args, **kwargs)
+
+        return counted
+
+    def read_file(self, path: str, bytes_max: int) -> bytes:
+        payload = self._inner.read_file(path, bytes_max)
+        self._stats.read(len(payload))
+        return payload
+
+    def write_new(self, path: str, payload: bytes) -> None:
+        self._inner.write_new(path, payload)
+        self._stats.wrote(len(payload))
+
+    def build_store(self, path: str, build: Callable[[str], None]) -> None:
+        self._inner.build_store(path, build)
+        inner = self._inner
+        files = [os.path.join(path, item) for item in inner.listdir(path)]
+        self._stats.wrote(sum(inner.stat(file).st_size for file in files if inner.isfile(file)))
+
+    def fsync_file(self, path: str) -> None:
+        self._inner.fsync_file(path)
+        self._stats.synced()
+
+    def fsync_dir(self, path: str) -> None:
+        self._inner.fsync_dir(path)
+        self._stats.synced()

@@ -21,12 +21,13 @@ holds the lock.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import math
 import os
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Any, Callable, overload
+from typing import Any, Callable, cast, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -51,10 +52,17 @@ from ._arraycommit import (
 from ._arraycommit import LOCK_FILE as LOCK_FILE
 from ._arraycommit import MARKER_FILE as MARKER_FILE
 from ._arrayio import CorruptPackError, RowSource
-from ._arrayview import STREAM_BYTES, LazyArray, OpenArray, coerce_rows, write_array
+from ._arrayview import (
+    STREAM_BYTES,
+    LazyArray,
+    OpenArray,
+    coerce_rows,
+    write_array,
+)
 from ._checks import check_flag, check_int
-from ._fs import OS_FS, OsFs
+from ._fs import OS_FS, CountingFs, IoStats, OsFs
 from ._indexing import int_index, is_int, record_indices
+from .converter import clone_array
 from .dataset import SCHEMA_FILE, DenseDataset, StrPath
 from .zrecord import CODECS, CorruptStoreError, StoreClosedError
 
@@ -88,7 +96,9 @@ class ArrayStore:
         self.path = os.fspath(path)
         # durable="no" is truthy: refused, not taken as True.
         self.durable = check_flag("durable", durable)
-        self._fs = _fs  # the file-system seam; tests pass a simulated disk
+        self._io = IoStats()  # get_io_stats(): counted at the seam and around native calls
+        # The file-system seam (tests pass a simulated disk), counting its calls.
+        self._fs = _fs = cast(OsFs, CountingFs(_fs, self._io))
         self._lock = threading.RLock()
         self._arrays: dict[str, OpenArray] = {}
         self._closed = False
@@ -127,8 +137,7 @@ class ArrayStore:
     def _sync_arrays(self) -> None:
         for entry in self._arrays.values():
             if entry.edited and not entry.closed:
-                entry.store.sync()
-                entry.edited = False
+                entry.sync()
         self._commits.sync_root()  # the renames of one-array saves and drops
 
     @property
@@ -227,7 +236,7 @@ class ArrayStore:
         if entry.scalar:
             raise IndexError(f"array '{name}' is 0-d: it has no rows; load it with load('{name}')")
         try:
-            return entry.dataset[idx]
+            return entry.get(idx)
         except IndexError as exc:
             raise IndexError(f"array '{name}': {exc}") from None
 
@@ -266,6 +275,13 @@ class ArrayStore:
             }
         format_fields = {"format": FORMAT_NAME, "version": FORMAT_VERSION}
         return {**format_fields, "path": self.path, "arrays": arrays}
+
+    def get_io_stats(self) -> dict[str, int]:
+        """What this ArrayStore did since it was opened: ``bytes_read``,
+        ``bytes_written``, ``reads``, ``writes``, ``syncs`` and ``calls``,
+        counted at the file-system seam and around the native calls that read
+        or write rows (the ArrayStore guide says exactly what each counts)."""
+        return self._io.as_dict()
 
     def stream_load(self, name: str, buffer_size: int | None = None) -> Iterator[npt.NDArray[Any]]:
         """Iterates over ``name`` in chunks of at most ``buffer_size`` rows
@@ -337,8 +353,7 @@ class ArrayStore:
                 plans.append((entry, *_last_wins(indices, data, idx)))
             for entry, indices, data in plans:
                 if indices.size:
-                    entry.store.replace(indices, data, entry.offsets(indices.size))
-                    entry.edited = True
+                    entry.replace(indices, data)
 
     def append(self, arrays: Mapping[str, npt.ArrayLike]) -> None:
         """Appends rows to each named (existing) array."""
@@ -361,8 +376,7 @@ class ArrayStore:
                 plans.append((entry, entry.rows(rows, None, "append")))
             for entry, data in plans:
                 if len(data):
-                    entry.store.append(data, entry.offsets(len(data)))
-                    entry.edited = True
+                    entry.append(data)
 
     # rows: as for DenseDataset[rows]
     def drop(self, name: str | list[str] | tuple[str, ...], rows: Any = None) -> None:
@@ -391,8 +405,36 @@ class ArrayStore:
                 plans.append((entry, _row_indices(rows, len(entry.dataset), entry.name)))
             for entry, indices in plans:
                 if indices.size:
-                    entry.store.delete(indices, keep_order=True)
-                    entry.edited = True
+                    entry.delete(indices)
+
+    def clone(self, src: str, dst: str) -> None:
+        """Creates the array ``dst`` with the contents of ``src``: one commit
+        like a ``save`` (a crash or power cut leaves no ``dst`` or the whole
+        copy), durable when it returns (``durable=False``: at ``sync()``).
+        Each file is a reflink where the file system supports them (the
+        blocks are shared until either array changes), else a kernel copy
+        of its bytes. FileExistsError when ``dst`` exists: drop it first."""
+        _check_name(src)
+        _check_name(dst)
+        self._refuse_in_batch("clone()")  # one commit of its own
+        with self._lock:
+            self._begin_write()
+            entry = self._entry(src)  # KeyError when there is none
+            if self.has_array(dst):
+                raise FileExistsError(
+                    errno.EEXIST,
+                    f"cannot clone '{src}' to '{dst}': ArrayStore '{self.path}' already has an "
+                    f"array '{dst}'; drop('{dst}') it first, or clone to a new name",
+                )
+            if entry.edited:
+                entry.sync()  # the copy starts from a durable source
+            fs = self._fs
+            files = sorted(fs.listdir(entry.path))
+            version = tuple(
+                (item, fs.stat(os.path.join(entry.path, item)).st_size) for item in files
+            ) + (zrecord.modified_ns(entry.path, fs),)
+            build = functools.partial(clone_array, source=fs.real_path(entry.path), version=version)
+            self._commit({dst: build}, [])
 
     def compact(self) -> None:
         """Reclaims the space of replaced and dropped rows in every array."""
@@ -400,7 +442,7 @@ class ArrayStore:
         with self._lock:
             self._begin_write()
             for name in self.get_member_list():
-                self._entry(name).store.compact()
+                self._entry(name).compact()
 
     def reset(self) -> None:
         """Drops every array."""
@@ -472,8 +514,7 @@ class ArrayStore:
             ((name, (indices, rows)),) = plan.rows.items()
             entry = self._entry(name)
             data = np.ascontiguousarray(rows)
-            entry.store.replace(indices, data, entry.offsets(indices.size))
-            entry.edited = True
+            entry.replace(indices, data)
             return
         builds: dict[str, Callable[..., None]] = {
             name: functools.partial(write_array, array=array, codec=codec)
@@ -629,7 +670,7 @@ class ArrayStore:
                 self._require(name)
             assert inode is not None  # _require raised otherwise
             try:
-                entry = OpenArray.open(name, path, inode, self._fs, self.durable)
+                entry = OpenArray.open(name, path, inode, self._fs, self.durable, self._io)
             except FileNotFoundError:  # gone since (KeyError), or its schema is: damage
                 self._require(name)
                 raise CorruptStoreError(

@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._checks import check_int
-from ._fs import OS_FS, OsFs, write_file_durable
+from ._fs import OS_FS, OsFs, copy_file, fsync_directory, read_at_most, write_file_durable
 from ._remote import is_remote
 from ._upload import SHARD_BYTES
 from ._upload import write_store as write_remote_store
@@ -565,6 +565,31 @@ def build_dense_store(
             end = min(row_count, start + per_append)
             store.append(rows(start, end), offsets[: end - start])
         store.sync()
+
+
+def clone_array(
+    path: str, source: str, version: object = None, generation: str | None = None
+) -> None:
+    """Writes a copy of the array directory ``source`` (a real path) at the
+    new ``path``, each file by ``_fs.copy_file`` (a reflink where the file
+    system has them) and fsynced, and the directory fsynced: complete and
+    durable when it returns. The schema file is written anew with
+    ``generation`` (what a commit record names the copy by). ``version``
+    (ignored here) fingerprints the source, so that a simulated disk
+    memoising builds by their arguments tells its states apart."""
+    del version
+    os.mkdir(path)
+    for item in sorted(os.listdir(source)):
+        origin = os.path.join(source, item)
+        if item == SCHEMA_FILE or not os.path.isfile(origin):
+            continue
+        copy_file(origin, os.path.join(path, item))
+    schema = msgpack.unpackb(read_at_most(os.path.join(source, SCHEMA_FILE), 1 << 16), raw=False)
+    if not isinstance(schema, dict):
+        raise ValueError(f"the schema file of '{source}' is damaged: it is not a map")
+    fields = {**schema, **({"generation": generation} if generation is not None else {})}
+    write_file_durable(os.path.join(path, SCHEMA_FILE), msgpack.packb(fields, use_bin_type=True))
+    fsync_directory(path)
 
 
 def _forced_schema(
