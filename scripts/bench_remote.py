@@ -422,16 +422,16 @@ def open_loaderx(spec: dict):
         )
     mode = {"iid": "iid", "cyclic": "cyclic", "native": "block"}[spec["order"]]
     loader = None
-    # As a user would: the most shards per block and workers whose steps in
-    # flight need at most half the budget (Belady keeps the other half for
-    # shards read again; at a tight fit workers evict each other's shards:
-    # 1.34x the data per epoch at 10% with 4 workers against 1.00x with 1),
-    # else the smallest working set the loader accepts.
+    # As the remote guide says: the most shards per block and workers whose
+    # steps in flight read at most a quarter of the budget (Belady keeps the
+    # rest for shards read again; at a tight fit workers evict each other's
+    # shards: 1.34x the data per epoch at 10% with 4 workers against 1.00x
+    # with 1), else the smallest working set the loader accepts.
     tries = [(4, 4), (2, 4), (1, 4), (1, 2), (1, 1)] if mode == "block" else [(None, 4)]
     if mode == "block":
         rows = dataset.store.manifest.rows
         shard = max(unit.length for unit in dataset.store.units)
-        roomy = [t for t in tries if working_set(rows, *t) * shard <= spec["budget"] // 2]
+        roomy = [t for t in tries if working_set(rows, *t) * shard <= spec["budget"] // 4]
         tries = roomy[:1] + sorted(tries, key=lambda t: working_set(rows, *t))
     for at, (per_block, workers) in enumerate(tries):
         options = {} if per_block is None else {"shards_per_block": per_block}
@@ -930,8 +930,8 @@ def bench(options: argparse.Namespace) -> tuple[str, dict]:
         + "\n\nBytes and requests are counted at the server (response bodies; every method). "
         "Budgets are of what each tool stores (its uploaded objects); fetched / delivered "
         "and epoch 2 are of the records' bytes. loaderx's block order takes the most shards "
-        "per block (4, 2, 1) and workers (4, 2, 1) whose steps in flight need at most half "
-        "the budget. "
+        "per block (4, 2, 1) and workers (4, 2, 1) whose steps in flight read at most a "
+        "quarter of the budget. "
         "iid/cyclic: loaderx's sampler modes, the "
         "contenders' random access to the same seeded indices; native: each tool's own "
         f"shuffled order for remote data. Per-run timeout {options.timeout:.0f} s."
