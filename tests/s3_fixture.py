@@ -12,8 +12,10 @@ these fixtures skip and say why.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import itertools
+import os
 import threading
 import urllib.request
 
@@ -129,3 +131,22 @@ class MemorySource:
 
     def delete(self, key):
         del self.objects[key]
+
+
+def bytes_under(directory) -> int:
+    """The bytes of the files under a cache ``directory``, a consistent
+    snapshot: taken holding the cache's directory lock, as any process
+    sharing it would."""
+    directory = str(directory)
+    lock = os.path.join(directory, "lock")
+    if not os.path.exists(lock):
+        return 0
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        total = 0
+        for root, _, files in os.walk(directory):
+            total += sum(os.lstat(os.path.join(root, name)).st_size for name in files)
+        return total
+    finally:
+        os.close(fd)

@@ -5,7 +5,6 @@ killed process, and two processes sharing one cache directory."""
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import itertools
 import json
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import s3_fixture
+from s3_fixture import bytes_under
 
 from loaderx import _cache, _remote
 from loaderx._cache import CacheBusyError, CacheTooSmallError, Plan, UnitCache
@@ -32,23 +32,6 @@ WORKER_SECONDS = 60
 
 class MemorySource(s3_fixture.MemorySource):
     url = "mem://cache-test"
-
-
-def bytes_under(directory) -> int:
-    """The bytes of the files under ``directory``, a consistent snapshot: taken
-    holding the cache's directory lock, as any process sharing it would."""
-    lock = os.path.join(directory, "lock")
-    if not os.path.exists(lock):
-        return 0
-    fd = os.open(lock, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        total = 0
-        for root, _, files in os.walk(directory):
-            total += sum(os.lstat(os.path.join(root, name)).st_size for name in files)
-        return total
-    finally:
-        os.close(fd)
 
 
 def uniform(count, size=100):

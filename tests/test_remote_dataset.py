@@ -7,7 +7,6 @@ resume, the CLI on a URL, and corrupted objects on the server."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import pickle
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from s3_fixture import bytes_under
 
 import loaderx
 from loaderx import _remote, cli, shards
@@ -33,23 +33,6 @@ WORKER = HERE / "remote_worker.py"
 WORKER_SECONDS = 60
 DENSE_ROWS, DENSE_SHARDS = 2000, 8
 BATCH = 64
-
-
-def bytes_under(directory) -> int:
-    """The bytes of the files under ``directory``, taken under the cache's lock."""
-    directory = str(directory)
-    lock = os.path.join(directory, "lock")
-    if not os.path.exists(lock):
-        return 0
-    fd = os.open(lock, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        total = 0
-        for root, _, files in os.walk(directory):
-            total += sum(os.lstat(os.path.join(root, name)).st_size for name in files)
-        return total
-    finally:
-        os.close(fd)
 
 
 def deleted_mappings(directory) -> set[str]:
