@@ -55,9 +55,9 @@ from ._remote import (
 from .schema import Schema, read_schema
 from .sharded import (
     MANIFEST_FILE,
-    SHARD_COUNT_MAX,
     SHARD_PATTERN,
     Manifest,
+    numbers_to_commit,
     pack_manifest,
     parse_manifest,
     shard_name,
@@ -440,7 +440,13 @@ def commit(url: str, shard_count: int | None, storage_options: dict[str, Any] | 
 def commit_source(source: ObjectSource, shard_count: int | None) -> int:
     listed = _listing(source)
     records = _shard_records(source, listed)
-    numbers = _numbers(source.url, sorted(records), shard_count)
+    numbers = numbers_to_commit(
+        source.url,
+        sorted(records),
+        shard_count,
+        "uploaded",
+        "not uploaded (or their upload did not finish)",
+    )
     names = [shard_name(number) for number in numbers]
     schemas = [
         Schema.from_dict(records[n]["schema"], where=f"the upload record of {shard_name(n)}")
@@ -467,25 +473,6 @@ def commit_source(source: ObjectSource, shard_count: int | None) -> int:
     one_part = len(payload) <= MULTIPART_BYTES  # else: checked by its size
     put_checked(source, MANIFEST_FILE, payload, len(payload), md5 if one_part else None)
     return sum(rows)
-
-
-def _numbers(url: str, present: list[int], shard_count: int | None) -> list[int]:
-    if shard_count is None:
-        if not present:
-            raise ValueError(
-                f"{url} has no uploaded shards to commit: write shards with write_shard first"
-            )
-        shard_count = present[-1] + 1
-    if not 1 <= shard_count <= SHARD_COUNT_MAX:
-        raise ValueError(f"shard_count must be 1 to {SHARD_COUNT_MAX}, got {shard_count}")
-    missing = sorted(set(range(shard_count)) - set(present))
-    if missing:
-        shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
-        raise ValueError(
-            f"cannot commit {url}: shards {shown} are not uploaded (or their upload did not "
-            "finish): write them (write_shard) and commit again"
-        )
-    return list(range(shard_count))
 
 
 def write_store(

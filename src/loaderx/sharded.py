@@ -63,6 +63,7 @@ __all__ = [
     "ShardedStore",
     "ShardsView",
     "is_sharded",
+    "numbers_to_commit",
     "pack_manifest",
     "parse_manifest",
     "read_manifest",
@@ -101,6 +102,32 @@ def shard_name(k: int) -> str:
 def is_sharded(path: StrPath, *, _fs: OsFs = OS_FS) -> bool:
     """True when ``path`` is a committed sharded dataset (it has a manifest)."""
     return _fs.isfile(os.path.join(os.fspath(path), MANIFEST_FILE))
+
+
+def numbers_to_commit(
+    where: str, present: list[int], shard_count: Any, absent: str, unfinished: str
+) -> list[int]:  # Any: checked here
+    """The shard numbers a commit of ``where`` lists: 0 to ``shard_count`` - 1
+    (default: through the last of ``present``), each of them present;
+    ValueError otherwise. ``absent`` and ``unfinished`` say in the messages
+    what a missing shard is (not written; not uploaded)."""
+    if shard_count is None:
+        if not present:
+            raise ValueError(
+                f"{where} has no {absent} shards to commit: write shards with write_shard first"
+            )
+        shard_count = present[-1] + 1
+    shard_count = operator.index(shard_count)
+    if not 1 <= shard_count <= SHARD_COUNT_MAX:
+        raise ValueError(f"shard_count must be 1 to {SHARD_COUNT_MAX}, got {shard_count}")
+    missing = sorted(set(range(shard_count)) - set(present))
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+        raise ValueError(
+            f"cannot commit {where}: shards {shown} are {unfinished}: write them (write_shard) "
+            "and commit again"
+        )
+    return list(range(shard_count))
 
 
 def shard_number(k: Any) -> int:  # Any: checked here

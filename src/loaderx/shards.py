@@ -27,7 +27,6 @@ store; a batch that spans shards is one native call (zig/shards.zig).
 
 from __future__ import annotations
 
-import operator
 import os
 from typing import Any, TextIO
 
@@ -79,6 +78,7 @@ from .sharded import (
 from .sharded import (
     is_sharded as is_sharded,
 )
+from .sharded import numbers_to_commit
 from .sharded import (
     pack_manifest as pack_manifest,
 )
@@ -344,23 +344,10 @@ def _is_dense_source(data: object) -> bool:
 
 
 def _numbers_to_commit(dataset_dir: str, present: list[int], shard_count: int | None) -> list[int]:
-    if shard_count is None:
-        if not present:
-            raise ValueError(
-                f"'{dataset_dir}' has no complete shards to commit: write shards with write_shard "
-                "first"
-            )
-        shard_count = present[-1] + 1
-    shard_count = operator.index(shard_count)
-    if not 1 <= shard_count <= SHARD_COUNT_MAX:
-        raise ValueError(f"shard_count must be 1 to {SHARD_COUNT_MAX}, got {shard_count}")
-    missing = sorted(set(range(shard_count)) - set(present))
-    if missing:
-        shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
-        raise ValueError(
-            f"cannot commit '{dataset_dir}': shards {shown} are missing or unfinished: write them "
-            "(write_shard) and commit again"
-        )
+    numbers = numbers_to_commit(
+        f"'{dataset_dir}'", present, shard_count, "complete", "missing or unfinished"
+    )
+    shard_count = len(numbers)
     extra = [number for number in present if number >= shard_count]
     if extra:
         raise ValueError(
