@@ -257,9 +257,12 @@ def prepare_target(source: ObjectSource) -> Manifest | None:
 
 
 def _check_empty(source: ObjectSource) -> None:
-    """Refuses a prefix that holds objects loaderx did not write there."""
+    """Refuses a prefix that holds objects loaderx did not write there. A
+    marker in the listing is another writer's (a parallel shard task) that
+    marked the prefix since our ``head``: its marker goes up before any other
+    object, so a listing that shows its objects shows the marker too."""
     listed = source.list()
-    if listed:
+    if listed and not any(info.key == MARKER_KEY for info in listed):
         raise FileExistsError(
             f"{source.url} holds objects that are not a loaderx dataset (e.g. {listed[0].key}): "
             "give a new or empty prefix"
