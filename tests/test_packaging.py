@@ -194,9 +194,10 @@ def test_baseline_runs_on_a_cpu_without_avx():
         [*emulated, sys.executable, "-c", "import numpy"], capture_output=True, timeout=600
     )
     if numpy_only.returncode in (-4, 128 + 4):
+        version = importlib.metadata.version("numpy")
         pytest.skip(
-            f"NumPy {importlib.metadata.version('numpy')} here dies with SIGILL on an emulated Nehalem before loaderx "
-            "loads: the baseline build cannot be checked with this NumPy"
+            f"NumPy {version} here dies with SIGILL on an emulated Nehalem before loaderx loads: "
+            "the baseline build cannot be checked with this NumPy"
         )
     native = smoke(_native.BASELINE)
     result = smoke(_native.BASELINE, *emulated)
