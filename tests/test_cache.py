@@ -14,6 +14,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -134,6 +135,47 @@ def test_pinned_units_survive_eviction_pressure(tmp_path):
         for pin in other + [held]:
             pin.release()
         cache.acquire(units[3]).release()
+
+
+def test_usage_never_counts_an_eviction_twice(tmp_path, monkeypatch):
+    """usage() while another thread evicts a unit and reserves its replacement
+    between the scans of units/ and tmp/: the sum is one the directory held
+    (CI once saw 8,000 bytes under a 6,000-byte budget this way)."""
+    source, units = uniform(4, size=2000)
+    arrived = threading.Event()
+    get = source.get
+
+    def slow_get(key, etag=None):
+        arrived.wait(5)  # the replacement's .part stays reserved until usage() is done
+        return get(key, etag)
+
+    with UnitCache(tmp_path / "c", 6000, source, prefetch_threads=0) as cache:
+        for unit in units[:3]:
+            cache.acquire(unit).release()
+        part = tmp_path / "c" / "tmp" / (units[3].name(cache.url) + _cache.PART_SUFFIX)
+        source.get = slow_get
+        evictor = threading.Thread(target=lambda: cache.acquire(units[3]).release())
+        original = _cache._bytes_under
+        scans = []
+
+        def scan(folder):
+            total = original(folder)
+            scans.append(folder)
+            if len(scans) == 1:  # units/ counted: now evict one and reserve another
+                evictor.start()
+                deadline = time.monotonic() + 0.5  # blocked by the lock usage() holds
+                while not part.exists() and time.monotonic() < deadline:
+                    time.sleep(0.005)
+            return total
+
+        monkeypatch.setattr(_cache, "_bytes_under", scan)
+        measured = cache.usage()
+        monkeypatch.undo()
+        arrived.set()
+        evictor.join(5)
+        assert not evictor.is_alive() and cache.resident(units[3])
+        assert measured <= 6000, measured
+        assert cache.usage() == 6000
 
 
 def test_budget_below_a_step_is_refused_at_construction(tmp_path):

@@ -480,8 +480,14 @@ class UnitCache:
                     fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def usage(self) -> int:
-        """Bytes of the files under the directory (units and reservations)."""
-        return _bytes_under(self._units_dir) + _bytes_under(self._tmp_dir)
+        """Bytes of the files under the directory (units and reservations),
+        counted under the directory lock: two scans without it can count one
+        eviction's victim in ``units/`` and its replacement's ``.part`` in
+        ``tmp/`` both, a sum the directory never held."""
+        if self._lock_fd < 0:  # closed: no download of ours is under way
+            return _bytes_under(self._units_dir) + _bytes_under(self._tmp_dir)
+        with self.locked():
+            return _bytes_under(self._units_dir) + _bytes_under(self._tmp_dir)
 
     def _clean_leftovers(self) -> None:
         """Delete the ``.part`` files no live process holds (a killed download)
