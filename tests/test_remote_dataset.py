@@ -15,14 +15,15 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-from s3_fixture import bytes_under
+from s3_fixture import REQUESTS, bytes_under, requests_to
 
 import loaderx
-from loaderx import _remote, cli, shards
+from loaderx import _cache, _remote, _remote_dataset, _upload, cli, shards
 from loaderx._cache import CacheTooSmallError
 from loaderx._remote import Fault, FaultySource, RetryingSource
 
@@ -238,6 +239,33 @@ def test_budget_below_what_a_step_needs_is_refused_at_build(tmp_path, local):
         loaderx.DataLoader({"x": some}, mode="IID", batch_size=BATCH, num_workers=4)
 
 
+def test_a_budget_without_headroom_warns_once_at_build(tmp_path, local):
+    """IID reads every shard each step: with the whole dataset's budget, the
+    steps in flight need all of it (more than half), so building the loader
+    warns once, from the user's call, with the numbers and what to change;
+    twice the dataset is quiet, and so is a later re-plan."""
+    total = sum(shard_bytes(local / "dense") for _ in range(DENSE_SHARDS))
+    tight = loaderx.DenseDataset(url(local / "dense"), cache_dir=tmp_path / "a", cache_bytes=total)
+    need = sum(unit.length for unit in tight.store.units)
+    with pytest.warns(loaderx.CacheHeadroomWarning) as caught:
+        loader = loaderx.DataLoader({"x": tight}, mode="IID", batch_size=BATCH, num_workers=4)
+    assert len(caught) == 1 and caught[0].filename == __file__
+    message = str(caught[0].message)
+    assert f"read up to {need} bytes at once ({DENSE_SHARDS} shards" in message
+    assert f"cache_bytes={total}" in message and f"at least {2 * need}" in message
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", loaderx.CacheHeadroomWarning)
+        for _ in range(3 * _remote_dataset.PLAN_STEPS // 4):  # past a re-plan
+            next(loader)
+        loader.close()
+        roomy = loaderx.DenseDataset(
+            url(local / "dense"), cache_dir=tmp_path / "b", cache_bytes=2 * need
+        )
+        loaderx.DataLoader({"x": roomy}, mode="IID", batch_size=BATCH, num_workers=4).close()
+    tight.close()
+    roomy.close()
+
+
 # ---- processes, faults, corruption
 
 
@@ -372,27 +400,106 @@ def test_cli_info_and_verify_on_a_url(tmp_path, local, capsys):
 
 def test_written_to_s3_reads_back_and_a_flipped_superblock_is_refused(tmp_path, s3):
     """from_numpy to an S3 URL, then DenseDataset on it: the rows come back.
-    A superblock flipped on the server (which a store alone can open at its
-    older, empty generation) fails the manifest's SHA-256 on every fetch:
-    RemoteIntegrityError naming the object, never an empty or wrong read."""
+    A superblock flipped on the server, inside its shard's bundle (a store
+    alone can open it at its older, empty generation), fails the bundle's
+    SHA-256 on every fetch: RemoteIntegrityError naming the object, after
+    FETCH_ATTEMPTS gets of it, never an empty or wrong read."""
     rows = dense_rows()
     target = s3.url("written")
     loaderx.from_numpy(target, rows, codec="raw", shard_bytes=rows.nbytes // 4, progress=False)
     remote = loaderx.DenseDataset(target, cache_dir=tmp_path / "c")
-    assert remote.store.manifest.files is not None and len(remote.store.units) == 4
+    manifest = remote.store.manifest
+    assert manifest.files is not None and len(remote.store.units) == 4
     assert np.array_equal(remote[:], rows)
     remote.close()
     source = _remote.open_source(target)
-    key = "shard-00001/superblock"
+    key = "shard-00001/shard.lxs"
     payload = bytearray(source.get(key))
-    payload[4096 + 64] ^= 0x01  # slot 1: the newest generation's fields
+    at = manifest.bundles["shard-00001"].offsets["superblock"]
+    payload[at + 4096 + 64] ^= 0x01  # slot 1: the newest generation's fields
     source.put(key, bytes(payload))
     remote = loaderx.DenseDataset(target, cache_dir=tmp_path / "fresh")
     first = len(rows) // 4
     assert np.array_equal(remote[:first], rows[:first])  # shard 0 is intact
-    with pytest.raises(loaderx.RemoteIntegrityError, match="shard-00001/superblock"):
+    since = len(REQUESTS)
+    with pytest.raises(loaderx.RemoteIntegrityError, match="shard-00001/shard.lxs: the SHA-256"):
         remote[first : first + 10]
+    gets = [path for method, path, _ in requests_to(s3.bucket, since) if method == "GET"]
+    assert gets == [f"/{s3.bucket}/written/{key}"] * _cache.FETCH_ATTEMPTS
+    assert bytes_under(remote.store.cache_directory) == remote.store.cache.usage()
+    assert not any(remote.store.cache.resident(unit) for unit in remote.store.units[1:2])
     remote.close()
+
+
+def test_a_bundled_shard_fetch_is_one_get_and_the_stream_is_local(tmp_path, s3):
+    """Written to S3, each shard is one object: opening costs one listing
+    and one get of the manifest, and each shard fetch is exactly one GET at
+    the server (no HEAD, no listing), under a budget of two shards of four
+    that holds after every batch; the stream equals the local one bit for
+    bit (SEQUENTIAL with evictions, IID with every shard resident)."""
+    rows = dense_rows()
+    target = s3.url("bundled")
+    loaderx.from_numpy(target, rows, codec="raw", shard_bytes=rows.nbytes // 4, progress=False)
+    loaderx.from_numpy(tmp_path / "local", rows, codec="raw", progress=False)
+    since = len(REQUESTS)
+    remote = loaderx.DenseDataset(target, cache_dir=tmp_path / "c")
+    opened = [(method, path) for method, path, _ in requests_to(s3.bucket, since)]
+    assert opened == [("GET", f"/{s3.bucket}"), ("GET", f"/{s3.bucket}/bundled/manifest.msgpack")]
+    one = max(unit.length for unit in remote.store.units)
+    assert len(remote.store.units) == 4 and all(u.bundle is not None for u in remote.store.units)
+    remote.close()
+    for mode, budget, steps in (
+        ("SEQUENTIAL", 2 * one, 2 * (DENSE_ROWS // BATCH)),
+        ("IID", 4 * one, 40),
+    ):
+        remote = loaderx.DenseDataset(target, cache_dir=tmp_path / mode, cache_bytes=budget)
+        since = len(REQUESTS)
+        loader = loaderx.DataLoader({"x": remote}, mode=mode, batch_size=BATCH, num_workers=2)
+        expected = loaderx.DataLoader(
+            {"x": loaderx.DenseDataset(tmp_path / "local")}, mode=mode, batch_size=BATCH
+        )
+        for step in range(steps):
+            assert np.array_equal(next(loader)["x"], next(expected)["x"]), (mode, step)
+            assert bytes_under(remote.store.cache_directory) <= budget, (mode, step)
+        loader.close()
+        expected.close()
+        stats = remote.store.cache.stats
+        seen = requests_to(s3.bucket, since)
+        assert all(method == "GET" and "/bundled/shard-" in path for method, path, _ in seen)
+        assert all(path.endswith("/shard.lxs") for _, path, _ in seen), seen
+        assert len(seen) == stats.fetches and stats.refetches == 0, (mode, seen, stats)
+        if mode == "SEQUENTIAL":  # each shard once an epoch (and the next epoch's first)
+            assert stats.evictions > 0 and 8 <= len(seen) <= 9, seen
+        else:
+            assert len(seen) == 4  # every shard once: they all fit
+        remote.close()
+
+
+def test_the_unbundled_layout_still_reads_at_a_get_per_file(tmp_path, s3, monkeypatch):
+    """A dataset uploaded one object per file (as ``aws s3 sync`` of a local
+    one, or loaderx before bundles; here a writer told not to bundle) reads
+    the same rows as the bundled one, at a get per file of each shard, while
+    the bundled one costs one get per shard."""
+    rows = dense_rows()
+    loaderx.from_numpy(
+        s3.url("one"), rows, codec="raw", shard_bytes=rows.nbytes // 4, progress=False
+    )
+    monkeypatch.setattr(_upload, "BUNDLE_SCHEMES", frozenset())
+    loaderx.from_numpy(
+        s3.url("many"), rows, codec="raw", shard_bytes=rows.nbytes // 4, progress=False
+    )
+    gets = {}
+    for name in ("one", "many"):
+        remote = loaderx.DenseDataset(s3.url(name), cache_dir=tmp_path / name)
+        assert (remote.store.manifest.bundles is None) == (name == "many")
+        since = len(REQUESTS)
+        assert np.array_equal(remote[:], rows)
+        gets[name] = [p for m, p, _ in requests_to(s3.bucket, since) if m == "GET"]
+        remote.close()
+    assert len(gets["one"]) == 4
+    files = sorted(p.rsplit("/", 1)[1] for p in gets["many"] if "/shard-00000/" in p)
+    assert {"lock", "schema.msgpack", "superblock"} < set(files) and len(files) >= 4, files
+    assert len(gets["many"]) == 4 * len(files)
 
 
 def test_block_order_streams_from_half_a_dataset_fetching_only_what_did_not_fit(tmp_path):
