@@ -280,8 +280,23 @@ def write(spec: dict) -> dict:
         for k, start in enumerate(range(0, count, rows)):
             block = records(np.arange(start, min(start + rows, count)))
             shards.write_shard(out, k, block, codec="raw")
+            if spec.get("remote_url"):  # loaderx's own upload: one object per shard
+                staging = out.parent / "staging"
+                shards.write_shard(spec["remote_url"], k, block, codec="raw", staging_dir=staging)
         shards.commit(out)
+        if spec.get("remote_url"):
+            shards.commit(spec["remote_url"])
+            return {"shards": shard_sizes(out), **uploaded(spec["remote_url"])}
     return {"shards": shard_sizes(out)}
+
+
+def uploaded(url: str) -> dict:
+    """The objects and bytes loaderx's writer left at ``url`` (shards, their
+    upload records, the manifest and the marker)."""
+    from loaderx._remote import open_source
+
+    listed = open_source(url).list()
+    return {"objects": len(listed), "uploaded": sum(info.size for info in listed)}
 
 
 def shard_sizes(out: Path) -> list[int]:
@@ -830,11 +845,16 @@ def prepare(context: Context, tool: Tool, lines: list[str]) -> bool:
     out = context.work / "data" / tool.name
     spec = {"action": "write", "tool": tool.name, "out": str(out), "records": context.count}
     spec.update(tool.write, bypass=probed.get("bypass", False))
+    if tool.name == "loaderx":  # written to S3 by loaderx itself (bundled shards)
+        spec["remote_url"] = f"s3://{BUCKET}/{tool.name}"
     written = run_child(python, spec, context.env, 600).result
     if "shards" not in written:
         lines.append(f"skipped: {tool.name}: its writer failed: {written.get('error')}")
         return False
-    files, size = upload(context.endpoint, out, tool.name)
+    if "objects" in written:
+        files, size = written["objects"], written["uploaded"]
+    else:
+        files, size = upload(context.endpoint, out, tool.name)
     context.stored[tool.name] = size
     sizes = written["shards"]
     lines.append(
