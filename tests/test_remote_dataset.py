@@ -240,30 +240,36 @@ def test_budget_below_what_a_step_needs_is_refused_at_build(tmp_path, local):
 
 
 def test_a_budget_without_headroom_warns_once_at_build(tmp_path, local):
-    """IID reads every shard each step: with the whole dataset's budget, the
-    steps in flight need all of it (more than half), so building the loader
-    warns once, from the user's call, with the numbers and what to change;
-    twice the dataset is quiet, and so is a later re-plan."""
-    total = sum(shard_bytes(local / "dense") for _ in range(DENSE_SHARDS))
-    tight = loaderx.DenseDataset(url(local / "dense"), cache_dir=tmp_path / "a", cache_bytes=total)
-    need = sum(unit.length for unit in tight.store.units)
+    """Four workers in SEQUENTIAL order read up to three shards at once (4 x
+    64 records across shards of 250): under a budget of three shards (of
+    eight) that is over half of it, so building the loader warns once, from
+    the user's call, with the numbers and what to change; a re-plan later
+    does not warn again; seven shards are quiet, and so is a budget that
+    holds the whole dataset (it never evicts)."""
+    one = shard_bytes(local / "dense")
+    options = dict(mode="SEQUENTIAL", batch_size=BATCH, num_workers=4)
+    tight = loaderx.DenseDataset(
+        url(local / "dense"), cache_dir=tmp_path / "a", cache_bytes=3 * one
+    )
     with pytest.warns(loaderx.CacheHeadroomWarning) as caught:
-        loader = loaderx.DataLoader({"x": tight}, mode="IID", batch_size=BATCH, num_workers=4)
+        loader = loaderx.DataLoader({"x": tight}, **options)
     assert len(caught) == 1 and caught[0].filename == __file__
     message = str(caught[0].message)
-    assert f"read up to {need} bytes at once ({DENSE_SHARDS} shards" in message
-    assert f"cache_bytes={total}" in message and f"at least {2 * need}" in message
+    need = int(message.split("read up to ")[1].split(" bytes")[0])
+    assert 2 * one < need <= 3 * one and "(3 shards, at step" in message
+    assert f"cache_bytes={3 * one}" in message and f"at least {2 * need}" in message
     with warnings.catch_warnings():
         warnings.simplefilter("error", loaderx.CacheHeadroomWarning)
         for _ in range(3 * _remote_dataset.PLAN_STEPS // 4):  # past a re-plan
             next(loader)
         loader.close()
-        roomy = loaderx.DenseDataset(
-            url(local / "dense"), cache_dir=tmp_path / "b", cache_bytes=2 * need
-        )
-        loaderx.DataLoader({"x": roomy}, mode="IID", batch_size=BATCH, num_workers=4).close()
+        for name, budget, mode in (("b", 7 * one, "SEQUENTIAL"), ("c", 8 * one, "IID")):
+            roomy = loaderx.DenseDataset(
+                url(local / "dense"), cache_dir=tmp_path / name, cache_bytes=budget
+            )
+            loaderx.DataLoader({"x": roomy}, **{**options, "mode": mode}).close()
+            roomy.close()
     tight.close()
-    roomy.close()
 
 
 # ---- processes, faults, corruption
@@ -530,11 +536,14 @@ def test_block_order_streams_from_half_a_dataset_fetching_only_what_did_not_fit(
     remote.close()
 
 
-def test_plain_http_server_reads_a_dataset_its_manifest_lists(tmp_path):
-    """A plain HTTP server cannot list: the dataset's files come from its
-    manifest, each fetch checked against the recorded SHA-256; a file changed
-    on the server is refused by name; a manifest without the record is
-    refused with what to do."""
+@pytest.mark.parametrize("bundled", [False, True])
+def test_plain_http_server_reads_a_dataset_its_manifest_lists(tmp_path, monkeypatch, bundled):
+    """A plain HTTP server cannot list: the dataset's files (or each shard's
+    one bundle object) come from its manifest, each fetch checked against
+    the recorded SHA-256; a file changed on the server is refused by name; a
+    manifest without the record is refused with what to do."""
+    if bundled:  # written as to object storage: one object per shard
+        monkeypatch.setattr(_upload, "BUNDLE_SCHEMES", frozenset({"file"}))
     rows = dense_rows()
     served = tmp_path / "www"
     loaderx.from_numpy(
@@ -565,8 +574,10 @@ def test_plain_http_server_reads_a_dataset_its_manifest_lists(tmp_path):
                 time.sleep(0.05)
         remote = loaderx.DenseDataset(address, cache_dir=tmp_path / "c")
         assert len(remote.store.units) == 2 and np.array_equal(remote[:], rows)
+        files = len(remote.store.manifest.files["shard-00000"])
+        assert remote.store.cache.stats.fetches == (2 if bundled else 2 * files)
         remote.close()
-        data = next((served / "d" / "shard-00001").glob("data-*"))
+        data = next((served / "d" / "shard-00001").glob("shard.lxs" if bundled else "data-*"))
         payload = bytearray(data.read_bytes())
         payload[10] ^= 0x08  # same size: only the digest tells
         data.write_bytes(bytes(payload))

@@ -176,11 +176,12 @@ def test_write_shard_and_commit_to_s3_are_one_dataset(s3, tmp_path):
     for k, part in enumerate(parts):
         assert shards.write_shard(url, k, part, staging_dir=tmp_path / "s") == len(part)
     assert shards.written_shards(url) == [0, 1, 2]
-    assert not _upload.is_committed(url)
+    assert not _upload.is_committed(url) and not shards.is_sharded(url)
     with pytest.raises(FileExistsError, match="already uploaded"):
         shards.write_shard(url, 0, parts[0], staging_dir=tmp_path / "s")
     assert shards.commit(url) == sum(map(len, parts))
-    assert _upload.is_committed(url)
+    assert _upload.is_committed(url) and shards.is_sharded(url + "/")
+    assert not shards.is_sharded(s3.url("nothing-here"))
     download(url, str(tmp_path / "copy"))
     manifest = check_files(str(tmp_path / "copy"))
     assert manifest.rows == (50, 51, 52) and manifest.bundles is not None

@@ -802,7 +802,8 @@ class LoaderPlan:
     ) -> None:
         """CacheTooSmallError when a window of in-flight steps does not fit the
         budget; when ``building`` (the first plan), CacheHeadroomWarning when
-        one needs more than HEADROOM_SHARE of it."""
+        one needs more than HEADROOM_SHARE of a budget that cannot hold the
+        whole dataset (one that can never evicts)."""
         assert store.cache is not None
         budget = store.cache.cache_bytes
         most = (0, 0, 0)  # (bytes, step, shards) of the window that needs the most
@@ -819,7 +820,8 @@ class LoaderPlan:
                     f"flight): give cache_bytes of at least {need}, fewer num_workers, a "
                     "smaller batch, or smaller shards"
                 )
-        if building and most[0] > HEADROOM_SHARE * budget:
+        evicts = sum(unit.length for unit in store.units) > budget  # else nothing is refetched
+        if building and evicts and most[0] > HEADROOM_SHARE * budget:
             warnings.warn(
                 CacheHeadroomWarning(
                     f"the {self.in_flight} loader steps in flight over {store.path} read up to "
