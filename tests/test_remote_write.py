@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 
+import msgpack
 import numpy as np
 import pytest
 from s3_fixture import MemorySource
@@ -25,7 +26,15 @@ from loaderx._remote import (
     RemoteNetworkError,
     open_source,
 )
-from loaderx.sharded import Manifest, ManifestError, pack_manifest, parse_manifest, read_manifest
+from loaderx.sharded import (
+    BUNDLE_VERSION,
+    Bundle,
+    Manifest,
+    ManifestError,
+    pack_manifest,
+    parse_manifest,
+    read_manifest,
+)
 
 pytest.importorskip("obstore", reason="obstore is not installed: pip install 'loaderx[remote]'")
 
@@ -454,6 +463,37 @@ def test_manifest_files_map_is_optional_and_checked(tmp_path):
     for bad in ({"shard-00000": {"../x": (1, "ab" * 32)}}, {"shard-00000": {"a": (1, "zz")}}):
         with pytest.raises(ManifestError, match="damaged file list"):
             parse_manifest(pack_manifest(old.schema, ["shard-00000"], [3], bad), "m")
+
+
+def test_manifest_bundles_round_trip_as_version_3_and_are_checked(tmp_path):
+    """A bundles map packs as version 3 and parses back; without one a
+    manifest stays version 2; offsets that leave a gap, overlap, miss a file
+    or disagree with the size are refused, and so is a version that does
+    not match the layout (the checksum does not cover the version)."""
+    shards.write_shard(tmp_path / "local", 0, np.ones((3, 2)))
+    shards.commit(tmp_path / "local")
+    schema = read_manifest(tmp_path / "local").schema
+    files = {"shard-00000": {"data": (10, "ab" * 32), "superblock": (5, "cd" * 32)}}
+    bundle = Bundle("shard.lxs", 15, "ef" * 32, {"data": 0, "superblock": 10})
+    payload = pack_manifest(schema, ["shard-00000"], [3], files, {"shard-00000": bundle})
+    assert msgpack.unpackb(payload)["version"] == BUNDLE_VERSION == 3
+    assert parse_manifest(payload, "m").bundles == {"shard-00000": bundle}
+    plain = pack_manifest(schema, ["shard-00000"], [3], files)
+    assert msgpack.unpackb(plain)["version"] == 2 and parse_manifest(plain, "m").bundles is None
+    for offsets, size in (
+        ({"data": 0, "superblock": 11}, 16),  # a gap
+        ({"data": 0, "superblock": 9}, 15),  # an overlap
+        ({"data": 0}, 10),  # a file without an offset
+        ({"data": 0, "superblock": 10}, 16),  # a size its files do not add up to
+    ):
+        damaged = {"shard-00000": Bundle("shard.lxs", size, "ef" * 32, offsets)}
+        with pytest.raises(ManifestError, match="damaged bundle list"):
+            parse_manifest(pack_manifest(schema, ["shard-00000"], [3], files, damaged), "m")
+    for good, version in ((payload, 2), (plain, 3)):
+        envelope = msgpack.unpackb(good)
+        envelope["version"] = version
+        with pytest.raises(ManifestError, match=f"has version {version} but lists"):
+            parse_manifest(msgpack.packb(envelope), "m")
 
 
 def test_the_staging_root_defaults_to_the_cache_directory(tmp_path, monkeypatch):

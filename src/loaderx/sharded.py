@@ -219,7 +219,7 @@ def parse_manifest(payload: bytes, file: str, root: str | None = None) -> Manife
     storage, whose shard names are checked as text only."""
     if len(payload) > _MANIFEST_BYTES_MAX:
         raise ManifestError(f"{file} is over {_MANIFEST_BYTES_MAX} bytes: not a loaderx manifest")
-    body = _unpack_envelope(file, payload)
+    version, body = _unpack_envelope(file, payload)
     try:
         data = msgpack.unpackb(body, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types for bad bytes
@@ -240,6 +240,14 @@ def parse_manifest(payload: bytes, file: str, root: str | None = None) -> Manife
             "the manifest is damaged; run loaderx.shards.commit again"
         )
     files = _check_files(file, names, data.get("files"))
+    if (version == BUNDLE_VERSION) != ("bundles" in data):
+        # The checksum covers the body, not the version: a flipped version
+        # must not pass for a manifest of the other layout.
+        has = "lists bundles" if "bundles" in data else "lists no bundles"
+        raise ManifestError(
+            f"{file} has version {version} but {has} (bundles come with version "
+            f"{BUNDLE_VERSION} only): the manifest is damaged; commit the dataset again"
+        )
     bundles = _check_bundles(file, files, data.get("bundles"))
     return Manifest(schema, tuple(names), tuple(rows), files, bundles)
 
@@ -347,8 +355,8 @@ def _check_bundles(
     return bundles
 
 
-def _unpack_envelope(file: str, payload: bytes) -> bytes:
-    """The manifest's body, its envelope checked (either layout)."""
+def _unpack_envelope(file: str, payload: bytes) -> tuple[int, bytes]:
+    """The manifest's version and body, its envelope checked (either layout)."""
     limit = BUNDLE_VERSION
     try:
         data = unpack_map(payload)
@@ -357,7 +365,7 @@ def _unpack_envelope(file: str, payload: bytes) -> bytes:
         version = check_header(data, MANIFEST_FORMAT, limit)
         if not legacy and version < MANIFEST_VERSION:  # no sealed layout had it
             raise EnvelopeError(VERSION, f"sealed with version {version}", version)
-        return _sha256_body(data) if legacy else checked_body(data)
+        return version, _sha256_body(data) if legacy else checked_body(data)
     except EnvelopeError as exc:
         raise ManifestError(_refusal(file, exc, limit)) from exc
 
