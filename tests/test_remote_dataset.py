@@ -70,6 +70,12 @@ def local(tmp_path_factory):
         shards.write_shard(root / "ragged", k, docs[k * 200 : (k + 1) * 200])
     shards.commit(root / "ragged")
     loaderx.from_numpy(root / "single", rows[:500])
+    with pytest.MonkeyPatch.context() as patch:  # as written to object storage: one object a shard
+        patch.setattr(_upload, "BUNDLE_SCHEMES", frozenset({"file"}))
+        for k in range(DENSE_SHARDS):
+            part = rows[k * per : (k + 1) * per]
+            shards.write_shard(url(root / "bundled"), k, part, staging_dir=root / "staging")
+        shards.commit(url(root / "bundled"))
     return root
 
 
@@ -295,27 +301,30 @@ def finish(process):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_two_processes_share_one_cache_without_double_downloads(tmp_path, local):
-    budget = 10 * shard_bytes(local / "dense")
-    readers = [worker("read", url(local / "dense"), tmp_path, budget) for _ in range(2)]
+@pytest.mark.parametrize("name", ["dense", "bundled"])
+def test_two_processes_share_one_cache_without_double_downloads(tmp_path, local, name):
+    budget = 10 * shard_bytes(local / name)
+    readers = [worker("read", url(local / name), tmp_path, budget) for _ in range(2)]
     results = [finish(p) for p in readers]
     total = float(dense_rows().astype(np.float64).sum())
     assert all(abs(r["sum"] - total) < 1e-3 for r in results)
-    objects = sum(
-        1 for p in (local / "dense").rglob("*") if p.is_file() and p.parent != local / "dense"
-    )
+    objects = sum(1 for p in (local / name).glob("shard-*/*") if p.is_file())
+    if name == "bundled":
+        assert objects == DENSE_SHARDS  # one object a shard
     assert sum(r["fetches"] for r in results) == objects  # each object once, between the two
 
 
-def test_reader_killed_mid_download_then_a_new_reader_works(tmp_path, local):
-    process = worker("hang", url(local / "dense"), tmp_path, 10**7)
+@pytest.mark.parametrize("name", ["dense", "bundled"])
+def test_reader_killed_mid_download_then_a_new_reader_works(tmp_path, local, name):
+    process = worker("hang", url(local / name), tmp_path, 10**7)
     deadline = time.monotonic() + WORKER_SECONDS
     while not any(Path(tmp_path).glob("d-*/tmp/*.part")):
         assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
         time.sleep(0.01)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=WORKER_SECONDS)
-    remote = loaderx.DenseDataset(url(local / "dense"), cache_dir=tmp_path, cache_bytes=10**7)
+    remote = loaderx.DenseDataset(url(local / name), cache_dir=tmp_path, cache_bytes=10**7)
+    assert (remote.store.manifest.bundles is not None) == (name == "bundled")
     assert np.array_equal(remote[:], dense_rows())
     assert not any(Path(tmp_path).glob("d-*/tmp/*.part"))
     remote.close()
