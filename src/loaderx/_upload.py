@@ -7,7 +7,11 @@ datasink) goes through this module, one unit at a time (a shard, or a
 column store of ``from_arrow``):
 
 1. the local writer builds the unit in a private directory under the
-   staging root (``staging_dir=``, by default ``<cache dir>/staging``);
+   staging root (``staging_dir=``, by default ``<cache dir>/staging``); a
+   shard bound for an object store (``BUNDLE_SCHEMES``) is then turned into
+   one file, ``sharded.BUNDLE_FILE``: its files but the lock, concatenated
+   (``bundle_directory``), each member's size, SHA-256 and offset kept for
+   the record, so a reader fetches the shard with one request;
 2. each of its files is hashed once (SHA-256, plus the MD5s of its S3 etag),
    uploaded with ``ObjectSource.put`` (multipart above 8 MiB) unless the
    target already holds that exact file (the same size and SHA-256 in the
@@ -19,7 +23,9 @@ column store of ``from_arrow``):
    files) is put, which marks it complete, and the staged copy is deleted,
    so the staging directory holds about one unit at a time;
 4. ``commit`` puts the manifest last, with every shard's files and digests
-   (``Manifest.files``), after checking each listed object's size.
+   (``Manifest.files``) and, for bundled shards, the bundle's size, digest
+   and offsets (``Manifest.bundles``), after checking each listed object's
+   size.
 
 Invariant: a target becomes a dataset only when its manifest (or, for
 ``from_arrow``, its column listing) is put, and that happens only after
