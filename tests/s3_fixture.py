@@ -26,6 +26,29 @@ from loaderx._remote import ObjectInfo
 STOP_SECONDS = 10.0
 REQUEST_SECONDS = 10.0
 _buckets = itertools.count()
+# Every request the server answered, as (method, path, query string), in
+# order: what a test counts to know how many requests a read cost.
+REQUESTS: list[tuple[str, str, str]] = []
+_requests_lock = threading.Lock()
+
+
+def _counted(app):
+    """The WSGI ``app``, logging each request into REQUESTS."""
+
+    def counting(environ, start_response):
+        entry = (environ["REQUEST_METHOD"], environ["PATH_INFO"], environ.get("QUERY_STRING", ""))
+        with _requests_lock:
+            REQUESTS.append(entry)
+        return app(environ, start_response)
+
+    return counting
+
+
+def requests_to(bucket: str, since: int = 0) -> list[tuple[str, str, str]]:
+    """The requests to ``bucket`` from position ``since`` of REQUESTS on."""
+    with _requests_lock:
+        seen = REQUESTS[since:]
+    return [entry for entry in seen if entry[1].lstrip("/").split("/", 1)[0] == bucket]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +83,7 @@ def s3_endpoint():
     from werkzeug.serving import make_server
 
     app, handler = _moto_app()
-    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=handler)
+    server = make_server("127.0.0.1", 0, _counted(app), threaded=True, request_handler=handler)
     thread = threading.Thread(target=server.serve_forever, name="moto-s3", daemon=True)
     thread.start()
     try:

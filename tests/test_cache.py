@@ -219,6 +219,44 @@ def test_truncated_or_flipped_body_is_fetched_again_then_refused(tmp_path):
     assert bytes_under(tmp_path / "d") == 0
 
 
+def test_a_bundle_is_one_get_checked_whole_then_split_into_its_files(tmp_path):
+    """A bundled directory unit costs one get of its object, reserves exactly
+    its size, and opens as the member files; a byte flipped in the object
+    (once) is refetched, on every get refused naming the object, and nothing
+    of it is kept; a layout that does not tile the object is refused."""
+    files = {"data": os.urandom(3000), "empty": b"", "schema.msgpack": b"s" * 70}
+    order = ["data", "empty", "schema.msgpack"]
+    whole = b"".join(files[name] for name in order)
+    layout, at = {}, 0
+    for name in order:
+        layout[name] = (at, len(files[name]))
+        at += len(files[name])
+    inner = MemorySource({"shard-00000/shard.lxs": whole})
+    info = inner.head("shard-00000/shard.lxs")
+    unit = _cache.bundle_unit("shard-00000", info, hashlib.sha256(whole).hexdigest(), layout)
+    assert unit.length == len(whole)
+    flipped_once = FaultySource(inner, [Fault(0, "flip")])
+    with UnitCache(tmp_path / "c", len(whole), flipped_once, prefetch_threads=0) as cache:
+        with cache.acquire(unit) as pin:
+            assert sorted(os.listdir(pin.path)) == sorted(files)
+            for name, data in files.items():
+                assert Path(pin.path, name).read_bytes() == data
+            assert bytes_under(tmp_path / "c") == len(whole) == cache.usage()
+        assert inner.gets == 2 and cache.stats.fetches == 2 and cache.stats.refetches == 1
+    inner.gets = 0
+    always = FaultySource(inner, [Fault(n, "flip") for n in range(3)])
+    with UnitCache(tmp_path / "d", len(whole), always, prefetch_threads=0) as cache:
+        with pytest.raises(
+            RemoteIntegrityError, match=r"cache-test/shard-00000/shard.lxs: the SHA"
+        ):
+            cache.acquire(unit)
+    assert inner.gets == _cache.FETCH_ATTEMPTS and bytes_under(tmp_path / "d") == 0
+    with pytest.raises(ValueError, match="start where the previous ones end"):
+        _cache.bundle_unit("shard-00000", info, "0" * 64, {**layout, "data": (1, 3000)})
+    with pytest.raises(ValueError, match="the layout must tile it"):
+        _cache.bundle_unit("shard-00000", info, "0" * 64, {"data": (0, 3000)})
+
+
 def test_network_fault_is_retried_or_fails_clean(tmp_path):
     """A failed call under RetryingSource is retried inside acquire; when every
     attempt fails, acquire raises RemoteNetworkError, the reservation is given

@@ -15,14 +15,15 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-from s3_fixture import bytes_under
+from s3_fixture import REQUESTS, bytes_under, requests_to
 
 import loaderx
-from loaderx import _remote, cli, shards
+from loaderx import _cache, _remote, _remote_dataset, _upload, cli, shards
 from loaderx._cache import CacheTooSmallError
 from loaderx._remote import Fault, FaultySource, RetryingSource
 
@@ -69,6 +70,12 @@ def local(tmp_path_factory):
         shards.write_shard(root / "ragged", k, docs[k * 200 : (k + 1) * 200])
     shards.commit(root / "ragged")
     loaderx.from_numpy(root / "single", rows[:500])
+    with pytest.MonkeyPatch.context() as patch:  # as written to object storage: one object a shard
+        patch.setattr(_upload, "BUNDLE_SCHEMES", frozenset({"file"}))
+        for k in range(DENSE_SHARDS):
+            part = rows[k * per : (k + 1) * per]
+            shards.write_shard(url(root / "bundled"), k, part, staging_dir=root / "staging")
+        shards.commit(url(root / "bundled"))
     return root
 
 
@@ -238,6 +245,39 @@ def test_budget_below_what_a_step_needs_is_refused_at_build(tmp_path, local):
         loaderx.DataLoader({"x": some}, mode="IID", batch_size=BATCH, num_workers=4)
 
 
+def test_a_budget_without_headroom_warns_once_at_build(tmp_path, local):
+    """Four workers in SEQUENTIAL order read up to three shards at once (4 x
+    64 records across shards of 250): under a budget of three shards (of
+    eight) that is over half of it, so building the loader warns once, from
+    the user's call, with the numbers and what to change; a re-plan later
+    does not warn again; seven shards are quiet, and so is a budget that
+    holds the whole dataset (it never evicts)."""
+    one = shard_bytes(local / "dense")
+    options = dict(mode="SEQUENTIAL", batch_size=BATCH, num_workers=4)
+    tight = loaderx.DenseDataset(
+        url(local / "dense"), cache_dir=tmp_path / "a", cache_bytes=3 * one
+    )
+    with pytest.warns(loaderx.CacheHeadroomWarning) as caught:
+        loader = loaderx.DataLoader({"x": tight}, **options)
+    assert len(caught) == 1 and caught[0].filename == __file__
+    message = str(caught[0].message)
+    need = int(message.split("read up to ")[1].split(" bytes")[0])
+    assert 2 * one < need <= 3 * one and "(3 shards, at step" in message
+    assert f"cache_bytes={3 * one}" in message and f"at least {2 * need}" in message
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", loaderx.CacheHeadroomWarning)
+        for _ in range(3 * _remote_dataset.PLAN_STEPS // 4):  # past a re-plan
+            next(loader)
+        loader.close()
+        for name, budget, mode in (("b", 7 * one, "SEQUENTIAL"), ("c", 8 * one, "IID")):
+            roomy = loaderx.DenseDataset(
+                url(local / "dense"), cache_dir=tmp_path / name, cache_bytes=budget
+            )
+            loaderx.DataLoader({"x": roomy}, **{**options, "mode": mode}).close()
+            roomy.close()
+    tight.close()
+
+
 # ---- processes, faults, corruption
 
 
@@ -261,27 +301,30 @@ def finish(process):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def test_two_processes_share_one_cache_without_double_downloads(tmp_path, local):
-    budget = 10 * shard_bytes(local / "dense")
-    readers = [worker("read", url(local / "dense"), tmp_path, budget) for _ in range(2)]
+@pytest.mark.parametrize("name", ["dense", "bundled"])
+def test_two_processes_share_one_cache_without_double_downloads(tmp_path, local, name):
+    budget = 10 * shard_bytes(local / name)
+    readers = [worker("read", url(local / name), tmp_path, budget) for _ in range(2)]
     results = [finish(p) for p in readers]
     total = float(dense_rows().astype(np.float64).sum())
     assert all(abs(r["sum"] - total) < 1e-3 for r in results)
-    objects = sum(
-        1 for p in (local / "dense").rglob("*") if p.is_file() and p.parent != local / "dense"
-    )
+    objects = sum(1 for p in (local / name).glob("shard-*/*") if p.is_file())
+    if name == "bundled":
+        assert objects == DENSE_SHARDS  # one object a shard
     assert sum(r["fetches"] for r in results) == objects  # each object once, between the two
 
 
-def test_reader_killed_mid_download_then_a_new_reader_works(tmp_path, local):
-    process = worker("hang", url(local / "dense"), tmp_path, 10**7)
+@pytest.mark.parametrize("name", ["dense", "bundled"])
+def test_reader_killed_mid_download_then_a_new_reader_works(tmp_path, local, name):
+    process = worker("hang", url(local / name), tmp_path, 10**7)
     deadline = time.monotonic() + WORKER_SECONDS
     while not any(Path(tmp_path).glob("d-*/tmp/*.part")):
         assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
         time.sleep(0.01)
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=WORKER_SECONDS)
-    remote = loaderx.DenseDataset(url(local / "dense"), cache_dir=tmp_path, cache_bytes=10**7)
+    remote = loaderx.DenseDataset(url(local / name), cache_dir=tmp_path, cache_bytes=10**7)
+    assert (remote.store.manifest.bundles is not None) == (name == "bundled")
     assert np.array_equal(remote[:], dense_rows())
     assert not any(Path(tmp_path).glob("d-*/tmp/*.part"))
     remote.close()
@@ -372,27 +415,106 @@ def test_cli_info_and_verify_on_a_url(tmp_path, local, capsys):
 
 def test_written_to_s3_reads_back_and_a_flipped_superblock_is_refused(tmp_path, s3):
     """from_numpy to an S3 URL, then DenseDataset on it: the rows come back.
-    A superblock flipped on the server (which a store alone can open at its
-    older, empty generation) fails the manifest's SHA-256 on every fetch:
-    RemoteIntegrityError naming the object, never an empty or wrong read."""
+    A superblock flipped on the server, inside its shard's bundle (a store
+    alone can open it at its older, empty generation), fails the bundle's
+    SHA-256 on every fetch: RemoteIntegrityError naming the object, after
+    FETCH_ATTEMPTS gets of it, never an empty or wrong read."""
     rows = dense_rows()
     target = s3.url("written")
     loaderx.from_numpy(target, rows, codec="raw", shard_bytes=rows.nbytes // 4, progress=False)
     remote = loaderx.DenseDataset(target, cache_dir=tmp_path / "c")
-    assert remote.store.manifest.files is not None and len(remote.store.units) == 4
+    manifest = remote.store.manifest
+    assert manifest.files is not None and len(remote.store.units) == 4
     assert np.array_equal(remote[:], rows)
     remote.close()
     source = _remote.open_source(target)
-    key = "shard-00001/superblock"
+    key = "shard-00001/shard.lxs"
     payload = bytearray(source.get(key))
-    payload[4096 + 64] ^= 0x01  # slot 1: the newest generation's fields
+    at = manifest.bundles["shard-00001"].offsets["superblock"]
+    payload[at + 4096 + 64] ^= 0x01  # slot 1: the newest generation's fields
     source.put(key, bytes(payload))
     remote = loaderx.DenseDataset(target, cache_dir=tmp_path / "fresh")
     first = len(rows) // 4
     assert np.array_equal(remote[:first], rows[:first])  # shard 0 is intact
-    with pytest.raises(loaderx.RemoteIntegrityError, match="shard-00001/superblock"):
+    since = len(REQUESTS)
+    with pytest.raises(loaderx.RemoteIntegrityError, match="shard-00001/shard.lxs: the SHA-256"):
         remote[first : first + 10]
+    gets = [path for method, path, _ in requests_to(s3.bucket, since) if method == "GET"]
+    assert gets == [f"/{s3.bucket}/written/{key}"] * _cache.FETCH_ATTEMPTS
+    assert bytes_under(remote.store.cache_directory) == remote.store.cache.usage()
+    assert not any(remote.store.cache.resident(unit) for unit in remote.store.units[1:2])
     remote.close()
+
+
+def test_a_bundled_shard_fetch_is_one_get_and_the_stream_is_local(tmp_path, s3):
+    """Written to S3, each shard is one object: opening costs one listing
+    and one get of the manifest, and each shard fetch is exactly one GET at
+    the server (no HEAD, no listing), under a budget of two shards of four
+    that holds after every batch; the stream equals the local one bit for
+    bit (SEQUENTIAL with evictions, IID with every shard resident)."""
+    rows = dense_rows()
+    target = s3.url("bundled")
+    loaderx.from_numpy(target, rows, codec="raw", shard_bytes=rows.nbytes // 4, progress=False)
+    loaderx.from_numpy(tmp_path / "local", rows, codec="raw", progress=False)
+    since = len(REQUESTS)
+    remote = loaderx.DenseDataset(target, cache_dir=tmp_path / "c")
+    opened = [(method, path) for method, path, _ in requests_to(s3.bucket, since)]
+    assert opened == [("GET", f"/{s3.bucket}"), ("GET", f"/{s3.bucket}/bundled/manifest.msgpack")]
+    one = max(unit.length for unit in remote.store.units)
+    assert len(remote.store.units) == 4 and all(u.bundle is not None for u in remote.store.units)
+    remote.close()
+    for mode, budget, steps in (
+        ("SEQUENTIAL", 2 * one, 2 * (DENSE_ROWS // BATCH)),
+        ("IID", 4 * one, 40),
+    ):
+        remote = loaderx.DenseDataset(target, cache_dir=tmp_path / mode, cache_bytes=budget)
+        since = len(REQUESTS)
+        loader = loaderx.DataLoader({"x": remote}, mode=mode, batch_size=BATCH, num_workers=2)
+        expected = loaderx.DataLoader(
+            {"x": loaderx.DenseDataset(tmp_path / "local")}, mode=mode, batch_size=BATCH
+        )
+        for step in range(steps):
+            assert np.array_equal(next(loader)["x"], next(expected)["x"]), (mode, step)
+            assert bytes_under(remote.store.cache_directory) <= budget, (mode, step)
+        loader.close()
+        expected.close()
+        stats = remote.store.cache.stats
+        seen = requests_to(s3.bucket, since)
+        assert all(method == "GET" and "/bundled/shard-" in path for method, path, _ in seen)
+        assert all(path.endswith("/shard.lxs") for _, path, _ in seen), seen
+        assert len(seen) == stats.fetches and stats.refetches == 0, (mode, seen, stats)
+        if mode == "SEQUENTIAL":  # each shard once an epoch (and the next epoch's first)
+            assert stats.evictions > 0 and 8 <= len(seen) <= 9, seen
+        else:
+            assert len(seen) == 4  # every shard once: they all fit
+        remote.close()
+
+
+def test_the_unbundled_layout_still_reads_at_a_get_per_file(tmp_path, s3, monkeypatch):
+    """A dataset uploaded one object per file (as ``aws s3 sync`` of a local
+    one, or loaderx before bundles; here a writer told not to bundle) reads
+    the same rows as the bundled one, at a get per file of each shard, while
+    the bundled one costs one get per shard."""
+    rows = dense_rows()
+    loaderx.from_numpy(
+        s3.url("one"), rows, codec="raw", shard_bytes=rows.nbytes // 4, progress=False
+    )
+    monkeypatch.setattr(_upload, "BUNDLE_SCHEMES", frozenset())
+    loaderx.from_numpy(
+        s3.url("many"), rows, codec="raw", shard_bytes=rows.nbytes // 4, progress=False
+    )
+    gets = {}
+    for name in ("one", "many"):
+        remote = loaderx.DenseDataset(s3.url(name), cache_dir=tmp_path / name)
+        assert (remote.store.manifest.bundles is None) == (name == "many")
+        since = len(REQUESTS)
+        assert np.array_equal(remote[:], rows)
+        gets[name] = [p for m, p, _ in requests_to(s3.bucket, since) if m == "GET"]
+        remote.close()
+    assert len(gets["one"]) == 4
+    files = sorted(p.rsplit("/", 1)[1] for p in gets["many"] if "/shard-00000/" in p)
+    assert {"lock", "schema.msgpack", "superblock"} < set(files) and len(files) >= 4, files
+    assert len(gets["many"]) == 4 * len(files)
 
 
 def test_block_order_streams_from_half_a_dataset_fetching_only_what_did_not_fit(tmp_path):
@@ -423,11 +545,14 @@ def test_block_order_streams_from_half_a_dataset_fetching_only_what_did_not_fit(
     remote.close()
 
 
-def test_plain_http_server_reads_a_dataset_its_manifest_lists(tmp_path):
-    """A plain HTTP server cannot list: the dataset's files come from its
-    manifest, each fetch checked against the recorded SHA-256; a file changed
-    on the server is refused by name; a manifest without the record is
-    refused with what to do."""
+@pytest.mark.parametrize("bundled", [False, True])
+def test_plain_http_server_reads_a_dataset_its_manifest_lists(tmp_path, monkeypatch, bundled):
+    """A plain HTTP server cannot list: the dataset's files (or each shard's
+    one bundle object) come from its manifest, each fetch checked against
+    the recorded SHA-256; a file changed on the server is refused by name; a
+    manifest without the record is refused with what to do."""
+    if bundled:  # written as to object storage: one object per shard
+        monkeypatch.setattr(_upload, "BUNDLE_SCHEMES", frozenset({"file"}))
     rows = dense_rows()
     served = tmp_path / "www"
     loaderx.from_numpy(
@@ -458,8 +583,10 @@ def test_plain_http_server_reads_a_dataset_its_manifest_lists(tmp_path):
                 time.sleep(0.05)
         remote = loaderx.DenseDataset(address, cache_dir=tmp_path / "c")
         assert len(remote.store.units) == 2 and np.array_equal(remote[:], rows)
+        files = len(remote.store.manifest.files["shard-00000"])
+        assert remote.store.cache.stats.fetches == (2 if bundled else 2 * files)
         remote.close()
-        data = next((served / "d" / "shard-00001").glob("data-*"))
+        data = next((served / "d" / "shard-00001").glob("shard.lxs" if bundled else "data-*"))
         payload = bytearray(data.read_bytes())
         payload[10] ^= 0x08  # same size: only the digest tells
         data.write_bytes(bytes(payload))

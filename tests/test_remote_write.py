@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 
+import msgpack
 import numpy as np
 import pytest
 from s3_fixture import MemorySource
@@ -25,7 +26,15 @@ from loaderx._remote import (
     RemoteNetworkError,
     open_source,
 )
-from loaderx.sharded import Manifest, ManifestError, pack_manifest, parse_manifest, read_manifest
+from loaderx.sharded import (
+    BUNDLE_VERSION,
+    Bundle,
+    Manifest,
+    ManifestError,
+    pack_manifest,
+    parse_manifest,
+    read_manifest,
+)
 
 pytest.importorskip("obstore", reason="obstore is not installed: pip install 'loaderx[remote]'")
 
@@ -89,17 +98,42 @@ class _Measured:
 
 
 def check_files(local_dataset: str) -> Manifest:
-    """The manifest's files map equals the downloaded shards, byte for byte."""
+    """The manifest's files map equals the downloaded shards, byte for byte:
+    each shard's files, or the members of its one bundle object, cut at the
+    manifest's offsets (the bundle's own size and SHA-256 checked too)."""
     manifest = read_manifest(local_dataset)
     assert manifest.files is not None
+    bundles = manifest.bundles or {}
     for name in manifest.names:
         on_disk = sorted(os.listdir(os.path.join(local_dataset, name)))
-        assert sorted(manifest.files[name]) == on_disk
+        if name in bundles:
+            bundle = bundles[name]
+            assert on_disk == [bundle.file] and sorted(bundle.offsets) == sorted(
+                manifest.files[name]
+            )
+            with open(os.path.join(local_dataset, name, bundle.file), "rb") as handle:
+                whole = handle.read()
+            assert (len(whole), hashlib.sha256(whole).hexdigest()) == (bundle.size, bundle.sha256)
+            parts = {
+                entry: whole[at : at + manifest.files[name][entry][0]]
+                for entry, at in bundle.offsets.items()
+            }
+        else:
+            assert sorted(manifest.files[name]) == on_disk
+            parts = {}
+            for entry in on_disk:
+                with open(os.path.join(local_dataset, name, entry), "rb") as handle:
+                    parts[entry] = handle.read()
         for entry, (size, digest) in manifest.files[name].items():
-            with open(os.path.join(local_dataset, name, entry), "rb") as handle:
-                data = handle.read()
+            data = parts[entry]
             assert (len(data), hashlib.sha256(data).hexdigest()) == (size, digest)
     return manifest
+
+
+def open_copy(path, cache) -> loaderx.DenseDataset:
+    """A downloaded dataset, opened as a file:// URL: its shards may be
+    bundles, which only the remote reader splits."""
+    return loaderx.DenseDataset(f"file://{path}", cache_dir=cache)
 
 
 # ---- round trips
@@ -121,7 +155,11 @@ def test_from_numpy_to_s3_round_trips_and_leaves_no_staging(s3, tmp_path):
     }
     manifest = check_files(str(tmp_path / "copy"))
     assert manifest.names == ("shard-00000",) and manifest.rows == (1000,)
-    with loaderx.DenseDataset(str(tmp_path / "copy")) as dataset:
+    assert manifest.bundles is not None and set(manifest.bundles) == {"shard-00000"}
+    assert keys.count("shard-00000/shard.lxs") == 1 and "shard-00000/lock" not in keys
+    with pytest.raises(ManifestError, match="bundles.*open it as the URL file://"):
+        loaderx.DenseDataset(str(tmp_path / "copy"))
+    with open_copy(tmp_path / "copy", tmp_path / "cache") as dataset:
         np.testing.assert_array_equal(dataset[:], array)
 
 
@@ -147,15 +185,16 @@ def test_write_shard_and_commit_to_s3_are_one_dataset(s3, tmp_path):
     for k, part in enumerate(parts):
         assert shards.write_shard(url, k, part, staging_dir=tmp_path / "s") == len(part)
     assert shards.written_shards(url) == [0, 1, 2]
-    assert not _upload.is_committed(url)
+    assert not _upload.is_committed(url) and not shards.is_sharded(url)
     with pytest.raises(FileExistsError, match="already uploaded"):
         shards.write_shard(url, 0, parts[0], staging_dir=tmp_path / "s")
     assert shards.commit(url) == sum(map(len, parts))
-    assert _upload.is_committed(url)
+    assert _upload.is_committed(url) and shards.is_sharded(url + "/")
+    assert not shards.is_sharded(s3.url("nothing-here"))
     download(url, str(tmp_path / "copy"))
     manifest = check_files(str(tmp_path / "copy"))
-    assert manifest.rows == (50, 51, 52)
-    with loaderx.DenseDataset(str(tmp_path / "copy")) as dataset:
+    assert manifest.rows == (50, 51, 52) and manifest.bundles is not None
+    with open_copy(tmp_path / "copy", tmp_path / "cache") as dataset:
         np.testing.assert_array_equal(dataset[:], np.concatenate(parts))
     with pytest.raises(FileExistsError, match="committed in its manifest"):
         shards.write_shard(url, 1, parts[1], staging_dir=tmp_path / "s")
@@ -170,7 +209,7 @@ def test_a_file_over_the_multipart_threshold_round_trips(s3, tmp_path):
     download(url, str(tmp_path / "copy"))
     manifest = check_files(str(tmp_path / "copy"))
     assert max(size for size, _ in manifest.files["shard-00000"].values()) > MULTIPART_BYTES
-    with loaderx.DenseDataset(str(tmp_path / "copy")) as dataset:
+    with open_copy(tmp_path / "copy", tmp_path / "cache") as dataset:
         np.testing.assert_array_equal(dataset[:], array)
 
 
@@ -243,21 +282,23 @@ def test_a_fault_before_the_manifest_leaves_no_dataset_and_a_retry_puts_only_it(
     loaderx.from_numpy(url, array, progress=False, staging_dir=tmp_path / "s")
     assert retry.puts == ["manifest.msgpack"]
     download(url, str(tmp_path / "whole"))
-    with loaderx.DenseDataset(str(tmp_path / "whole")) as dataset:
+    with open_copy(tmp_path / "whole", tmp_path / "cache") as dataset:
         np.testing.assert_array_equal(dataset[:], array)
 
 
 def test_resume_after_a_fault_uploads_only_the_missing_shards(s3, tmp_path, monkeypatch):
-    """A put fails inside shard 2 of 4: shards 0 and 1 stay; the resumed loop
-    (skipping written_shards) puts only shards 2 and 3, then the manifest."""
+    """A put fails inside shard 2 of 4 (its record, after its bundle): shards
+    0 and 1 stay; the resumed loop (skipping written_shards) puts shard 2's
+    record only (its bundle's MD5 etag matches), shard 3, then the manifest."""
     url = s3.url("resume")
     parts = [np.full((40, 4), k, dtype=np.float32) for k in range(4)]
     probe = Recorder(monkeypatch, str(tmp_path / "s"))
     shards.write_shard(s3.url("probe"), 0, parts[0], staging_dir=tmp_path / "s")
-    per_shard = len([key for key in probe.puts if key != _upload.MARKER_KEY])
-    # put 0 is the marker; shard k's puts follow; fail the third put of shard 2
-    Recorder(monkeypatch, str(tmp_path / "s"), [Fault(1 + 2 * per_shard + 2, "fail", method="put")])
-    with pytest.raises(RemoteNetworkError, match="shard-00002/"):
+    per_shard = [key for key in probe.puts if key != _upload.MARKER_KEY]
+    assert per_shard == ["shard-00000/shard.lxs", ".uploaded/shard-00000"]  # one object a shard
+    # put 0 is the marker; shard k's puts follow; fail the second put of shard 2
+    Recorder(monkeypatch, str(tmp_path / "s"), [Fault(1 + 2 * 2 + 1, "fail", method="put")])
+    with pytest.raises(RemoteNetworkError, match=r"\.uploaded/shard-00002"):
         for k, part in enumerate(parts):
             shards.write_shard(url, k, part, staging_dir=tmp_path / "s")
     assert shards.written_shards(url) == [0, 1]
@@ -269,13 +310,15 @@ def test_resume_after_a_fault_uploads_only_the_missing_shards(s3, tmp_path, monk
         if k not in done:
             shards.write_shard(url, k, part, staging_dir=tmp_path / "s")
     shards.commit(url)
-    touched = {key.split("/")[0].replace(".uploaded", "") for key in retry.puts}
-    assert not any(key.startswith(("shard-00000", "shard-00001")) for key in retry.puts)
-    # shard 2's first two files went up before the fault: their MD5 etags match
-    assert len(retry.puts) == (per_shard - 2) + per_shard + 1, (retry.puts, touched)
+    assert retry.puts == [
+        ".uploaded/shard-00002",
+        "shard-00003/shard.lxs",
+        ".uploaded/shard-00003",
+        "manifest.msgpack",
+    ]
     download(url, str(tmp_path / "copy"))
     check_files(str(tmp_path / "copy"))
-    with loaderx.DenseDataset(str(tmp_path / "copy")) as dataset:
+    with open_copy(tmp_path / "copy", tmp_path / "cache") as dataset:
         np.testing.assert_array_equal(dataset[:], np.concatenate(parts))
 
 
@@ -289,10 +332,10 @@ def test_a_rewrite_reuploads_only_objects_whose_etag_differs(s3, tmp_path, monke
     shards.write_shard(url, 0, part, overwrite=True, staging_dir=tmp_path / "s")
     assert recorder.puts == []  # the record and every object already match
     source = open_source(url)
-    size = source.head("shard-00000/superblock").size
-    source.put("shard-00000/superblock", b"\0" * size)
+    size = source.head("shard-00000/shard.lxs").size
+    source.put("shard-00000/shard.lxs", b"\0" * size)
     shards.write_shard(url, 0, part, overwrite=True, staging_dir=tmp_path / "s")
-    assert recorder.puts == ["shard-00000/superblock", ".uploaded/shard-00000"]
+    assert recorder.puts == ["shard-00000/shard.lxs", ".uploaded/shard-00000"]
     shards.commit(url)
     download(url, str(tmp_path / "copy"))
     check_files(str(tmp_path / "copy"))
@@ -367,11 +410,11 @@ def test_modes_over_a_remote_dataset(tmp_path):
     assert (tmp_path / "foreign" / "notes.txt").read_text() == "mine"
 
 
-@pytest.mark.parametrize("rows, victim", [(4, "superblock"), (9 << 10, "data-0000000000000001")])
+@pytest.mark.parametrize("rows, victim", [(4, "shard.lxs"), (9 << 10, "shard.lxs")])
 def test_a_body_corrupted_in_transit_fails_its_md5_etag(s3, tmp_path, monkeypatch, rows, victim):
     """An object whose bytes differ from the staged file's (one bit flipped on
-    the way) is caught by the etag check, single-part or multipart (the 9 MiB
-    data file), named, and nothing is committed."""
+    the way) is caught by the etag check, single-part or multipart (the
+    bundle of a 9 MiB data file), named, and nothing is committed."""
     real = _upload.open_target
 
     class Flipping:
@@ -420,6 +463,37 @@ def test_manifest_files_map_is_optional_and_checked(tmp_path):
     for bad in ({"shard-00000": {"../x": (1, "ab" * 32)}}, {"shard-00000": {"a": (1, "zz")}}):
         with pytest.raises(ManifestError, match="damaged file list"):
             parse_manifest(pack_manifest(old.schema, ["shard-00000"], [3], bad), "m")
+
+
+def test_manifest_bundles_round_trip_as_version_3_and_are_checked(tmp_path):
+    """A bundles map packs as version 3 and parses back; without one a
+    manifest stays version 2; offsets that leave a gap, overlap, miss a file
+    or disagree with the size are refused, and so is a version that does
+    not match the layout (the checksum does not cover the version)."""
+    shards.write_shard(tmp_path / "local", 0, np.ones((3, 2)))
+    shards.commit(tmp_path / "local")
+    schema = read_manifest(tmp_path / "local").schema
+    files = {"shard-00000": {"data": (10, "ab" * 32), "superblock": (5, "cd" * 32)}}
+    bundle = Bundle("shard.lxs", 15, "ef" * 32, {"data": 0, "superblock": 10})
+    payload = pack_manifest(schema, ["shard-00000"], [3], files, {"shard-00000": bundle})
+    assert msgpack.unpackb(payload)["version"] == BUNDLE_VERSION == 3
+    assert parse_manifest(payload, "m").bundles == {"shard-00000": bundle}
+    plain = pack_manifest(schema, ["shard-00000"], [3], files)
+    assert msgpack.unpackb(plain)["version"] == 2 and parse_manifest(plain, "m").bundles is None
+    for offsets, size in (
+        ({"data": 0, "superblock": 11}, 16),  # a gap
+        ({"data": 0, "superblock": 9}, 15),  # an overlap
+        ({"data": 0}, 10),  # a file without an offset
+        ({"data": 0, "superblock": 10}, 16),  # a size its files do not add up to
+    ):
+        damaged = {"shard-00000": Bundle("shard.lxs", size, "ef" * 32, offsets)}
+        with pytest.raises(ManifestError, match="damaged bundle list"):
+            parse_manifest(pack_manifest(schema, ["shard-00000"], [3], files, damaged), "m")
+    for good, version in ((payload, 2), (plain, 3)):
+        envelope = msgpack.unpackb(good)
+        envelope["version"] = version
+        with pytest.raises(ManifestError, match=f"has version {version} but lists"):
+            parse_manifest(msgpack.packb(envelope), "m")
 
 
 def test_the_staging_root_defaults_to_the_cache_directory(tmp_path, monkeypatch):

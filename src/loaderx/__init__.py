@@ -1,6 +1,6 @@
 """loaderx: feed ML training from local disk."""
 
-from ._cache import CacheBusyError, CacheTooSmallError
+from ._cache import CacheBusyError, CacheHeadroomWarning, CacheTooSmallError
 from ._remote import (
     RemoteChangedError,
     RemoteConfigError,
@@ -53,6 +53,7 @@ __all__ = [
     "ArrayStoreIOError",
     "ArrayStoreReadOnlyError",
     "CacheBusyError",
+    "CacheHeadroomWarning",
     "CacheTooSmallError",
     "ChecksumError",
     "CorruptPackError",

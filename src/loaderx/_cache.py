@@ -30,7 +30,11 @@ Invariants, each kept by the code named:
   of sparse member files, locked and pinned through the directory's own
   descriptor, renamed into place as one; eviction renames it to
   ``tmp/<name>.dead`` (atomic) before deleting it, so a crash mid-deletion
-  leaves no half unit in ``units/``.
+  leaves no half unit in ``units/``. A *bundled* directory unit (a shard
+  uploaded as one object) is fetched by one get of its bundle into memory,
+  checked whole (length, SHA-256), and only then written into the member
+  files its ``.part`` reserved; the members tile the bundle, so the
+  reservation is exactly the bytes fetched.
 - **Nothing outside.** The cache deletes only ``units/u-*`` and
   ``tmp/u-*.part`` / ``tmp/u-*.dead`` entries of its own directory.
 
@@ -80,6 +84,12 @@ class CacheTooSmallError(ValueError):
     """``cache_bytes`` cannot hold what one step reads at once."""
 
 
+class CacheHeadroomWarning(UserWarning):
+    """The steps a loader reads at once need more than half of a remote
+    dataset's ``cache_bytes``: it works, but eviction has little room to keep
+    what the next steps read again, so shards are fetched more than once."""
+
+
 class CacheBusyError(TimeoutError):
     """No space could be freed: every unit in the cache is pinned by a reader."""
 
@@ -91,7 +101,10 @@ class Unit:
     object's version ``version``; ``sha256`` (hex), when known, is checked.
     With ``members`` it is a directory: the whole objects under the prefix
     ``key``, each at its path below it (a shard's files, for a store that
-    opens a directory), fetched, kept and evicted as one."""
+    opens a directory), fetched, kept and evicted as one. With ``bundle`` as
+    well, the members are ranges of that one object (a bundled shard: each
+    member's ``start`` its offset there), fetched by one get of it, checked
+    whole, then split into the member files."""
 
     key: str
     length: int
@@ -101,6 +114,7 @@ class Unit:
     etag: str | None = None
     sha256: str | None = None
     members: tuple[Unit, ...] = ()
+    bundle: Unit | None = None
 
     def __hash__(self) -> int:
         # Computed once: a directory unit hashes all its members, and the
@@ -186,6 +200,37 @@ def directory_unit(
         "\0".join(f"{m.key}\0{m.version}" for m in members).encode()
     ).hexdigest()
     return Unit(prefix, sum(m.length for m in members), version, members=tuple(members))
+
+
+def bundle_unit(
+    prefix: str, info: ObjectInfo, sha256: str, layout: dict[str, tuple[int, int]]
+) -> Unit:
+    """The directory unit of the bundle ``info`` (an object under ``prefix``
+    of SHA-256 ``sha256``): the member files of ``layout`` (file name ->
+    (offset, size) in the bundle), which must tile it from 0 to its end, so
+    the unit's length, what it reserves, is the object's size."""
+    prefix = prefix.strip("/")
+    members, end = [], 0
+    for member in sorted(layout, key=lambda name: (layout[name][0], name)):
+        offset, size = layout[member]
+        if "/" in member or member in ("", ".", "..") or offset != end or size < 0:
+            raise ValueError(
+                f"bundle {info.key!r}: member {member!r} at {offset} (+{size}) is not a file "
+                f"name whose bytes start where the previous ones end ({end})"
+            )
+        members.append(Unit(f"{prefix}/{member}", size, info.version, offset, False, info.etag))
+        end += size
+    if not members or end != info.size:
+        raise ValueError(
+            f"bundle {info.key!r} holds {info.size} bytes but its members cover {end}: "
+            "the layout must tile it"
+        )
+    whole = object_unit(info, sha256)
+    text = "\0".join(
+        [whole.key, whole.version] + [f"{m.key}@{m.start}+{m.length}" for m in members]
+    )
+    version = hashlib.sha256(f"bundle\0{text}".encode()).hexdigest()
+    return Unit(prefix, info.size, version, members=tuple(members), bundle=whole)
 
 
 class Plan:
@@ -802,8 +847,7 @@ class UnitCache:
         part = os.path.join(self._tmp_dir, name + PART_SUFFIX)
         path = os.path.join(self._units_dir, name)
         try:
-            for member, target in _targets(unit, fd, part):
-                data = self._fetch_checked(member)
+            for target, data in self._bodies(unit, fd, part):
                 written = os.open(target, os.O_WRONLY) if target else fd
                 try:
                     os.pwrite(written, data, 0)
@@ -832,6 +876,18 @@ class UnitCache:
             event = self._in_flight.pop(name, None)
             if event is not None:
                 event.set()
+
+    def _bodies(self, unit: Unit, fd: int, part: str) -> Iterator[tuple[str, bytes | memoryview]]:
+        """(path in the ``.part``, or "" for ``fd`` itself; its checked bytes)
+        of each file of ``unit``: a member at a time, or for a bundle all of
+        them sliced out of its one checked fetch."""
+        if unit.bundle is None:
+            for member, target in _targets(unit, fd, part):
+                yield target, self._fetch_checked(member)
+            return
+        body = memoryview(self._fetch_checked(unit.bundle))
+        for member, target in _targets(unit, fd, part):
+            yield target, body[member.start : member.start + member.length]
 
     def _fetch_checked(self, unit: Unit) -> bytes:
         """The unit's bytes, fetched again when short, long or of the wrong

@@ -8,7 +8,9 @@ opened from a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``,
 
 - a sharded dataset: the manifest is read uncached and checked by
   ``sharded.parse_manifest``; each shard is one ``directory_unit`` of its
-  objects (from one listing). Every read maps its indices to shards (the
+  objects (from one listing), or, when the manifest records the shard's
+  bundle (one object of its files, ``Manifest.bundles``), one
+  ``bundle_unit``: a single get per shard fetch. Every read maps its indices to shards (the
   manifest's cumulative rows), pins those shards (``UnitCache.acquire``
   with the loader's step, see ``reading_step``), gathers with one native
   call over just those shards (``sharded.BatchView``, indices remapped) and
@@ -36,13 +38,23 @@ import os
 import re
 import shutil
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable
 
 import numpy as np
 import numpy.typing as npt
 
-from ._cache import CacheTooSmallError, Pin, Plan, Unit, UnitCache, directory_unit
+from ._cache import (
+    CacheHeadroomWarning,
+    CacheTooSmallError,
+    Pin,
+    Plan,
+    Unit,
+    UnitCache,
+    bundle_unit,
+    directory_unit,
+)
 from ._remote import (
     ObjectInfo,
     ObjectSource,
@@ -80,6 +92,12 @@ FREE_SHARE = 4
 #: Steps the loader plans ahead of the consumer; the plan is rebuilt from the
 #: consumer's step every PLAN_STEPS // 2 steps, so its memory stays bounded.
 PLAN_STEPS = 256
+#: Above this share of cache_bytes taken by the steps in flight, the loader
+#: warns (CacheHeadroomWarning): measured, 4 workers whose steps in flight
+#: need the whole budget refetched 1.34x of the dataset per epoch.
+HEADROOM_SHARE = 0.5
+#: Frames from LoaderPlan's warning up to the user's DataLoader(...) call.
+_WARN_STACKLEVEL = 5
 #: Open shard stores kept while unpinned (a reopen costs a few file opens and maps);
 #: past this the least recently used unpinned ones are closed, so a store never
 #: holds many evicted (deleted but mapped) shards' files.
@@ -246,7 +264,11 @@ class RemoteStore:
                 "serve it from object storage or file://"
             )
         objects = [ObjectInfo(MANIFEST_FILE, 0, None)]
+        bundles = self.manifest.bundles or {}
         for name, files in self.manifest.files.items():
+            if name in bundles:
+                objects.append(ObjectInfo(f"{name}/{bundles[name].file}", bundles[name].size, None))
+                continue
             objects.extend(
                 ObjectInfo(f"{name}/{file}", size, None) for file, (size, _) in files.items()
             )
@@ -681,15 +703,43 @@ def _recorded(url: str, manifest: Manifest, name: str, infos: list[ObjectInfo]) 
     return kept
 
 
+def _bundled(url: str, manifest: Manifest, name: str, infos: list[ObjectInfo]) -> Unit:
+    """The unit of bundled shard ``name``: one object, at its recorded size
+    (ManifestError naming it otherwise), split into the recorded files."""
+    assert manifest.bundles is not None and manifest.files is not None
+    bundle = manifest.bundles[name]
+    key = f"{name}/{bundle.file}"
+    info = next((info for info in infos if info.key == key), None)
+    if info is None or info.size != bundle.size:
+        found = "missing" if info is None else f"{info.size} bytes"
+        raise ManifestError(
+            f"'{url}/{key}' is {found}, but the manifest records {bundle.size} bytes: the "
+            "dataset was changed after commit; write it again"
+        )
+    if SCHEMA_FILE not in bundle.offsets:
+        raise ManifestError(
+            f"'{url}': shard {name!r} listed in the manifest is not a loaderx store (its "
+            f"bundle has no {SCHEMA_FILE}): the dataset is incomplete"
+        )
+    files = manifest.files[name]
+    layout = {file: (offset, files[file][0]) for file, offset in bundle.offsets.items()}
+    return bundle_unit(name, info, bundle.sha256, layout)
+
+
 def _shard_units(url: str, manifest: Manifest, objects: Sequence[ObjectInfo]) -> list[Unit]:
-    """Each shard of ``manifest`` as the directory unit of its objects."""
+    """Each shard of ``manifest`` as the directory unit of its objects, or of
+    its one bundle object (``Manifest.bundles``): fetched by one get."""
     by_shard: dict[str, list[ObjectInfo]] = {name: [] for name in manifest.names}
     for info in objects:
         head = info.key.split("/", 1)[0]
         if head in by_shard and "/" in info.key:
             by_shard[head].append(info)
     units = []
+    bundles = manifest.bundles or {}
     for name in manifest.names:
+        if name in bundles:
+            units.append(_bundled(url, manifest, name, by_shard[name]))
+            continue
         infos = _recorded(url, manifest, name, by_shard[name])
         if not any(info.key == f"{name}/{SCHEMA_FILE}" for info in infos):
             raise ManifestError(
@@ -708,7 +758,9 @@ class LoaderPlan:
     read at once (the loader's worker threads): the union of any
     ``in_flight`` consecutive steps' units must fit each store's budget, or
     CacheTooSmallError when the plan is made (the loader's construction,
-    ``load_state_dict``), never a hang."""
+    ``load_state_dict``), never a hang. When it needs more than
+    HEADROOM_SHARE of a budget, the first plan (the loader's construction)
+    warns with CacheHeadroomWarning."""
 
     def __init__(
         self,
@@ -733,9 +785,10 @@ class LoaderPlan:
                     touched[id(store)].extend(store.units_of(indices))
             for key, units in touched.items():
                 steps[key].append(units)
+        building = self.base < 0
         for store in self.stores:
             planned = steps[id(store)]
-            self._check_budget(store, planned, step)
+            self._check_budget(store, planned, step, building)
             store.set_plan(Plan(planned), step)
         self.base = step
 
@@ -744,12 +797,20 @@ class LoaderPlan:
         if self.stores and step - self.base >= PLAN_STEPS // 2:
             self.start(step)
 
-    def _check_budget(self, store: RemoteStore, planned: list[list[Unit]], first: int) -> None:
+    def _check_budget(
+        self, store: RemoteStore, planned: list[list[Unit]], first: int, building: bool
+    ) -> None:
+        """CacheTooSmallError when a window of in-flight steps does not fit the
+        budget; when ``building`` (the first plan), CacheHeadroomWarning when
+        one needs more than HEADROOM_SHARE of a budget that cannot hold the
+        whole dataset (one that can never evicts)."""
         assert store.cache is not None
         budget = store.cache.cache_bytes
+        most = (0, 0, 0)  # (bytes, step, shards) of the window that needs the most
         for at in range(len(planned)):
             window = {id(u): u for units in planned[at : at + self.in_flight] for u in units}
             need = sum(unit.length for unit in window.values())
+            most = max(most, (need, first + at, len(window)))
             if need > budget:
                 largest = max(unit.length for unit in window.values())
                 raise CacheTooSmallError(
@@ -759,3 +820,17 @@ class LoaderPlan:
                     f"flight): give cache_bytes of at least {need}, fewer num_workers, a "
                     "smaller batch, or smaller shards"
                 )
+        evicts = sum(unit.length for unit in store.units) > budget  # else nothing is refetched
+        if building and evicts and most[0] > HEADROOM_SHARE * budget:
+            warnings.warn(
+                CacheHeadroomWarning(
+                    f"the {self.in_flight} loader steps in flight over {store.path} read up to "
+                    f"{most[0]} bytes at once ({most[2]} shards, at step {most[1]}): "
+                    f"{most[0] / budget:.0%} of cache_bytes={budget}, so eviction has little "
+                    "room to keep the shards the next steps read again, and fetches some of "
+                    "them more than once per epoch (4 workers at exactly the budget fetched "
+                    f"1.34x the dataset an epoch); give cache_bytes of at least {2 * most[0]}, "
+                    "or fewer num_workers, a smaller batch or smaller shards"
+                ),
+                stacklevel=_WARN_STACKLEVEL,
+            )

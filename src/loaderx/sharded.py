@@ -48,6 +48,7 @@ from ._envelope import (
 )
 from ._fs import OS_FS, OsFs
 from ._native import check, ffi, lib
+from ._remote import RemoteNotFoundError, RetryingSource, is_remote, open_source
 from .schema import Schema, StrPath, read_schema
 from .zrecord import NativeHandle, Zrecord, gather_arguments, u64_pointer
 
@@ -55,6 +56,9 @@ __all__ = [
     "MANIFEST_FILE",
     "MANIFEST_FORMAT",
     "MANIFEST_VERSION",
+    "BUNDLE_FILE",
+    "BUNDLE_VERSION",
+    "Bundle",
     "SHARD_COUNT_MAX",
     "SHARD_PATTERN",
     "Manifest",
@@ -77,6 +81,14 @@ MANIFEST_FORMAT = "loaderx-shards"
 # loaderx wrote before it, carried its body's SHA-256 and is still read.
 MANIFEST_VERSION = 2
 _SHA256_VERSION = 1
+# Version 3 adds ``bundles``: shards uploaded as one object each. A manifest
+# with bundles is sealed as version 3, so a loaderx that cannot read them says
+# "upgrade" instead of looking for the shards' files one by one; one without
+# is still sealed as version 2, readable by every loaderx since the envelope.
+BUNDLE_VERSION = 3
+# The one object of a bundled shard, under the shard's prefix: its files
+# (the store's lock excepted) concatenated, at the offsets the manifest records.
+BUNDLE_FILE = "shard.lxs"
 # Bounds what a damaged manifest can make us allocate or open: zig/shards.zig's
 # bound (2^20 shards, at well under 256 bytes an entry), read from the core.
 SHARD_COUNT_MAX = int(lib.lx_shard_count_max())
@@ -85,7 +97,8 @@ SHARD_PATTERN = re.compile(r"shard-(\d{5,})")
 # The optional ``files`` map (shard name -> {file name: [size, sha256 hex]}),
 # which writers to object storage record and readers check fetched bytes
 # against, is an added key: readers that predate it ignore it, so the
-# version did not change.
+# version did not change. The ``bundles`` map (shard name -> {"file", "size",
+# "sha256", "offsets": {file name: offset}}) came with version 3.
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -99,8 +112,20 @@ def shard_name(k: int) -> str:
     return f"shard-{shard_number(k):05d}"
 
 
-def is_sharded(path: StrPath, *, _fs: OsFs = OS_FS) -> bool:
-    """True when ``path`` is a committed sharded dataset (it has a manifest)."""
+def is_sharded(
+    path: StrPath, *, storage_options: dict[str, Any] | None = None, _fs: OsFs = OS_FS
+) -> bool:
+    """True when ``path`` is a committed sharded dataset (it has a manifest).
+    ``path`` may be a URL (``s3://``, ``gs://``, ``az://``, ``http(s)://``,
+    ``file://``): then one ``head`` of its manifest object answers, with
+    ``storage_options`` as the datasets take them."""
+    if is_remote(path):
+        source = RetryingSource(open_source(os.fspath(path).rstrip("/"), storage_options))
+        try:
+            source.head(MANIFEST_FILE)
+        except RemoteNotFoundError:
+            return False
+        return True
     return _fs.isfile(os.path.join(os.fspath(path), MANIFEST_FILE))
 
 
@@ -144,16 +169,33 @@ def shard_number(k: Any) -> int:  # Any: checked here
 
 
 @dataclass(frozen=True)
+class Bundle:
+    """A shard stored as one object, ``<shard>/<file>``: its files
+    concatenated, file ``f`` at ``offsets[f]`` (sizes from ``Manifest.files``,
+    tiling the object: no gap, no overlap), ``size`` bytes whose SHA-256 is
+    ``sha256`` (hex). One GET fetches the whole shard."""
+
+    file: str
+    size: int
+    sha256: str
+    offsets: dict[str, int]
+
+
+@dataclass(frozen=True)
 class Manifest:
     """A checked manifest: the schema and each shard's name and row count.
     ``files`` is ``{shard name: {file name: (size, sha256 hex)}}`` for every
     shard when the writer recorded it (datasets written to object storage),
-    else None (local commits, and every manifest before it existed)."""
+    else None (local commits, and every manifest before it existed).
+    ``bundles`` is ``{shard name: Bundle}`` for the shards uploaded as one
+    object (writers to object storage since version 3), else None; a shard
+    without one is one object per file."""
 
     schema: Schema
     names: tuple[str, ...]
     rows: tuple[int, ...]
     files: dict[str, dict[str, tuple[int, str]]] | None = None
+    bundles: dict[str, Bundle] | None = None
 
     @property
     def total_rows(self) -> int:
@@ -177,7 +219,7 @@ def parse_manifest(payload: bytes, file: str, root: str | None = None) -> Manife
     storage, whose shard names are checked as text only."""
     if len(payload) > _MANIFEST_BYTES_MAX:
         raise ManifestError(f"{file} is over {_MANIFEST_BYTES_MAX} bytes: not a loaderx manifest")
-    body = _unpack_envelope(file, payload)
+    version, body = _unpack_envelope(file, payload)
     try:
         data = msgpack.unpackb(body, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types for bad bytes
@@ -198,7 +240,16 @@ def parse_manifest(payload: bytes, file: str, root: str | None = None) -> Manife
             "the manifest is damaged; run loaderx.shards.commit again"
         )
     files = _check_files(file, names, data.get("files"))
-    return Manifest(schema, tuple(names), tuple(rows), files)
+    if (version == BUNDLE_VERSION) != ("bundles" in data):
+        # The checksum covers the body, not the version: a flipped version
+        # must not pass for a manifest of the other layout.
+        has = "lists bundles" if "bundles" in data else "lists no bundles"
+        raise ManifestError(
+            f"{file} has version {version} but {has} (bundles come with version "
+            f"{BUNDLE_VERSION} only): the manifest is damaged; commit the dataset again"
+        )
+    bundles = _check_bundles(file, files, data.get("bundles"))
+    return Manifest(schema, tuple(names), tuple(rows), files, bundles)
 
 
 def pack_manifest(
@@ -206,9 +257,12 @@ def pack_manifest(
     names: list[str],
     rows: list[int],
     files: dict[str, dict[str, tuple[int, str]]] | None = None,
+    bundles: dict[str, Bundle] | None = None,
 ) -> bytes:
-    """The sealed bytes of a manifest; ``files`` as ``Manifest.files``."""
+    """The sealed bytes of a manifest; ``files`` and ``bundles`` as
+    ``Manifest``'s (version 3 when there are bundles, else 2)."""
     assert len(names) == len(rows) and (files is None or set(files) == set(names))
+    assert not bundles or (files is not None and set(bundles) <= set(names))
     shards = [{"name": name, "rows": int(count)} for name, count in zip(names, rows)]
     content: dict[str, Any] = {"schema": schema.to_dict(), "shards": shards, "rows": int(sum(rows))}
     if files is not None:
@@ -216,7 +270,18 @@ def pack_manifest(
             name: {file: [int(size), digest] for file, (size, digest) in files[name].items()}
             for name in names
         }
-    return seal(MANIFEST_FORMAT, MANIFEST_VERSION, content)
+    if not bundles:
+        return seal(MANIFEST_FORMAT, MANIFEST_VERSION, content)
+    content["bundles"] = {
+        name: {
+            "file": bundle.file,
+            "size": int(bundle.size),
+            "sha256": bundle.sha256,
+            "offsets": {entry: int(at) for entry, at in bundle.offsets.items()},
+        }
+        for name, bundle in bundles.items()
+    }
+    return seal(MANIFEST_FORMAT, BUNDLE_VERSION, content)
 
 
 def _check_files(
@@ -248,17 +313,59 @@ def _check_files(
     return files
 
 
-def _unpack_envelope(file: str, payload: bytes) -> bytes:
-    """The manifest's body, its envelope checked (either layout)."""
-    limit = MANIFEST_VERSION
+def _check_bundles(
+    file: str, files: dict[str, dict[str, tuple[int, str]]] | None, found: object
+) -> dict[str, Bundle] | None:
+    """The manifest's ``bundles`` map checked (None when absent): each of a
+    listed shard, a plain file name, a size and SHA-256, and offsets of
+    exactly the shard's files that tile the object from 0 to its size."""
+    if found is None:
+        return None
+    damaged = f"{file} has a damaged bundle list"
+    if not isinstance(found, dict) or files is None or not set(found) <= set(files):
+        raise ManifestError(f"{damaged}: it must map listed shards (with files) to bundles")
+    bundles: dict[str, Bundle] = {}
+    for name, entry in found.items():
+        entry = entry if isinstance(entry, dict) else {}
+        bundle_file, size, digest = entry.get("file"), entry.get("size"), entry.get("sha256")
+        offsets = entry.get("offsets")
+        if not isinstance(bundle_file, str) or not _FILE_NAME.fullmatch(bundle_file):
+            raise ManifestError(f"{damaged}: shard {name!r} has an invalid bundle file")
+        if not isinstance(digest, str) or not _SHA256_HEX.fullmatch(digest):
+            raise ManifestError(f"{damaged}: {name}/{bundle_file} has an invalid SHA-256")
+        if not isinstance(offsets, dict) or set(offsets) != set(files[name]):
+            raise ManifestError(
+                f"{damaged}: {name}/{bundle_file} must give an offset for each of the shard's files"
+            )
+        if not all(isinstance(at, int) and not isinstance(at, bool) for at in offsets.values()):
+            raise ManifestError(f"{damaged}: {name}/{bundle_file} has an invalid offset")
+        end = 0
+        for member in sorted(offsets, key=lambda m: (offsets[m], m)):
+            if offsets[member] != end:
+                raise ManifestError(
+                    f"{damaged}: {name}/{bundle_file} puts {member} at {offsets[member]}, but "
+                    f"the files before it end at {end}: the offsets must tile the bundle"
+                )
+            end += files[name][member][0]
+        if size != end or isinstance(size, bool):
+            raise ManifestError(
+                f"{damaged}: {name}/{bundle_file} has size {size!r}, but its files add up to {end}"
+            )
+        bundles[name] = Bundle(bundle_file, end, digest, dict(offsets))
+    return bundles
+
+
+def _unpack_envelope(file: str, payload: bytes) -> tuple[int, bytes]:
+    """The manifest's version and body, its envelope checked (either layout)."""
+    limit = BUNDLE_VERSION
     try:
         data = unpack_map(payload)
         legacy = "sha256" in data and not is_sealed(data)
-        limit = _SHA256_VERSION if legacy else MANIFEST_VERSION
+        limit = _SHA256_VERSION if legacy else BUNDLE_VERSION
         version = check_header(data, MANIFEST_FORMAT, limit)
         if not legacy and version < MANIFEST_VERSION:  # no sealed layout had it
             raise EnvelopeError(VERSION, f"sealed with version {version}", version)
-        return _sha256_body(data) if legacy else checked_body(data)
+        return version, _sha256_body(data) if legacy else checked_body(data)
     except EnvelopeError as exc:
         raise ManifestError(_refusal(file, exc, limit)) from exc
 
@@ -469,6 +576,15 @@ class ShardedStore(ShardsView):
             raise
 
     def _open(self, manifest: Manifest, kind: str) -> None:
+        if manifest.bundles:
+            name = next(iter(manifest.bundles))
+            raise ManifestError(
+                f"'{self.path}' stores its shards as bundles (e.g. {name}/"
+                f"{manifest.bundles[name].file}: one object per shard, as loaderx writes to "
+                "object storage), which only the remote reader splits: open it as the URL "
+                f"file://{os.path.abspath(self.path)} (read through the cache), or read it "
+                "from the store it was downloaded from"
+            )
         if manifest.schema.kind != kind:
             other = "RaggedDataset" if manifest.schema.kind == "ragged" else "DenseDataset"
             raise ValueError(
