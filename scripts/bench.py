@@ -316,6 +316,7 @@ class StoreContender:
     install: str  # the pip requirement that brings it
     write: Callable[[Path, np.ndarray], None] | None  # None: nothing on disk
     open: Callable[[Path, np.ndarray], Opened]
+    before: Callable[[Path, np.ndarray], None] | None = None  # untimed, before each write
 
 
 def _open_memory(directory: Path, rows: np.ndarray) -> Opened:
@@ -368,6 +369,28 @@ def _loaderx_from_numpy(codec: str) -> tuple[Callable, Callable]:
     return write, _open_loaderx(
         "zstd" if codec == "auto" else codec
     )  # reads do not depend on the default codec
+
+
+# The pause of `_delete_a_store`: longer than the 2 s a guest's free page
+# reporting waits before it hands freed memory back to the host.
+DELETE_PAUSE_SECONDS = 5.0
+
+
+def _delete_a_store(directory: Path, rows: np.ndarray) -> None:
+    """Before a timed write: writes a store as large as `rows` beside
+    `directory`, reads it, deletes it, syncs and pauses (`DELETE_PAUSE_SECONDS`), as a
+    user who deletes an old version and then converts a new one. On a VM
+    whose balloon reports free pages, the deleted store's page cache has gone
+    back to the host when the write starts (docs/troubleshooting.md)."""
+    from loaderx import from_numpy
+
+    victim = directory.parent / f"{directory.name}-deleted"
+    from_numpy(victim, rows, codec="raw", progress=False)
+    warm_tree(victim)  # a store in use: its pages in the cache
+    time.sleep(0.5)
+    shutil.rmtree(victim)
+    os.sync()
+    time.sleep(DELETE_PAUSE_SECONDS)
 
 
 SHARD_COUNT = 64
@@ -609,6 +632,13 @@ def store_contenders() -> list[StoreContender]:
         StoreContender("loaderx lz4_shuffle4", ("loaderx",), "-e .", *_loaderx("lz4_shuffle4")),
         StoreContender("loaderx from_numpy raw", ("loaderx",), "-e .", *_loaderx_from_numpy("raw")),
         StoreContender(
+            "loaderx from_numpy raw, after a delete",
+            ("loaderx",),
+            "-e .",
+            *_loaderx_from_numpy("raw"),
+            before=_delete_a_store,
+        ),
+        StoreContender(
             "loaderx from_numpy zstd", ("loaderx",), "-e .", *_loaderx_from_numpy("zstd")
         ),
         StoreContender(
@@ -621,6 +651,9 @@ def store_contenders() -> list[StoreContender]:
             f"loaderx zstd, {SHARD_COUNT} shards", ("loaderx",), "-e .", *_loaderx_sharded("zstd")
         ),
         StoreContender("npy-mmap", (), "", _write_npy, _open_npy),
+        StoreContender(
+            "npy-mmap, after a delete", (), "", _write_npy, _open_npy, before=_delete_a_store
+        ),
         StoreContender("hdf5", ("h5py",), "h5py", _write_hdf5(None), _open_hdf5),
         StoreContender("hdf5-gzip", ("h5py",), "h5py", _write_hdf5("gzip"), _open_hdf5),
         StoreContender("lmdb", ("lmdb",), "lmdb", *lmdb_plain),
@@ -671,6 +704,8 @@ def _write_store(
         directory.mkdir()
         if contender.write is None:
             break
+        if contender.before is not None:
+            contender.before(directory, rows)
         start = time.perf_counter()
         contender.write(directory, rows)
         sync_tree(directory)
@@ -849,13 +884,15 @@ def bench_store(quick: bool) -> str:
         f"~1.3x), {batch_count} random batches of {BATCH_SIZE}, warm page cache\n\n{table}\n\n"
         + (f"{notes}\n\n" if notes else "")
         + f"Write: median of {write_runs} (to the last fsync; loaderx zstd_dict includes training "
-        f"its dictionary). Gather: median of {read_runs} interleaved runs of all {batch_count} "
-        "batches, after every file was read once and each store's first and last batch were "
-        "checked against the source. `on disk` is allocated blocks; `ratio` is source bytes over "
-        "that. Reads go through each library's own batch API: loaderx `gather` into a reused "
-        "buffer, NumPy `take` into one, h5py fancy indexing (sorted, then reordered), one `get` "
-        "per record in LMDB, `oindex` in zarr, index arrays in TensorStore and blosc2, "
-        "`__getitems__` for ArrayRecord, `getitem` in numpack. Chunked stores keep one record per "
+        "its dictionary; an `after a delete` row first writes and reads a store of the same "
+        f"size, deletes it, syncs and waits {DELETE_PAUSE_SECONDS:.0f} s, untimed). Gather: "
+        f"median of {read_runs} interleaved runs of all {batch_count} batches, after every file "
+        "was read once and each store's first and last batch were checked against the source. "
+        "`on disk` is allocated blocks; `ratio` is source bytes over that. Reads go through each "
+        "library's own batch API: loaderx `gather` into a reused buffer, NumPy `take` into one, "
+        "h5py fancy indexing (sorted, then reordered), one `get` per record in LMDB, `oindex` in "
+        "zarr, index arrays in TensorStore and blosc2, `__getitems__` for ArrayRecord, `getitem` "
+        "in numpack. Chunked stores keep one record per "
         f"chunk; zarr and TensorStore shard them 1000 to a file.\n\n{cold_note}\n\n"
         f"{_label_table(quick)}"
     )
