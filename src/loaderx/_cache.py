@@ -529,9 +529,9 @@ class UnitCache:
         counted under the directory lock: two scans without it can count one
         eviction's victim in ``units/`` and its replacement's ``.part`` in
         ``tmp/`` both, a sum the directory never held."""
-        if self._lock_fd < 0:  # closed: no download of ours is under way
-            return _bytes_under(self._units_dir) + _bytes_under(self._tmp_dir)
-        with self.locked():
+        # Closed: the lock file is gone, and no download of ours is under way.
+        guard = self.locked() if self._lock_fd >= 0 else contextlib.nullcontext()
+        with guard:
             return _bytes_under(self._units_dir) + _bytes_under(self._tmp_dir)
 
     def _clean_leftovers(self) -> None:
