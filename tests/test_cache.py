@@ -251,9 +251,9 @@ def test_a_bundle_is_one_get_checked_whole_then_split_into_its_files(tmp_path):
         ):
             cache.acquire(unit)
     assert inner.gets == _cache.FETCH_ATTEMPTS and bytes_under(tmp_path / "d") == 0
-    with pytest.raises(ValueError, match="start where the previous ones end"):
+    with pytest.raises(ValueError, match="the members before it end at 0: the offsets must tile"):
         _cache.bundle_unit("shard-00000", info, "0" * 64, {**layout, "data": (1, 3000)})
-    with pytest.raises(ValueError, match="the layout must tile it"):
+    with pytest.raises(ValueError, match="has size 3070, but its members add up to 3000"):
         _cache.bundle_unit("shard-00000", info, "0" * 64, {"data": (0, 3000)})
 
 

@@ -63,7 +63,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from ._fs import OS_FS
-from ._remote import ObjectInfo, ObjectSource, RemoteError, RemoteIntegrityError
+from ._remote import ObjectInfo, ObjectSource, RemoteError, RemoteIntegrityError, tiling_problem
 
 UNITS_DIR = "units"
 TMP_DIR = "tmp"
@@ -209,22 +209,14 @@ def bundle_unit(
     of SHA-256 ``sha256``): the member files of ``layout`` (file name ->
     (offset, size) in the bundle), which must tile it from 0 to its end, so
     the unit's length, what it reserves, is the object's size."""
+    problem = tiling_problem(layout, info.size)
+    if problem is not None:
+        raise ValueError(f"bundle {info.key!r}: {problem}")
     prefix = prefix.strip("/")
-    members, end = [], 0
-    for member in sorted(layout, key=lambda name: (layout[name][0], name)):
-        offset, size = layout[member]
-        if "/" in member or member in ("", ".", "..") or offset != end or size < 0:
-            raise ValueError(
-                f"bundle {info.key!r}: member {member!r} at {offset} (+{size}) is not a file "
-                f"name whose bytes start where the previous ones end ({end})"
-            )
-        members.append(Unit(f"{prefix}/{member}", size, info.version, offset, False, info.etag))
-        end += size
-    if not members or end != info.size:
-        raise ValueError(
-            f"bundle {info.key!r} holds {info.size} bytes but its members cover {end}: "
-            "the layout must tile it"
-        )
+    members = [
+        Unit(f"{prefix}/{member}", size, info.version, offset, False, info.etag)
+        for member, (offset, size) in sorted(layout.items(), key=lambda item: (item[1][0], item[0]))
+    ]
     whole = object_unit(info, sha256)
     text = "\0".join(
         [whole.key, whole.version] + [f"{m.key}@{m.start}+{m.length}" for m in members]

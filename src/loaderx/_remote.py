@@ -182,6 +182,26 @@ class ObjectInfo:
         return self.etag if self.etag else f"size={self.size},mtime={self.modified_ns}"
 
 
+def tiling_problem(layout: dict[str, tuple[int, int]], size: object) -> str | None:
+    """Why the members of a bundle (``layout``: file name -> (offset, size))
+    do not tile it from 0 to ``size``, or None when they do: in offset order
+    each starts where the previous one ends and the last ends at ``size``."""
+    end = 0
+    for member in sorted(layout, key=lambda name: (layout[name][0], name)):
+        offset, length = layout[member]
+        if "/" in member or member in ("", ".", "..") or length < 0:
+            return f"member {member!r} is not a file name with a size"
+        if offset != end:
+            return (
+                f"member {member!r} starts at {offset}, but the members before it end at {end}: "
+                "the offsets must tile the bundle"
+            )
+        end += length
+    if not layout or size != end or isinstance(size, bool):
+        return f"the bundle has size {size!r}, but its members add up to {end}"
+    return None
+
+
 Data = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 
 

@@ -48,7 +48,7 @@ from ._envelope import (
 )
 from ._fs import OS_FS, OsFs
 from ._native import check, ffi, lib
-from ._remote import RemoteNotFoundError, RetryingSource, is_remote, open_source
+from ._remote import RemoteNotFoundError, RetryingSource, is_remote, open_source, tiling_problem
 from .schema import Schema, StrPath, read_schema
 from .zrecord import NativeHandle, Zrecord, gather_arguments, u64_pointer
 
@@ -339,19 +339,11 @@ def _check_bundles(
             )
         if not all(isinstance(at, int) and not isinstance(at, bool) for at in offsets.values()):
             raise ManifestError(f"{damaged}: {name}/{bundle_file} has an invalid offset")
-        end = 0
-        for member in sorted(offsets, key=lambda m: (offsets[m], m)):
-            if offsets[member] != end:
-                raise ManifestError(
-                    f"{damaged}: {name}/{bundle_file} puts {member} at {offsets[member]}, but "
-                    f"the files before it end at {end}: the offsets must tile the bundle"
-                )
-            end += files[name][member][0]
-        if size != end or isinstance(size, bool):
-            raise ManifestError(
-                f"{damaged}: {name}/{bundle_file} has size {size!r}, but its files add up to {end}"
-            )
-        bundles[name] = Bundle(bundle_file, end, digest, dict(offsets))
+        layout = {member: (offsets[member], files[name][member][0]) for member in offsets}
+        problem = tiling_problem(layout, size)
+        if problem is not None:
+            raise ManifestError(f"{damaged}: {name}/{bundle_file}: {problem}")
+        bundles[name] = Bundle(bundle_file, size, digest, dict(offsets))
     return bundles
 
 
