@@ -235,13 +235,14 @@ def test_budget_holds_after_every_batch(tmp_path, local, mode, shards_held):
 def test_budget_below_what_a_step_needs_is_refused_at_build(tmp_path, local):
     one = shard_bytes(local / "dense")
     tiny = loaderx.DenseDataset(url(local / "dense"), cache_dir=tmp_path, cache_bytes=one // 2)
-    with pytest.raises(CacheTooSmallError, match="cache_bytes"):
+    with pytest.raises(CacheTooSmallError, match="cache_bytes") as refused:
         loaderx.DataLoader({"x": tiny}, mode="SEQUENTIAL", batch_size=BATCH)
+    assert "mode='block'" not in str(refused.value)  # it reads a shard or two a step
     with pytest.raises(CacheTooSmallError, match="read fewer records"):
         tiny[:]  # one read pins all its shards together
     # IID touches every shard each step: four workers in flight need them all at once.
     some = loaderx.DenseDataset(url(local / "dense"), cache_dir=tmp_path, cache_bytes=3 * one)
-    with pytest.raises(CacheTooSmallError, match="in flight"):
+    with pytest.raises(CacheTooSmallError, match="in flight.*or an order that reads a few shards"):
         loaderx.DataLoader({"x": some}, mode="IID", batch_size=BATCH, num_workers=4)
 
 

@@ -813,12 +813,21 @@ class LoaderPlan:
             most = max(most, (need, first + at, len(window)))
             if need > budget:
                 largest = max(unit.length for unit in window.values())
+                # a random order reads about every shard each step: whole
+                # shards then need the dataset's size (the remote guide)
+                spread = len(window) * 2 > len(store.units) > 1
                 raise CacheTooSmallError(
                     f"cache_bytes={budget} of {store.path} is smaller than the {need} bytes "
-                    f"loader step {first + at} reads at once ({len(window)} "
-                    f"shards, the largest {largest} bytes, with {self.in_flight} steps in "
-                    f"flight): give cache_bytes of at least {need}, fewer num_workers, a "
-                    "smaller batch, or smaller shards"
+                    f"loader step {first + at} reads at once ({len(window)} of its "
+                    f"{len(store.units)} shards, the largest {largest} bytes, with "
+                    f"{self.in_flight} steps in flight): give cache_bytes of at least {need}, "
+                    "fewer num_workers, a smaller batch, or smaller shards"
+                    + (
+                        "; or an order that reads a few shards per step (mode='block', or "
+                        "'sequential') instead of this one, which reads most of them"
+                        if spread
+                        else ""
+                    )
                 )
         evicts = sum(unit.length for unit in store.units) > budget  # else nothing is refetched
         if building and evicts and most[0] > HEADROOM_SHARE * budget:
