@@ -1,0 +1,104 @@
+//! The memory ceiling of `scripts/bench.py store`: a native gather of the
+//! bench's random rows with plain memcpy on 1, 2, ... threads. No Python
+//! call per batch, no index check, no hand-off between batches: no store can
+//! gather these records from memory faster on that many threads.
+//!
+//! Built as a shared library (scripts/bench_ceilings.py compiles it with
+//! `python -m ziglang build-lib -dynamic` and calls it through ctypes), so a
+//! ceiling pass runs in the bench's process between its gathers, from the
+//! same source into the same destination array.
+const std = @import("std");
+
+const Copy = *const fn (noalias ?*anyopaque, noalias ?*const anyopaque, usize) callconv(.c) ?*anyopaque;
+
+/// Zig's @memcpy: the compiler_rt copy the loaderx library is built with.
+fn zigCopy(noalias target: ?*anyopaque, noalias source: ?*const anyopaque, bytes: usize) callconv(.c) ?*anyopaque {
+    const to: [*]u8 = @ptrCast(target.?);
+    const from: [*]const u8 = @ptrCast(source.?);
+    @memcpy(to[0..bytes], from[0..bytes]);
+    return target;
+}
+
+var libc_memcpy: ?Copy = null;
+
+/// The C library's own memcpy, looked up in libc.so.6 (a plain `memcpy`
+/// call from Zig binds to compiler_rt's); null when it cannot be found.
+fn libcCopy() ?Copy {
+    if (libc_memcpy) |copy| return copy;
+    const libc = std.c.dlopen("libc.so.6", .{ .NOW = true }) orelse return null;
+    const symbol = std.c.dlsym(libc, "memcpy") orelse return null;
+    libc_memcpy = @ptrCast(@alignCast(symbol));
+    return libc_memcpy;
+}
+
+const Gather = struct {
+    source: [*]const u8,
+    record_bytes: usize,
+    indices: []const u64,
+    batch: usize,
+    target: [*]u8,
+    copy: Copy,
+    go: std.atomic.Value(bool) = .init(false),
+
+    /// Copies rows [first, last) of every batch into their places in the
+    /// one batch-sized target.
+    fn share(gather: *Gather, first: usize, last: usize) void {
+        while (!gather.go.load(.acquire)) std.atomic.spinLoopHint();
+        const bytes = gather.record_bytes;
+        var start: usize = 0;
+        while (start < gather.indices.len) : (start += gather.batch) {
+            for (first..last) |k| {
+                const index = gather.indices[start + k];
+                _ = gather.copy(gather.target + k * bytes, gather.source + index * bytes, bytes);
+            }
+        }
+    }
+};
+
+/// Gathers `count` records (`count / batch` batches of `batch`) of
+/// `record_bytes` from `source` at `indices` into `target` (one batch long)
+/// on `threads` threads, each with a fixed share of every batch; `copy` 0 is
+/// the C library's memcpy, 1 Zig's @memcpy. Returns the nanoseconds from
+/// the start signal to the last thread's end (the threads are started before
+/// it), or 0 if a thread cannot be started, memcpy is not found, or the
+/// arguments make no whole batches. The caller checks the indices.
+export fn memory_gather(
+    source: [*]const u8,
+    record_bytes: usize,
+    indices: [*]const u64,
+    count: usize,
+    batch: usize,
+    target: [*]u8,
+    threads: usize,
+    copy: u32,
+) u64 {
+    if (batch == 0 or count % batch != 0 or threads == 0 or threads > 1024) return 0;
+    const chosen: Copy = if (copy == 1) &zigCopy else libcCopy() orelse return 0;
+    var gather = Gather{
+        .source = source,
+        .record_bytes = record_bytes,
+        .indices = indices[0..count],
+        .batch = batch,
+        .target = target,
+        .copy = chosen,
+    };
+    var spawned: [1024]std.Thread = undefined;
+    var started: usize = 1;
+    defer {
+        gather.go.store(true, .release);
+        for (spawned[1..started]) |thread| thread.join();
+    }
+    // Thread j copies rows [j * batch / threads, (j + 1) * batch / threads).
+    while (started < threads) : (started += 1) {
+        const j = started;
+        spawned[j] = std.Thread.spawn(.{}, Gather.share, .{
+            &gather, j * batch / threads, (j + 1) * batch / threads,
+        }) catch return 0;
+    }
+    var timer = std.time.Timer.start() catch return 0;
+    gather.go.store(true, .release);
+    gather.share(0, batch / threads);
+    for (spawned[1..threads]) |thread| thread.join();
+    started = 1; // joined
+    return timer.read();
+}
