@@ -36,6 +36,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -230,6 +231,11 @@ class ColdReads:
     samples: list[float] = field(default_factory=list)  # seconds per run
 
 
+def _read_at(descriptor: int, read_bytes: int, offsets: np.ndarray) -> int:
+    """preads `read_bytes` at each of `offsets`; the bytes read."""
+    return sum(len(os.pread(descriptor, read_bytes, offset)) for offset in offsets.tolist())
+
+
 def cold_random_reads(
     path: Path, read_bytes: int, reads: int, threads: int, runs: int, seed: int = 0
 ) -> ColdReads:
@@ -248,15 +254,8 @@ def cold_random_reads(
             try:
                 os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_RANDOM)
                 parts = np.array_split(offsets, threads)
-
-                def read_part(part: np.ndarray) -> int:
-                    done = 0
-                    for offset in part.tolist():
-                        done += len(os.pread(descriptor, read_bytes, offset))
-                    return done
-
                 start = time.perf_counter()
-                done = sum(pool.map(read_part, parts))
+                done = sum(pool.map(partial(_read_at, descriptor, read_bytes), parts))
                 seconds.append(time.perf_counter() - start)
             finally:
                 os.close(descriptor)
