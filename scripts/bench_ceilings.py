@@ -89,6 +89,7 @@ def memory_library() -> Path:
 
 
 COPIES = {"libc": 0, "zig": 1}
+MEMORY = "memory"  # a row bound by the memcpy gather (else by a codec's decode)
 
 
 class MemoryGather:
@@ -151,22 +152,42 @@ def cores() -> int:
     )
 
 
+class MemoryRounds:
+    """The memory ceiling in rounds a bench interleaves with its own runs:
+    each `round()` times a memcpy gather of `batches` from `rows` once on
+    every thread count from 1 to `threads_max` (default: one per core)."""
+
+    def __init__(self, rows: np.ndarray, batches: np.ndarray, threads_max: int | None = None):
+        self.gather = MemoryGather()
+        self.rows, self.batches = rows, batches
+        self.out = np.empty((batches.shape[1], *rows.shape[1:]), dtype=rows.dtype)
+        counts = range(1, (threads_max or cores()) + 1)
+        self.samples: dict[int, list[float]] = {threads: [] for threads in counts}
+        self.gather.seconds(rows, batches[:1], self.out, 1)  # loaded, pages touched
+
+    def round(self) -> None:
+        for threads, samples in self.samples.items():
+            samples.append(self.gather.seconds(self.rows, self.batches, self.out, threads))
+
+    def medians(self) -> dict[int, float]:
+        """MiB/s per thread count, the median of the rounds so far."""
+        gathered = self.batches.size * self.rows[0].nbytes
+        return {
+            threads: gathered / statistics.median(samples) / MiB
+            for threads, samples in self.samples.items()
+            if samples
+        }
+
+
 def memory_ceiling(
     rows: np.ndarray, batches: np.ndarray, runs: int, threads_max: int | None = None
 ) -> dict[int, float]:
     """MiB/s of a memcpy gather of `batches` from `rows` on 1..threads_max
-    threads (default: one per core), the median of `runs` rounds; each round
-    times every thread count once."""
-    gather = MemoryGather()
-    out = np.empty((batches.shape[1], *rows.shape[1:]), dtype=rows.dtype)
-    counts = range(1, (threads_max or cores()) + 1)
-    gather.seconds(rows, batches[:1], out, 1)  # the library loaded, the pages touched
-    samples: dict[int, list[float]] = {threads: [] for threads in counts}
+    threads (default: one per core), the median of `runs` rounds."""
+    rounds = MemoryRounds(rows, batches, threads_max)
     for _ in range(runs):
-        for threads in counts:
-            samples[threads].append(gather.seconds(rows, batches, out, threads))
-    gathered = batches.size * rows[0].nbytes
-    return {threads: gathered / statistics.median(s) / MiB for threads, s in samples.items()}
+        rounds.round()
+    return rounds.medians()
 
 
 def decode_ceiling(rows: np.ndarray, codecs: tuple[str, ...], runs: int) -> dict[str, float]:
@@ -305,8 +326,28 @@ class Ceilings:
     disk: Disk | None
     notes: list[str] = field(default_factory=list)
 
-    def memory_at(self, threads: int) -> float:
+    def memory_at(self, threads: int) -> float | None:
+        if not self.memory:
+            return None
         return self.memory[min(max(threads, 1), max(self.memory))]
+
+    def speed(self, bound: tuple[str, int]) -> tuple[float | None, str]:
+        """The ceiling of a row bound by `bound` (MEMORY or a codec, threads;
+        0 threads: one per core) and its label; None when not measured."""
+        kind, threads = bound
+        threads = threads or cores()
+        if kind == MEMORY:
+            return self.memory_at(threads), f"memcpy, {threads} thread" + "s" * (threads > 1)
+        if kind:
+            return self.decode_at(kind, threads), f"{kind} decode x {threads}"
+        return None, ""
+
+    def cold_at(self, read_bytes: int, threads: int) -> float | None:
+        """MiB/s of cold random reads of `read_bytes` on `threads` (0: one per core)."""
+        if self.disk is None:
+            return None
+        cold = self.disk.reads.get((read_bytes, threads or cores()))
+        return None if cold is None else cold.mib_per_second
 
     def decode_at(self, codec: str, threads: int) -> float | None:
         one = self.decode.get(codec)
@@ -324,15 +365,17 @@ def measure(
     disk_reads: int,
     codecs: tuple[str, ...] = DECODE_CODECS,
     disk: bool = True,
+    memory: MemoryRounds | None = None,
 ) -> Ceilings:
-    """Every ceiling for `rows` and `batches`; a ceiling that cannot be
-    measured here (no compiler, no libzstd, no posix_fadvise) is left out
-    with a note saying why."""
+    """Every ceiling for `rows` and `batches` (the memory one from `memory`'s
+    rounds when given, interleaved with a bench's runs); a ceiling that
+    cannot be measured here (no compiler, no libzstd, no posix_fadvise) is
+    left out with a note saying why."""
     notes = []
     try:
-        memory = memory_ceiling(rows, batches, runs)
+        speeds = memory_ceiling(rows, batches, runs) if memory is None else memory.medians()
     except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
-        memory, notes = {}, [f"memory ceiling not measured: {type(exc).__name__}: {exc}"]
+        speeds, notes = {}, [f"memory ceiling not measured: {type(exc).__name__}: {exc}"]
     try:
         decode = decode_ceiling(rows, codecs, runs)
     except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
@@ -344,7 +387,7 @@ def measure(
             measured_disk = disk_ceilings(Path(temporary), disk_bytes, disk_reads, runs)
     elif disk:
         notes.append("disk ceilings not measured: this platform has no posix_fadvise")
-    return Ceilings(memory, decode, measured_disk, notes)
+    return Ceilings(speeds, decode, measured_disk, notes)
 
 
 def ceilings_table(ceilings: Ceilings, runs: int) -> str:
