@@ -42,6 +42,11 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+# Its neighbours (bench_codecs builds the decode ceiling) import by name.
+if str(ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(ROOT / "scripts"))
+import bench_codecs  # noqa: E402
+
 MiB = 1 << 20
 KiB = 1 << 10
 
@@ -62,9 +67,7 @@ def _build_directory() -> Path:
 def codec_binary() -> Path:
     """scripts/codec_ceiling.zig, built once per process (about 20 s)."""
     if "codec" not in _BUILT:
-        from bench_codecs import build_ceiling
-
-        _BUILT["codec"] = build_ceiling(_build_directory())
+        _BUILT["codec"] = bench_codecs.build_ceiling(_build_directory())
     return _BUILT["codec"]
 
 
@@ -193,12 +196,10 @@ def memory_ceiling(
 def decode_ceiling(rows: np.ndarray, codecs: tuple[str, ...], runs: int) -> dict[str, float]:
     """Single-core MiB/s of the system library decoding every record of
     `rows`, compressed as a store compresses it, per codec (median of `runs`)."""
-    from bench_codecs import ceiling_runs
-
     with tempfile.TemporaryDirectory(prefix="loaderx-bench-decode-") as temporary:
         records = Path(temporary) / "records.bin"
         np.ascontiguousarray(rows).tofile(records)
-        measured = ceiling_runs(codec_binary(), codecs, records, rows[0].nbytes, runs)
+        measured = bench_codecs.ceiling_runs(codec_binary(), codecs, records, rows[0].nbytes, runs)
     return {
         codec: rows.nbytes / statistics.median(library) / MiB
         for codec, (_, library, _) in measured.items()
@@ -442,7 +443,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and one run")
     arguments = parser.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench import BATCH_SIZE, structured_rows
 
     count, batch_count, runs = (2000, 8, 1) if arguments.quick else (20000, 200, 5)
