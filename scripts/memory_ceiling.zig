@@ -38,11 +38,13 @@ const Gather = struct {
     batch: usize,
     target: [*]u8,
     copy: Copy,
+    ready: std.atomic.Value(usize) = .init(0),
     go: std.atomic.Value(bool) = .init(false),
 
     /// Copies rows [first, last) of every batch into their places in the
     /// one batch-sized target.
     fn share(gather: *Gather, first: usize, last: usize) void {
+        _ = gather.ready.fetchAdd(1, .release);
         while (!gather.go.load(.acquire)) std.atomic.spinLoopHint();
         const bytes = gather.record_bytes;
         var start: usize = 0;
@@ -59,8 +61,8 @@ const Gather = struct {
 /// `record_bytes` from `source` at `indices` into `target` (one batch long)
 /// on `threads` threads, each with a fixed share of every batch; `copy` 0 is
 /// the C library's memcpy, 1 Zig's @memcpy. Returns the nanoseconds from
-/// the start signal to the last thread's end (the threads are started before
-/// it), or 0 if a thread cannot be started, memcpy is not found, or the
+/// the start signal, given once every thread runs, to the last thread's end,
+/// or 0 if a thread cannot be started, memcpy is not found, or the
 /// arguments make no whole batches. The caller checks the indices.
 export fn memory_gather(
     source: [*]const u8,
@@ -95,6 +97,9 @@ export fn memory_gather(
             &gather, j * batch / threads, (j + 1) * batch / threads,
         }) catch return 0;
     }
+    // Timed from when every thread is running: a start, not a copy, is
+    // what a new thread waits for.
+    while (gather.ready.load(.acquire) < threads - 1) std.atomic.spinLoopHint();
     var timer = std.time.Timer.start() catch return 0;
     gather.go.store(true, .release);
     gather.share(0, batch / threads);
