@@ -19,7 +19,10 @@ its 200 random batches of 256, gathered in interleaved rounds by:
 
 Prints each variant's median MiB/s, the median over rounds of its ratio to
 the memory ceiling on the same round (libc, in-memory source, as many
-threads as it uses), the minor page faults per batch, and the load average.
+threads as it uses), the process's CPU seconds per wall second (how many
+cores it got: a second thread on a busy machine may get little), MiB per
+CPU second (the work per core, whatever the machine gave), the minor page
+faults per batch, and the load average.
 """
 
 from __future__ import annotations
@@ -131,13 +134,15 @@ def main(argv: list[str] | None = None) -> int:
         for _, run in table.values():  # pages mapped, libraries loaded
             run()
         seconds = {name: [] for name in table}
+        cpu = {name: [] for name in table}
         faults = {name: [] for name in table}
         loads = []
         for _ in range(rounds):
             loads.append(os.getloadavg()[0])
             for name, (_, run) in table.items():
-                before = _faults()
+                before, used = _faults(), time.process_time()
                 seconds[name].append(run())
+                cpu[name].append(time.process_time() - used)
                 faults[name].append((_faults() - before) / len(batches))
         calls = {threads: per_call(store, rows, 20000) for threads, store in stores.items()}
         for store in stores.values():
@@ -154,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
                 name,
                 f"{gathered / statistics.median(seconds[name]) / MiB:,.0f}",
                 f"{statistics.median(ratios):.2f}x",
+                f"{statistics.median(c / w for c, w in zip(cpu[name], seconds[name])):.2f}",
+                f"{gathered / statistics.median(cpu[name]) / MiB:,.0f}",
                 f"{statistics.median(faults[name]):.1f}",
             ]
         )
@@ -163,7 +170,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         markdown_table(
-            ["variant", "MiB/s", "x libc ceiling (paired)", "minor faults / batch"], rows_out
+            [
+                "variant",
+                "MiB/s",
+                "x libc ceiling (paired)",
+                "CPU s / wall s",
+                "MiB / CPU s",
+                "minor faults / batch",
+            ],
+            rows_out,
         )
     )
     print(
