@@ -111,6 +111,26 @@ def per_call(store, rows, calls: int) -> float:
     return (time.perf_counter() - begin) / calls
 
 
+def report(table, seconds, cpu, faults, gathered: int) -> list[list[str]]:
+    """One table row per variant: medians, and the paired ratio to the
+    libc in-memory ceiling on as many threads."""
+    rows_out = []
+    for name, (threads, _) in table.items():
+        reference = seconds[f"ceiling: libc memcpy, in memory, {min(threads, 2)}t"]
+        ratios = [ceiling / own for ceiling, own in zip(reference, seconds[name])]
+        rows_out.append(
+            [
+                name,
+                f"{gathered / statistics.median(seconds[name]) / MiB:,.0f}",
+                f"{statistics.median(ratios):.2f}x",
+                f"{statistics.median(c / w for c, w in zip(cpu[name], seconds[name])):.2f}",
+                f"{gathered / statistics.median(cpu[name]) / MiB:,.0f}",
+                f"{statistics.median(faults[name]):.1f}",
+            ]
+        )
+    return rows_out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -149,21 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             store.close()
         dataset.close()
         del mapped
-    gathered = batches.size * rows[0].nbytes
-    rows_out = []
-    for name, (threads, _) in table.items():
-        reference = seconds[f"ceiling: libc memcpy, in memory, {min(threads, 2)}t"]
-        ratios = [ceiling / own for ceiling, own in zip(reference, seconds[name])]
-        rows_out.append(
-            [
-                name,
-                f"{gathered / statistics.median(seconds[name]) / MiB:,.0f}",
-                f"{statistics.median(ratios):.2f}x",
-                f"{statistics.median(c / w for c, w in zip(cpu[name], seconds[name])):.2f}",
-                f"{gathered / statistics.median(cpu[name]) / MiB:,.0f}",
-                f"{statistics.median(faults[name]):.1f}",
-            ]
-        )
+    rows_out = report(table, seconds, cpu, faults, batches.size * rows[0].nbytes)
     print(
         f"### gather gap: {count:,} records of {rows[0].nbytes // 1024} KiB, 200 random batches "
         f"of {BATCH_SIZE}, {rounds} interleaved rounds, {bench_ceilings.cores()} cores\n"
