@@ -112,6 +112,9 @@ class MemoryGather:
             ctypes.c_size_t,
             ctypes.c_uint32,
         ]
+        synced = self.library.memory_gather_synced
+        synced.restype = ctypes.c_uint64
+        synced.argtypes = [*function.argtypes, ctypes.c_uint32]
 
     def seconds(
         self,
@@ -120,10 +123,13 @@ class MemoryGather:
         out: np.ndarray,
         threads: int,
         copy: str = "libc",
+        handoff: str = "",
     ) -> float:
         """Seconds to gather every batch of `batches` (one row of indices
         each) from `source` (records along axis 0) into `out` (one batch) on
-        `threads` threads."""
+        `threads` threads; `handoff` "futex" or "spin" hands every batch to
+        the threads and waits for them (as a call per batch does), sleeping
+        or spinning in between."""
         flat = np.ascontiguousarray(batches, dtype=np.uint64).reshape(-1)
         record_bytes = source[0].nbytes
         if flat.size and int(flat.max()) >= len(source):
@@ -132,7 +138,7 @@ class MemoryGather:
             raise ValueError("out must be one C-contiguous batch of records")
         if not source.flags.c_contiguous:
             raise ValueError("source must be C-contiguous")
-        nanoseconds = self.library.memory_gather(
+        arguments = (
             source.ctypes.data,
             record_bytes,
             flat.ctypes.data,
@@ -142,6 +148,11 @@ class MemoryGather:
             threads,
             COPIES[copy],
         )
+        if handoff:
+            spin = {"futex": 0, "spin": 1}[handoff]
+            nanoseconds = self.library.memory_gather_synced(*arguments, spin)
+        else:
+            nanoseconds = self.library.memory_gather(*arguments)
         if nanoseconds == 0:
             raise RuntimeError(
                 "memory_gather failed: a thread could not start or libc.so.6 has no memcpy"

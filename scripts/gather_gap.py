@@ -15,6 +15,9 @@ its 200 random batches of 256, gathered in interleaved rounds by:
   `np.empty` per batch (the bench's bare loop), and the gather into a
   page-aligned array (the ceiling's own destination is a NumPy array, 16
   bytes past a page);
+- the memory ceiling with a hand-off per batch: the threads woken for each
+  batch and waited for (sleeping on a futex, or spinning, in between), as
+  a gather call per batch does;
 - per-call overhead: a gather of one record, many times.
 
 Prints each variant's median MiB/s, the median over rounds of its ratio to
@@ -93,6 +96,11 @@ def variants(rows, mapped, batches, stores, dataset, gather):
         table[f"ceiling: libc, in memory, aligned out, {threads}t"] = (
             threads,
             ceiling(rows, threads, "libc", aligned),
+        )
+    for handoff in ("futex", "spin"):
+        table[f"ceiling: libc, in memory, hand-off per batch ({handoff}), 2t"] = (
+            2,
+            lambda handoff=handoff: gather.seconds(rows, batches, out, 2, "libc", handoff),
         )
     for threads, store in stores.items():
         table[f"Zrecord.gather, reused out, {threads}t"] = (threads, store_gather(store, out))

@@ -107,3 +107,108 @@ export fn memory_gather(
     started = 1; // joined
     return timer.read();
 }
+
+/// The same gather with a hand-off per batch, as a gather call makes one:
+/// the threads stay up for the whole call, but each batch is published to
+/// them and waited for, the workers and the caller sleeping on a futex
+/// between batches (`spin` 0) or spinning (`spin` 1). What this loses
+/// against `memory_gather` is what a per-batch fork-join costs here.
+const Synced = struct {
+    gather: Gather,
+    threads: usize,
+    spin: bool,
+    generation: std.atomic.Value(u32) = .init(0),
+    done: std.atomic.Value(u32) = .init(0),
+
+    const stop = std.math.maxInt(u32);
+
+    fn rows(synced: *Synced, j: usize, batch_number: usize) void {
+        const gather = &synced.gather;
+        const bytes = gather.record_bytes;
+        const start = batch_number * gather.batch;
+        for (j * gather.batch / synced.threads..(j + 1) * gather.batch / synced.threads) |k| {
+            const index = gather.indices[start + k];
+            _ = gather.copy(gather.target + k * bytes, gather.source + index * bytes, bytes);
+        }
+    }
+
+    fn worker(synced: *Synced, j: usize) void {
+        var seen: u32 = 0;
+        while (true) {
+            var now = synced.generation.load(.acquire);
+            while (now == seen) : (now = synced.generation.load(.acquire)) {
+                if (synced.spin) std.atomic.spinLoopHint() else std.Thread.Futex.wait(
+                    &synced.generation,
+                    seen,
+                );
+            }
+            seen = now;
+            if (seen == stop) return;
+            synced.rows(j, seen - 1);
+            _ = synced.done.fetchAdd(1, .release);
+            if (!synced.spin) std.Thread.Futex.wake(&synced.done, 1);
+        }
+    }
+
+    fn publish(synced: *Synced, generation: u32) void {
+        synced.generation.store(generation, .release);
+        if (!synced.spin) std.Thread.Futex.wake(&synced.generation, std.math.maxInt(u32));
+    }
+
+    fn waitDone(synced: *Synced) void {
+        const workers: u32 = @intCast(synced.threads - 1);
+        var done = synced.done.load(.acquire);
+        while (done < workers) : (done = synced.done.load(.acquire)) {
+            if (synced.spin) std.atomic.spinLoopHint() else std.Thread.Futex.wait(
+                &synced.done,
+                done,
+            );
+        }
+    }
+};
+
+export fn memory_gather_synced(
+    source: [*]const u8,
+    record_bytes: usize,
+    indices: [*]const u64,
+    count: usize,
+    batch: usize,
+    target: [*]u8,
+    threads: usize,
+    copy: u32,
+    spin: u32,
+) u64 {
+    if (batch == 0 or count % batch != 0 or threads == 0 or threads > 1024) return 0;
+    if (count / batch >= Synced.stop) return 0;
+    const chosen: Copy = if (copy == 1) &zigCopy else libcCopy() orelse return 0;
+    var synced = Synced{
+        .gather = .{
+            .source = source,
+            .record_bytes = record_bytes,
+            .indices = indices[0..count],
+            .batch = batch,
+            .target = target,
+            .copy = chosen,
+        },
+        .threads = threads,
+        .spin = spin != 0,
+    };
+    var spawned: [1024]std.Thread = undefined;
+    var started: usize = 1;
+    defer {
+        synced.publish(Synced.stop);
+        for (spawned[1..started]) |thread| thread.join();
+    }
+    while (started < threads) : (started += 1) {
+        spawned[started] = std.Thread.spawn(.{}, Synced.worker, .{ &synced, started }) catch
+            return 0;
+    }
+    var timer = std.time.Timer.start() catch return 0;
+    for (0..count / batch) |batch_number| {
+        synced.done.store(0, .release);
+        synced.publish(@intCast(batch_number + 1));
+        synced.rows(0, batch_number);
+        synced.waitDone();
+    }
+    return timer.read();
+}

@@ -121,9 +121,10 @@ def test_ceilings_measure_positive_speeds_and_gather_the_right_rows(tmp_path):
     gather = bench_ceilings.MemoryGather()
     for threads in (1, 2, 3):
         for copy in bench_ceilings.COPIES:
-            out = np.zeros((16, 3072), dtype=np.float32)
-            assert gather.seconds(rows, batches, out, threads, copy) > 0
-            assert np.array_equal(out, rows[batches[-1]]), (threads, copy)
+            for handoff in ("", "futex", "spin"):
+                out = np.zeros((16, 3072), dtype=np.float32)
+                assert gather.seconds(rows, batches, out, threads, copy, handoff) > 0
+                assert np.array_equal(out, rows[batches[-1]]), (threads, copy, handoff)
     with pytest.raises(ValueError, match="beyond the 64 records"):
         gather.seconds(rows, batches + 64, out, 1)
     memory = bench_ceilings.memory_ceiling(rows, batches, 2, threads_max=2)
