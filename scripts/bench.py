@@ -978,16 +978,17 @@ CEILING_NOTE = (
     "it runs on (loaderx: one per core, its default; NumPy, h5py, LMDB, numpack: the calling "
     "thread); a compressed gather against the system library's single-core decode of its codec "
     "times the cores (loaderx's zstd_dict and zarr, TensorStore, ArrayRecord against plain zstd, "
-    "blosc2 against zstd_shuffle4; gzip and zlib are not measured: —); the memory ceiling's "
-    "rounds are interleaved with the gathers' runs."
+    "blosc2 against zstd_shuffle4; gzip and zlib are not measured: —); a round of the memory "
+    "and decode ceilings runs after every round of gathers, so both see the same machine."
 )
 
 
 def _memory_rounds(rows: np.ndarray, batches: np.ndarray):
-    """bench_ceilings.MemoryRounds for these batches, or None when its library
-    cannot be built or loaded here (the ceilings then say why)."""
+    """bench_ceilings.CeilingRounds for these batches and STORE_CODECS, or
+    None when its library cannot be built or loaded here (the ceilings then
+    say why)."""
     try:
-        return bench_ceilings.MemoryRounds(rows, batches)
+        return bench_ceilings.CeilingRounds(rows, batches, codecs=STORE_CODECS)
     except (OSError, subprocess.SubprocessError, RuntimeError):
         return None
 

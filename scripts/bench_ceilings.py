@@ -166,12 +166,21 @@ def cores() -> int:
     )
 
 
-class MemoryRounds:
-    """The memory ceiling in rounds a bench interleaves with its own runs:
-    each `round()` times a memcpy gather of `batches` from `rows` once on
-    every thread count from 1 to `threads_max` (default: one per core)."""
+class CeilingRounds:
+    """The memory and decode ceilings in rounds a bench interleaves with its
+    own runs: each `round()` times a memcpy gather of `batches` from `rows`
+    once on every thread count from 1 to `threads_max` (default: one per
+    core), and one decode pass of every record per codec of `codecs`."""
 
-    def __init__(self, rows: np.ndarray, batches: np.ndarray, threads_max: int | None = None):
+    def __init__(
+        self,
+        rows: np.ndarray,
+        batches: np.ndarray,
+        threads_max: int | None = None,
+        codecs: tuple[str, ...] = (),
+    ):
+        self.codecs = codecs
+        self.decode: dict[str, list[float]] = {codec: [] for codec in codecs}
         self.gather = MemoryGather()
         self.rows, self.batches = rows, batches
         self.out = np.empty((batches.shape[1], *rows.shape[1:]), dtype=rows.dtype)
@@ -182,6 +191,19 @@ class MemoryRounds:
     def round(self) -> None:
         for threads, samples in self.samples.items():
             samples.append(self.gather.seconds(self.rows, self.batches, self.out, threads))
+        if self.codecs:
+            try:
+                speeds = decode_ceiling(self.rows, self.codecs, 1)
+            except (OSError, subprocess.SubprocessError):
+                self.codecs = ()  # measure() says why when it tries once more
+                self.decode = {}
+                return
+            for codec, speed in speeds.items():
+                self.decode[codec].append(speed)
+
+    def decode_medians(self) -> dict[str, float]:
+        """Single-core decode MiB/s per codec, the median of the rounds so far."""
+        return {codec: statistics.median(speeds) for codec, speeds in self.decode.items() if speeds}
 
     def medians(self) -> dict[int, float]:
         """MiB/s per thread count, the median of the rounds so far."""
@@ -198,7 +220,7 @@ def memory_ceiling(
 ) -> dict[int, float]:
     """MiB/s of a memcpy gather of `batches` from `rows` on 1..threads_max
     threads (default: one per core), the median of `runs` rounds."""
-    rounds = MemoryRounds(rows, batches, threads_max)
+    rounds = CeilingRounds(rows, batches, threads_max)
     for _ in range(runs):
         rounds.round()
     return rounds.medians()
@@ -377,10 +399,11 @@ def measure(
     disk_reads: int,
     codecs: tuple[str, ...] = DECODE_CODECS,
     disk: bool = True,
-    memory: MemoryRounds | None = None,
+    memory: CeilingRounds | None = None,
 ) -> Ceilings:
-    """Every ceiling for `rows` and `batches` (the memory one from `memory`'s
-    rounds when given, interleaved with a bench's runs); a ceiling that
+    """Every ceiling for `rows` and `batches` (the memory and decode ones
+    from `memory`'s rounds when it has them, interleaved with a bench's
+    runs); a ceiling that
     cannot be measured here (no compiler, no libzstd, no posix_fadvise) is
     left out with a note saying why."""
     notes = []
@@ -389,7 +412,8 @@ def measure(
     except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
         speeds, notes = {}, [f"memory ceiling not measured: {type(exc).__name__}: {exc}"]
     try:
-        decode = decode_ceiling(rows, codecs, runs)
+        decode = memory.decode_medians() if memory is not None else {}
+        decode = decode or decode_ceiling(rows, codecs, runs)
     except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
         decode = {}
         notes.append(f"decode ceilings not measured: {type(exc).__name__}: {exc}")
