@@ -317,6 +317,8 @@ class StoreContender:
     write: Callable[[Path, np.ndarray], None] | None  # None: nothing on disk
     open: Callable[[Path, np.ndarray], Opened]
     before: Callable[[Path, np.ndarray], None] | None = None  # untimed, before each write
+    # What bounds its gather: (MEMORY or a codec's decode, threads); "" none measured.
+    ceiling: tuple[str, int] = ("", 1)
 
 
 def _open_memory(directory: Path, rows: np.ndarray) -> Opened:
@@ -620,48 +622,70 @@ def _open_numpack(directory: Path, rows: np.ndarray) -> Opened:
     return (lambda indices: pack.getitem("rows", indices)), pack.close
 
 
+# A ceiling's kinds and threads: MEMORY is the memcpy gather (else a codec's
+# decode); CORES is one thread per core, loaderx's default.
+MEMORY, CORES = "memory", 0
+
+
+def _ours(name: str, codec: str, contender: tuple[Callable, Callable], **options) -> StoreContender:
+    """A loaderx store: its gathers run on one thread per core, bound by
+    memcpy (raw) or by its codec's decode (zstd_dict's dictionary aside)."""
+    bound = MEMORY if codec == "raw" else codec.replace("zstd_dict", "zstd")
+    return StoreContender(name, ("loaderx",), "-e .", *contender, ceiling=(bound, CORES), **options)
+
+
 def store_contenders() -> list[StoreContender]:
-    ours = [_loaderx(codec) for codec in ("raw", "zstd", "zstd_dict")]
     lmdb_plain, lmdb_zlib = _lmdb(False), _lmdb(True)
+    one_copy = (MEMORY, 1)  # a copy per record on the calling thread
     return [
-        StoreContender("numpy in memory (ceiling)", (), "", None, _open_memory),
-        StoreContender("loaderx raw", ("loaderx",), "-e .", *ours[0]),
-        StoreContender("loaderx zstd", ("loaderx",), "-e .", *ours[1]),
-        StoreContender("loaderx zstd_dict", ("loaderx",), "-e .", *ours[2]),
-        StoreContender("loaderx zstd_shuffle4", ("loaderx",), "-e .", *_loaderx("zstd_shuffle4")),
-        StoreContender("loaderx lz4_shuffle4", ("loaderx",), "-e .", *_loaderx("lz4_shuffle4")),
-        StoreContender("loaderx from_numpy raw", ("loaderx",), "-e .", *_loaderx_from_numpy("raw")),
-        StoreContender(
+        StoreContender("numpy in memory (ceiling)", (), "", None, _open_memory, ceiling=one_copy),
+        *(
+            _ours(f"loaderx {codec}", codec, _loaderx(codec))
+            for codec in ("raw", "zstd", "zstd_dict", "zstd_shuffle4", "lz4_shuffle4")
+        ),
+        _ours("loaderx from_numpy raw", "raw", _loaderx_from_numpy("raw")),
+        _ours(
             "loaderx from_numpy raw, after a delete",
-            ("loaderx",),
-            "-e .",
-            *_loaderx_from_numpy("raw"),
+            "raw",
+            _loaderx_from_numpy("raw"),
             before=_delete_a_store,
         ),
+        _ours("loaderx from_numpy zstd", "zstd", _loaderx_from_numpy("zstd")),
+        # auto picks zstd_shuffle4 for float32 records.
+        _ours("loaderx from_numpy auto", "zstd_shuffle4", _loaderx_from_numpy("auto")),
+        _ours(f"loaderx raw, {SHARD_COUNT} shards", "raw", _loaderx_sharded("raw")),
+        _ours(f"loaderx zstd, {SHARD_COUNT} shards", "zstd", _loaderx_sharded("zstd")),
+        StoreContender("npy-mmap", (), "", _write_npy, _open_npy, ceiling=one_copy),
         StoreContender(
-            "loaderx from_numpy zstd", ("loaderx",), "-e .", *_loaderx_from_numpy("zstd")
+            "npy-mmap, after a delete",
+            (),
+            "",
+            _write_npy,
+            _open_npy,
+            before=_delete_a_store,
+            ceiling=one_copy,
         ),
-        StoreContender(
-            "loaderx from_numpy auto", ("loaderx",), "-e .", *_loaderx_from_numpy("auto")
-        ),
-        StoreContender(
-            f"loaderx raw, {SHARD_COUNT} shards", ("loaderx",), "-e .", *_loaderx_sharded("raw")
-        ),
-        StoreContender(
-            f"loaderx zstd, {SHARD_COUNT} shards", ("loaderx",), "-e .", *_loaderx_sharded("zstd")
-        ),
-        StoreContender("npy-mmap", (), "", _write_npy, _open_npy),
-        StoreContender(
-            "npy-mmap, after a delete", (), "", _write_npy, _open_npy, before=_delete_a_store
-        ),
-        StoreContender("hdf5", ("h5py",), "h5py", _write_hdf5(None), _open_hdf5),
+        StoreContender("hdf5", ("h5py",), "h5py", _write_hdf5(None), _open_hdf5, ceiling=one_copy),
         StoreContender("hdf5-gzip", ("h5py",), "h5py", _write_hdf5("gzip"), _open_hdf5),
-        StoreContender("lmdb", ("lmdb",), "lmdb", *lmdb_plain),
+        StoreContender("lmdb", ("lmdb",), "lmdb", *lmdb_plain, ceiling=one_copy),
         StoreContender("lmdb-zlib", ("lmdb",), "lmdb", *lmdb_zlib),
-        StoreContender("blosc2", ("blosc2",), "blosc2", _write_blosc2, _open_blosc2),
-        StoreContender("zarr", ("zarr",), "zarr", _write_zarr, _open_zarr),
+        # blosc2 shuffles by the item size and decodes on every core.
         StoreContender(
-            "tensorstore", ("tensorstore",), "tensorstore", _write_tensorstore, _open_tensorstore
+            "blosc2",
+            ("blosc2",),
+            "blosc2",
+            _write_blosc2,
+            _open_blosc2,
+            ceiling=("zstd_shuffle4", CORES),
+        ),
+        StoreContender("zarr", ("zarr",), "zarr", _write_zarr, _open_zarr, ceiling=("zstd", CORES)),
+        StoreContender(
+            "tensorstore",
+            ("tensorstore",),
+            "tensorstore",
+            _write_tensorstore,
+            _open_tensorstore,
+            ceiling=("zstd", CORES),
         ),
         StoreContender(
             "arrayrecord",
@@ -669,8 +693,16 @@ def store_contenders() -> list[StoreContender]:
             "array-record",
             _write_arrayrecord,
             _open_arrayrecord,
+            ceiling=("zstd", CORES),
         ),
-        StoreContender("numpack", ("numpack",), "numpack==0.4.5", _write_numpack, _open_numpack),
+        StoreContender(
+            "numpack",
+            ("numpack",),
+            "numpack==0.4.5",
+            _write_numpack,
+            _open_numpack,
+            ceiling=one_copy,
+        ),
     ]
 
 
@@ -769,18 +801,36 @@ def _cold_run(
     return elapsed, left
 
 
-def _store_row(result: StoreResult, source_bytes: int, batch_count: int) -> list[str]:
+def _fraction(speed: float, ceiling: float | None, label: str = "") -> str:
+    """`speed` as a fraction of `ceiling` (— when none was measured)."""
+    if not ceiling:
+        return "—"
+    return f"{speed / ceiling:.2f}x" + (f" ({label})" if label else "")
+
+
+def _store_row(
+    result: StoreResult, source_bytes: int, batch_count: int, ceilings=None
+) -> list[str]:
+    """A store table row; with `ceilings` (bench_ceilings.Ceilings) also the
+    write as a fraction of the sequential-write ceiling (bytes on disk per
+    second) and the gather as one of its memory or decode ceiling."""
     name = result.contender.name
+    fractions = [] if ceilings is None else ["—", "—"]
     if result.failure:
-        return [name, "FAILED", "FAILED", "—", "—", "—"]
+        return [name, "FAILED", "FAILED", "—", "—", "—", *fractions]
     read = statistics.median(result.read_seconds)
     gathered = batch_count * BATCH_SIZE * RECORD_BYTES
     if result.contender.write is None:
         write, on_disk, ratio = "—", "— (in memory)", "—"
     else:
         disk = allocated_bytes(result.directory)
-        write = _mib_per_second(source_bytes, statistics.median(result.write_seconds))
+        write_seconds = statistics.median(result.write_seconds)
+        write = _mib_per_second(source_bytes, write_seconds)
         on_disk, ratio = f"{disk / MiB:,.1f} MiB", f"{source_bytes / disk:.2f}x"
+        if ceilings is not None and ceilings.disk is not None:
+            fractions[0] = _fraction(disk / write_seconds / MiB, ceilings.disk.write_mib_per_second)
+    if ceilings is not None:
+        fractions[1] = _fraction(gathered / read / MiB, *ceilings.speed(result.contender.ceiling))
     return [
         name,
         write,
@@ -788,6 +838,7 @@ def _store_row(result: StoreResult, source_bytes: int, batch_count: int) -> list
         f"{read / batch_count * 1e3:.2f}",
         on_disk,
         ratio,
+        *fractions,
     ]
 
 
@@ -818,12 +869,17 @@ def _write_stores(
 
 
 def _time_reads(
-    results: list[StoreResult], rows: np.ndarray, batches: np.ndarray, runs: int
+    results: list[StoreResult],
+    rows: np.ndarray,
+    batches: np.ndarray,
+    runs: int,
+    between: Callable[[], None] | None = None,
 ) -> None:
     """Checks each store's first and last batch against the source (which also
     warms its own caches), then times `runs` passes over all batches,
-    interleaved so noise on the shared box hits every store alike. A store
-    that returns wrong data or raises is marked failed and not timed."""
+    interleaved so noise on the shared box hits every store alike (and
+    `between` once after every pass, a ceiling's round). A store that
+    returns wrong data or raises is marked failed and not timed."""
     readers: dict[str, Opened] = {}
     for result in results:
         if result.failure:
@@ -844,6 +900,8 @@ def _time_reads(
                 result.read_seconds.append(_read_run(readers[result.contender.name][0], batches))
             except Exception as exc:
                 result.failure = f"{type(exc).__name__}: {exc}"
+        if between is not None:
+            between()
     for _, close in readers.values():
         close()
     readers.clear()  # drops memory maps, so the cold runs can evict their pages
@@ -858,14 +916,24 @@ def bench_store(quick: bool) -> str:
     batches = np.random.default_rng(1).integers(0, count, (batch_count, BATCH_SIZE))
     with tempfile.TemporaryDirectory(prefix="loaderx-bench-store-") as temporary:
         results, skipped = _write_stores(Path(temporary), rows, write_runs)
-        _time_reads(results, rows, batches, read_runs)
+        memory = _memory_rounds(rows, batches)
+        _time_reads(results, rows, batches, read_runs, None if memory is None else memory.round)
+        limits = bench_ceilings.measure(
+            rows,
+            batches,
+            read_runs,
+            rows.nbytes,
+            200 if quick else 2000,
+            STORE_CODECS,
+            memory=memory,
+        )
         cold = [
             result
             for result in results
             if result.contender.name in COLD_CONTENDERS and not result.failure
         ]
-        cold_note = _cold_table(cold, rows, batches[:cold_batches], cold_runs)
-        table_rows = [_store_row(result, rows.nbytes, batch_count) for result in results]
+        cold_note = _cold_table(cold, rows, batches[:cold_batches], cold_runs, limits)
+        table_rows = [_store_row(result, rows.nbytes, batch_count, limits) for result in results]
         shuffle_notes = _shuffle_ratios(results, "zstd_shuffle4")
     ceilings, ceiling_note = _ceiling_rows(rows, 4, batch_count, read_runs)
     paired = _paired_ceiling_ratios(rows, 4, 1 if quick else 5)
@@ -873,8 +941,8 @@ def bench_store(quick: bool) -> str:
         f"FAILED: {result.contender.name}: {result.failure}" for result in results if result.failure
     ]
     table = markdown_table(
-        ["store", "write MiB/s", "gather MiB/s", "ms / batch", "on disk", "ratio"],
-        table_rows + ceilings,
+        [*STORE_HEADER, "write x ceiling", "gather x ceiling"],
+        table_rows + [[*row, "—", "—"] for row in ceilings],
     )
     notes = "\n".join(
         skipped + failures + _sharded_ratios(results) + shuffle_notes + [ceiling_note] + paired
@@ -893,9 +961,36 @@ def bench_store(quick: bool) -> str:
         "h5py fancy indexing (sorted, then reordered), one `get` per record in LMDB, `oindex` in "
         "zarr, index arrays in TensorStore and blosc2, `__getitems__` for ArrayRecord, `getitem` "
         "in numpack. Chunked stores keep one record per "
-        f"chunk; zarr and TensorStore shard them 1000 to a file.\n\n{cold_note}\n\n"
+        f"chunk; zarr and TensorStore shard them 1000 to a file. {CEILING_NOTE}\n\n"
+        f"### store ceilings: measured in the same run\n\n"
+        f"{bench_ceilings.ceilings_table(limits, read_runs)}\n\n{cold_note}\n\n"
         f"{_label_table(quick)}"
     )
+
+
+STORE_HEADER = ["store", "write MiB/s", "gather MiB/s", "ms / batch", "on disk", "ratio"]
+# The codecs whose decode ceilings the store and loader tables measure.
+STORE_CODECS = ("zstd", "zstd_shuffle4", "lz4_shuffle4")
+CEILING_NOTE = (
+    "`x ceiling`: the row as a fraction of what bounds it on this machine (the table below, "
+    "scripts/bench_ceilings.py): a write is its bytes on disk per second against a sequential "
+    "write + fdatasync; a raw gather against a memcpy gather of the same batches on the threads "
+    "it runs on (loaderx: one per core, its default; NumPy, h5py, LMDB, numpack: the calling "
+    "thread); a compressed gather against the system library's single-core decode of its codec "
+    "times the cores (loaderx's zstd_dict and zarr, TensorStore, ArrayRecord against plain zstd, "
+    "blosc2 against zstd_shuffle4; gzip and zlib are not measured: —); a round of the memory "
+    "and decode ceilings runs after every round of gathers, so both see the same machine."
+)
+
+
+def _memory_rounds(rows: np.ndarray, batches: np.ndarray):
+    """bench_ceilings.CeilingRounds for these batches and STORE_CODECS, or
+    None when its library cannot be built or loaded here (the ceilings then
+    say why)."""
+    try:
+        return bench_ceilings.CeilingRounds(rows, batches, codecs=STORE_CODECS)
+    except (OSError, subprocess.SubprocessError, RuntimeError):
+        return None
 
 
 # -- the compression limit ------------------------------------------------------------
@@ -1107,10 +1202,7 @@ def _label_table(quick: bool) -> str:
     failures = [
         f"FAILED: {result.contender.name}: {result.failure}" for result in results if result.failure
     ]
-    table = markdown_table(
-        ["store", "write MiB/s", "gather MiB/s", "ms / batch", "on disk", "ratio"],
-        table_rows + ceilings,
-    )
+    table = markdown_table(STORE_HEADER, table_rows + ceilings)
     notes = "\n".join(skipped + failures + ratios + [ceiling_note])
     return (
         f"### store, integer labels: {count:,} records of {LABELS_PER_RECORD:,} int64 class ids "
@@ -1139,7 +1231,7 @@ def _sharded_ratios(results: list[StoreResult]) -> list[str]:
 
 
 def _cold_table(
-    results: list[StoreResult], rows: np.ndarray, batches: np.ndarray, runs: int
+    results: list[StoreResult], rows: np.ndarray, batches: np.ndarray, runs: int, ceilings=None
 ) -> str:
     header = (
         f"### store, cold page cache: {len(batches)} batches of {BATCH_SIZE}, files evicted before "
@@ -1167,16 +1259,24 @@ def _cold_table(
     for result in results:
         seconds = statistics.median(result.cold_seconds)
         cached = f"{statistics.median(result.cold_cached) / MiB:.1f}" if result.cold_cached else "—"
+        threads = result.contender.ceiling[1]
+        cold = None if ceilings is None else ceilings.cold_at(RECORD_BYTES, threads)
         table_rows.append(
             [
                 result.contender.name,
                 _mib_per_second(gathered, seconds),
                 f"{seconds / len(batches) * 1e3:.2f}",
                 cached,
+                _fraction(
+                    gathered / seconds / MiB,
+                    cold,
+                    f"{RECORD_BYTES // 1024} KiB preads, {threads or _cores()} thread"
+                    + "s" * ((threads or _cores()) > 1),
+                ),
             ]
         )
     table = markdown_table(
-        ["store", "gather MiB/s", "ms / batch", "MiB cached per batch"], table_rows
+        ["store", "gather MiB/s", "ms / batch", "MiB cached per batch", "x ceiling"], table_rows
     )
     check = (
         "fincore confirmed every eviction"
@@ -1188,7 +1288,8 @@ def _cold_table(
         "its files evicted with posix_fadvise(POSIX_FADV_DONTNEED) and the store reopened "
         f"(untimed); {check}. `MiB cached per batch` is what one batch of "
         f"{BATCH_SIZE * RECORD_BYTES / MiB:.0f} MiB of records brought into the page cache (the "
-        "kernel reads ahead around each fault or read). "
+        "kernel reads ahead around each fault or read). `x ceiling` is against cold random preads "
+        "of a record's size on the threads the gather runs on (the store ceilings above). "
         '"Cold" here is whatever backs this machine\'s disk, often a host cache, not a bare device.'
     )
 
@@ -1214,6 +1315,8 @@ class LoaderContender:
     install: str
     data: str  # what it reads: "loaderx" stores, "npy" files or an "arrayrecord" file
     start: Callable[[Path], Started]
+    # What bounds it (as StoreContender.ceiling): all of them run on every core.
+    ceiling: tuple[str, int] = (MEMORY, CORES)
 
 
 def _write_loader_data(
@@ -1439,7 +1542,12 @@ def _start_grain(directory: Path) -> Started:
 def loader_contenders() -> list[LoaderContender]:
     return [
         LoaderContender(
-            "loaderx zstd", ("loaderx.dataloader",), "-e .", "loaderx", _start_loaderx("zstd")
+            "loaderx zstd",
+            ("loaderx.dataloader",),
+            "-e .",
+            "loaderx",
+            _start_loaderx("zstd"),
+            ("zstd", CORES),
         ),
         LoaderContender(
             "loaderx raw", ("loaderx.dataloader",), "-e .", "loaderx", _start_loaderx("raw")
@@ -1450,6 +1558,7 @@ def loader_contenders() -> list[LoaderContender]:
             "-e .",
             "loaderx",
             _start_loaderx("zstd_shuffle4"),
+            ("zstd_shuffle4", CORES),
         ),
         LoaderContender(
             "loaderx lz4_shuffle4",
@@ -1457,6 +1566,7 @@ def loader_contenders() -> list[LoaderContender]:
             "-e .",
             "loaderx",
             _start_loaderx("lz4_shuffle4"),
+            ("lz4_shuffle4", CORES),
         ),
         LoaderContender(
             "bare gather loop, zstd (no DataLoader)",
@@ -1464,6 +1574,7 @@ def loader_contenders() -> list[LoaderContender]:
             "-e .",
             "loaderx",
             _start_bare("zstd"),
+            ("zstd", CORES),
         ),
         LoaderContender(
             "bare gather loop, raw (no DataLoader)",
@@ -1492,6 +1603,7 @@ def loader_contenders() -> list[LoaderContender]:
             "grain array-record",
             "arrayrecord",
             _start_grain,
+            ("zstd", CORES),
         ),
     ]
 
@@ -1535,6 +1647,8 @@ def bench_loader(quick: bool) -> str:
     count = 2000 if quick else 20000
     runs, warmup, seconds = (1, 2, 0.2) if quick else (5, 8, 2.0)
     rows = structured_rows(count)
+    # The memory ceiling's batches: as many random batches as a run takes, about.
+    batches = np.random.default_rng(1).integers(0, count, (8 if quick else 200, BATCH_SIZE))
     labels = np.random.default_rng(2).permutation(count).astype(np.int64)
     position = np.argsort(labels)
     lines, runnable = [], []
@@ -1551,6 +1665,7 @@ def bench_loader(quick: bool) -> str:
         directory = Path(temporary)
         _write_loader_data(directory, rows, labels, runnable)
         warm_tree(directory)
+        memory = _memory_rounds(rows, batches)
         for _ in range(runs):  # interleaved, as in the store table
             for contender in runnable:
                 if contender.name in failures:
@@ -1561,30 +1676,18 @@ def bench_loader(quick: bool) -> str:
                     )
                 except Exception as exc:
                     failures[contender.name] = f"{type(exc).__name__}: {exc}"
+            if memory is not None:
+                memory.round()
+        limits = bench_ceilings.measure(
+            rows, batches, runs, 0, 0, STORE_CODECS, disk=False, memory=memory
+        )
         first_batch = (
             _first_batch_table(directory, 1 if quick else max(5, runs))
             if any(c.data == "loaderx" for c in runnable)
             else ""
         )
-    batch_bytes = BATCH_SIZE * (RECORD_BYTES + 8)
-    table_rows = []
-    for contender in runnable:
-        if contender.name in failures:
-            table_rows.append([contender.name, "FAILED", "—", "—", "—"])
-            lines.append(f"FAILED: {contender.name}: {failures[contender.name]}")
-            continue
-        per_batch = statistics.median(samples[contender.name])
-        table_rows.append(
-            [
-                contender.name,
-                f"{1 / per_batch:,.1f}",
-                f"{per_batch * 1e3:.2f}",
-                f"{BATCH_SIZE / per_batch:,.0f}",
-                _mib_per_second(batch_bytes, per_batch),
-            ]
-        )
-    table = markdown_table(["loader", "batches/s", "ms / batch", "samples/s", "MiB/s"], table_rows)
-    notes = "\n".join(lines)
+    table = _loader_table(runnable, samples, failures, limits, lines)
+    notes = "\n".join(lines + limits.notes)
     return (
         f"### loader: end to end, {count:,} records, batches of {BATCH_SIZE} x (a "
         f"{RECORD_BYTES // 1024} KiB float32 record + an int64 label), {LOADER_WORKERS} workers\n\n"
@@ -1596,9 +1699,52 @@ def bench_loader(quick: bool) -> str:
         "(persistent worker processes, RandomSampler, drop_last) and grain (worker processes, "
         "shuffled IndexSampler) read without replacement and pay their epoch restarts and the "
         "inter-process hand-over. The bare loop is the DataLoader's work without the DataLoader: "
-        "what its threads and prefetching cost or win."
+        "what its threads and prefetching cost or win. `x ceiling`: the features' bytes per "
+        "second against, for a raw or NumPy source, a memcpy gather of random batches of the "
+        "same records on every core, and for a compressed one the system library's single-core "
+        f"decode of its codec times the cores (zstd for ArrayRecord); {_ceiling_summary(limits)}."
         + (f"\n\n{first_batch}" if first_batch else "")
     )
+
+
+def _loader_table(
+    runnable: list[LoaderContender],
+    samples: dict[str, list[float]],
+    failures: dict[str, str],
+    limits,
+    lines: list[str],
+) -> str:
+    """The loader table (a FAILED line added to `lines` for each failure)."""
+    batch_bytes = BATCH_SIZE * (RECORD_BYTES + 8)
+    table_rows = []
+    for contender in runnable:
+        if contender.name in failures:
+            table_rows.append([contender.name, "FAILED", "—", "—", "—", "—"])
+            lines.append(f"FAILED: {contender.name}: {failures[contender.name]}")
+            continue
+        per_batch = statistics.median(samples[contender.name])
+        table_rows.append(
+            [
+                contender.name,
+                f"{1 / per_batch:,.1f}",
+                f"{per_batch * 1e3:.2f}",
+                f"{BATCH_SIZE / per_batch:,.0f}",
+                _mib_per_second(batch_bytes, per_batch),
+                _fraction(
+                    BATCH_SIZE * RECORD_BYTES / per_batch / MiB, *limits.speed(contender.ceiling)
+                ),
+            ]
+        )
+    return markdown_table(
+        ["loader", "batches/s", "ms / batch", "samples/s", "MiB/s", "x ceiling"], table_rows
+    )
+
+
+def _ceiling_summary(limits) -> str:
+    """The loader table's ceilings in one phrase."""
+    parts = [f"memcpy on {threads}: {speed:,.0f} MiB/s" for threads, speed in limits.memory.items()]
+    parts += [f"{codec} decode on 1 core: {speed:,.0f}" for codec, speed in limits.decode.items()]
+    return "ceilings measured in the same run (medians), " + ", ".join(parts)
 
 
 # What a fresh process does before training starts: import loaderx, open the
@@ -1667,6 +1813,7 @@ def _first_batch_table(directory: Path, runs: int) -> str:
 
 # The numpack table lives beside this script (it is long enough for a file).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_ceilings  # noqa: E402
 from bench_codecs import bench_codecs  # noqa: E402
 from bench_numpack import bench_numpack  # noqa: E402
 from bench_ragged import bench_packing, bench_processes, bench_ragged  # noqa: E402

@@ -52,6 +52,7 @@ HEADERS = (
     "- loaderx:",
     "### sampler:",
     "### store:",
+    "### store ceilings:",
     "### store, cold page cache:",
     "### loader:",
     "### numpack:",
@@ -80,6 +81,14 @@ def check_output(result):
             assert "loaderx" not in line or "FAILED" not in line, line
     assert "FAILED: loaderx" not in result.stdout, result.stdout
     assert "| loaderx zstd |" in result.stdout
+    # Every store, cold and loader row has its fraction of a ceiling.
+    assert "| write x ceiling | gather x ceiling |" in result.stdout
+    assert "| MiB cached per batch | x ceiling |" in result.stdout
+    assert "| MiB/s | x ceiling |" in result.stdout
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| loaderx raw |")]
+    # The store, cold and loader rows (the time-to-first-batch table has one too, without).
+    fractions = [row for row in rows if "x (memcpy, " in row or "x (12 KiB" in row]
+    assert len(rows) == 4 and len(fractions) == 3, rows
     assert (
         "| replace 1 row, array in use |" in result.stdout
         and "random-index access, array in use |" in result.stdout
@@ -98,6 +107,43 @@ def test_bench_all_quick_prints_every_table(contenders):
     if contenders == "hidden":
         assert "skipped: hdf5 not installed (pip install h5py)" in result.stdout
         assert "skipped: grain over ArrayRecord not installed" in result.stdout
+
+
+def test_ceilings_measure_positive_speeds_and_gather_the_right_rows(tmp_path):
+    """bench_ceilings at a tiny size: the memcpy gather copies the batches'
+    rows (its last batch is left in the destination), every ceiling is a
+    positive speed, and the disk ceilings leave no file behind."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import bench_ceilings
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    rows = np.random.default_rng(0).random((64, 3072), dtype=np.float32)
+    batches = np.random.default_rng(1).integers(0, len(rows), (3, 16))
+    gather = bench_ceilings.MemoryGather()
+    for threads in (1, 2, 3):
+        for copy in bench_ceilings.COPIES:
+            for handoff in ("", "futex", "spin"):
+                out = np.zeros((16, 3072), dtype=np.float32)
+                assert gather.seconds(rows, batches, out, threads, copy, handoff) > 0
+                assert np.array_equal(out, rows[batches[-1]]), (threads, copy, handoff)
+    with pytest.raises(ValueError, match="beyond the 64 records"):
+        gather.seconds(rows, batches + 64, out, 1)
+    memory = bench_ceilings.memory_ceiling(rows, batches, 2, threads_max=2)
+    assert sorted(memory) == [1, 2] and all(speed > 0 for speed in memory.values())
+    decode = bench_ceilings.decode_ceiling(rows, ("zstd", "lz4_shuffle4"), 1)
+    assert sorted(decode) == ["lz4_shuffle4", "zstd"] and all(
+        speed > 0 for speed in decode.values()
+    )
+    disk = bench_ceilings.disk_ceilings(tmp_path, 1 << 20, 20, 1, threads=(1, 2))
+    assert disk.write_mib_per_second > 0
+    assert sorted(disk.reads) == [(4096, 1), (4096, 2), (12288, 1), (12288, 2)]
+    assert all(cold.mib_per_second > 0 and cold.iops > 0 for cold in disk.reads.values())
+    assert list(tmp_path.iterdir()) == []
+    ceilings = bench_ceilings.Ceilings(memory, decode, disk)
+    assert ceilings.speed(("memory", 2)) == (memory[2], "memcpy, 2 threads")
+    assert ceilings.speed(("zstd", 2)) == (2 * decode["zstd"], "zstd decode x 2")
+    assert ceilings.speed(("", 1)) == (None, "")
 
 
 FLOORS = SCRIPT.parent / "first_write_floors.py"
