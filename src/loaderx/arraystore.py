@@ -37,7 +37,6 @@ from ._arraybatch import ArrayStoreBatchError, Batch, MappedBatch, MemoryBatch
 from ._arraycommit import COMMIT_FILE as COMMIT_FILE
 from ._arraycommit import (
     FORMAT_NAME,
-    FORMAT_VERSION,
     NAME_BYTES_MAX,
     STATUS_CODES,
     ArrayStoreFullError,
@@ -51,6 +50,7 @@ from ._arraycommit import (
 )
 from ._arraycommit import LOCK_FILE as LOCK_FILE
 from ._arraycommit import MARKER_FILE as MARKER_FILE
+from ._arraydrop import log_path
 from ._arrayio import CorruptPackError, RowSource
 from ._arrayview import (
     STREAM_BYTES,
@@ -104,7 +104,7 @@ class ArrayStore:
         self._closed = False
         self._batch: Batch | None = None  # the open batch_mode / writable_batch_mode block
         self._commits = Committer(self.path, _fs, self.durable)  # the writer's side
-        open_root(self.path, _fs)
+        self._commits.marker_version = open_root(self.path, _fs)
         replay_if_unlocked(self.path, _fs)
 
     # ---- lifetime
@@ -256,7 +256,11 @@ class ArrayStore:
         """When ``name`` last changed, in seconds since the epoch (its last commit)."""
         self._refuse_in_batch("get_modify_time()")
         self._require(name)
-        return zrecord.modified_ns(os.path.join(self.path, name), self._fs) / 1e9
+        modified = zrecord.modified_ns(os.path.join(self.path, name), self._fs)
+        log = log_path(os.path.join(self.path, name))
+        if self._fs.exists(log):  # the last logical drop
+            modified = max(modified, self._fs.stat(log).st_mtime_ns)
+        return modified / 1e9
 
     def get_metadata(self) -> dict[str, Any]:
         """The format, and for each array its shape, dtype, codec, logical and
@@ -270,10 +274,11 @@ class ArrayStore:
                 "dtype": entry.dataset.dtype.str,
                 "codec": entry.dataset.codec,
                 "nbytes": math.prod(entry.shape) * entry.dataset.dtype.itemsize,
-                "disk_bytes": _tree_bytes(self._fs, entry.path),
+                "disk_bytes": _tree_bytes(self._fs, entry.path)
+                + (entry.log.size or 0 if entry.log is not None else 0),
                 "modify_time": self.get_modify_time(name),
             }
-        format_fields = {"format": FORMAT_NAME, "version": FORMAT_VERSION}
+        format_fields = {"format": FORMAT_NAME, "version": self._commits.marker_version}
         return {**format_fields, "path": self.path, "arrays": arrays}
 
     def get_io_stats(self) -> dict[str, int]:
@@ -312,6 +317,12 @@ class ArrayStore:
         entry = self._entry(name)
         if entry.scalar:
             raise ValueError(f"array '{name}' is 0-d: a dataset needs rows")
+        if entry.live is not None:
+            # A dataset reads the directory's records: the dropped rows go first.
+            with self._lock:
+                self._begin_write()
+                self._rewrite_live(self._entry(name))
+            entry = self._entry(name)
         return DenseDataset(self._fs.real_path(entry.path))
 
     # ---- writes
@@ -348,7 +359,7 @@ class ArrayStore:
             plans = []
             for name, rows in items:
                 entry = self._row_entry(name, "replace")
-                indices = _row_indices(idx, len(entry.dataset), name)
+                indices = _row_indices(idx, entry.length, name)
                 data = entry.rows(rows, indices.size, "replace")
                 plans.append((entry, *_last_wins(indices, data, idx)))
             for entry, indices, data in plans:
@@ -402,10 +413,20 @@ class ArrayStore:
                         f"array '{entry.name}' is 0-d: it has no rows to drop; drop the array "
                         f"with drop('{entry.name}')"
                     )
-                plans.append((entry, _row_indices(rows, len(entry.dataset), entry.name)))
+                plans.append((entry, _row_indices(rows, entry.length, entry.name)))
             for entry, indices in plans:
                 if indices.size:
-                    entry.delete(indices)
+                    if entry.log is None or entry.log.end == 0:
+                        # A new log: the marker says version 3 first, and a
+                        # deletion of an old log of the name waiting for the
+                        # root's fsync must not delete the new one.
+                        self._commits.before_log(entry.name)
+                    entry.drop(indices, self._fs)
+                    if entry.log is not None and entry.log.new_name:
+                        # durable=False: the log's name becomes durable with the
+                        # root's next fsync (sync() makes it).
+                        entry.log.new_name = False
+                        self._commits.root_synced = False
 
     def clone(self, src: str, dst: str) -> None:
         """Creates the array ``dst`` with the contents of ``src``: one commit
@@ -426,6 +447,9 @@ class ArrayStore:
                     f"cannot clone '{src}' to '{dst}': ArrayStore '{self.path}' already has an "
                     f"array '{dst}'; drop('{dst}') it first, or clone to a new name",
                 )
+            if entry.live is not None:  # a copy of the live rows (the files hold dropped ones)
+                self._commit({dst: _live_build(entry)}, [])
+                return
             if entry.edited:
                 entry.sync()  # the copy starts from a durable source
             fs = self._fs
@@ -437,12 +461,23 @@ class ArrayStore:
             self._commit({dst: build}, [])
 
     def compact(self) -> None:
-        """Reclaims the space of replaced and dropped rows in every array."""
+        """Reclaims the space of replaced and dropped rows in every array: an
+        array with dropped rows is rewritten with its live rows (one commit,
+        like a ``save`` of it, which also deletes its delete log), every
+        other array compacts in place (the store's own crash-safe compaction)."""
         self._refuse_in_batch("compact()")
         with self._lock:
             self._begin_write()
             for name in self.get_member_list():
-                self._entry(name).compact()
+                entry = self._entry(name)
+                if entry.live is not None:
+                    self._rewrite_live(entry)
+                else:
+                    entry.compact()
+
+    def _rewrite_live(self, entry: OpenArray) -> None:
+        """Rewrites ``entry``'s array with its live rows only: one commit."""
+        self._commit({entry.name: _live_build(entry)}, [])
 
     def reset(self) -> None:
         """Drops every array."""
@@ -609,7 +644,7 @@ class ArrayStore:
             return held[0], held[1]
         self._require(name)  # knows the batch's drops
         entry = self._row_entry(name, "replace")
-        return entry, len(entry.dataset)
+        return entry, entry.length
 
     def _batch_drop(self, batch: MemoryBatch, names: list[str], rows: Any) -> None:
         if rows is None:
@@ -663,7 +698,7 @@ class ArrayStore:
             inode = self._fs.identity(path)
             if entry is not None:
                 if inode == entry.inode:
-                    entry.store.refresh()
+                    entry.refresh(self._fs)
                     return entry
                 self._forget(name)
             if inode is None:
@@ -853,6 +888,17 @@ def _builds(arrays: dict[str, np.ndarray], codec: str) -> dict[str, Callable[...
         name: functools.partial(write_array, array=array, codec=codec)
         for name, array in arrays.items()
     }
+
+
+def _live_build(entry: OpenArray) -> Callable[..., None]:
+    """The build of a new directory holding ``entry``'s live rows: read
+    whole when small, else in chunks of rows (a RowSource)."""
+    if entry.length * entry.row_bytes <= STREAM_BYTES:
+        rows: Any = entry.read_all()
+    else:
+        dtype, shape = entry.dataset.dtype, entry.shape
+        rows = RowSource(entry.name, dtype, shape, entry.read_rows)
+    return functools.partial(write_array, array=rows, codec=entry.dataset.codec)
 
 
 def _codec_name(codec: str) -> str:
