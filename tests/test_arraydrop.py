@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import errno
 import os
+import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from loaderx import ArrayStore, ArrayStoreIOError
-from loaderx import _arraydrop, _envelope
+from loaderx import ArrayStore, ArrayStoreIOError, _arraydrop, _envelope
 from loaderx._arraycommit import FORMAT_NAME, MARKER_FILE
 from loaderx._fs import OsFs
 from loaderx.zrecord import CorruptStoreError
@@ -30,7 +31,7 @@ def log_of(root: str, name: str) -> str:
 
 
 def marker_version(root: str) -> int:
-    payload = open(os.path.join(root, MARKER_FILE), "rb").read()
+    payload = Path(root, MARKER_FILE).read_bytes()
     return _envelope.unseal(payload, FORMAT_NAME, 99)[0]
 
 
@@ -126,7 +127,7 @@ def test_a_stale_log_names_nothing_and_recovery_deletes_it(root):
     with ArrayStore(root) as store:
         store.save({"x": X})
         store.drop("x", [0, 1])
-        stale = open(log_of(root, "x"), "rb").read()
+        stale = Path(log_of(root, "x")).read_bytes()
         store.save({"x": X})  # a new directory: the log is stale
         store.sync()
     with open(log_of(root, "x"), "wb") as handle:
@@ -174,23 +175,17 @@ def test_a_checked_record_naming_missing_rows_is_damage(root):
     with ArrayStore(root) as store:
         store.save({"x": X})
         store.drop("x", [0])
-        log = open(log_of(root, "x"), "rb").read()
+        log = Path(log_of(root, "x")).read_bytes()
     head = _arraydrop.read_header(log, "log")
     assert head is not None
     _, offset, crc = head
     kind, payload = _arraydrop.encode(np.array([25], dtype=np.uint64))
     body = _arraydrop.RECORD.pack(kind, len(payload), 30) + payload
-    forged = log[:offset] + body + _arraydrop.CRC.pack(_zlib_crc(body, crc))
+    forged = log[:offset] + body + _arraydrop.CRC.pack(zlib.crc32(body, crc))
     with open(log_of(root, "x"), "wb") as handle:
         handle.write(forged)
     with ArrayStore(root) as store, pytest.raises(CorruptStoreError, match="names rows"):
         store.load("x")
-
-
-def _zlib_crc(body: bytes, seed: int) -> int:
-    import zlib
-
-    return zlib.crc32(body, seed)
 
 
 def test_the_first_drop_seals_the_marker_at_version_3(root):
@@ -203,7 +198,7 @@ def test_the_first_drop_seals_the_marker_at_version_3(root):
         store.drop("x", [1])
         assert marker_version(root) == 3
         assert store.get_metadata()["version"] == 3
-    payload = open(os.path.join(root, MARKER_FILE), "rb").read()
+    payload = Path(root, MARKER_FILE).read_bytes()
     with pytest.raises(_envelope.EnvelopeError) as info:
         _envelope.unseal(payload, FORMAT_NAME, 2)
     assert info.value.reason == _envelope.NEWER
