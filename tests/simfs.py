@@ -8,7 +8,8 @@ seam fails). Each name and each file has two states: what the process sees
 ``durable_data``). Directory operations (create, mkdir, rename, exchange,
 unlink, rmtree) change what the process sees at once and are queued per
 directory; ``fsync_dir`` of that directory makes its queue durable. Writes
-are queued per file; ``fsync_file`` makes them durable. A rename or exchange
+(``write_new``, and ``write_at`` at an offset of a file, created when
+missing) are queued per file; ``fsync_file`` makes them durable. A rename or exchange
 is one operation (both names change together), as the kernel does it within
 one directory; ArrayStore renames only within its root.
 

@@ -34,7 +34,6 @@ with appends since its last sync is synced first.
 
 from __future__ import annotations
 
-import os
 import struct
 import zlib
 from typing import Any
@@ -42,7 +41,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._fs import OsFs
+from ._fs import OsFs, parent_of, sibling
 from .zrecord import CorruptStoreError
 
 DELETES_PREFIX = ".deletes-"
@@ -59,8 +58,7 @@ LOG_BYTES_MAX = 1 << 40  # read whole: a log is compacted away long before this
 
 def log_path(array_path: str) -> str:
     """``<root>/.deletes-<name>`` of the array directory ``<root>/<name>``."""
-    root, name = os.path.split(os.path.normpath(array_path))
-    return os.path.join(root, DELETES_PREFIX + name)
+    return sibling(array_path, DELETES_PREFIX)
 
 
 def header(generation: str | None) -> bytes:
@@ -204,7 +202,7 @@ class DeleteLog:
             if self.durable:
                 fs.fsync_file(self.path)
                 if first:
-                    fs.fsync_dir(os.path.dirname(self.path))
+                    fs.fsync_dir(parent_of(self.path))
         except OSError as exc:
             try:
                 fs.write_at(self.path, self.end, bytes(len(data)))
@@ -225,7 +223,7 @@ class DeleteLog:
             self.fs.fsync_file(self.path)
             self.unsynced = False
         if self.new_name:
-            self.fs.fsync_dir(os.path.dirname(self.path))
+            self.fs.fsync_dir(parent_of(self.path))
             self.new_name = False
 
 

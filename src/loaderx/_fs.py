@@ -400,6 +400,11 @@ ASIDE_PREFIX = ".prev-"
 LOCK_PREFIX = ".lock-"
 
 
+def parent_of(path: str) -> str:
+    """The directory that holds ``path``."""
+    return os.path.dirname(os.path.abspath(path))
+
+
 def sibling(target: str, prefix: str) -> str:
     """``<parent>/<prefix><name>`` for ``target`` = ``<parent>/<name>``."""
     parent, name = os.path.split(os.path.abspath(target))

@@ -7,8 +7,10 @@ axis 0 (`_arrayview` opens and reads one). Invariant: every argument of a
 call is checked before anything is written, so a call refused for its input
 changes nothing. A ``save`` or ``drop`` of whole arrays is one commit of
 `_arraycommit`, which keeps the root's files and states the crash-safety
-protocol; row edits (``replace``, ``append``, ``drop(rows=...)``,
-``compact``) are the store's own atomic commits. A ``batch_mode`` or
+protocol; row edits (``replace``, ``append``, the in-place ``compact``)
+are the store's own atomic commits, and ``drop(rows=...)`` is one record of
+the array's delete log (`_arraydrop`), which every read goes through; a
+``compact`` of an array with dropped rows rewrites it in one commit. A ``batch_mode`` or
 ``writable_batch_mode`` block (`_arraybatch`) holds its edits in memory
 and ends in one of those two commits.
 
@@ -393,7 +395,10 @@ class ArrayStore:
     def drop(self, name: str | list[str] | tuple[str, ...], rows: Any = None) -> None:
         """Drops arrays (a name or a list of names; one commit, durable when
         it returns), or with ``rows`` drops those rows of each named array,
-        keeping the order of the rest."""
+        keeping the order of the rest: marked deleted in the array's delete
+        log (one record per array, O(rows dropped), atomic; durable when it
+        returns unless ``durable=False``), skipped by every read from then
+        on; ``compact()`` reclaims their space."""
         names = list(dict.fromkeys([name] if isinstance(name, str) else _name_list(name)))
         batch = self._batch_now()
         if batch is not None:
