@@ -539,6 +539,7 @@ def _batch_operations(a: np.ndarray, draws: Draws) -> list[Operation]:
 def _resize_operations(a: np.ndarray, b: np.ndarray, draws: Draws) -> list[Operation]:
     doomed = draws.doomed
     kept = np.delete(a, doomed, axis=0)  # the rewrite's rows, made untimed
+    in_use = doomed[doomed < len(a) - 1]  # in range after the warm drop of the last row
     return [
         Operation(
             "drop array (b)",
@@ -551,6 +552,15 @@ def _resize_operations(a: np.ndarray, b: np.ndarray, draws: Draws) -> list[Opera
             lambda ops, handle, path: ops.drop_rows(handle, "a", doomed),
             _loaded_equal("a", kept),
             setup="fresh",
+        ),
+        Operation(
+            # The warm call is the store's first drop (loaderx: it seals the
+            # marker at version 3 and creates the array's delete log).
+            f"drop {len(in_use):,} rows, array in use",
+            lambda ops, handle, path: ops.drop_rows(handle, "a", in_use),
+            _loaded_equal("a", np.delete(a[:-1], in_use, axis=0)),
+            setup="fresh",
+            warm=lambda ops, handle: ops.drop_rows(handle, "a", [len(a) - 1]),
         ),
         Operation(
             f"rewrite a with the {len(kept):,} rows a drop of {len(doomed):,} keeps",

@@ -212,6 +212,9 @@ def test_the_first_drop_seals_the_marker_at_version_3(root):
 def test_records_encode_and_decode_to_the_same_rows(ids):
     base = np.array(ids, dtype=np.uint64)
     kind, payload = _arraydrop.encode(base)
+    mask = np.zeros(1000, dtype=bool)
+    mask[ids] = True
+    assert _arraydrop.encode_mask(mask, len(ids)) == (kind, payload)  # a mask past the rows
     assert kind in (_arraydrop.RUNS, _arraydrop.BITMAP)
     decoded = _arraydrop.decode(kind, payload, 1000)
     assert decoded is not None and decoded.tolist() == ids

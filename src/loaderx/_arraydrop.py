@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -89,15 +88,32 @@ def read_header(payload: bytes, path: str) -> tuple[str | None, int, int] | None
 
 def encode(base: npt.NDArray[np.uint64]) -> tuple[int, bytes]:
     """The record payload (kind, bytes) of the sorted, unique base rows ``base``."""
-    breaks = np.flatnonzero(np.diff(base) != 1)
-    span = int(base[-1] - base[0]) + 1
-    if (breaks.size + 1) * 16 <= U64.size + (span + 7) // 8:
-        starts = base[np.concatenate(([0], breaks + 1))]
-        stops = base[np.concatenate((breaks, [base.size - 1]))] + np.uint64(1)
-        return RUNS, np.stack([starts, stops], axis=1).astype("<u8").tobytes()
-    mask = np.zeros(span, dtype=bool)
-    mask[base - base[0]] = True
-    return BITMAP, U64.pack(int(base[0])) + np.packbits(mask, bitorder="little").tobytes()
+    rows = base.view(np.int64)  # below 2**63: int64 indexes faster than uint64
+    mask = np.zeros(int(rows[-1]) + 1, dtype=bool)
+    mask[rows] = True
+    return encode_mask(mask, rows.size)
+
+
+def encode_mask(mask: npt.NDArray[np.bool_], count: int) -> tuple[int, bytes]:
+    """The record payload (kind, bytes) of the ``count`` base rows set in
+    ``mask`` (a bitmap from base row 0): runs or a bitmap, the smaller.
+    Every temporary is at most a byte per row of the span: fresh memory is
+    what a drop of many rows spends its time on (page faults)."""
+    first = int(np.argmax(mask))
+    last = mask.size - 1 - int(np.argmax(mask[::-1]))
+    inside = mask[first : last + 1]
+    bitmap_bytes = U64.size + (inside.size + 7) // 8
+    if count > 1:
+        steps = np.diff(inside.view(np.int8))  # 1 where a run starts, -1 past its end
+        runs = int(np.count_nonzero(steps == 1)) + 1
+    else:
+        steps, runs = np.zeros(0, np.int8), 1
+    if runs * 16 <= bitmap_bytes:
+        starts = np.concatenate(([0], np.flatnonzero(steps == 1) + 1)) + first
+        stops = np.concatenate((np.flatnonzero(steps == -1) + 1, [inside.size])) + first
+        pairs = np.stack([starts, stops], axis=1)
+        return RUNS, pairs.astype("<u8").tobytes()
+    return BITMAP, U64.pack(first) + np.packbits(inside, bitorder="little").tobytes()
 
 
 def decode(kind: int, payload: bytes, rows: int) -> npt.NDArray[np.int64] | None:
@@ -183,13 +199,13 @@ class DeleteLog:
         self.end, self.crc = offset, crc
         return dropped
 
-    def append(self, base: npt.NDArray[np.uint64], rows: int) -> None:
-        """Writes the record of dropping the sorted, unique base rows ``base``
-        (``rows``: the array's base rows), durable when it returns unless
+    def append(self, mask: npt.NDArray[np.bool_], count: int, rows: int) -> None:
+        """Writes the record of dropping the ``count`` base rows set in
+        ``mask`` (``rows``: the array's base rows), durable when it returns unless
         ``durable=False``. On a file-system error the record is taken back
         (overwritten with zeros, which no CRC passes) and the error raised;
         TakeBackFailed when taking it back failed too."""
-        kind, payload = encode(base)
+        kind, payload = encode_mask(mask, count)
         body = RECORD.pack(kind, len(payload), rows) + payload
         first = self.end == 0
         head = header(self.generation) if first else b""
@@ -234,17 +250,4 @@ def live_rows(rows: int, dropped: list[npt.NDArray[np.int64]]) -> npt.NDArray[np
     keep = np.ones(rows, dtype=bool)
     for base in dropped:
         keep[base] = False
-    return np.flatnonzero(keep).astype(np.uint64)
-
-
-def drop_live(live: npt.NDArray[np.uint64], logical: npt.NDArray[Any]) -> npt.NDArray[np.uint64]:
-    """``live`` without the positions ``logical`` (sorted, unique)."""
-    keep = np.ones(live.size, dtype=bool)
-    keep[logical] = False
-    return live[keep]
-
-
-def log_generation(payload: bytes, path: str) -> tuple[bool, str | None]:
-    """(whether the header is whole, the generation it names)."""
-    head = read_header(payload, path)
-    return (False, None) if head is None else (True, head[0])
+    return np.flatnonzero(keep).view(np.uint64)  # non-negative int64: the same bits
