@@ -103,12 +103,9 @@ def encode_mask(mask: npt.NDArray[np.bool_], count: int) -> tuple[int, bytes]:
     last = mask.size - 1 - int(np.argmax(mask[::-1]))
     inside = mask[first : last + 1]
     bitmap_bytes = U64.size + (inside.size + 7) // 8
-    if count > 1:
-        steps = np.diff(inside.view(np.int8))  # 1 where a run starts, -1 past its end
-        runs = int(np.count_nonzero(steps == 1)) + 1
-    else:
-        steps, runs = np.zeros(0, np.int8), 1
+    runs = int(np.count_nonzero(inside[1:] > inside[:-1])) + 1  # a run starts after a gap
     if runs * 16 <= bitmap_bytes:
+        steps = np.diff(inside.view(np.int8))  # 1 where a run starts, -1 past its end
         starts = np.concatenate(([0], np.flatnonzero(steps == 1) + 1)) + first
         stops = np.concatenate((np.flatnonzero(steps == -1) + 1, [inside.size])) + first
         pairs = np.stack([starts, stops], axis=1)

@@ -418,7 +418,7 @@ class ArrayStore:
                         f"array '{entry.name}' is 0-d: it has no rows to drop; drop the array "
                         f"with drop('{entry.name}')"
                     )
-                plans.append((entry, _row_indices(rows, entry.length, entry.name)))
+                plans.append((entry, _drop_indices(rows, entry.length, entry.name)))
             for entry, indices in plans:
                 if indices.size:
                     if entry.log is None or entry.log.end == 0:
@@ -948,6 +948,23 @@ def _row_indices(key: Any, length: int, name: str) -> npt.NDArray[np.uint64]:
             f"array '{name}': give row indices as a flat list, got an index array of shape {shape}"
         )
     return indices
+
+
+def _drop_indices(key: Any, length: int, name: str) -> npt.NDArray[np.uint64]:
+    """``_row_indices`` for a drop, which reads them at once and keeps none:
+    a flat int64 array of rows in range is taken as it is (its uint64 view),
+    no copy (a fresh 4 MB for 500,000 rows is page faults, most of a drop)."""
+    if (
+        isinstance(key, np.ndarray)
+        and key.dtype == np.int64
+        and key.ndim == 1
+        and key.size
+        and key.flags.c_contiguous
+        and int(key.min()) >= 0
+        and int(key.max()) < length
+    ):
+        return key.view(np.uint64)
+    return _row_indices(key, length, name)
 
 
 def _last_wins(
