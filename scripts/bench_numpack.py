@@ -79,6 +79,9 @@ class ArrayStoreOps:
     def drop_rows(self, handle, name, indices):
         handle.drop(name, indices)
 
+    def rewrite(self, handle, name, rows):
+        handle.save({name: rows})
+
     def append(self, handle, name, rows):
         handle.append({name: rows})
 
@@ -208,6 +211,9 @@ class NpyOps:
     def drop_rows(self, path, name, indices):
         np.save(self._file(path, name), np.delete(self.load(path, name), indices, axis=0))
 
+    def rewrite(self, path, name, rows):
+        np.save(self._file(path, name), rows)
+
     def append(self, path, name, rows):
         np.save(self._file(path, name), np.concatenate([self.load(path, name), rows]))
 
@@ -272,6 +278,9 @@ class NpzOps:
 
     def drop_rows(self, path, name, indices):
         self._edit(path, name, lambda array: np.delete(array, indices, axis=0))
+
+    def rewrite(self, path, name, rows):
+        self._edit(path, name, lambda array: rows)
 
     def append(self, path, name, rows):
         self._edit(path, name, lambda array: np.concatenate([array, rows]))
@@ -529,6 +538,8 @@ def _batch_operations(a: np.ndarray, draws: Draws) -> list[Operation]:
 
 def _resize_operations(a: np.ndarray, b: np.ndarray, draws: Draws) -> list[Operation]:
     doomed = draws.doomed
+    kept = np.delete(a, doomed, axis=0)  # the rewrite's rows, made untimed
+    in_use = doomed[doomed < len(a) - 1]  # in range after the warm drop of the last row
     return [
         Operation(
             "drop array (b)",
@@ -539,8 +550,24 @@ def _resize_operations(a: np.ndarray, b: np.ndarray, draws: Draws) -> list[Opera
         Operation(
             f"drop {len(doomed):,} rows",
             lambda ops, handle, path: ops.drop_rows(handle, "a", doomed),
-            _loaded_equal("a", np.delete(a, doomed, axis=0)),
+            _loaded_equal("a", kept),
             setup="fresh",
+        ),
+        Operation(
+            # The warm call is the store's first drop (loaderx: it seals the
+            # marker at version 3 and creates the array's delete log).
+            f"drop {len(in_use):,} rows, array in use",
+            lambda ops, handle, path: ops.drop_rows(handle, "a", in_use),
+            _loaded_equal("a", np.delete(a[:-1], in_use, axis=0)),
+            setup="fresh",
+            warm=lambda ops, handle: ops.drop_rows(handle, "a", [len(a) - 1]),
+        ),
+        Operation(
+            f"rewrite a with the {len(kept):,} rows a drop of {len(doomed):,} keeps",
+            lambda ops, handle, path: ops.rewrite(handle, "a", kept),
+            _loaded_equal("a", kept),
+            setup="fresh",
+            floor_bytes=kept.nbytes,
         ),
         Operation(
             "clone (a to c)",
@@ -758,9 +785,9 @@ def bench_numpack(quick: bool, only: str | None = None) -> str:
         "store. The rows `..., array in use` first make one untimed call of the same kind on `a` "
         "(an edit of another row with its settling fsync), so loaderx's open of the array is out "
         "of their timing (numpack, NPY and NPZ open their files in every call). NPY and NPZ edits "
-        "are load, modify, save (numpack's README method). `drop ... rows` in numpack marks rows "
-        "deleted (its `update()` compacts later); loaderx rewrites the array. Random access: "
-        "`getitem` for loaderx and numpack, a memory map for NPY, a full member read for NPZ. "
+        "are load, modify, save (numpack's README method). numpack and loaderx drop rows by "
+        "marking them (compacted later); `rewrite a ...` saves the kept rows over `a`. Random "
+        "access: `getitem` (loaderx, numpack), a memory map (NPY), a full member read (NPZ). "
         f"`{FLOOR}`: one overwrite of the operation's new bytes in an allocated, synced file and "
         "its fdatasync, timed in the same runs: a durable write cannot cost less, and an atomic "
         "in-place replace must make its new rows durable somewhere (a journal) before it may "

@@ -8,7 +8,8 @@ seam fails). Each name and each file has two states: what the process sees
 ``durable_data``). Directory operations (create, mkdir, rename, exchange,
 unlink, rmtree) change what the process sees at once and are queued per
 directory; ``fsync_dir`` of that directory makes its queue durable. Writes
-are queued per file; ``fsync_file`` makes them durable. A rename or exchange
+(``write_new``, and ``write_at`` at an offset of a file, created when
+missing) are queued per file; ``fsync_file`` makes them durable. A rename or exchange
 is one operation (both names change together), as the kernel does it within
 one directory; ArrayStore renames only within its root.
 
@@ -295,7 +296,7 @@ class SimFs:
         if inode is None:
             raise FileNotFoundError(errno.ENOENT, f"cannot stat '{path}': no such file")
         return types.SimpleNamespace(
-            st_size=len(self.data.get(inode, b"")), st_mtime=0.0, st_ino=inode
+            st_size=len(self.data.get(inode, b"")), st_mtime=0.0, st_mtime_ns=0, st_ino=inode
         )
 
     def read_file(self, path: str, bytes_max: int) -> bytes:
@@ -340,6 +341,25 @@ class SimFs:
         self.data[inode] = bytes(payload)
         self._change(parent, {name: inode})
         self.pending_writes.append((inode, 0, bytes(payload)))
+
+    def write_at(self, path: str, offset: int, payload: bytes) -> None:
+        """``payload`` at byte ``offset`` of ``path`` (a new inode when
+        missing, its entry queued), the bytes queued like any write."""
+        self._mutation("write")
+        parent, name = self._parent(path)
+        inode = self.entries[parent].get(name)
+        if inode is None:
+            inode = self._new_inode("file")
+            self.durable_data[inode] = b""
+            self.data[inode] = b""
+            self._change(parent, {name: inode})
+        elif self.kinds[inode] != "file":
+            raise IsADirectoryError(errno.EISDIR, f"cannot write '{path}': it is a directory")
+        old = self.data[inode]
+        if len(old) < offset:
+            old += bytes(offset - len(old))
+        self.data[inode] = old[:offset] + bytes(payload) + old[offset + len(payload) :]
+        self.pending_writes.append((inode, offset, bytes(payload)))
 
     def rename(self, source: str, target: str) -> None:
         self._mutation("rename")

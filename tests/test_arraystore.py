@@ -1000,6 +1000,7 @@ class CountingFs(type(OS_FS)):
         if name in (
             "mkdir",
             "write_new",
+            "write_at",
             "rename",
             "exchange",
             "unlink",
@@ -1021,21 +1022,36 @@ class CountingFs(type(OS_FS)):
 @pytest.mark.parametrize("durable", [True, False])
 def test_row_edits_cost_no_protocol_call_and_one_array_commits_one_fsync(root, durable):
     """Row edits are the array's own zrecord commits: no rename, record or
-    fsync of ArrayStore's. A save or drop of one array is one rename plus one
-    root fsync (none with durable=False until sync(), which makes one)."""
+    fsync of ArrayStore's. A drop of rows is one write of the delete log and
+    its fsync (the store's first one also seals the marker at version 3 and
+    fsyncs the root, for the log's name). A save or drop of one array is one
+    rename plus one root fsync (none with durable=False until sync(), which
+    makes one)."""
     fs = CountingFs()
     with ArrayStore(root, durable=durable, _fs=fs) as store:
         store.save({"x": np.zeros((100, 4), np.float32)})
         fs.calls.clear()
         store.replace({"x": np.ones((2, 4), np.float32)}, [3, 9])
         store.append({"x": np.ones((5, 4), np.float32)})
-        store.drop("x", [0, 1])
 
         def protocol():
             # rmtree and unlink are not counted: leftovers go on a thread.
             return [call for call in fs.calls if call not in ("rmtree", "unlink")]
 
         assert protocol() == []
+        marker = ["write_new", "fsync_file", "rename", "fsync_dir"]
+        store.drop("x", [0, 1])
+        assert protocol() == marker + (
+            ["write_at", "fsync_file", "fsync_dir"] if durable else ["write_at"]
+        )
+        fs.calls.clear()
+        store.drop("x", [0])
+        assert protocol() == (["write_at", "fsync_file"] if durable else ["write_at"])
+        if not durable:
+            fs.calls.clear()
+            store.sync()  # the log's bytes, and its name with the root's one fsync
+            assert protocol() == ["fsync_file", "fsync_dir"], fs.calls
+        fs.calls.clear()
         store.save({"y": np.arange(10)})
         store.save({"y": np.arange(5)})  # an overwrite: one exchange
         store.drop("y")
@@ -1045,7 +1061,7 @@ def test_row_edits_cost_no_protocol_call_and_one_array_commits_one_fsync(root, d
         fs.calls.clear()
         store.sync()
         assert protocol() == ([] if durable else ["fsync_dir"]), fs.calls
-        assert store.load("x").shape == (103, 4) and "y" not in store
+        assert store.load("x").shape == (102, 4) and "y" not in store
 
 
 def test_not_durable_arrays_edit_through_a_non_durable_store_handle(root):

@@ -232,7 +232,7 @@ class _MappedCopy:
     same memfd: what the caller edits)."""
 
     def __init__(self, entry: OpenArray) -> None:
-        self.rows = len(entry.dataset)  # a 0-d array is one row
+        self.rows = entry.length  # a 0-d array is one row
         self.row_bytes = entry.row_bytes
         self.fd, self.shared = -1, None
         self.original: np.ndarray | None = None
@@ -245,7 +245,7 @@ class _MappedCopy:
             os.ftruncate(self.fd, nbytes)
             self.shared = mmap.mmap(self.fd, nbytes, flags=mmap.MAP_SHARED)
             original = np.frombuffer(self.shared, dtype=np.uint8)
-            entry.store.gather(np.arange(self.rows, dtype=np.uint64), original)
+            entry.store.gather(entry.base_range(0, self.rows), original)
             private = mmap.mmap(self.fd, nbytes, flags=mmap.MAP_PRIVATE)
         except BaseException:
             self.close()

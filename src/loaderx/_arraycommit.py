@@ -9,6 +9,8 @@ durable (``durable=False``: at the next ``sync()``). The root's own files::
     <root>/.lock                 flock(LOCK_EX) held by the one writing ArrayStore
     <root>/.commit.msgpack       the commit record of a save or drop in flight
     <root>/.new-<name>  .prev-<name>  .drop-<name>  saves and drops in flight
+    <root>/.deletes-<name>       the delete log of <name>'s logical row drops
+                                 (`_arraydrop`), tied to its directory's generation
 
 Every other name not starting with ``.`` is an array directory. One call is
 one commit, however many arrays it names:
@@ -52,6 +54,7 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 from . import _envelope, zrecord
+from ._arraydrop import DELETES_PREFIX, read_header
 from ._envelope import EnvelopeError
 from ._errors import class_for_errno
 from ._fs import (
@@ -77,8 +80,13 @@ FORMAT_NAME = "loaderx-arraystore"
 # Version 2 seals the marker in an `_envelope`; version 1 (read still) was
 # the plain map {"format", "version"}. A loaderx that reads only version 1
 # refuses a version 2 root ("upgrade loaderx"): it could not read its
-# commit records.
-FORMAT_VERSION = 2
+# commit records. Version 3 says the root may hold delete logs
+# (`_arraydrop`): the first logical drop of a store seals its marker at 3,
+# so that a loaderx reading at most version 2 refuses it instead of reading
+# dropped rows. A new store starts at version 2.
+FORMAT_VERSION = 3
+CREATED_VERSION = 2
+DELETES_VERSION = 3
 MARKER_FILE = ".arraystore.msgpack"
 LOCK_FILE = ".lock"
 COMMIT_FILE = ".commit.msgpack"
@@ -188,6 +196,7 @@ class Committer:
         # once their renames are durable (the next fsync of the root), since
         # a power cut may keep a deletion and drop the rename before it.
         self.deferred: list[str] = []
+        self.marker_version = CREATED_VERSION  # the root's marker, as open_root read it
 
     @property
     def writing(self) -> bool:
@@ -260,9 +269,44 @@ class Committer:
         identities = self.stage(builds, what)
         release([*builds, *drops])
         names = [*builds, *drops]
-        if len(names) == 1 and self.commit_one(names[0], bool(builds), what):
+        if not (len(names) == 1 and self.commit_one(names[0], bool(builds), what)):
+            self.commit_recorded(identities, drops, what)
+        self.remove_logs(names)
+
+    def remove_logs(self, names: list[str]) -> None:
+        """Deletes the delete logs of arrays a commit replaced or dropped:
+        stale now (they name the old directory's generation), so a cut that
+        keeps the deletion and drops the swap before it would bring dropped
+        rows back: deleted only once the swap is durable (``durable=False``:
+        after the next fsync of the root). A failure leaves a stale log,
+        which names nothing and which the next writer's recovery deletes."""
+        paths = [os.path.join(self.root, DELETES_PREFIX + name) for name in names]
+        paths = [path for path in paths if self.fs.exists(path)]
+        if not self.root_synced:
+            self.deferred.extend(paths)
             return
-        self.commit_recorded(identities, drops, what)
+        for path in paths:
+            with contextlib.suppress(OSError):
+                self.fs.unlink(path)
+
+    def before_log(self, name: str) -> None:
+        """Before the first record of a new delete log of ``name``: seals the
+        marker at version 3 (once per store), and makes sure no deferred
+        deletion of an old log at that path can delete the new one."""
+        if self.marker_version < DELETES_VERSION:
+            marker = os.path.join(self.root, MARKER_FILE)
+            try:
+                write_file_atomic(marker, _envelope.seal(FORMAT_NAME, DELETES_VERSION, {}), self.fs)
+            except OSError as exc:
+                raise unchanged(f"drop of rows of '{name}'", exc) from exc
+            self.marker_version = DELETES_VERSION
+        if os.path.join(self.root, DELETES_PREFIX + name) in self.deferred:
+            try:
+                self.fs.fsync_dir(self.root)
+            except OSError as exc:
+                raise unchanged(f"drop of rows of '{name}'", exc) from exc
+            self.root_synced = True
+            self.remove_deferred()
 
     def commit_recorded(self, identities: dict[str, str], drops: list[str], what: str) -> None:
         """Commits through a commit record: every call of several arrays, and
@@ -439,9 +483,9 @@ class Committer:
 # ---- the root -----------------------------------------------------------------------
 
 
-def open_root(path: str, fs: OsFs) -> None:
+def open_root(path: str, fs: OsFs) -> int:
     """Creates the ArrayStore directory (durably: its parent is fsynced) or
-    checks that ``path`` is one."""
+    checks that ``path`` is one; returns its marker's version."""
     marker = os.path.join(path, MARKER_FILE)
     if fs.exists(path) and not fs.isdir(path):
         raise ValueError(f"'{path}' is a file, not an ArrayStore directory")
@@ -455,14 +499,14 @@ def open_root(path: str, fs: OsFs) -> None:
                 f"{MARKER_FILE}): give a new or empty directory"
             ) from None
         try:
-            write_file_atomic(marker, _envelope.seal(FORMAT_NAME, FORMAT_VERSION, {}), fs)
+            write_file_atomic(marker, _envelope.seal(FORMAT_NAME, CREATED_VERSION, {}), fs)
         except OSError:
             if created is not None:  # a failed open (a full disk) leaves nothing it made
                 with contextlib.suppress(OSError):
                     fs.rmtree(created)
             raise
-        return
-    check_marker(payload, path)
+        return CREATED_VERSION
+    return check_marker(payload, path)
 
 
 def check_marker(payload: bytes, path: str) -> int:
@@ -540,8 +584,9 @@ def recover(root: str, fs: OsFs) -> None:
     if record is not None:
         roll_forward(root, fs, record)  # fsyncs the root before it returns
         names = fs.listdir(root)
+    stale = stale_logs(root, fs, names)
     leftovers = [name for name in names if name.startswith(_LEFTOVERS + _TEMPORARIES)]
-    if not leftovers:
+    if not leftovers and not stale:
         return
     if record is None:
         # A swap of the writer that left these may not be durable yet
@@ -563,7 +608,27 @@ def recover(root: str, fs: OsFs) -> None:
             fs.rename(path, os.path.join(root, leftover[len(OLD_PREFIX) :]))
         else:
             fs.rmtree(path)
+    for log in stale:  # after the fsync above: the swaps that made them stale are durable
+        fs.unlink(os.path.join(root, log))
     fs.fsync_dir(root)
+
+
+def stale_logs(root: str, fs: OsFs, names: list[str]) -> list[str]:
+    """The delete logs in the listing ``names`` of ``root`` that name no
+    array's directory any more: their array is gone, or their header names
+    another generation (a torn header is left: the next drop overwrites it)."""
+    stale = []
+    for log in names:
+        if not log.startswith(DELETES_PREFIX):
+            continue
+        target = os.path.join(root, log[len(DELETES_PREFIX) :])
+        if not fs.exists(target):
+            stale.append(log)
+            continue
+        head = read_header(fs.read_file(os.path.join(root, log), 1024), log)
+        if head is not None and head[0] != generation_of(fs, target):
+            stale.append(log)
+    return stale
 
 
 # ---- the commit record --------------------------------------------------------------
@@ -728,11 +793,11 @@ def _is_directory(fs: OsFs, path: str, identity: str | int) -> bool:
     by generation id (survives a copy), or by inode number (records of
     loaderx before generation ids)."""
     if isinstance(identity, str):
-        return _generation(fs, path) == identity
+        return generation_of(fs, path) == identity
     return fs.identity(path) == identity
 
 
-def _generation(fs: OsFs, path: str) -> str | None:
+def generation_of(fs: OsFs, path: str) -> str | None:
     """The generation id in the schema file of the array directory ``path``
     (None when it has none, or no schema file)."""
     try:

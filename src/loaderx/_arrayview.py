@@ -20,7 +20,10 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
+from ._arraycommit import ArrayStoreIOError, generation_of, unchanged
+from ._arraydrop import DeleteLog, TakeBackFailed, live_rows, log_path
 from ._fs import IoStats, OsFs
+from ._indexing import int_index, is_int, record_indices
 from .converter import build_dense_store
 from .dataset import DenseDataset
 from .zrecord import Zrecord
@@ -33,7 +36,13 @@ OFFSETS_CACHED_MAX = 1 << 20  # rows: a cached offsets array holds at most 8 MiB
 
 
 class OpenArray:
-    """One open array: its dataset (reads) and the dataset's store (writes)."""
+    """One open array: its dataset (reads) and the dataset's store (writes),
+    and after a logical drop its delete log and live rows (`_arraydrop`).
+
+    Rows are addressed logically: row i is base row ``live[i]`` of the store
+    (``live`` None: every base row, row i is base row i). Every read and
+    edit maps its rows with one NumPy index; ``length`` is the logical row
+    count."""
 
     def __init__(self, name: str, path: str, inode: int, dataset: DenseDataset, scalar: bool):
         self.name = name
@@ -46,6 +55,10 @@ class OpenArray:
         self.edited = False  # a row edit since the last sync()
         self.stats = IoStats()  # the ArrayStore's counters, once it opened this array
         self.durable = True  # whether each row edit syncs before it returns (the store's option)
+        self.base_rows = len(dataset)  # the store's records, dropped ones included
+        self.live: npt.NDArray[np.uint64] | None = None  # base row of each row; None: all
+        self.log: DeleteLog | None = None
+        self.appended = False  # appends since the last sync (a drop record must not outlive them)
 
     @classmethod
     def open(
@@ -61,7 +74,63 @@ class OpenArray:
             raise
         entry = cls(name, path, inode, dataset, scalar)
         entry.stats, entry.durable = stats, durable
+        if not scalar and fs.exists(log_path(path)):
+            try:
+                entry.load_drops(fs)
+            except BaseException:
+                dataset.close()
+                raise
         return entry
+
+    def load_drops(self, fs: OsFs) -> None:
+        """Reads the delete log (when there is one) into the live rows."""
+        log = self.log
+        if log is None:
+            log = DeleteLog(log_path(self.path), fs, generation_of(fs, self.path), self.durable)
+        self.base_rows = len(self.dataset)
+        self.live = live_rows(self.base_rows, log.replay(self.base_rows))
+        self.log = log
+
+    def refresh(self, fs: OsFs) -> None:
+        """A reader's view of the writer's commits since: the store's, and
+        the delete log's when it changed (it only grows while the directory
+        stays; a new directory is a new OpenArray)."""
+        self.store.refresh()
+        if self.scalar:
+            return
+        try:
+            size: int | None = fs.stat(log_path(self.path)).st_size
+        except FileNotFoundError:
+            size = None
+        if size != (None if self.log is None else self.log.size):
+            self.load_drops(fs)
+        elif len(self.dataset) != self.base_rows:
+            self._grown()
+
+    def _grown(self) -> None:
+        """Appended base rows are live rows at the end."""
+        rows = len(self.dataset)
+        if self.live is not None and rows > self.base_rows:
+            added = np.arange(self.base_rows, rows, dtype=np.uint64)
+            self.live = np.concatenate([self.live, added])
+        self.base_rows = rows
+
+    @property
+    def length(self) -> int:
+        """The array's rows (a 0-d array: its one row)."""
+        return len(self.dataset) if self.live is None else int(self.live.size)
+
+    def to_base(self, indices: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+        """The base rows of the rows ``indices`` (in range)."""
+        if self.live is None:
+            return indices
+        return self.live[indices.astype(np.intp, copy=False)]
+
+    def base_range(self, start: int, end: int) -> npt.NDArray[np.uint64]:
+        """The base rows of rows ``start..end``, contiguous uint64."""
+        if self.live is None:
+            return np.arange(start, end, dtype=np.uint64)
+        return self.live[start:end]
 
     @property
     def closed(self) -> bool:
@@ -72,11 +141,11 @@ class OpenArray:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return () if self.scalar else (len(self.dataset), *self.dataset.item_shape)
+        return () if self.scalar else (self.length, *self.dataset.item_shape)
 
     def read_all(self) -> np.ndarray:
         """The whole array: one gather into a fresh array of its shape."""
-        out = self.read_rows(0, len(self.dataset))
+        out = self.read_rows(0, self.length)
         return out.reshape(()) if self.scalar else out
 
     def read_rows(self, start: int, end: int) -> np.ndarray:
@@ -84,29 +153,100 @@ class OpenArray:
         offsets: row k lands at k times the row size)."""
         out = aligned_empty((end - start, *self.dataset.item_shape), self.dataset.dtype)
         if end > start and self.row_bytes:
-            self.store.gather(np.arange(start, end, dtype=np.uint64), out)
+            self.store.gather(self.base_range(start, end), out)
             self.stats.read(out.nbytes)
         return out
 
     def get(self, key: Any) -> Any:  # key and the result: as for DenseDataset[key]
         """Rows ``key`` of the dataset, counted as one read."""
-        result = self.dataset[key]
+        result = self.dataset[key] if self.live is None else self._get_live(key)
         self.stats.read(np.asarray(result).nbytes)
         return result
+
+    def _get_live(self, key: Any) -> Any:
+        """``DenseDataset[key]``'s selection rules over the live rows."""
+        assert self.live is not None
+        rest = None
+        if isinstance(key, tuple):
+            if key and key[0] is Ellipsis:
+                return self.read_all()[key]
+            key, rest = (key[0], key[1:]) if key else (slice(None), ())
+        if key is Ellipsis:
+            key = slice(None)
+        if is_int(key):
+            row = self.live[int_index(key, self.length)]
+            item = self._gather(np.array([row], dtype=np.uint64), (1,))[0]
+            return item if rest is None else item[rest]
+        if isinstance(key, slice):
+            base = np.ascontiguousarray(self.live[key])
+            shape: tuple[int, ...] = base.shape
+        else:
+            indices, shape = record_indices(key, self.length)
+            base = self.to_base(indices)
+        out = self._gather(base, shape)
+        return out if rest is None else out[(slice(None),) * len(shape) + rest]
+
+    def _gather(self, base: npt.NDArray[np.uint64], shape: tuple[int, ...]) -> np.ndarray:
+        item_shape = self.dataset.item_shape
+        out = np.empty((base.size, *item_shape), dtype=self.dataset.dtype)
+        if base.size and self.row_bytes:
+            self.store.gather(base, out)
+        return out.reshape((*shape, *item_shape))
 
     # ---- row edits (each one native commit, counted in ``stats``)
 
     def replace(self, indices: npt.NDArray[np.uint64], data: np.ndarray) -> None:
-        self.store.replace(indices, data, self.offsets(indices.size))
+        self.store.replace(self.to_base(indices), data, self.offsets(indices.size))
         self._edited(data.nbytes)
 
     def append(self, data: np.ndarray) -> None:
         self.store.append(data, self.offsets(len(data)))
+        self.appended = True
+        self._grown()
         self._edited(data.nbytes)
 
-    def delete(self, indices: npt.NDArray[np.uint64]) -> None:
-        self.store.delete(indices, keep_order=True)
-        self._edited(0)
+    def drop(self, indices: npt.NDArray[np.uint64], fs: OsFs) -> None:
+        """Drops rows ``indices`` (in range, any order, repeats allowed)
+        logically: one record in the delete log (`_arraydrop`), durable when
+        it returns unless ``durable=False``; nothing of the store changes."""
+        # A mask of the rows: O(rows), no sort (np.unique hashes slowly). Indices
+        # are below 2**63, so their int64 view is the same values (NumPy
+        # scatters with int64 several times faster than with uint64).
+        doomed = np.zeros(self.length, dtype=bool)
+        doomed[indices.view(np.int64)] = True
+        if self.appended:
+            self.sync()  # the rows the record names survive a power cut that keeps it
+        if self.log is None:
+            self.log = DeleteLog(
+                log_path(self.path), fs, generation_of(fs, self.path), self.durable
+            )
+        live = self.live
+        count = int(np.count_nonzero(doomed))
+        # The record's bitmap of base rows: the mask itself, or its rows'
+        # base rows scattered a chunk at a time (no array of all of them).
+        base = doomed if live is None else _base_mask(live, doomed, self.base_rows)
+        what = f"drop of {count} rows of '{self.name}'"
+        try:
+            self.log.append(base, count, self.base_rows)
+        except TakeBackFailed as failure:
+            raise ArrayStoreIOError(
+                failure.cause.errno,
+                f"{what} may or may not have taken effect: writing its delete log failed "
+                f"({failure.cause}) and taking the record back failed ({failure.second}); "
+                "reopen the ArrayStore once the disk works: the drop is then applied entirely "
+                "or not at all",
+                "unknown",
+            ) from failure.cause
+        except OSError as exc:
+            raise unchanged(what, exc) from exc
+        kept = np.logical_not(doomed, out=doomed)
+        # A new array (a read in flight keeps the old one); np.compress, not a
+        # boolean index, which is several times slower on a random mask.
+        self.live = (
+            np.flatnonzero(kept).view(np.uint64) if live is None else np.compress(kept, live)
+        )
+        if not self.durable:
+            self.edited = True
 
     def compact(self) -> None:
         self.store.compact()
@@ -115,7 +255,9 @@ class OpenArray:
     def sync(self) -> None:
         self.store.sync()
         self.stats.synced()
-        self.edited = False
+        if self.log is not None:
+            self.log.sync()
+        self.edited = self.appended = False
 
     def _edited(self, nbytes: int) -> None:
         self.edited = True
@@ -140,7 +282,7 @@ class OpenArray:
         """The array in chunks of at most ``rows`` rows, each one gather."""
         start = 0
         while True:
-            end = min(start + rows, len(self.dataset))
+            end = min(start + rows, self.length)
             if end <= start:
                 return
             yield self.read_rows(start, end)
@@ -248,6 +390,20 @@ def reading_store(lazy: LazyArray) -> Zrecord:
     the caller must not close. `loaderx verify` checks an array through it
     rather than opening the array's directory a second time."""
     return lazy._live().store
+
+
+_CHUNK_ROWS = 1 << 16  # a drop maps rows to base rows this many at a time
+
+
+def _base_mask(
+    live: npt.NDArray[np.uint64], doomed: npt.NDArray[np.bool_], base_rows: int
+) -> npt.NDArray[np.bool_]:
+    """The bitmap of the base rows of the rows ``doomed`` marks."""
+    mask = np.zeros(base_rows, dtype=bool)
+    for start in range(0, live.size, _CHUNK_ROWS):
+        end = start + _CHUNK_ROWS
+        mask[np.compress(doomed[start:end], live[start:end]).view(np.int64)] = True
+    return mask
 
 
 def write_array(path: str, array: np.ndarray, codec: str, generation: str | None = None) -> None:
