@@ -74,8 +74,7 @@ pub const Writer = struct {
     /// Or blocks patched in place since the last durable commit under the
     /// undo area (undo.zig): the next commit must sync them too.
     pub fn journalPending(writer: *const Writer, superblock: *const Superblock) bool {
-        if (writer.undo.active and !(builtin.is_test and
-            undo_module.sabotage == .unsynced_checkpoint)) return true;
+        if (writer.undo.active) return true;
         const handle = writer.journal orelse return false;
         return handle.last_sequence > superblock.journal_sequence;
     }
@@ -307,7 +306,12 @@ pub fn prepare(context: Context, next_in: Superblock, durable_wanted: bool) Erro
     const writer = context.writer;
     assert(!writer.poisoned);
     const previous = context.head;
-    const durable = durable_wanted or writer.journalPending(&previous.superblock);
+    // Broken on purpose in the simulator: a commit after unsynced in-place
+    // replaces left unsynced.
+    const sabotaged = builtin.is_test and undo_module.sabotage == .unsynced_commit_after_undo and
+        writer.undo.active;
+    const durable = durable_wanted or
+        (writer.journalPending(&previous.superblock) and !sabotaged);
     var next = next_in;
     next.generation = previous.superblock.generation + 1;
     // A durable commit of a durable=False store syncs every file it names

@@ -74,7 +74,7 @@ pub const Sabotage = enum {
     patch_before_undo,
     any_generation,
     skip_replay,
-    unsynced_checkpoint,
+    unsynced_commit_after_undo,
     skip_dir_sync,
 };
 pub var sabotage: Sabotage = .none;
