@@ -308,10 +308,8 @@ pub fn prepare(context: Context, next_in: Superblock, durable_wanted: bool) Erro
     const previous = context.head;
     // Broken on purpose in the simulator: a commit after unsynced in-place
     // replaces left unsynced.
-    const sabotaged = builtin.is_test and undo_module.sabotage == .unsynced_commit_after_undo and
-        writer.undo.active;
     const durable = durable_wanted or
-        (writer.journalPending(&previous.superblock) and !sabotaged);
+        (writer.journalPending(&previous.superblock) and !undoSabotaged(writer));
     var next = next_in;
     next.generation = previous.superblock.generation + 1;
     // A durable commit of a durable=False store syncs every file it names
@@ -419,6 +417,13 @@ fn syncNamed(context: Context, snapshot: *const Snapshot) Error!void {
     try syncDirNow(context);
 }
 
+/// Broken on purpose in the simulator: a commit after unsynced in-place
+/// replaces neither durable nor syncing the blocks they patched.
+fn undoSabotaged(writer: *const Writer) bool {
+    return builtin.is_test and undo_module.sabotage == .unsynced_commit_after_undo and
+        writer.undo.active;
+}
+
 /// Every commit is a journal checkpoint: the bytes replaces wrote in place
 /// into files the next superblock still names are synced before it, and it
 /// records the last sequence they cover.
@@ -426,7 +431,7 @@ fn checkpointJournal(context: Context, next: *Superblock, synced: bool) Error!vo
     const writer = context.writer;
     const previous = context.head;
     assert(next.generation == previous.superblock.generation + 1);
-    if (writer.journalPending(&previous.superblock) and !synced) {
+    if (writer.journalPending(&previous.superblock) and !synced and !undoSabotaged(writer)) {
         if (previous.data) |data| if (next.data_file == previous.superblock.data_file)
             try syncFileNow(context, data.file);
         if (previous.sums) |sums| if (next.sums_file == previous.superblock.sums_file)
