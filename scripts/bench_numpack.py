@@ -854,9 +854,7 @@ def bench_unsynced_edits(quick: bool, runs: int = 7) -> str:
                 table.append(
                     (label,)
                     + time_both(
-                        lambda v, key=key, values=values: store.replace(
-                            {"a": values[int(v)]}, key
-                        ),
+                        lambda v, key=key, values=values: store.replace({"a": values[int(v)]}, key),
                         lambda v, key=key, values=values: _memmap_edit(mapped, key, values[int(v)]),
                     )
                 )
@@ -870,14 +868,15 @@ def bench_unsynced_edits(quick: bool, runs: int = 7) -> str:
                 for index, value in zip(scattered.tolist(), run_values[int(v)]):
                     mapped[index] = value
 
-            table.append((f"{RUN_EDITS} 1-row edits, one call each",) + time_both(run_store, run_map))
+            table.append(
+                (f"{RUN_EDITS} 1-row edits, one call each",) + time_both(run_store, run_map)
+            )
             store.sync()
             mapped.flush()
             check = np.array(store.load("a"))
             assert np.array_equal(check, np.asarray(mapped)), "the two sides differ"
         finally:
             store.close()
-            del mapped
     header = (
         "| edit (array in use) | ArrayStore durable=False, first edit of the interval | "
         "ArrayStore durable=False, next edit | np.memmap stand-in | ratio |\n|---|---|---|---|---|"
