@@ -798,6 +798,46 @@ def _memmap_edit(array: np.ndarray, key, rows: np.ndarray) -> None:
     array[key] = rows
 
 
+def _time_edit(store, edit_store, edit_map, runs: int) -> tuple[float, float, float]:
+    """Medians of the first edit of an interval, the next one, and the stand-in's."""
+    first, then, standin = [], [], []
+    for _ in range(runs):
+        store.sync()
+        os.sync()
+        started = time.perf_counter()
+        edit_store(0)
+        first.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        edit_store(1)
+        then.append(time.perf_counter() - started)
+        edit_map(0)
+        started = time.perf_counter()
+        edit_map(1)
+        standin.append(time.perf_counter() - started)
+    return tuple(statistics.median(values) for values in (first, then, standin))
+
+
+def _unsynced_edit_kinds(rows: int, rng) -> dict:
+    """label -> (key, row count, one call per row?)."""
+    block = min(10_000, rows // 10)
+    start = int(rng.integers(rows - block))
+    return {
+        "replace 1 row": ([int(rng.integers(rows))], 1, False),
+        f"replace {block:,} contiguous rows": (slice(start, start + block), block, False),
+        f"replace {block:,} random rows": (
+            np.sort(rng.choice(rows, block, replace=False)),
+            block,
+            False,
+        ),
+        f"replace {rows // 2:,} rows": (slice(0, rows // 2), rows // 2, False),
+        f"{RUN_EDITS} 1-row edits, one call each": (
+            rng.choice(rows, RUN_EDITS, replace=False),
+            RUN_EDITS,
+            True,
+        ),
+    }
+
+
 def bench_unsynced_edits(quick: bool, runs: int = 7) -> str:
     """``durable=False`` edits of an array in use, after the first edit of a
     sync interval, against a writable ``np.memmap`` of an .npy file (the
@@ -808,18 +848,6 @@ def bench_unsynced_edits(quick: bool, runs: int = 7) -> str:
     rows = 100_000 if quick else 1_000_000
     rng = np.random.default_rng(7)
     a = rng.random((rows, 10), dtype=np.float32)
-    block = min(10_000, rows // 10)
-    large = rows // 2
-    random_rows = np.sort(rng.choice(rows, block, replace=False))
-    scattered = rng.choice(rows, RUN_EDITS, replace=False)
-    start = int(rng.integers(rows - block))
-    row = int(rng.integers(rows))
-    kinds = {
-        "replace 1 row": ([row], 1),
-        f"replace {block:,} contiguous rows": (slice(start, start + block), block),
-        f"replace {block:,} random rows": (random_rows, block),
-        f"replace {large:,} rows": (slice(0, large), large),
-    }
     table = []
     with tempfile.TemporaryDirectory(prefix="loaderx-bench-unsynced-") as temporary:
         root = Path(temporary)
@@ -830,51 +858,25 @@ def bench_unsynced_edits(quick: bool, runs: int = 7) -> str:
         mapped = np.load(root / "a.npy", mmap_mode="r+")
         try:
             store.replace({"a": a[:1]}, [0])  # opens the array: it is in use
-            store.sync()
-
-            def time_both(edit_store, edit_map) -> tuple[float, float, float]:
-                first, then, standin = [], [], []
-                for _ in range(runs):
-                    store.sync()
-                    os.sync()
-                    started = time.perf_counter()
-                    edit_store(0.0)
-                    first.append(time.perf_counter() - started)
-                    started = time.perf_counter()
-                    edit_store(1.0)
-                    then.append(time.perf_counter() - started)
-                    edit_map(0.0)
-                    started = time.perf_counter()
-                    edit_map(1.0)
-                    standin.append(time.perf_counter() - started)
-                return tuple(statistics.median(values) for values in (first, then, standin))
-
-            for label, (key, count) in kinds.items():
+            for label, (key, count, per_row) in _unsynced_edit_kinds(rows, rng).items():
                 values = [rng.random((count, 10), dtype=np.float32) for _ in range(2)]
-                table.append(
-                    (label,)
-                    + time_both(
-                        lambda v, key=key, values=values: store.replace({"a": values[int(v)]}, key),
-                        lambda v, key=key, values=values: _memmap_edit(mapped, key, values[int(v)]),
-                    )
-                )
-            run_values = [rng.random((RUN_EDITS, 10), dtype=np.float32) for _ in range(2)]
 
-            def run_store(v):
-                for index, value in zip(scattered.tolist(), run_values[int(v)]):
-                    store.replace({"a": value[None]}, [index])
+                def edit_store(v, key=key, values=values, per_row=per_row):
+                    if not per_row:
+                        return store.replace({"a": values[v]}, key)
+                    for index, value in zip(key.tolist(), values[v]):
+                        store.replace({"a": value[None]}, [index])
 
-            def run_map(v):
-                for index, value in zip(scattered.tolist(), run_values[int(v)]):
-                    mapped[index] = value
+                def edit_map(v, key=key, values=values, per_row=per_row):
+                    if not per_row:
+                        return _memmap_edit(mapped, key, values[v])
+                    for index, value in zip(key.tolist(), values[v]):
+                        mapped[index] = value
 
-            table.append(
-                (f"{RUN_EDITS} 1-row edits, one call each",) + time_both(run_store, run_map)
-            )
+                table.append((label,) + _time_edit(store, edit_store, edit_map, runs))
             store.sync()
             mapped.flush()
-            check = np.array(store.load("a"))
-            assert np.array_equal(check, np.asarray(mapped)), "the two sides differ"
+            assert np.array_equal(np.array(store.load("a")), mapped), "the two sides differ"
         finally:
             store.close()
     header = (
@@ -890,10 +892,11 @@ def bench_unsynced_edits(quick: bool, runs: int = 7) -> str:
         f"### durable=False edits after the first of a sync interval: a = {rows:,} x 10 float32\n\n"
         + "\n".join(lines)
         + f"\n\nMedian of {runs} runs. Each run syncs (untimed), makes the first edit (which "
-        "saves the blocks it touches to the undo area under one fdatasync) and then the same "
-        "edit again with other values (no sync). The stand-in for numpack's unsynced pwrite "
-        "(numpack is not installed here) is the same rows assigned into a writable np.memmap "
-        "of an .npy file: page cache only, no sync, no checksums, no atomicity."
+        "saves the blocks it touches to the undo area under one fdatasync; the 100 one-row "
+        "edits touch 100 blocks, one fdatasync each) and then the same edit again with other "
+        "values (no sync). The stand-in for numpack's unsynced pwrite (numpack is not installed "
+        "here) is the same rows assigned into a writable np.memmap of an .npy file: page cache "
+        "only, no sync call, no checksums, no atomicity."
     )
 
 

@@ -964,8 +964,6 @@ pub fn settleReader(dir: io.Dir, superblock: *const Superblock) Error!void {
     };
     defer io.closeFile(lock);
     if (!try io.tryLock(lock)) return;
-    // Unsynced in-place replaces (undo.zig) go back to the last sync first.
-    try @import("undo.zig").settleReader(dir, superblock);
     if (try settledAlready(dir, lock, superblock)) return;
     if (superblock.journal_file == 0) {
         // A power loss may have taken the shared page: put it back, if

@@ -474,6 +474,8 @@ pub const Store = struct {
     fn settleJournal(store: *Store, superblock: *const Superblock) Error!void {
         if (superblock.getLayout() != .fixed or store.writer != null) return;
         assert(superblock.invalidReason() == null); // As read, not yet built.
+        // Unsynced in-place replaces go back to the last sync first.
+        try undo.settleReader(store.dir, superblock);
         return journal.settleReader(store.dir, superblock);
     }
 

@@ -214,40 +214,7 @@ pub const Undo = struct {
             var fill: usize = 0;
             const chunk_end = @min(fresh.items.len, k + chunk_blocks);
             while (k < chunk_end) : (k += 1) {
-                const block = fresh.items[k];
-                const image_bytes = geometry.imageBytes(block).?;
-                const header_at = fill;
-                const image = buffer[fill + @sizeOf(Record) ..][0..image_bytes];
-                if (try io.read(target.data, image, block * block_bytes) != image_bytes) {
-                    return status.fail(
-                        error.Corrupt,
-                        "data file '{s}' is shorter than committed",
-                        .{target.data.name()},
-                    );
-                }
-                var sum = superblock.tail_checksum;
-                if (block < geometry.full) {
-                    if (try io.read(target.sums, std.mem.asBytes(&sum), block * 8) != 8) {
-                        return status.fail(
-                            error.Corrupt,
-                            "sums file '{s}' is shorter than committed",
-                            .{target.sums.name()},
-                        );
-                    }
-                }
-                const padded = recordBytes(image_bytes);
-                @memset(buffer[fill + @sizeOf(Record) + image_bytes .. fill + padded], 0);
-                var record = Record{
-                    .magic = record_magic,
-                    .generation = superblock.generation,
-                    .block = block,
-                    .image_bytes = image_bytes,
-                    .sum = sum,
-                    .checksum = 0,
-                };
-                record.checksum = record.compute(image);
-                @memcpy(buffer[header_at..][0..@sizeOf(Record)], std.mem.asBytes(&record));
-                fill += padded;
+                fill += try saveBlock(target, superblock, fresh.items[k], buffer[fill..]);
             }
             try io.write(file, buffer[0..fill], at);
             at += fill;
@@ -262,6 +229,50 @@ pub const Undo = struct {
         assert(undo.generation == superblock.generation);
     }
 };
+
+/// Lays block `block`'s record (its synced image, read from `target`) at
+/// the start of `out`; returns its length.
+fn saveBlock(
+    target: journal.Target,
+    superblock: *const Superblock,
+    block: u64,
+    out: []u8,
+) Error!u64 {
+    const geometry = Geometry.of(superblock);
+    const image_bytes = geometry.imageBytes(block).?;
+    const padded = recordBytes(image_bytes);
+    assert(out.len >= padded);
+    const image = out[@sizeOf(Record)..][0..image_bytes];
+    if (try io.read(target.data, image, block * block_bytes) != image_bytes) {
+        return status.fail(
+            error.Corrupt,
+            "data file '{s}' is shorter than committed",
+            .{target.data.name()},
+        );
+    }
+    var sum = superblock.tail_checksum;
+    if (block < geometry.full) {
+        if (try io.read(target.sums, std.mem.asBytes(&sum), block * 8) != 8) {
+            return status.fail(
+                error.Corrupt,
+                "sums file '{s}' is shorter than committed",
+                .{target.sums.name()},
+            );
+        }
+    }
+    @memset(out[@sizeOf(Record) + image_bytes .. padded], 0);
+    var record = Record{
+        .magic = record_magic,
+        .generation = superblock.generation,
+        .block = block,
+        .image_bytes = image_bytes,
+        .sum = sum,
+        .checksum = 0,
+    };
+    record.checksum = record.compute(image);
+    @memcpy(out[0..@sizeOf(Record)], std.mem.asBytes(&record));
+    return padded;
+}
 
 /// An in-place replace of `patches` (ascending, unique rows) with no
 /// barrier once its blocks are saved (`Undo.protect`). Returns the new tail
@@ -389,6 +400,13 @@ pub fn restore(
 /// what a writer that stopped mid-interval left, so it reads the last sync.
 pub fn settleReader(dir: io.Dir, superblock: *const Superblock) Error!void {
     if (!try pending(dir, superblock)) return;
+    const lock = io.openFile(dir, seqlock.lock_file_name, .read_only) catch |err| switch (err) {
+        error.NotFound => return,
+        else => return err,
+    };
+    defer io.closeFile(lock);
+    // A live writer restores nothing: its records are its interval's.
+    if (!try io.tryLock(lock)) return;
     const page_file = io.openFile(dir, seqlock.lock_file_name, .read_write) catch |err| {
         return status.wrap(err, "store '{s}' holds in-place replaces its last writer did " ++
             "not sync, and this place cannot be written: open it once for writing where it " ++

@@ -707,7 +707,6 @@ fn faultTrial(
     storage.reset();
     storage.injectFault(kind, at, fault);
     var model = Model{};
-    // durable=False: the model when the undo interval began (`intervalStart`).
     var interval_model: ?Model = null;
     var store: ?*Store = null;
     defer if (store) |handle| handle.close();
@@ -741,39 +740,48 @@ fn faultTrial(
             defer reader.close();
             const committed = poisoned and operation == .replace and
                 try sameRecords(reader, &after, arena);
-            // A durable=False writer that refuses until reopened had
-            // patched blocks in place since its last sync: the reopened
-            // store is at that sync (undo.zig), and the workload goes on
-            // from there.
-            const restored = poisoned and !workload_durable and !committed and
-                interval_model != null and try sameRecords(reader, &interval_model.?, arena);
-            if (restored) {
-                model = interval_model.?;
-                interval_model = if (operation == .replace) try model.clone(arena) else null;
+            // durable=False: or at its last sync (`acceptRestored`).
+            if (poisoned and !committed) {
+                try acceptRestored(reader, &model, &interval_model, operation, arena);
             }
             try expectRecords(reader, if (committed) &after else &model, arena);
             if (store) |handle| try expectRecords(handle, &model, arena);
             // The store works again: at once, or after a reopen.
             if (!committed) try perform(&store, operation, arena);
         };
-        if (!fired and !workload_durable and operation == .reopen and storage.faultFired()) {
-            // close() gave up on a failed sync (it reports nothing): a
-            // durable=False store reopens at its last sync.
+        if (!fired and operation == .reopen and storage.faultFired()) {
+            // close() gave up on a failed sync (it reports nothing).
             fired = storage.clearFault();
-            if (interval_model) |start| {
-                if (!try sameRecords(store.?, &model, arena) and
-                    try sameRecords(store.?, &start, arena)) model = start;
+            if (!try sameRecords(store.?, &model, arena)) {
+                try acceptRestored(store.?, &model, &interval_model, operation, arena);
             }
         }
         try model.apply(arena, operation);
-        // Every operation but a replace (or a compaction, of a fixed store)
-        // commits durably after in-place replaces: the interval ends.
+        // Any other commit is durable: the undo interval (`intervalStart`) ends.
         if (operation != .replace and operation != .compact) interval_model = null;
     }
     if (!fired) fired = storage.clearFault();
     if (store == null) store = try Store.open(path, 1, true, workload_durable);
     try expectState(store.?, &model, arena);
     return fired;
+}
+
+/// A durable=False writer that refuses until reopened (or whose close gave
+/// up on a failed sync) had patched blocks in place since its last sync:
+/// the reopened store is at that sync (undo.zig), and the workload goes on
+/// from there (`model` becomes the interval's start).
+fn acceptRestored(
+    reopened: *Store,
+    model: *Model,
+    interval_model: *?Model,
+    operation: Operation,
+    arena: std.mem.Allocator,
+) !void {
+    if (workload_durable) return;
+    const start = interval_model.* orelse return;
+    if (!try sameRecords(reopened, &start, arena)) return;
+    model.* = start;
+    interval_model.* = if (operation == .replace) try model.clone(arena) else null;
 }
 
 fn faultWorkload(workload_seed: u64, length: usize, counts: *Counts) !void {
