@@ -196,7 +196,7 @@ pub const Store = struct {
                     if (!writer.poisoned and !writer.journalPending(&store.head().superblock))
                         handle.trim() catch {};
                 }
-                if (!writer.poisoned and !writer.undo.active) writer.undo.trim();
+                if (!writer.poisoned and !writer.undo.active) writer.undo.trim(store.dir);
             }
         }
         if (store.writer) |*writer| writer.close();
@@ -618,12 +618,14 @@ pub const Store = struct {
     /// makes them dead: the store is at its last sync.
     fn restoreUndo(store: *Store) Error!void {
         const superblock = store.head().superblock;
-        if (superblock.getLayout() != .fixed) return;
-        if (!try undo.pending(store.dir, &superblock)) return;
-        const writer = &store.writer.?;
-        const target = try writer.target.get(store.dir, &superblock);
-        if (!try undo.restore(store.dir, target, &superblock, writer.page)) return;
-        try store.commitNext(superblock, true);
+        if (superblock.getLayout() == .fixed and try undo.pending(store.dir, &superblock)) {
+            const writer = &store.writer.?;
+            const target = try writer.target.get(store.dir, &superblock);
+            if (try undo.restore(store.dir, target, &superblock, writer.page))
+                try store.commitNext(superblock, true);
+        }
+        // Dead records (the commit above, or a writer's last) go.
+        try undo.removeStale(store.dir, &store.head().superblock);
     }
 
     /// Replays the journal records a crashed writer left after the

@@ -144,11 +144,15 @@ pub const Undo = struct {
         assert(!undo.active);
     }
 
-    /// Cuts the dead records (at close, once retired).
-    pub fn trim(undo: *Undo) void {
+    /// Deletes the file of dead records (at close, once retired): an idle
+    /// store holds only the files its superblock names. Its unlink needs no
+    /// sync: the records name an older generation.
+    pub fn trim(undo: *Undo, dir: io.Dir) void {
         assert(!undo.active);
         const file = undo.file orelse return;
-        if (io.length(file) catch 0 > 0) io.setLength(file, 0) catch {};
+        io.closeFile(file);
+        undo.file = null;
+        io.unlink(dir, file_name) catch {};
     }
 
     fn begin(undo: *Undo, superblock: *const Superblock) Error!void {
@@ -335,10 +339,19 @@ pub fn replace(
     return tail_checksum;
 }
 
+/// Deletes an undo file whose records are dead (none names `superblock`'s
+/// generation), which a writer that stopped left: called by a writer, under
+/// its lock, at its start.
+pub fn removeStale(dir: io.Dir, superblock: *const Superblock) Error!void {
+    if (!io.exists(dir, file_name) or try pending(dir, superblock)) return;
+    // Pending is false for another layout too: no undo file belongs to it.
+    try io.unlink(dir, file_name);
+}
+
 /// The first record of the undo area, if it names `superblock`'s
 /// generation: then the data may hold unsynced patches to restore.
 pub fn pending(dir: io.Dir, superblock: *const Superblock) Error!bool {
-    if (superblock.getLayout() != .fixed) return false;
+    if (superblock.getLayout() != .fixed or !io.exists(dir, file_name)) return false;
     const file = io.openFile(dir, file_name, .read_only) catch |err| switch (err) {
         error.NotFound => return false,
         else => return err,

@@ -1050,3 +1050,57 @@ test "regression: a checkpoint after the creating append syncs the bytes later r
         try testing.expectEqual(@as(u64, 0), try reopened.verify(0, 11, &damaged));
     }
 }
+
+test "durable=False: one sync per interval's first touch of a block, none after; a power cut opens at the last sync" {
+    // 40 records of 1000 B: blocks 0 and 1 whole, the tail block partial.
+    var rows: [40 * fixed_record_bytes]u8 = undefined;
+    var offsets: [40]u64 = undefined;
+    for (&offsets, 0..) |*offset, k| offset.* = k * fixed_record_bytes;
+    undo.sabotage = sabotageFromEnv();
+    defer undo.sabotage = .none;
+    for (0..20) |seed| {
+        storage.reset();
+        @memset(&rows, 'a');
+        const store = try Store.open(path, 1, true, false);
+        _ = try store.append(&rows, &offsets, .raw);
+        try store.sync();
+        // The first replace of the store creates its journal and undo file.
+        try store.replace(&.{39}, rows[0..fixed_record_bytes], &.{0}, .raw);
+        try store.sync();
+        const synced = storage.kindCount(.sync_file) + storage.kindCount(.sync_dir);
+        const row = [_]u8{'Z'} ** fixed_record_bytes;
+        // Rows 1 and 2 (block 0) and 38 (the tail block): one sync for both blocks.
+        try store.replace(&.{ 1, 2, 38 }, &(row ++ row ++ row), &.{ 0, 1000, 2000 }, .raw);
+        try testing.expectEqual(
+            synced + 1,
+            storage.kindCount(.sync_file) + storage.kindCount(.sync_dir),
+        );
+        // Blocks saved already: no sync at all.
+        for (0..10) |k| try store.replace(&.{3 + k}, &row, &.{0}, .raw);
+        try store.replace(&.{37}, &row, &.{0}, .raw);
+        try testing.expectEqual(
+            synced + 1,
+            storage.kindCount(.sync_file) + storage.kindCount(.sync_dir),
+        );
+        // The store is abandoned to the power cut, as by a crash.
+        storage.powerLoss(seed);
+        const reopened = try Store.open(path, 1, true, false);
+        var out: [40 * fixed_record_bytes]u8 = undefined;
+        var indices: [40]u64 = undefined;
+        for (&indices, 0..) |*index, k| index.* = k;
+        try reopened.gather(&indices, &out, &offsets);
+        try testing.expect(std.mem.allEqual(u8, &out, 'a'));
+        var damaged: [40]u64 = undefined;
+        try testing.expectEqual(@as(u64, 0), try reopened.verify(0, 40, &damaged));
+        // And sync() keeps what it covers.
+        try reopened.replace(&.{5}, &row, &.{0}, .raw);
+        try reopened.sync();
+        storage.powerOffAt(storage.callCount()); // close() writes nothing durable now
+        reopened.close();
+        storage.powerLoss(seed + 100);
+        const again = try Store.open(path, 1, true, false);
+        defer again.close();
+        try again.gather(&.{5}, out[0..fixed_record_bytes], &.{0});
+        try testing.expect(std.mem.allEqual(u8, out[0..fixed_record_bytes], 'Z'));
+    }
+}
