@@ -1051,7 +1051,7 @@ test "regression: a checkpoint after the creating append syncs the bytes later r
     }
 }
 
-test "durable=False: one sync per block an interval first touches; a power cut opens at the last sync" {
+test "durable=False: one sync per block first touched; a power cut opens at the last sync" {
     // 40 records of 1000 B: blocks 0 and 1 whole, the tail block partial.
     var rows: [40 * fixed_record_bytes]u8 = undefined;
     var offsets: [40]u64 = undefined;
