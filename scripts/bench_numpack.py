@@ -1,6 +1,7 @@
 """The numpack benchmark: numpack's own table, for ArrayStore, numpack, NPY and NPZ.
 
     python scripts/bench_numpack.py [--quick] [--only LABEL-PART]
+    python scripts/bench_numpack.py --unsynced [--quick]   # durable=False edits vs np.memmap
 
 `bench_numpack(quick)` returns the markdown table (scripts/bench.py prints it
 as its `numpack` table). Two float32 arrays, `a` of N x 10 and `b` of
@@ -410,6 +411,7 @@ def build_operations(a: np.ndarray, b: np.ndarray, seed: int = 0):
         _load_operations(a, b, arrays)
         + _replace_operations(a, draws)
         + _batch_operations(a, draws)
+        + _run_operations(a, draws)
         + _resize_operations(a, b, draws)
         + _access_operations(a, draws)
     )
@@ -533,6 +535,28 @@ def _batch_operations(a: np.ndarray, draws: Draws) -> list[Operation]:
             floor_bytes=rows.nbytes,
         )
         for mode, text in EDIT_MODES.items()
+    ]
+
+
+RUN_EDITS = 100
+
+
+def _run_operations(a: np.ndarray, draws: Draws) -> list[Operation]:
+    """A run of 100 one-row edits, one call each, on an array in use: the
+    untimed warm call edits the same rows once (one call), so with
+    ``durable=False`` the run is after the first edit of a sync interval."""
+    indices = draws.scattered[:RUN_EDITS]
+    rows = draws.scattered_rows[:RUN_EDITS]
+    expected = _replaced(a, indices, rows)
+    return [
+        Operation(
+            f"{len(indices)} 1-row edits, one call each, array in use",
+            lambda ops, handle, path: ops.edits(handle, "a", rows, indices, "calls"),
+            _loaded_equal("a", expected),
+            setup="fresh",
+            floor_bytes=rows.nbytes,
+            warm=lambda ops, handle: ops.replace(handle, "a", rows[::-1].copy(), np.sort(indices)),
+        )
     ]
 
 
@@ -795,8 +819,119 @@ def bench_numpack(quick: bool, only: str | None = None) -> str:
     )
 
 
+def _memmap_edit(array: np.ndarray, key, rows: np.ndarray) -> None:
+    """The stand-in for numpack's unsynced replace: the rows written into a
+    writable memory map of the .npy file (page cache only, no sync)."""
+    array[key] = rows
+
+
+def _time_edit(store, edit_store, edit_map, runs: int) -> tuple[float, float, float]:
+    """Medians of the first edit of an interval, the next one, and the stand-in's."""
+    first, then, standin = [], [], []
+    for _ in range(runs):
+        store.sync()
+        os.sync()
+        started = time.perf_counter()
+        edit_store(0)
+        first.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        edit_store(1)
+        then.append(time.perf_counter() - started)
+        edit_map(0)
+        started = time.perf_counter()
+        edit_map(1)
+        standin.append(time.perf_counter() - started)
+    return tuple(statistics.median(values) for values in (first, then, standin))
+
+
+def _unsynced_edit_kinds(rows: int, rng) -> dict:
+    """label -> (key, row count, one call per row?)."""
+    block = min(10_000, rows // 10)
+    start = int(rng.integers(rows - block))
+    return {
+        "replace 1 row": ([int(rng.integers(rows))], 1, False),
+        f"replace {block:,} contiguous rows": (slice(start, start + block), block, False),
+        f"replace {block:,} random rows": (
+            np.sort(rng.choice(rows, block, replace=False)),
+            block,
+            False,
+        ),
+        f"replace {rows // 2:,} rows": (slice(0, rows // 2), rows // 2, False),
+        f"{RUN_EDITS} 1-row edits, one call each": (
+            rng.choice(rows, RUN_EDITS, replace=False),
+            RUN_EDITS,
+            True,
+        ),
+    }
+
+
+def bench_unsynced_edits(quick: bool, runs: int = 7) -> str:
+    """``durable=False`` edits of an array in use, after the first edit of a
+    sync interval, against a writable ``np.memmap`` of an .npy file (the
+    stand-in for numpack's unsynced pwrite when numpack is not installed).
+    Each run: ``sync()`` (untimed, a new interval), the first edit (timed
+    apart: it saves the blocks it touches to the undo area, one fdatasync),
+    then the same edit again with other values (timed: no sync)."""
+    rows = 100_000 if quick else 1_000_000
+    rng = np.random.default_rng(7)
+    a = rng.random((rows, 10), dtype=np.float32)
+    table = []
+    with tempfile.TemporaryDirectory(prefix="loaderx-bench-unsynced-") as temporary:
+        root = Path(temporary)
+        with ArrayStore(root / "store", durable=True) as store:
+            store.save({"a": a})
+        np.save(root / "a.npy", a)
+        store = ArrayStore(root / "store", durable=False)
+        mapped = np.load(root / "a.npy", mmap_mode="r+")
+        try:
+            store.replace({"a": a[:1]}, [0])  # opens the array: it is in use
+            for label, (key, count, per_row) in _unsynced_edit_kinds(rows, rng).items():
+                values = [rng.random((count, 10), dtype=np.float32) for _ in range(2)]
+
+                def edit_store(v, key=key, values=values, per_row=per_row):
+                    if not per_row:
+                        return store.replace({"a": values[v]}, key)
+                    for index, value in zip(key.tolist(), values[v]):
+                        store.replace({"a": value[None]}, [index])
+
+                def edit_map(v, key=key, values=values, per_row=per_row):
+                    if not per_row:
+                        return _memmap_edit(mapped, key, values[v])
+                    for index, value in zip(key.tolist(), values[v]):
+                        mapped[index] = value
+
+                table.append((label,) + _time_edit(store, edit_store, edit_map, runs))
+            store.sync()
+            mapped.flush()
+            assert np.array_equal(np.array(store.load("a")), mapped), "the two sides differ"
+        finally:
+            store.close()
+    header = (
+        "| edit (array in use) | ArrayStore durable=False, first edit of the interval | "
+        "ArrayStore durable=False, next edit | np.memmap stand-in | ratio |\n|---|---|---|---|---|"
+    )
+    lines = [header] + [
+        f"| {label} | {_cell(first, None)} | {_cell(then, None)} | {_cell(standin, None)} | "
+        f"{then / standin:.2f}x |"
+        for label, first, then, standin in table
+    ]
+    return (
+        f"### durable=False edits after the first of a sync interval: a = {rows:,} x 10 float32\n\n"
+        + "\n".join(lines)
+        + f"\n\nMedian of {runs} runs. Each run syncs (untimed), makes the first edit (which "
+        "saves the blocks it touches to the undo area under one fdatasync; the 100 one-row "
+        "edits touch 100 blocks, one fdatasync each) and then the same edit again with other "
+        "values (no sync). The stand-in for numpack's unsynced pwrite (numpack is not installed "
+        "here) is the same rows assigned into a writable np.memmap of an .npy file: page cache "
+        "only, no sync call, no checksums, no atomicity."
+    )
+
+
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if "--unsynced" in args:
+        print(bench_unsynced_edits("--quick" in args))
+        return 0
     only = args[args.index("--only") + 1] if "--only" in args else None
     print(bench_numpack("--quick" in args, only))
     return 0

@@ -229,7 +229,8 @@ def test_sigkill_during_in_place_replaces_and_checkpoints(tmp_path, variant):
     checkpoints that appends, deletes, syncs and close make), in both
     durability modes, and mixed stores with durable=False: a kill at a
     random point leaves the last acknowledged state or the next, whole —
-    durable=False loses nothing to a process kill either."""
+    durable=False loses nothing to a process kill either, except in-place
+    replaces since its last durable commit, which its undo area undoes."""
     results = run_trials(tmp_path, TRIALS // 5, variant)
     print(summarize(results))
     killed = [r for r in results if r["killed"]]

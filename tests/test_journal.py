@@ -175,6 +175,15 @@ READER_CHILD = r"""
 import sys, threading, numpy as np
 from loaderx.zrecord import Zrecord
 path, count = sys.argv[1], int(sys.argv[2])
+
+
+def marker():
+    try:
+        os.stat("/loaderx-strace-marker")
+    except FileNotFoundError:
+        pass
+
+
 store = Zrecord(path, verify=True)
 stop, failures, gathers = threading.Event(), [], [0]
 def spin():
@@ -492,3 +501,91 @@ def test_a_small_replace_fits_the_journals_first_page_and_a_version_1_journal_st
     assert journal.read_bytes()[4096:4104] == b"ZJOURNAL"  # version 1: the record after the page
     with Zrecord(path, verify=True) as reader:
         assert read_rows(reader, [5, 9])[:, 0].tolist() == [99, 55] and reader.verify() == []
+
+
+STRACE_EDITS = r"""
+import os, sys
+import numpy as np
+from loaderx.zrecord import Zrecord
+path, count = sys.argv[1], int(sys.argv[2])
+
+
+def marker():
+    try:
+        os.stat("/loaderx-strace-marker")
+    except FileNotFoundError:
+        pass
+
+
+rows = lambda value, k: np.full((k, 40), value % 256, dtype=np.uint8)
+offsets = lambda k: np.arange(k, dtype=np.uint64) * 40
+store = Zrecord(path, codec="raw", durable=False)
+store.replace([0], rows(0, 1), offsets(1))  # creates the journal and the undo area
+store.sync()
+marker()  # 1: the first edit of the interval
+store.replace(np.arange(count, dtype=np.uint64), rows(1, count), offsets(count))
+marker()  # 2: 100 single-row edits of blocks the first one saved
+for k in range(100):
+    store.replace([(k * 37) % count], rows(2 + k, 1), offsets(1))
+marker()  # 3: sync()
+store.sync()
+marker()  # 4: done
+store.close()
+"""
+
+
+def strace_phases(log: str) -> list[list[str]]:
+    """The sync calls strace logged between the script's markers."""
+    phases: list[list[str]] = [[]]
+    for line in log.splitlines():
+        if "loaderx-strace-marker" in line:
+            phases.append([])
+        elif "sync(" in line and "resumed" not in line:
+            phases[-1].append(line)
+    return phases
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_unsynced_replaces_after_an_intervals_first_sync_nothing_until_sync(tmp_path):
+    """durable=False, counted with strace: the first replace of a sync
+    interval makes one fdatasync (its undo records, every block at once);
+    100 single-row replaces of blocks it saved make
+    none; sync() fdatasyncs the data and sums files (and the superblock),
+    and a new process reads every edit back, checked."""
+    path = tmp_path / "s"
+    count = 2000  # 80 KB: four whole blocks and a partial one
+    make_store(path, count, durable=False).close()
+    log = tmp_path / "strace.log"
+    subprocess.run(
+        [
+            "strace",
+            "-f",
+            "-y",
+            "-o",
+            str(log),
+            "-e",
+            "trace=fsync,fdatasync,sync_file_range,msync,syncfs,sync,stat,newfstatat,statx",
+            sys.executable,
+            "-c",
+            STRACE_EDITS,
+            str(path),
+            str(count),
+        ],
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    phases = strace_phases(log.read_text())
+    assert len(phases) == 5, phases
+    first, run, synced = phases[1], phases[2], phases[3]
+    assert [line for line in first if "fdatasync(" in line and "/undo>" in line] and len(
+        [line for line in first if "fdatasync(" in line]
+    ) == 1, first
+    assert len(first) == 1, first
+    assert run == [], run
+    for name in ("data-", "sums-", "superblock"):
+        assert any(name in line for line in synced), (name, synced)
+    expected = rows_of(np.ones(count))
+    for k in range(100):
+        expected[(k * 37) % count] = (2 + k) % 256
+    with Zrecord(path, verify=True) as reopened:
+        assert (read_rows(reopened) == expected).all() and reopened.verify() == []

@@ -23,6 +23,7 @@ const superblock_file = @import("superblock.zig");
 const snapshot_module = @import("snapshot.zig");
 const journal = @import("journal.zig");
 const seqlock = @import("seqlock.zig");
+const undo_module = @import("undo.zig");
 
 const assert = std.debug.assert;
 const allocator = std.heap.c_allocator;
@@ -56,10 +57,13 @@ pub const Writer = struct {
     /// An append synced the data and sums files after the last in-place
     /// replace: the checkpoint in its commit need not sync them again.
     journal_synced: bool = false,
+    /// The undo area of a durable=False writer's in-place replaces.
+    undo: undo_module.Undo = .{},
 
     pub fn close(writer: *Writer) void {
         assert(writer.page.len >= seqlock.shared_page_bytes);
         if (writer.journal) |*handle| handle.close();
+        writer.undo.close();
         writer.target.close();
         io.unmapWritable(writer.page);
         io.closeFile(writer.superblock);
@@ -67,7 +71,10 @@ pub const Writer = struct {
     }
 
     /// Records replayed or written since the superblock's checkpoint.
+    /// Or blocks patched in place since the last durable commit under the
+    /// undo area (undo.zig): the next commit must sync them too.
     pub fn journalPending(writer: *const Writer, superblock: *const Superblock) bool {
+        if (writer.undo.active) return true;
         const handle = writer.journal orelse return false;
         return handle.last_sequence > superblock.journal_sequence;
     }
@@ -299,7 +306,10 @@ pub fn prepare(context: Context, next_in: Superblock, durable_wanted: bool) Erro
     const writer = context.writer;
     assert(!writer.poisoned);
     const previous = context.head;
-    const durable = durable_wanted or writer.journalPending(&previous.superblock);
+    // Broken on purpose in the simulator: a commit after unsynced in-place
+    // replaces left unsynced.
+    const durable = durable_wanted or
+        (writer.journalPending(&previous.superblock) and !undoSabotaged(writer));
     var next = next_in;
     next.generation = previous.superblock.generation + 1;
     // A durable commit of a durable=False store syncs every file it names
@@ -377,6 +387,8 @@ pub fn finish(context: Context, pending: Pending) void {
     // The new superblock covers every record: the journal starts over,
     // over the dead records (see `journal.Handle.restart`).
     if (writer.journal) |*handle| handle.restart();
+    // So do the undo area's records: they name an older generation.
+    if (pending.durable) writer.undo.retire();
     // The shared page names the new generation, so the next reader to open
     // finds nothing to settle (`journal.settledAlready`).
     seqlock.lockPage(writer.page);
@@ -405,6 +417,13 @@ fn syncNamed(context: Context, snapshot: *const Snapshot) Error!void {
     try syncDirNow(context);
 }
 
+/// Broken on purpose in the simulator: a commit after unsynced in-place
+/// replaces neither durable nor syncing the blocks they patched.
+fn undoSabotaged(writer: *const Writer) bool {
+    return builtin.is_test and undo_module.sabotage == .unsynced_commit_after_undo and
+        writer.undo.active;
+}
+
 /// Every commit is a journal checkpoint: the bytes replaces wrote in place
 /// into files the next superblock still names are synced before it, and it
 /// records the last sequence they cover.
@@ -412,13 +431,13 @@ fn checkpointJournal(context: Context, next: *Superblock, synced: bool) Error!vo
     const writer = context.writer;
     const previous = context.head;
     assert(next.generation == previous.superblock.generation + 1);
-    const handle = writer.journal orelse return;
-    if (writer.journalPending(&previous.superblock) and !synced) {
+    if (writer.journalPending(&previous.superblock) and !synced and !undoSabotaged(writer)) {
         if (previous.data) |data| if (next.data_file == previous.superblock.data_file)
             try syncFileNow(context, data.file);
         if (previous.sums) |sums| if (next.sums_file == previous.superblock.sums_file)
             try syncFileNow(context, sums.file);
     }
+    const handle = writer.journal orelse return;
     next.journal_sequence = handle.last_sequence;
     assert(next.journal_sequence >= previous.superblock.journal_sequence);
 }

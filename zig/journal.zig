@@ -48,7 +48,7 @@ pub const checkpoint_bytes: u64 = if (builtin.is_test) 16 << 10 else 1 << 20;
 const grow_bytes: u64 = if (builtin.is_test) 4 << 10 else 64 << 10;
 const zeros = [_]u8{0} ** grow_bytes;
 /// Blocks read, patched and written at a time: 1 MiB of scratch.
-const run_blocks_max = 64;
+pub const run_blocks_max = 64;
 
 /// The journal as the writer (or a settling reader) holds it.
 pub const Handle = struct {
@@ -245,7 +245,7 @@ fn patchStart(patch: Patch, stride: u64) u64 {
 /// Calls `visit(context, first_block, image)` for every run of at most
 /// `run_blocks_max` blocks that `patches` (ascending rows) touch, with
 /// `image` the run's bytes as they are after the patches.
-fn forEachRun(
+pub fn forEachRun(
     target: Target,
     patches: []const Patch,
     scratch: []u8,
@@ -373,7 +373,7 @@ fn backToBack(patches: []const Patch, stride: u64) usize {
 }
 
 /// The new checksums of the blocks a replace touches.
-const Sums = struct {
+pub const Sums = struct {
     blocks: std.ArrayList(u64) = .empty,
     sums: std.ArrayList(u64) = .empty,
     tail_checksum: ?u64 = null,
@@ -383,12 +383,12 @@ const Sums = struct {
     last_first: u64 = 0,
     last_image: []const u8 = &.{},
 
-    fn deinit(sums: *Sums) void {
+    pub fn deinit(sums: *Sums) void {
         sums.blocks.deinit(allocator);
         sums.sums.deinit(allocator);
     }
 
-    fn visit(sums: *Sums, first: u64, image: []const u8) Error!void {
+    pub fn visit(sums: *Sums, first: u64, image: []const u8) Error!void {
         assert(image.len > 0);
         sums.runs += 1;
         sums.last_first = first;
@@ -410,7 +410,7 @@ const Sums = struct {
     }
 };
 
-fn writeImage(target: *const Target, first: u64, image: []const u8) Error!void {
+pub fn writeImage(target: *const Target, first: u64, image: []const u8) Error!void {
     // Whole committed blocks, or the tail up to the committed length.
     assert(image.len > 0);
     assert(first * block_bytes + image.len <= target.data_bytes);
@@ -423,7 +423,7 @@ fn writeImage(target: *const Target, first: u64, image: []const u8) Error!void {
 
 /// Writes the patched blocks and their sums. Called inside the sequence
 /// lock; idempotent, so replay may run it again after any crash.
-fn apply(
+pub fn apply(
     target: Target,
     patches: []const Patch,
     blocks: []const u64,
@@ -435,7 +435,7 @@ fn apply(
     try writeSums(target, blocks, sums);
 }
 
-fn writeSums(target: Target, blocks: []const u64, sums: []const u64) Error!void {
+pub fn writeSums(target: Target, blocks: []const u64, sums: []const u64) Error!void {
     assert(blocks.len == sums.len);
     var k: usize = 0;
     while (k < blocks.len) {

@@ -43,6 +43,7 @@ const encode = @import("encode.zig");
 const plans = @import("plans.zig");
 const workers = @import("workers.zig");
 const journal = @import("journal.zig");
+const undo = @import("undo.zig");
 const seqlock = @import("seqlock.zig");
 
 const assert = std.debug.assert;
@@ -195,6 +196,7 @@ pub const Store = struct {
                     if (!writer.poisoned and !writer.journalPending(&store.head().superblock))
                         handle.trim() catch {};
                 }
+                if (!writer.poisoned and !writer.undo.active) writer.undo.trim(store.dir);
             }
         }
         if (store.writer) |*writer| writer.close();
@@ -472,6 +474,8 @@ pub const Store = struct {
     fn settleJournal(store: *Store, superblock: *const Superblock) Error!void {
         if (superblock.getLayout() != .fixed or store.writer != null) return;
         assert(superblock.invalidReason() == null); // As read, not yet built.
+        // Unsynced in-place replaces go back to the last sync first.
+        try undo.settleReader(store.dir, superblock);
         return journal.settleReader(store.dir, superblock);
     }
 
@@ -600,6 +604,7 @@ pub const Store = struct {
         try commit.recover(store.commitContext());
         // Files the last synced state names wait for the next sync.
         store.writer.?.stale = store.head().superblock.unsynced != 0;
+        try store.restoreUndo();
         try store.replayJournal();
         assert(store.writer != null and !store.writer.?.poisoned);
         assert(!store.damaged);
@@ -607,6 +612,21 @@ pub const Store = struct {
 
     const writes_refused = "Writes are refused: a writer's recovery would cut what the lost " ++
         "commits wrote";
+
+    /// Restores the synced images a writer that stopped mid-interval left
+    /// in the undo area (undo.zig), then commits a new generation, which
+    /// makes them dead: the store is at its last sync.
+    fn restoreUndo(store: *Store) Error!void {
+        const superblock = store.head().superblock;
+        if (superblock.getLayout() == .fixed and try undo.pending(store.dir, &superblock)) {
+            const writer = &store.writer.?;
+            const target = try writer.target.get(store.dir, &superblock);
+            if (try undo.restore(store.dir, target, &superblock, writer.page))
+                try store.commitNext(superblock, true);
+        }
+        // Dead records (the commit above, or a writer's last) go.
+        try undo.removeStale(store.dir, &store.head().superblock);
+    }
 
     /// Replays the journal records a crashed writer left after the
     /// checkpoint (journal.settle) and checkpoints them, so this writer
@@ -711,6 +731,22 @@ pub const Store = struct {
         const base = store.head();
         const target = try writer.target.get(store.dir, &base.superblock);
         const tail_now = base.tailChecksum();
+        if (!store.durable) {
+            // No barrier per replace: each block's synced image goes to the
+            // undo area once per sync interval (undo.zig).
+            base.superblock.tail_checksum = try undo.replace(
+                &writer.undo,
+                store.dir,
+                target,
+                &base.superblock,
+                patches,
+                tail_now,
+                writer.page,
+                &writer.poisoned,
+            );
+            assert(writer.journalPending(&base.superblock) and base == store.head());
+            return;
+        }
         const handle = &writer.journal.?;
         const poisoned = &writer.poisoned;
         const tail = try journal.replace(

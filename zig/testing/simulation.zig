@@ -26,6 +26,7 @@ const io = @import("../io.zig");
 const store_module = @import("../store.zig");
 const format = @import("../format.zig");
 const status = @import("../status.zig");
+const undo = @import("../undo.zig");
 
 const Store = store_module.Store;
 const Codec = format.Codec;
@@ -124,6 +125,9 @@ const Generator = struct {
     /// Only fixed-length raw records: the store stays fixed, so replaces
     /// go through the journal in place.
     fixed_only: bool = false,
+    /// Runs of unsynced in-place replaces across sync() boundaries (the
+    /// undo area's workloads, durable=False).
+    undo_runs: bool = false,
 
     fn record(generator: *Generator, length: usize, compressible: bool) ![]const u8 {
         const bytes = try generator.arena.alloc(u8, length);
@@ -198,6 +202,7 @@ const Generator = struct {
     /// The next operation; appends in the fixed layout dominate at first, so
     /// most workloads exercise both layouts and the change between them.
     fn next(generator: *Generator) !Operation {
+        if (generator.undo_runs) return undo_operations.next(generator);
         if (generator.fixed_only) return fixed_operations.next(generator);
         const roll = generator.random.uintLessThan(u8, 100);
         if (generator.count == 0 or roll < 35) {
@@ -273,6 +278,55 @@ const fixed_operations = struct {
     }
 };
 
+const undo_operations = struct {
+    /// A store of a few blocks and a partial last one, then mostly replaces
+    /// (single rows, scattered rows, runs across block edges) between
+    /// syncs, with an append, a delete or a reopen now and then.
+    fn next(generator: *Generator) !Operation {
+        const roll = generator.random.uintLessThan(u8, 100);
+        if (generator.count == 0 or roll < 6) {
+            const count = if (generator.count == 0)
+                33 + generator.random.uintLessThan(usize, 40)
+            else
+                1 + generator.random.uintLessThan(usize, 5);
+            generator.count += count;
+            return .{
+                .append = .{ .records = try generator.records(count, .raw, true), .codec = .raw },
+            };
+        }
+        if (roll < 78) {
+            const run = generator.random.boolean();
+            const count = 1 + generator.random.uintLessThan(
+                usize,
+                @min(generator.count, @as(u64, if (run) 24 else 4)),
+            );
+            const list = if (run) list: {
+                const list = try generator.arena.alloc(u64, count);
+                const first = generator.random.uintLessThan(u64, generator.count - count + 1);
+                for (list, 0..) |*index, k| index.* = first + k;
+                break :list list;
+            } else try generator.indices(count, true);
+            return .{
+                .replace = .{
+                    .indices = list,
+                    .records = try generator.records(count, .raw, true),
+                    .codec = .raw,
+                },
+            };
+        }
+        if (roll < 82 and generator.count > 2) {
+            generator.count -= 1;
+            const list = try generator.indices(1, true);
+            return .{ .delete = .{ .indices = list, .keep_order = generator.random.boolean() } };
+        }
+        if (roll < 96) return .sync;
+        return .reopen;
+    }
+};
+
+/// Workload seeds from here on are the undo area's (`undo_operations`).
+const undo_seed_base = 1_000_000;
+
 fn makeWorkload(seed: u64, length: usize, arena: std.mem.Allocator) ![]const Operation {
     var prng = std.Random.DefaultPrng.init(seed);
     // Every other workload keeps the store fixed: mostly in-place replaces,
@@ -281,6 +335,7 @@ fn makeWorkload(seed: u64, length: usize, arena: std.mem.Allocator) ![]const Ope
         .random = prng.random(),
         .arena = arena,
         .fixed_only = seed % 2 == 0,
+        .undo_runs = seed >= undo_seed_base,
     };
     const operations = try arena.alloc(Operation, length);
     for (operations) |*operation| operation.* = try generator.next();
@@ -408,7 +463,8 @@ fn expectNoOrphans(store: *Store, arena: std.mem.Allocator) !void {
     var names: std.ArrayList([]const u8) = .empty;
     try storage.listNames(path, &names, arena);
     for (names.items) |name| {
-        if (std.mem.eql(u8, name, "superblock") or std.mem.eql(u8, name, "lock")) continue;
+        if (std.mem.eql(u8, name, "superblock") or std.mem.eql(u8, name, "lock") or
+            std.mem.eql(u8, name, undo.file_name)) continue;
         const parsed = format.parseFileName(name) orelse {
             std.debug.print("unexpected file '{s}' in the store\n", .{name});
             return error.TestUnexpectedResult;
@@ -444,7 +500,16 @@ const Counts = struct {
     power_losses: u64 = 0,
     faults: u64 = 0,
     workloads: u64 = 0,
+    undo_workloads: u64 = 0,
 };
+
+/// LOADERX_SIM_BREAK=<name> breaks the undo area on purpose (undo.Sabotage):
+/// the simulation must then fail.
+fn sabotageFromEnv() undo.Sabotage {
+    const text = std.process.getEnvVarOwned(gpa, "LOADERX_SIM_BREAK") catch return .none;
+    defer gpa.free(text);
+    return std.meta.stringToEnum(undo.Sabotage, text) orelse .none;
+}
 
 /// Runs `operations` with power lost before call `crash_call`, then brings
 /// power back with `seed` and checks the store that survives. Returns false
@@ -514,9 +579,13 @@ fn survivingState(
     const crash_call = trial.crash_call;
     const seed = trial.seed;
     const in_flight = @min(acknowledged + 1, states.len - 1);
-    // A killed process loses nothing the page cache holds, in either mode.
-    const oldest = if (workload_durable or seed == null)
+    // A killed process loses nothing the page cache holds, in either mode,
+    // except durable=False in-place replaces since the interval began: the
+    // undo area takes the store back to its last sync (undo.zig).
+    const oldest = if (workload_durable)
         acknowledged
+    else if (seed == null)
+        intervalStart(operations[0..acknowledged])
     else
         lastSync(operations[0..acknowledged]);
     var candidate = in_flight + 1;
@@ -546,6 +615,23 @@ fn survivingState(
 /// LOADERX_SIM_TRACE=n prints every I/O call of the power-loss trials that
 /// cut power at call n (with LOADERX_SIM_SEED, to see one failure whole).
 var trace_call: ?u64 = null;
+
+/// In a durable=False store, the number of operations before the first
+/// replace that no commit followed (a replace in place saves blocks in the
+/// undo area; every other operation commits durably after one): what a
+/// killed writer's store opens at, at the oldest. All of `done` if none.
+fn intervalStart(done: []const Operation) usize {
+    var start: ?usize = null;
+    for (done, 0..) |operation, before| switch (operation) {
+        .replace => {
+            if (start == null) start = before;
+        },
+        // A compaction of a fixed store commits nothing.
+        .compact => {},
+        else => start = null,
+    };
+    return start orelse done.len;
+}
 
 /// The number of operations up to the last sync or reopen among `done`.
 fn lastSync(done: []const Operation) usize {
@@ -621,10 +707,14 @@ fn faultTrial(
     storage.reset();
     storage.injectFault(kind, at, fault);
     var model = Model{};
+    var interval_model: ?Model = null;
     var store: ?*Store = null;
     defer if (store) |handle| handle.close();
     var fired = false;
     for (operations) |operation| {
+        if (operation == .replace and interval_model == null) {
+            interval_model = try model.clone(arena);
+        }
         perform(&store, operation, arena) catch |err| {
             if (fired) return err; // Only one call fails.
             fired = storage.clearFault();
@@ -650,17 +740,48 @@ fn faultTrial(
             defer reader.close();
             const committed = poisoned and operation == .replace and
                 try sameRecords(reader, &after, arena);
+            // durable=False: or at its last sync (`acceptRestored`).
+            if (poisoned and !committed) {
+                try acceptRestored(reader, &model, &interval_model, operation, arena);
+            }
             try expectRecords(reader, if (committed) &after else &model, arena);
             if (store) |handle| try expectRecords(handle, &model, arena);
             // The store works again: at once, or after a reopen.
             if (!committed) try perform(&store, operation, arena);
         };
+        if (!fired and operation == .reopen and storage.faultFired()) {
+            // close() gave up on a failed sync (it reports nothing).
+            fired = storage.clearFault();
+            if (!try sameRecords(store.?, &model, arena)) {
+                try acceptRestored(store.?, &model, &interval_model, operation, arena);
+            }
+        }
         try model.apply(arena, operation);
+        // Any other commit is durable: the undo interval (`intervalStart`) ends.
+        if (operation != .replace and operation != .compact) interval_model = null;
     }
     if (!fired) fired = storage.clearFault();
     if (store == null) store = try Store.open(path, 1, true, workload_durable);
     try expectState(store.?, &model, arena);
     return fired;
+}
+
+/// A durable=False writer that refuses until reopened (or whose close gave
+/// up on a failed sync) had patched blocks in place since its last sync:
+/// the reopened store is at that sync (undo.zig), and the workload goes on
+/// from there (`model` becomes the interval's start).
+fn acceptRestored(
+    reopened: *Store,
+    model: *Model,
+    interval_model: *?Model,
+    operation: Operation,
+    arena: std.mem.Allocator,
+) !void {
+    if (workload_durable) return;
+    const start = interval_model.* orelse return;
+    if (!try sameRecords(reopened, &start, arena)) return;
+    model.* = start;
+    interval_model.* = if (operation == .replace) try model.clone(arena) else null;
 }
 
 fn faultWorkload(workload_seed: u64, length: usize, counts: *Counts) !void {
@@ -708,8 +829,8 @@ fn report(counts: Counts) void {
     var buffer: [256]u8 = undefined;
     const text = std.fmt.bufPrint(
         &buffer,
-        "{{\"power_losses\": {d}, \"faults\": {d}, \"workloads\": {d}}}\n",
-        .{ counts.power_losses, counts.faults, counts.workloads },
+        "{{\"power_losses\": {d}, \"faults\": {d}, \"workloads\": {d}, \"undo_workloads\": {d}}}\n",
+        .{ counts.power_losses, counts.faults, counts.workloads, counts.undo_workloads },
     ) catch unreachable;
     const file = std.fs.cwd().createFile(target, .{}) catch return;
     defer file.close();
@@ -733,14 +854,27 @@ test "power loss at every call and every fault at every call leave the store who
     const scale = envNumber("LOADERX_SIM_SCALE", 1);
     const replay = envNumber("LOADERX_SIM_SEED", 0);
     trace_call = if (replay != 0) envNumber("LOADERX_SIM_TRACE", std.math.maxInt(u64)) else null;
+    undo.sabotage = sabotageFromEnv();
+    defer undo.sabotage = .none;
     var counts = Counts{};
     const workloads = if (replay != 0) 1 else 12 * scale;
     for (0..workloads) |k| {
         const seed = if (replay != 0) replay else 1 + k;
-        workload_durable = seed % 4 < 2;
-        try powerLossWorkload(seed, 10, 2, &counts);
-        try faultWorkload(seed, 10, &counts);
+        workload_durable = seed % 4 < 2 and seed < undo_seed_base;
+        const length: usize = if (seed < undo_seed_base) 10 else 14;
+        try powerLossWorkload(seed, length, 2, &counts);
+        try faultWorkload(seed, length, &counts);
         counts.workloads += 1;
+    }
+    // Runs of unsynced replaces across sync() boundaries (undo.zig), longer.
+    const undo_workloads = if (replay != 0) 0 else 4 * scale;
+    for (0..undo_workloads) |k| {
+        const seed = undo_seed_base + k;
+        workload_durable = false;
+        try powerLossWorkload(seed, 14, 2, &counts);
+        try faultWorkload(seed, 14, &counts);
+        counts.workloads += 1;
+        counts.undo_workloads += 1;
     }
     report(counts);
     storage.reset();
@@ -914,5 +1048,59 @@ test "regression: a checkpoint after the creating append syncs the bytes later r
         for (row) |byte| try testing.expectEqual(@as(u8, 'z'), byte);
         var damaged: [11]u64 = undefined;
         try testing.expectEqual(@as(u64, 0), try reopened.verify(0, 11, &damaged));
+    }
+}
+
+test "durable=False: one sync per block first touched; a power cut opens at the last sync" {
+    // 40 records of 1000 B: blocks 0 and 1 whole, the tail block partial.
+    var rows: [40 * fixed_record_bytes]u8 = undefined;
+    var offsets: [40]u64 = undefined;
+    for (&offsets, 0..) |*offset, k| offset.* = k * fixed_record_bytes;
+    undo.sabotage = sabotageFromEnv();
+    defer undo.sabotage = .none;
+    for (0..20) |seed| {
+        storage.reset();
+        @memset(&rows, 'a');
+        const store = try Store.open(path, 1, true, false);
+        _ = try store.append(&rows, &offsets, .raw);
+        try store.sync();
+        // The first replace of the store creates its journal and undo file.
+        try store.replace(&.{39}, rows[0..fixed_record_bytes], &.{0}, .raw);
+        try store.sync();
+        const synced = storage.kindCount(.sync_file) + storage.kindCount(.sync_dir);
+        const row = [_]u8{'Z'} ** fixed_record_bytes;
+        // Rows 1 and 2 (block 0) and 38 (the tail block): one sync for both blocks.
+        try store.replace(&.{ 1, 2, 38 }, &(row ++ row ++ row), &.{ 0, 1000, 2000 }, .raw);
+        try testing.expectEqual(
+            synced + 1,
+            storage.kindCount(.sync_file) + storage.kindCount(.sync_dir),
+        );
+        // Blocks saved already: no sync at all.
+        for (0..10) |k| try store.replace(&.{3 + k}, &row, &.{0}, .raw);
+        try store.replace(&.{37}, &row, &.{0}, .raw);
+        try testing.expectEqual(
+            synced + 1,
+            storage.kindCount(.sync_file) + storage.kindCount(.sync_dir),
+        );
+        // The store is abandoned to the power cut, as by a crash.
+        storage.powerLoss(seed);
+        const reopened = try Store.open(path, 1, true, false);
+        var out: [40 * fixed_record_bytes]u8 = undefined;
+        var indices: [40]u64 = undefined;
+        for (&indices, 0..) |*index, k| index.* = k;
+        try reopened.gather(&indices, &out, &offsets);
+        try testing.expect(std.mem.allEqual(u8, &out, 'a'));
+        var damaged: [40]u64 = undefined;
+        try testing.expectEqual(@as(u64, 0), try reopened.verify(0, 40, &damaged));
+        // And sync() keeps what it covers.
+        try reopened.replace(&.{5}, &row, &.{0}, .raw);
+        try reopened.sync();
+        storage.powerOffAt(storage.callCount()); // close() writes nothing durable now
+        reopened.close();
+        storage.powerLoss(seed + 100);
+        const again = try Store.open(path, 1, true, false);
+        defer again.close();
+        try again.gather(&.{5}, out[0..fixed_record_bytes], &.{0});
+        try testing.expect(std.mem.allEqual(u8, out[0..fixed_record_bytes], 'Z'));
     }
 }

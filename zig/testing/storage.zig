@@ -173,6 +173,13 @@ pub fn injectFault(kind: Kind, at: u64, fault: Fault) void {
     disk.fault_fired = false;
 }
 
+/// Whether the fault fired (it stays set).
+pub fn faultFired() bool {
+    disk.mutex.lock();
+    defer disk.mutex.unlock();
+    return disk.fault_fired;
+}
+
 /// Clears the fault; returns whether it fired.
 pub fn clearFault() bool {
     disk.mutex.lock();

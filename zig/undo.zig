@@ -1,0 +1,434 @@
+//! The undo area of a durable=False fixed store: in-place replaces with no
+//! barrier per replace, keeping the promise that a power loss opens the
+//! store at its last sync (or a later state whose bytes were all checked).
+//!
+//! The first time a sync interval (the time from one durable commit to the
+//! next) touches a 16 KiB block, the block's synced image and its checksum
+//! go to the file `undo` as a checksummed record naming the synced
+//! generation; one fdatasync covers every block a replace touches first.
+//! Only then are the rows patched into the data and sums files, unsynced.
+//! Later replaces of blocks already saved write no record and sync nothing.
+//! Any commit of an interval that saved blocks is durable (data and sums
+//! synced, then the superblock): a new generation, and the records, which
+//! name the old one, are dead. Recovery (a writer's begin, a reader that
+//! finds no live writer) writes back every valid record of the opened
+//! generation, syncs the data and sums files, and (a writer) commits a new
+//! generation, so the store opens at its last sync, through a power loss or
+//! a process kill alike.
+//!
+//! Invariant: a block's committed bytes change in place only after a
+//! durable record holds its synced image for the current generation; the
+//! records are dropped only by a durable commit of a newer generation.
+const std = @import("std");
+const builtin = @import("builtin");
+const format = @import("format.zig");
+const status = @import("status.zig");
+const io = @import("io.zig");
+const journal = @import("journal.zig");
+const seqlock = @import("seqlock.zig");
+
+const assert = std.debug.assert;
+const allocator = std.heap.c_allocator;
+const Error = status.Error;
+const Superblock = format.Superblock;
+const Patch = @import("plans.zig").Patch;
+const block_bytes = format.block_bytes;
+
+pub const file_name = "undo";
+const record_magic = "ZUNDOREC".*;
+
+/// One saved block: this header, then `image_bytes` of its synced image,
+/// zero-padded to 8 bytes.
+const Record = extern struct {
+    magic: [8]u8,
+    /// The synced generation the image belongs to.
+    generation: u64,
+    block: u64,
+    image_bytes: u64,
+    /// The block's checksum in that generation (the tail's for the partial
+    /// last block).
+    sum: u64,
+    checksum: u64,
+
+    fn compute(record: *const Record, image: []const u8) u64 {
+        var hasher = std.hash.XxHash3.init(0x756e646f_7265636f);
+        hasher.update(std.mem.asBytes(record)[0 .. @sizeOf(Record) - 8]);
+        hasher.update(image);
+        return hasher.final();
+    }
+};
+
+comptime {
+    assert(@sizeOf(Record) == 48);
+}
+
+fn recordBytes(image_bytes: u64) u64 {
+    return @sizeOf(Record) + std.mem.alignForward(u64, image_bytes, 8);
+}
+
+/// Breaks on purpose, for the simulator to show that it catches each one
+/// (tests only; LOADERX_SIM_BREAK names one).
+pub const Sabotage = enum {
+    none,
+    skip_undo_sync,
+    patch_before_undo,
+    any_generation,
+    skip_replay,
+    unsynced_commit_after_undo,
+    skip_dir_sync,
+};
+pub var sabotage: Sabotage = .none;
+
+fn broken(kind: Sabotage) bool {
+    return builtin.is_test and sabotage == kind;
+}
+
+/// The geometry of a fixed store's blocks: `full` whole blocks, then a
+/// partial last block of `tail_bytes` (0: none) with index `full`.
+const Geometry = struct {
+    full: u64,
+    tail_bytes: u64,
+
+    fn of(superblock: *const Superblock) Geometry {
+        return .{
+            .full = superblock.data_bytes / block_bytes,
+            .tail_bytes = superblock.data_bytes % block_bytes,
+        };
+    }
+
+    fn imageBytes(geometry: Geometry, block: u64) ?u64 {
+        if (block < geometry.full) return block_bytes;
+        if (block == geometry.full and geometry.tail_bytes > 0) return geometry.tail_bytes;
+        return null;
+    }
+};
+
+/// The writer's undo area.
+pub const Undo = struct {
+    file: ?io.File = null,
+    /// The interval's records are durable and blocks were patched: the next
+    /// commit must be durable (`commit.prepare`), and ends the interval.
+    active: bool = false,
+    /// The synced generation the interval saves blocks of.
+    generation: u64 = 0,
+    /// Where the next record goes.
+    end: u64 = 0,
+    /// Blocks saved in this interval (the tail block is index `full`).
+    saved: std.DynamicBitSetUnmanaged = .{},
+    /// The replaces' 1 MiB of scratch, kept: allocated per call, glibc
+    /// mapped and faulted it in each time (0.1 ms of a 1-row replace).
+    scratch: ?[]u8 = null,
+
+    pub fn close(undo: *Undo) void {
+        if (undo.file) |file| io.closeFile(file);
+        undo.file = null;
+        undo.saved.deinit(allocator);
+        if (undo.scratch) |scratch| allocator.free(scratch);
+        undo.* = .{};
+    }
+
+    fn scratchBuffer(undo: *Undo) Error![]u8 {
+        if (undo.scratch == null) {
+            undo.scratch = allocator.alloc(
+                u8,
+                journal.run_blocks_max * block_bytes,
+            ) catch return error.OutOfMemory;
+        }
+        return undo.scratch.?;
+    }
+
+    /// A durable commit of a newer generation made the records dead.
+    pub fn retire(undo: *Undo) void {
+        undo.active = false;
+        undo.end = 0;
+        assert(!undo.active);
+    }
+
+    /// Deletes the file of dead records (at close, once retired): an idle
+    /// store holds only the files its superblock names. Its unlink needs no
+    /// sync: the records name an older generation.
+    pub fn trim(undo: *Undo, dir: io.Dir) void {
+        assert(!undo.active);
+        const file = undo.file orelse return;
+        io.closeFile(file);
+        undo.file = null;
+        io.unlink(dir, file_name) catch {};
+    }
+
+    fn begin(undo: *Undo, superblock: *const Superblock) Error!void {
+        if (undo.active and undo.generation == superblock.generation) return;
+        const geometry = Geometry.of(superblock);
+        undo.saved.resize(allocator, geometry.full + 1, false) catch return error.OutOfMemory;
+        undo.saved.unsetAll();
+        undo.generation = superblock.generation;
+        undo.end = 0;
+        undo.active = false;
+    }
+
+    /// The file, created (and its name made durable) on first use.
+    fn ensureFile(undo: *Undo, dir: io.Dir) Error!io.File {
+        if (undo.file) |file| return file;
+        const file = try io.createFile(dir, file_name, false);
+        errdefer io.closeFile(file);
+        // Once per writer: a file a killed writer created may not be
+        // durable in its directory yet.
+        if (!broken(.skip_dir_sync)) try io.syncDir(dir);
+        undo.file = file;
+        return file;
+    }
+
+    /// Makes the synced image of every block in `blocks` (whole blocks,
+    /// ascending) and of the tail block (`tail`) durable in the undo area,
+    /// unless this interval saved it already. One fdatasync, or none.
+    pub fn protect(
+        undo: *Undo,
+        dir: io.Dir,
+        target: journal.Target,
+        superblock: *const Superblock,
+        blocks: []const u64,
+        tail: bool,
+        poisoned: *bool,
+    ) Error!void {
+        try undo.begin(superblock);
+        const geometry = Geometry.of(superblock);
+        var fresh: std.ArrayList(u64) = .empty;
+        defer fresh.deinit(allocator);
+        for (blocks) |block| {
+            assert(block < geometry.full);
+            if (!undo.saved.isSet(block))
+                fresh.append(allocator, block) catch return error.OutOfMemory;
+        }
+        if (tail and !undo.saved.isSet(geometry.full))
+            fresh.append(allocator, geometry.full) catch return error.OutOfMemory;
+        if (fresh.items.len == 0) {
+            assert(undo.active);
+            return;
+        }
+        const file = try undo.ensureFile(dir);
+        const chunk_blocks = journal.run_blocks_max;
+        const buffer = allocator.alignedAlloc(
+            u8,
+            .@"8",
+            chunk_blocks * recordBytes(block_bytes),
+        ) catch return error.OutOfMemory;
+        defer allocator.free(buffer);
+        var at = undo.end;
+        var k: usize = 0;
+        while (k < fresh.items.len) {
+            var fill: usize = 0;
+            const chunk_end = @min(fresh.items.len, k + chunk_blocks);
+            while (k < chunk_end) : (k += 1) {
+                fill += try saveBlock(target, superblock, fresh.items[k], buffer[fill..]);
+            }
+            try io.write(file, buffer[0..fill], at);
+            at += fill;
+        }
+        if (!broken(.skip_undo_sync)) io.sync(file) catch |err| {
+            poisoned.* = true;
+            return err;
+        };
+        undo.end = at;
+        for (fresh.items) |block| undo.saved.set(block);
+        undo.active = true;
+        assert(undo.generation == superblock.generation);
+    }
+};
+
+/// Lays block `block`'s record (its synced image, read from `target`) at
+/// the start of `out`; returns its length.
+fn saveBlock(
+    target: journal.Target,
+    superblock: *const Superblock,
+    block: u64,
+    out: []u8,
+) Error!u64 {
+    const geometry = Geometry.of(superblock);
+    const image_bytes = geometry.imageBytes(block).?;
+    const padded = recordBytes(image_bytes);
+    assert(out.len >= padded);
+    const image = out[@sizeOf(Record)..][0..image_bytes];
+    if (try io.read(target.data, image, block * block_bytes) != image_bytes) {
+        return status.fail(
+            error.Corrupt,
+            "data file '{s}' is shorter than committed",
+            .{target.data.name()},
+        );
+    }
+    var sum = superblock.tail_checksum;
+    if (block < geometry.full) {
+        if (try io.read(target.sums, std.mem.asBytes(&sum), block * 8) != 8) {
+            return status.fail(
+                error.Corrupt,
+                "sums file '{s}' is shorter than committed",
+                .{target.sums.name()},
+            );
+        }
+    }
+    @memset(out[@sizeOf(Record) + image_bytes .. padded], 0);
+    var record = Record{
+        .magic = record_magic,
+        .generation = superblock.generation,
+        .block = block,
+        .image_bytes = image_bytes,
+        .sum = sum,
+        .checksum = 0,
+    };
+    record.checksum = record.compute(image);
+    @memcpy(out[0..@sizeOf(Record)], std.mem.asBytes(&record));
+    return padded;
+}
+
+/// An in-place replace of `patches` (ascending, unique rows) with no
+/// barrier once its blocks are saved (`Undo.protect`). Returns the new tail
+/// checksum. A failure after the first byte changed sets `poisoned`: the
+/// reopening writer restores the last sync.
+pub fn replace(
+    undo: *Undo,
+    dir: io.Dir,
+    target: journal.Target,
+    superblock: *const Superblock,
+    patches: []const Patch,
+    tail_now: u64,
+    page: io.WritableMemory,
+    poisoned: *bool,
+) Error!u64 {
+    assert(patches.len > 0 and target.stride == superblock.record_bytes);
+    assert(superblock.unsynced == 0);
+    const scratch = try undo.scratchBuffer();
+    var sums = journal.Sums{};
+    defer sums.deinit();
+    try journal.forEachRun(target, patches, scratch, &sums, journal.Sums.visit);
+    assert(sums.runs > 0 and sums.blocks.items.len == sums.sums.items.len);
+    const tail_checksum = sums.tail_checksum orelse tail_now;
+    if (!broken(.patch_before_undo)) {
+        try undo.protect(
+            dir,
+            target,
+            superblock,
+            sums.blocks.items,
+            sums.tail_checksum != null,
+            poisoned,
+        );
+    }
+    seqlock.lockPage(page);
+    defer seqlock.unlockPage(page, superblock.generation, tail_checksum);
+    const applied = if (sums.runs == 1) single: {
+        journal.writeImage(&target, sums.last_first, sums.last_image) catch |err|
+            break :single err;
+        break :single journal.writeSums(target, sums.blocks.items, sums.sums.items);
+    } else journal.apply(target, patches, sums.blocks.items, sums.sums.items, scratch);
+    applied catch |err| {
+        poisoned.* = true;
+        return status.wrap(
+            err,
+            "an unsynced in-place replace failed half way; close the store and open it " ++
+                "again, which restores it to its last sync()",
+            .{},
+        );
+    };
+    if (broken(.patch_before_undo)) {
+        try undo.protect(
+            dir,
+            target,
+            superblock,
+            sums.blocks.items,
+            sums.tail_checksum != null,
+            poisoned,
+        );
+    }
+    return tail_checksum;
+}
+
+/// Deletes an undo file whose records are dead (none names `superblock`'s
+/// generation), which a writer that stopped left: called by a writer, under
+/// its lock, at its start.
+pub fn removeStale(dir: io.Dir, superblock: *const Superblock) Error!void {
+    if (!io.exists(dir, file_name) or try pending(dir, superblock)) return;
+    // Pending is false for another layout too: no undo file belongs to it.
+    try io.unlink(dir, file_name);
+}
+
+/// The first record of the undo area, if it names `superblock`'s
+/// generation: then the data may hold unsynced patches to restore.
+pub fn pending(dir: io.Dir, superblock: *const Superblock) Error!bool {
+    if (superblock.getLayout() != .fixed or !io.exists(dir, file_name)) return false;
+    const file = io.openFile(dir, file_name, .read_only) catch |err| switch (err) {
+        error.NotFound => return false,
+        else => return err,
+    };
+    defer io.closeFile(file);
+    var record: Record = undefined;
+    if (try io.read(file, std.mem.asBytes(&record), 0) != @sizeOf(Record)) return false;
+    return std.mem.eql(u8, &record.magic, &record_magic) and
+        (record.generation == superblock.generation or broken(.any_generation));
+}
+
+/// Writes back every valid record of `superblock`'s generation into
+/// `target` under the sequence lock of `page`, syncs the data and sums
+/// files, and names the generation's tail checksum in the page. Returns
+/// whether it restored anything; idempotent.
+pub fn restore(
+    dir: io.Dir,
+    target: journal.Target,
+    superblock: *const Superblock,
+    page: io.WritableMemory,
+) Error!bool {
+    if (broken(.skip_replay)) return false;
+    if (!try pending(dir, superblock)) return false;
+    const file = try io.openFile(dir, file_name, .read_only);
+    defer io.closeFile(file);
+    const file_bytes = try io.length(file);
+    const geometry = Geometry.of(superblock);
+    const image = allocator.alloc(u8, block_bytes) catch return error.OutOfMemory;
+    defer allocator.free(image);
+    seqlock.lockPage(page);
+    defer seqlock.unlockPage(page, superblock.generation, superblock.tail_checksum);
+    var offset: u64 = 0;
+    var restored: u64 = 0;
+    // Bounded: each record moves `offset` forward by at least its header.
+    while (offset + @sizeOf(Record) <= file_bytes) {
+        var record: Record = undefined;
+        if (try io.read(file, std.mem.asBytes(&record), offset) != @sizeOf(Record)) break;
+        if (!std.mem.eql(u8, &record.magic, &record_magic)) break;
+        if (record.generation != superblock.generation and !broken(.any_generation)) break;
+        const expected = geometry.imageBytes(record.block) orelse break;
+        if (record.image_bytes != expected or
+            recordBytes(expected) > file_bytes - offset) break;
+        const bytes = image[0..expected];
+        if (try io.read(file, bytes, offset + @sizeOf(Record)) != expected) break;
+        if (record.compute(bytes) != record.checksum) break;
+        try io.write(target.data, bytes, record.block * block_bytes);
+        if (record.block < geometry.full)
+            try io.write(target.sums, std.mem.asBytes(&record.sum), record.block * 8);
+        offset += recordBytes(expected);
+        restored += 1;
+    }
+    if (restored == 0) return false;
+    try io.sync(target.data);
+    try io.sync(target.sums);
+    return true;
+}
+
+/// A reader that finds no live writer (it holds the lock file) restores
+/// what a writer that stopped mid-interval left, so it reads the last sync.
+pub fn settleReader(dir: io.Dir, superblock: *const Superblock) Error!void {
+    if (!try pending(dir, superblock)) return;
+    const lock = io.openFile(dir, seqlock.lock_file_name, .read_only) catch |err| switch (err) {
+        error.NotFound => return,
+        else => return err,
+    };
+    defer io.closeFile(lock);
+    // A live writer restores nothing: its records are its interval's.
+    if (!try io.tryLock(lock)) return;
+    const page_file = io.openFile(dir, seqlock.lock_file_name, .read_write) catch |err| {
+        return status.wrap(err, "store '{s}' holds in-place replaces its last writer did " ++
+            "not sync, and this place cannot be written: open it once for writing where it " ++
+            "can be written, which restores its last sync", .{dir.path});
+    };
+    defer io.closeFile(page_file);
+    const memory = try seqlock.mapPage(page_file);
+    defer io.unmapWritable(memory);
+    const target = try journal.openTarget(dir, superblock);
+    defer journal.closeTarget(target);
+    _ = try restore(dir, target, superblock, memory);
+}
