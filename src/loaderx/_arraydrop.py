@@ -125,7 +125,8 @@ def decode(kind: int, payload: bytes, rows: int) -> npt.NDArray[np.int64] | None
             return None
         lengths = stops - starts
         offsets = np.repeat(np.cumsum(lengths) - lengths - starts, lengths)
-        return np.arange(int(lengths.sum()), dtype=np.int64) - offsets
+        base: npt.NDArray[np.int64] = np.arange(int(lengths.sum()), dtype=np.int64) - offsets
+        return base
     if kind == BITMAP and len(payload) > U64.size:
         first = U64.unpack_from(payload)[0]
         bits = np.unpackbits(np.frombuffer(payload, np.uint8, offset=U64.size), bitorder="little")

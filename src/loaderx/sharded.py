@@ -343,7 +343,8 @@ def _check_bundles(
         problem = tiling_problem(layout, size)
         if problem is not None:
             raise ManifestError(f"{damaged}: {name}/{bundle_file}: {problem}")
-        bundles[name] = Bundle(bundle_file, size, digest, dict(offsets))
+        total = sum(length for _, length in layout.values())  # == size: it tiles
+        bundles[name] = Bundle(bundle_file, total, digest, dict(offsets))
     return bundles
 
 
