@@ -175,15 +175,6 @@ READER_CHILD = r"""
 import sys, threading, numpy as np
 from loaderx.zrecord import Zrecord
 path, count = sys.argv[1], int(sys.argv[2])
-
-
-def marker():
-    try:
-        os.stat("/loaderx-strace-marker")
-    except FileNotFoundError:
-        pass
-
-
 store = Zrecord(path, verify=True)
 stop, failures, gathers = threading.Event(), [], [0]
 def spin():
