@@ -543,7 +543,7 @@ RUN_EDITS = 100
 
 def _run_operations(a: np.ndarray, draws: Draws) -> list[Operation]:
     """A run of 100 one-row edits, one call each, on an array in use: the
-    untimed warm call edits the same rows once (one call), so with
+    untimed warm calls edit the same rows once (one call per row), so with
     ``durable=False`` the run is after the first edit of a sync interval."""
     indices = draws.scattered[:RUN_EDITS]
     rows = draws.scattered_rows[:RUN_EDITS]
@@ -555,7 +555,9 @@ def _run_operations(a: np.ndarray, draws: Draws) -> list[Operation]:
             _loaded_equal("a", expected),
             setup="fresh",
             floor_bytes=rows.nbytes,
-            warm=lambda ops, handle: ops.replace(handle, "a", rows[::-1].copy(), np.sort(indices)),
+            # One call per row, as the timed run: numpack 0.4.5's replace of
+            # an index list writes wrong rows (see NumpackOps.replace).
+            warm=lambda ops, handle: ops.edits(handle, "a", rows[::-1].copy(), indices, "calls"),
         )
     ]
 
@@ -642,7 +644,12 @@ def _prepare(ops, operation, work: Path, saved: Path):
             shutil.copytree(saved, work)
             handle, path = ops.open(str(work)), str(work)
     if operation.warm is not None:
-        operation.warm(ops, handle)
+        try:
+            operation.warm(ops, handle)
+        except Exception:
+            if handle is not None:
+                ops.close(handle)
+            raise
         if operation.writes:
             ops.settle(path)
     os.sync()
@@ -686,8 +693,11 @@ def _time_operation(contenders, operation, root: Path, runs: int) -> dict:
             if ops.name in failures:
                 continue
             stem = ops.name.replace(" ", "_")
-            handle, path = _prepare(ops, operation, root / f"{stem}-work", root / f"{stem}-saved")
+            handle = None
             try:
+                handle, path = _prepare(
+                    ops, operation, root / f"{stem}-work", root / f"{stem}-saved"
+                )
                 started = time.perf_counter()
                 result = operation.run(ops, handle, path)
                 if operation.writes:
@@ -819,33 +829,8 @@ def bench_numpack(quick: bool, only: str | None = None) -> str:
     )
 
 
-def _memmap_edit(array: np.ndarray, key, rows: np.ndarray) -> None:
-    """The stand-in for numpack's unsynced replace: the rows written into a
-    writable memory map of the .npy file (page cache only, no sync)."""
-    array[key] = rows
-
-
-def _time_edit(store, edit_store, edit_map, runs: int) -> tuple[float, float, float]:
-    """Medians of the first edit of an interval, the next one, and the stand-in's."""
-    first, then, standin = [], [], []
-    for _ in range(runs):
-        store.sync()
-        os.sync()
-        started = time.perf_counter()
-        edit_store(0)
-        first.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        edit_store(1)
-        then.append(time.perf_counter() - started)
-        edit_map(0)
-        started = time.perf_counter()
-        edit_map(1)
-        standin.append(time.perf_counter() - started)
-    return tuple(statistics.median(values) for values in (first, then, standin))
-
-
 def _unsynced_edit_kinds(rows: int, rng) -> dict:
-    """label -> (key, row count, one call per row?)."""
+    """label -> (key, row count, one call per row?); key None: an append."""
     block = min(10_000, rows // 10)
     start = int(rng.integers(rows - block))
     return {
@@ -862,58 +847,144 @@ def _unsynced_edit_kinds(rows: int, rng) -> dict:
             RUN_EDITS,
             True,
         ),
+        f"append {rows // 2:,} rows": (None, rows // 2, False),
     }
 
 
-def bench_unsynced_edits(quick: bool, runs: int = 7) -> str:
+class _UnsyncedSides:
+    """The three sides of the unsynced-edit table on one array ``a``: an
+    ArrayStore with ``durable=False``, numpack 0.4.5 as it is (when
+    installed), and a writable ``np.memmap`` of an .npy file."""
+
+    def __init__(self, root: Path, a: np.ndarray):
+        with ArrayStore(root / "store", durable=True) as store:
+            store.save({"a": a})
+        np.save(root / "a.npy", a)
+        self.store = ArrayStore(root / "store", durable=False)
+        self.store.replace({"a": a[:1]}, [0])  # opens the array: it is in use
+        self.mapped = np.load(root / "a.npy", mmap_mode="r+")
+        self.appended = []  # the memmap side's appends, kept to check against
+        try:
+            self.numpack = NumpackOps(synced=False)
+        except ImportError:
+            self.numpack = None
+            self.pack = None
+        else:
+            self.numpack.save(str(root / "numpack"), {"a": a})
+            self.pack = self.numpack.open(str(root / "numpack"))
+            self.numpack.replace(self.pack, "a", a[:1], [0])
+            self.pack_mirror, self.pack_appended = a.copy(), []  # what numpack must hold
+
+    def store_edit(self, key, rows, per_row):
+        if key is None:
+            return self.store.append({"a": rows})
+        if not per_row:
+            return self.store.replace({"a": rows}, key)
+        for index, row in zip(key.tolist(), rows):
+            self.store.replace({"a": row[None]}, [index])
+
+    def numpack_can(self, key, per_row) -> bool:
+        """Whether numpack is installed and makes this edit correctly (0.4.5's
+        replace of an index list of several rows does not)."""
+        if self.pack is None:
+            return False
+        several = key is not None and not isinstance(key, slice) and len(key) > 1
+        return per_row or not several or self.numpack.index_replace_works
+
+    def numpack_edit(self, key, rows, per_row):
+        if key is None:
+            self.pack_appended.append(rows)
+            return self.numpack.append(self.pack, "a", rows)
+        self.pack_mirror[key] = rows
+        if per_row:
+            return self.numpack.edits(self.pack, "a", rows, key, "calls")
+        return self.numpack.replace(self.pack, "a", rows, key)
+
+    def memmap_edit(self, key, rows, per_row):
+        """The stand-in for an unsynced pwrite: rows assigned into a writable
+        memory map (an append: kept aside, a mapping cannot grow)."""
+        if key is None:
+            self.appended.append(rows)
+        elif not per_row:
+            self.mapped[key] = rows
+        else:
+            for index, row in zip(key.tolist(), rows):
+                self.mapped[index] = row
+
+    def check(self) -> None:
+        self.store.sync()
+        self.mapped.flush()
+        expected = np.concatenate([np.asarray(self.mapped)] + self.appended)
+        assert np.array_equal(np.array(self.store.load("a")), expected), "loaderx differs"
+        if self.pack is not None:
+            loaded = np.array(self.pack.load("a"))
+            mirror = np.concatenate([self.pack_mirror] + self.pack_appended)
+            assert np.array_equal(loaded, mirror), "numpack differs"
+
+    def close(self) -> None:
+        self.store.close()
+        if self.pack is not None:
+            self.numpack.close(self.pack)
+
+
+def _timed(edit) -> float:
+    started = time.perf_counter()
+    edit()
+    return time.perf_counter() - started
+
+
+def bench_unsynced_edits(quick: bool, runs: int = 7, rows: int | None = None) -> str:
     """``durable=False`` edits of an array in use, after the first edit of a
-    sync interval, against a writable ``np.memmap`` of an .npy file (the
-    stand-in for numpack's unsynced pwrite when numpack is not installed).
-    Each run: ``sync()`` (untimed, a new interval), the first edit (timed
-    apart: it saves the blocks it touches to the undo area, one fdatasync),
-    then the same edit again with other values (timed: no sync)."""
-    rows = 100_000 if quick else 1_000_000
+    sync interval, against numpack 0.4.5 as it is (no sync; when installed)
+    and a writable ``np.memmap`` of an .npy file. Each run: ``sync()``
+    (untimed, a new interval), the first edit (timed apart: it saves the
+    blocks it touches to the undo area, one fdatasync), then the same edit
+    again with other values (timed: no sync); numpack and the memmap make
+    the edit twice the same way, the second timed."""
+    rows = rows or (100_000 if quick else 1_000_000)
     rng = np.random.default_rng(7)
     a = rng.random((rows, 10), dtype=np.float32)
     table = []
     with tempfile.TemporaryDirectory(prefix="loaderx-bench-unsynced-") as temporary:
-        root = Path(temporary)
-        with ArrayStore(root / "store", durable=True) as store:
-            store.save({"a": a})
-        np.save(root / "a.npy", a)
-        store = ArrayStore(root / "store", durable=False)
-        mapped = np.load(root / "a.npy", mmap_mode="r+")
+        sides = _UnsyncedSides(Path(temporary), a)
         try:
-            store.replace({"a": a[:1]}, [0])  # opens the array: it is in use
             for label, (key, count, per_row) in _unsynced_edit_kinds(rows, rng).items():
                 values = [rng.random((count, 10), dtype=np.float32) for _ in range(2)]
+                first, then, pack, standin = [], [], [], []
 
-                def edit_store(v, key=key, values=values, per_row=per_row):
-                    if not per_row:
-                        return store.replace({"a": values[v]}, key)
-                    for index, value in zip(key.tolist(), values[v]):
-                        store.replace({"a": value[None]}, [index])
+                def edit(side, v, key=key, values=values, per_row=per_row):
+                    return lambda: side(key, values[v], per_row)
 
-                def edit_map(v, key=key, values=values, per_row=per_row):
-                    if not per_row:
-                        return _memmap_edit(mapped, key, values[v])
-                    for index, value in zip(key.tolist(), values[v]):
-                        mapped[index] = value
-
-                table.append((label,) + _time_edit(store, edit_store, edit_map, runs))
-            store.sync()
-            mapped.flush()
-            assert np.array_equal(np.array(store.load("a")), mapped), "the two sides differ"
+                for _ in range(runs):
+                    sides.store.sync()
+                    os.sync()
+                    first.append(_timed(edit(sides.store_edit, 0)))
+                    then.append(_timed(edit(sides.store_edit, 1)))
+                    if sides.numpack_can(key, per_row):
+                        sides.numpack_edit(key, values[0], per_row)
+                        pack.append(_timed(edit(sides.numpack_edit, 1)))
+                    sides.memmap_edit(key, values[0], per_row)
+                    standin.append(_timed(edit(sides.memmap_edit, 1)))
+                medians = [statistics.median(v) if v else None for v in (first, then, pack or [])]
+                table.append((label, *medians, statistics.median(standin)))
+            sides.check()
         finally:
-            store.close()
+            sides.close()
     header = (
         "| edit (array in use) | ArrayStore durable=False, first edit of the interval | "
-        "ArrayStore durable=False, next edit | np.memmap stand-in | ratio |\n|---|---|---|---|---|"
+        "ArrayStore durable=False, next edit | numpack 0.4.5 | ratio to numpack | "
+        "np.memmap stand-in |\n|---|---|---|---|---|---|"
     )
+
+    def pack_cells(then, pack):
+        if pack is None:
+            return "not run | —"
+        return f"{_cell(pack, None)} | {then / pack:.2f}x"
+
     lines = [header] + [
-        f"| {label} | {_cell(first, None)} | {_cell(then, None)} | {_cell(standin, None)} | "
-        f"{then / standin:.2f}x |"
-        for label, first, then, standin in table
+        f"| {label} | {_cell(first, None)} | {_cell(then, None)} | {pack_cells(then, pack)} | "
+        f"{_cell(standin, None)} |"
+        for label, first, then, pack, standin in table
     ]
     return (
         f"### durable=False edits after the first of a sync interval: a = {rows:,} x 10 float32\n\n"
@@ -921,9 +992,11 @@ def bench_unsynced_edits(quick: bool, runs: int = 7) -> str:
         + f"\n\nMedian of {runs} runs. Each run syncs (untimed), makes the first edit (which "
         "saves the blocks it touches to the undo area under one fdatasync; the 100 one-row "
         "edits touch 100 blocks, one fdatasync each) and then the same edit again with other "
-        "values (no sync). The stand-in for numpack's unsynced pwrite (numpack is not installed "
-        "here) is the same rows assigned into a writable np.memmap of an .npy file: page cache "
-        "only, no sync call, no checksums, no atomicity."
+        "values (no sync). numpack 0.4.5 as it is (no sync; `not run`: not installed, or its "
+        "replace of an index list of several rows writes wrong rows) and the stand-in, the same "
+        "rows assigned into a writable np.memmap of an .npy file (page cache only, no sync "
+        "call, no checksums, no atomicity; an append is only kept aside), make each edit twice, "
+        "the second timed."
     )
 
 

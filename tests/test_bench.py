@@ -239,6 +239,28 @@ def test_numpack_rows_of_an_array_in_use_run_their_warm_call_first(tmp_path):
             assert checked == (warm or not operation.writes), (operation.label, warm)
 
 
+def test_numpack_unsynced_table_checks_every_side_against_numpy():
+    """The durable=False edit table at its smallest: every edit kind runs on
+    each side, and the closing check compares the store (and numpack, when
+    installed) with the memmap's rows plus the appends."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import bench_numpack
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    table = bench_numpack.bench_unsynced_edits(quick=True, runs=2, rows=2_000)
+    rows = [line for line in table.splitlines() if line.startswith("| ") and " ms |" in line]
+    labels = [row.split(" | ")[0][2:] for row in rows]
+    assert labels == [
+        "replace 1 row",
+        "replace 200 contiguous rows",
+        "replace 200 random rows",
+        "replace 1,000 rows",
+        "100 1-row edits, one call each",
+        "append 1,000 rows",
+    ], table
+
+
 REMOTE = SCRIPT.parent / "bench_remote.py"
 
 
