@@ -2,8 +2,9 @@
 
 ``drop(name, rows)`` does not move a byte of the array: it appends one record
 naming the dropped rows to the array's delete log, ``<root>/.deletes-<name>``,
-and the array's `OpenArray` reads through a map of its live rows from then
-on. Invariant: the rows a reader sees are the array directory's records
+and the array's `OpenArray` reads through its live rows from then on (a
+mask of the kept base rows; the map of live rows is built from it when a
+read first needs it). Invariant: the rows a reader sees are the array directory's records
 (its "base rows", numbered as the store numbers them) minus every base row a
 valid record of the log names, in base order; a log whose header names
 another generation than the array directory's schema file is stale (the
