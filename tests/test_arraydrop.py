@@ -485,3 +485,20 @@ def test_a_drop_leaves_the_map_of_live_rows_to_the_first_read(root):
         assert np.array_equal(
             store.load("x"), np.concatenate([np.delete(X, [0, 2, 5, 19], 0), X[:1]])
         )
+
+
+@pytest.mark.parametrize(
+    "rows", [[0, 25], [-31], [3, -40]], ids=["past-end", "before-start", "mixed"]
+)
+def test_an_int64_row_array_out_of_range_is_refused_before_any_record(root, rows):
+    """An int64 array is scattered into the drop's mask as it is (no range
+    pass of its own): a row out of range in any named array raises the
+    store's IndexError before the first record is written."""
+    with ArrayStore(root) as store:
+        store.save({"long": np.zeros((30, 2), np.float32), "x": X})
+        with pytest.raises(IndexError, match="out of range"):
+            store.drop(["long", "x"], np.array(rows, dtype=np.int64))
+        assert not os.path.exists(log_of(root, "long")) and not os.path.exists(log_of(root, "x"))
+        assert marker_version(root) == 2
+        store.drop(["long", "x"], np.array([-1, 0, -1], dtype=np.int64)[::2])  # strided: -1, -1
+        assert store.get_shape("long") == (29, 2) and np.array_equal(store.load("x"), X[:-1])

@@ -257,15 +257,12 @@ class OpenArray:
         self._grown()
         self._edited(data.nbytes)
 
-    def drop(self, indices: npt.NDArray[np.uint64], fs: OsFs) -> None:
-        """Drops rows ``indices`` (in range, any order, repeats allowed)
-        logically: one record in the delete log (`_arraydrop`), durable when
-        it returns unless ``durable=False``; nothing of the store changes."""
-        # A mask of the rows: O(rows), no sort (np.unique hashes slowly). Indices
-        # are below 2**63, so their int64 view is the same values (NumPy
-        # scatters with int64 several times faster than with uint64).
-        doomed = np.zeros(self.length, dtype=bool)
-        doomed[indices.view(np.int64)] = True
+    def drop(self, doomed: npt.NDArray[np.bool_], count: int, fs: OsFs) -> None:
+        """Drops the ``count`` rows set in ``doomed`` (a mask of the rows,
+        which the drop takes over) logically: one record in the delete log
+        (`_arraydrop`), durable when it returns unless ``durable=False``;
+        nothing of the store changes. A mask, not sorted indices: O(rows),
+        no sort (np.unique hashes slowly)."""
         if self.appended:
             self.sync()  # the rows the record names survive a power cut that keeps it
         if self.log is None:
@@ -273,7 +270,6 @@ class OpenArray:
                 log_path(self.path), fs, generation_of(fs, self.path), self.durable
             )
         live = self.live_rows
-        count = int(np.count_nonzero(doomed))
         # The record's bitmap of base rows: the mask itself, or its rows
         # placed at the kept base rows (no array of all of them).
         base = doomed if live is None else _base_mask(live, doomed, self.base_rows)
