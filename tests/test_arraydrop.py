@@ -6,14 +6,16 @@ tests/test_arraystore_sim.py."""
 from __future__ import annotations
 
 import errno
+import itertools
 import os
+import struct
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from loaderx import ArrayStore, ArrayStoreIOError, _arraydrop, _envelope
+from loaderx import ArrayStore, ArrayStoreIOError, _arraydrop, _arrayview, _envelope
 from loaderx._arraycommit import FORMAT_NAME, MARKER_FILE
 from loaderx._fs import OsFs
 from loaderx.zrecord import CorruptStoreError
@@ -361,3 +363,142 @@ def test_a_drop_after_appends_syncs_them_first(root, monkeypatch):
         store.drop("x", [0])
         assert synced == [1]  # nothing appended since
         assert np.array_equal(store.load("x"), np.delete(np.concatenate([X, X[:2]]), [0, 20], 0))
+
+
+def reference_payload(mask: np.ndarray) -> tuple[int, bytes]:
+    """A record's payload by the format's words (runs or bitmap, the
+    smaller), from a plain loop over ``mask``."""
+    rows = [i for i, dropped in enumerate(mask.tolist()) if dropped]
+    runs: list[list[int]] = []
+    for row in rows:
+        if runs and runs[-1][1] == row:
+            runs[-1][1] = row + 1
+        else:
+            runs.append([row, row + 1])
+    first, last = rows[0], rows[-1]
+    bitmap = bytearray((last - first) // 8 + 1)
+    for row in rows:
+        bitmap[(row - first) // 8] |= 1 << ((row - first) % 8)
+    if len(runs) * 16 <= 8 + len(bitmap):
+        return _arraydrop.RUNS, b"".join(struct.pack("<QQ", *run) for run in runs)
+    return _arraydrop.BITMAP, struct.pack("<Q", first) + bytes(bitmap)
+
+
+@pytest.mark.parametrize("popcount", [True, False], ids=["bitwise_count", "numpy-1"])
+def test_records_encode_as_the_format_says(monkeypatch, popcount):
+    """Runs counted on packed words (across word edges, with and without
+    NumPy's bitwise_count) and the last row found from the tail block by
+    block give the bytes the format defines."""
+    if not popcount:
+        monkeypatch.setattr(_arraydrop, "_POPCOUNT", None)
+    monkeypatch.setattr(_arraydrop, "_TAIL_ROWS", 50)  # several tail blocks
+    rng = np.random.default_rng(29)
+    masks = []
+    for size in (1, 63, 64, 65, 127, 128, 129, 700):
+        masks.append(rng.random(size) < 0.5)  # bitmaps
+        clustered = np.zeros(size, dtype=bool)
+        for start in rng.integers(0, size, 3):
+            clustered[start : start + 40] = True  # runs, some across word edges
+        masks.append(clustered)
+    masks.append(np.r_[np.zeros(5, bool), np.ones(64, bool), np.zeros(300, bool)])
+    masks.append(np.r_[np.zeros(1000, bool), True, np.zeros(10, bool)])
+    for mask in masks:
+        if not mask.any():
+            mask[-1] = True
+        expected = reference_payload(mask)
+        assert _arraydrop.encode_mask(mask, int(mask.sum())) == expected, mask.nonzero()
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Drops of an array with drops map rows a chunk of 7 base rows at a
+    time, so a small array spans chunks with and without drops."""
+    monkeypatch.setattr(_arrayview, "_CHUNK_ROWS", 7)
+
+
+def lazy_step(store: ArrayStore, expected: np.ndarray, step: str, k: int) -> np.ndarray:
+    """One call of ``step`` on ``x`` after a drop, checked against NumPy;
+    returns the expected array after it."""
+    n = len(expected)
+    if step == "append":
+        rows = np.full((3, 3), 100 + k, np.float32)
+        store.append({"x": rows})
+        return np.concatenate([expected, rows])
+    if step == "replace":
+        at = [n - 1, 0, n // 2]
+        rows = np.arange(9, dtype=np.float32).reshape(3, 3) - 10 * k
+        store.replace({"x": rows}, at)
+        expected = expected.copy()
+        expected[at] = rows
+        return expected
+    if step == "len":
+        assert len(store.load("x", lazy=True)) == n and store.get_shape("x") == (n, 3)
+        return expected
+    if step == "read":
+        picks = np.array([n - 1, 0, n // 3, n // 3, 1])
+        assert np.array_equal(store.getitem("x", picks), expected[picks])
+        assert np.array_equal(store.getitem("x", slice(1, None, 3)), expected[1::3])
+        assert np.array_equal(store.load("x"), expected)
+        return expected
+    rows = np.array([n - 1, 1, n // 2, 1, n - 2], dtype=np.int64)  # a repeat, unsorted
+    store.drop("x", rows)
+    return np.delete(expected, rows, 0)
+
+
+LAZY_STEPS = ("append", "replace", "len", "read", "drop")
+
+
+@pytest.mark.parametrize(
+    "order", list(itertools.permutations(LAZY_STEPS)), ids=lambda order: "-".join(order)
+)
+def test_every_order_of_calls_after_a_drop_sees_the_remaining_rows(root, small_chunks, order):
+    """A drop builds no map of the live rows: the first call that needs it
+    does. After a drop, appends, replaces, len, reads and further drops in
+    every order address the remaining rows as np.delete leaves them, and a
+    reopen replays the same."""
+    x = np.arange(120, dtype=np.float32).reshape(40, 3)
+    with ArrayStore(root, durable=False) as store:
+        store.save({"x": x})
+        first = np.array([0, 3, 4, 5, 6, 7, 8, 9, 17, 39, 38])  # a whole chunk, and edges
+        store.drop("x", first)
+        expected = np.delete(x, first, 0)
+        for k, step in enumerate(order):
+            expected = lazy_step(store, expected, step, k)
+            expected = lazy_step(store, expected, "read", k)
+    with ArrayStore(root) as store:
+        assert np.array_equal(store.load("x"), expected)
+
+
+def test_a_drop_leaves_the_map_of_live_rows_to_the_first_read(root):
+    with ArrayStore(root) as store:
+        store.save({"x": X})
+        store.drop("x", np.array([2, 5], dtype=np.int64))
+        entry = store._entry("x")
+        assert entry.live_rows is not None and entry.live_rows._map is None
+        assert len(store.load("x", lazy=True)) == 18 and entry.live_rows._map is None
+        store.drop("x", np.array([-1, 0], dtype=np.int64))  # negative rows count from the end
+        assert entry.live_rows._map is None
+        assert np.array_equal(store.getitem("x", [0, -1]), X[[1, 18]])
+        assert entry.live_rows._map is not None
+        store.append({"x": X[:1]})  # a built map grows with the mask
+        assert entry.live_rows._map is not None
+        assert np.array_equal(
+            store.load("x"), np.concatenate([np.delete(X, [0, 2, 5, 19], 0), X[:1]])
+        )
+
+
+@pytest.mark.parametrize(
+    "rows", [[0, 25], [-31], [3, -40]], ids=["past-end", "before-start", "mixed"]
+)
+def test_an_int64_row_array_out_of_range_is_refused_before_any_record(root, rows):
+    """An int64 array is scattered into the drop's mask as it is (no range
+    pass of its own): a row out of range in any named array raises the
+    store's IndexError before the first record is written."""
+    with ArrayStore(root) as store:
+        store.save({"long": np.zeros((30, 2), np.float32), "x": X})
+        with pytest.raises(IndexError, match="out of range"):
+            store.drop(["long", "x"], np.array(rows, dtype=np.int64))
+        assert not os.path.exists(log_of(root, "long")) and not os.path.exists(log_of(root, "x"))
+        assert marker_version(root) == 2
+        store.drop(["long", "x"], np.array([-1, 0, -1], dtype=np.int64)[::2])  # strided: -1, -1
+        assert store.get_shape("long") == (29, 2) and np.array_equal(store.load("x"), X[:-1])

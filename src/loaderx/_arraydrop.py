@@ -2,8 +2,9 @@
 
 ``drop(name, rows)`` does not move a byte of the array: it appends one record
 naming the dropped rows to the array's delete log, ``<root>/.deletes-<name>``,
-and the array's `OpenArray` reads through a map of its live rows from then
-on. Invariant: the rows a reader sees are the array directory's records
+and the array's `OpenArray` reads through its live rows from then on (a
+mask of the kept base rows; the map of live rows is built from it when a
+read first needs it). Invariant: the rows a reader sees are the array directory's records
 (its "base rows", numbered as the store numbers them) minus every base row a
 valid record of the log names, in base order; a log whose header names
 another generation than the array directory's schema file is stale (the
@@ -98,19 +99,55 @@ def encode_mask(mask: npt.NDArray[np.bool_], count: int) -> tuple[int, bytes]:
     """The record payload (kind, bytes) of the ``count`` base rows set in
     ``mask`` (a bitmap from base row 0): runs or a bitmap, the smaller.
     Every temporary is at most a byte per row of the span: fresh memory is
-    what a drop of many rows spends its time on (page faults)."""
-    first = int(np.argmax(mask))
-    last = mask.size - 1 - int(np.argmax(mask[::-1]))
+    what a drop of many rows spends its time on (page faults). The runs are
+    counted on the packed bitmap (a bit per row), which the bitmap record
+    writes as it is."""
+    first = int(np.argmax(mask))  # a bool argmax stops at the first set row
+    last = _last_set(mask)
     inside = mask[first : last + 1]
     bitmap_bytes = U64.size + (inside.size + 7) // 8
-    runs = int(np.count_nonzero(inside[1:] > inside[:-1])) + 1  # a run starts after a gap
+    packed = np.packbits(inside, bitorder="little")
+    runs = _run_count(packed, inside)
     if runs * 16 <= bitmap_bytes:
         steps = np.diff(inside.view(np.int8))  # 1 where a run starts, -1 past its end
         starts = np.concatenate(([0], np.flatnonzero(steps == 1) + 1)) + first
         stops = np.concatenate((np.flatnonzero(steps == -1) + 1, [inside.size])) + first
         pairs = np.stack([starts, stops], axis=1)
         return RUNS, pairs.astype("<u8").tobytes()
-    return BITMAP, U64.pack(first) + np.packbits(inside, bitorder="little").tobytes()
+    return BITMAP, U64.pack(first) + packed.tobytes()
+
+
+_TAIL_ROWS = 1 << 16  # the last set row is looked for this many rows at a time
+_POPCOUNT = getattr(np, "bitwise_count", None)  # NumPy 2.0 and later
+
+
+def _last_set(mask: npt.NDArray[np.bool_]) -> int:
+    """The last set row of ``mask`` (one is set): a reversed argmax is slow
+    (NumPy's fast bool path needs a forward stride), so the tail is scanned
+    a block at a time and only the block holding it reversed."""
+    end = mask.size
+    while end > 0:
+        start = max(0, end - _TAIL_ROWS)
+        block = mask[start:end]
+        if block.any():
+            return start + block.size - 1 - int(np.argmax(block[::-1]))
+        end = start
+    raise ValueError("no row is set")  # the callers' masks name at least one row
+
+
+def _run_count(packed: npt.NDArray[np.uint8], inside: npt.NDArray[np.bool_]) -> int:
+    """The runs of set bits in ``inside`` (which starts with one), counted
+    as run starts (a set bit after a clear one) on its little-endian packed
+    bits ``packed``, 64 at a time."""
+    if _POPCOUNT is None:  # NumPy 1.x: one comparison per row
+        return int(np.count_nonzero(inside[1:] > inside[:-1])) + 1
+    words = np.zeros(-(-packed.size // 8), dtype="<u8")
+    words.view(np.uint8)[: packed.size] = packed
+    before = np.empty_like(words)  # each bit's predecessor: the word shifted up a bit...
+    np.left_shift(words, np.uint64(1), out=before)
+    before[1:] |= words[:-1] >> np.uint64(63)  # ...and the previous word's top bit
+    starts = np.bitwise_and(words, np.invert(before, out=before), out=before)
+    return int(_POPCOUNT(starts).sum(dtype=np.int64))
 
 
 def decode(kind: int, payload: bytes, rows: int) -> npt.NDArray[np.int64] | None:
@@ -204,12 +241,12 @@ class DeleteLog:
         (overwritten with zeros, which no CRC passes) and the error raised;
         TakeBackFailed when taking it back failed too."""
         kind, payload = encode_mask(mask, count)
-        body = RECORD.pack(kind, len(payload), rows) + payload
+        record = RECORD.pack(kind, len(payload), rows)
         first = self.end == 0
         head = header(self.generation) if first else b""
         seed = CRC.unpack_from(head, len(head) - CRC.size)[0] if first else self.crc
-        crc = zlib.crc32(body, seed)
-        data = head + body + CRC.pack(crc)
+        crc = zlib.crc32(payload, zlib.crc32(record, seed))
+        data = b"".join((head, record, payload, CRC.pack(crc)))  # one copy of the payload
         fs = self.fs
         try:
             fs.write_at(self.path, self.end, data)
@@ -241,11 +278,12 @@ class DeleteLog:
             self.new_name = False
 
 
-def live_rows(rows: int, dropped: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.uint64] | None:
-    """The base rows not in ``dropped``, ascending; None when nothing is dropped."""
+def kept_rows(rows: int, dropped: list[npt.NDArray[np.int64]]) -> npt.NDArray[np.bool_] | None:
+    """The mask of the ``rows`` base rows not in ``dropped`` (True: kept);
+    None when nothing is dropped."""
     if not dropped:
         return None
     keep = np.ones(rows, dtype=bool)
     for base in dropped:
         keep[base] = False
-    return np.flatnonzero(keep).view(np.uint64)  # non-negative int64: the same bits
+    return keep

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._arraycommit import ArrayStoreIOError, generation_of, unchanged
-from ._arraydrop import DeleteLog, TakeBackFailed, live_rows, log_path
+from ._arraydrop import DeleteLog, TakeBackFailed, kept_rows, log_path
 from ._fs import IoStats, OsFs
 from ._indexing import int_index, is_int, record_indices
 from .converter import build_dense_store
@@ -35,6 +35,43 @@ ALIGN_BYTES = 64  # a read's output starts at a multiple of this (see aligned_em
 OFFSETS_CACHED_MAX = 1 << 20  # rows: a cached offsets array holds at most 8 MiB, four 32 MiB
 
 
+class LiveRows:
+    """The live rows of an array with drops: ``kept``, a mask of its base
+    rows (True: live), their ``count``, and ``map``, the base row of each
+    live row, built from the mask on first use (a drop does not pay for it;
+    the first read, replace or slice after it does, once). Never changed
+    once made: an edit makes a new one, so a read in flight keeps its own
+    (two threads building ``map`` at once build the same array)."""
+
+    __slots__ = ("_map", "count", "kept")
+
+    def __init__(
+        self,
+        kept: npt.NDArray[np.bool_],
+        count: int,
+        live: npt.NDArray[np.uint64] | None = None,
+    ) -> None:
+        self.kept = kept
+        self.count = count
+        self._map = live
+
+    @property
+    def map(self) -> npt.NDArray[np.uint64]:
+        live = self._map
+        if live is None:
+            live = np.flatnonzero(self.kept).view(np.uint64)  # non-negative int64: the same bits
+            self._map = live
+        return live
+
+    def grown(self, base_rows: int, rows: int) -> LiveRows:
+        """These live rows with the base rows ``base_rows..rows`` appended (live)."""
+        kept = np.concatenate([self.kept, np.ones(rows - base_rows, dtype=bool)])
+        live = self._map
+        if live is not None:
+            live = np.concatenate([live, np.arange(base_rows, rows, dtype=np.uint64)])
+        return LiveRows(kept, self.count + rows - base_rows, live)
+
+
 class OpenArray:
     """One open array: its dataset (reads) and the dataset's store (writes),
     and after a logical drop its delete log and live rows (`_arraydrop`).
@@ -42,7 +79,7 @@ class OpenArray:
     Rows are addressed logically: row i is base row ``live[i]`` of the store
     (``live`` None: every base row, row i is base row i). Every read and
     edit maps its rows with one NumPy index; ``length`` is the logical row
-    count."""
+    count. ``live`` is built on first use after a drop (`LiveRows`)."""
 
     def __init__(self, name: str, path: str, inode: int, dataset: DenseDataset, scalar: bool):
         self.name = name
@@ -56,7 +93,7 @@ class OpenArray:
         self.stats = IoStats()  # the ArrayStore's counters, once it opened this array
         self.durable = True  # whether each row edit syncs before it returns (the store's option)
         self.base_rows = len(dataset)  # the store's records, dropped ones included
-        self.live: npt.NDArray[np.uint64] | None = None  # base row of each row; None: all
+        self.live_rows: LiveRows | None = None  # None: no drops, row i is base row i
         self.log: DeleteLog | None = None
         self.appended = False  # appends since the last sync (a drop record must not outlive them)
 
@@ -88,7 +125,8 @@ class OpenArray:
         if log is None:
             log = DeleteLog(log_path(self.path), fs, generation_of(fs, self.path), self.durable)
         self.base_rows = len(self.dataset)
-        self.live = live_rows(self.base_rows, log.replay(self.base_rows))
+        kept = kept_rows(self.base_rows, log.replay(self.base_rows))
+        self.live_rows = None if kept is None else LiveRows(kept, int(np.count_nonzero(kept)))
         self.log = log
 
     def refresh(self, fs: OsFs) -> None:
@@ -110,27 +148,41 @@ class OpenArray:
     def _grown(self) -> None:
         """Appended base rows are live rows at the end."""
         rows = len(self.dataset)
-        if self.live is not None and rows > self.base_rows:
-            added = np.arange(self.base_rows, rows, dtype=np.uint64)
-            self.live = np.concatenate([self.live, added])
+        live = self.live_rows
+        if live is not None and rows > self.base_rows:
+            self.live_rows = live.grown(self.base_rows, rows)
         self.base_rows = rows
+
+    @property
+    def live(self) -> npt.NDArray[np.uint64] | None:
+        """The base row of each row (built on first use after a drop); None: no drops."""
+        live = self.live_rows
+        return None if live is None else live.map
+
+    @property
+    def has_drops(self) -> bool:
+        """Whether rows are dropped (``live`` is not None), without building ``live``."""
+        return self.live_rows is not None
 
     @property
     def length(self) -> int:
         """The array's rows (a 0-d array: its one row)."""
-        return len(self.dataset) if self.live is None else int(self.live.size)
+        live = self.live_rows
+        return len(self.dataset) if live is None else live.count
 
     def to_base(self, indices: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
         """The base rows of the rows ``indices`` (in range)."""
-        if self.live is None:
+        live = self.live
+        if live is None:
             return indices
-        return self.live[indices.astype(np.intp, copy=False)]
+        return live[indices.astype(np.intp, copy=False)]
 
     def base_range(self, start: int, end: int) -> npt.NDArray[np.uint64]:
         """The base rows of rows ``start..end``, contiguous uint64."""
-        if self.live is None:
+        live = self.live
+        if live is None:
             return np.arange(start, end, dtype=np.uint64)
-        return self.live[start:end]
+        return live[start:end]
 
     @property
     def closed(self) -> bool:
@@ -159,13 +211,13 @@ class OpenArray:
 
     def get(self, key: Any) -> Any:  # key and the result: as for DenseDataset[key]
         """Rows ``key`` of the dataset, counted as one read."""
-        result = self.dataset[key] if self.live is None else self._get_live(key)
+        live = self.live
+        result = self.dataset[key] if live is None else self._get_live(key, live)
         self.stats.read(np.asarray(result).nbytes)
         return result
 
-    def _get_live(self, key: Any) -> Any:
-        """``DenseDataset[key]``'s selection rules over the live rows."""
-        assert self.live is not None
+    def _get_live(self, key: Any, live: npt.NDArray[np.uint64]) -> Any:
+        """``DenseDataset[key]``'s selection rules over the live rows ``live``."""
         rest = None
         if isinstance(key, tuple):
             if key and key[0] is Ellipsis:
@@ -174,15 +226,15 @@ class OpenArray:
         if key is Ellipsis:
             key = slice(None)
         if is_int(key):
-            row = self.live[int_index(key, self.length)]
+            row = live[int_index(key, live.size)]
             item = self._gather(np.array([row], dtype=np.uint64), (1,))[0]
             return item if rest is None else item[rest]
         if isinstance(key, slice):
-            base = np.ascontiguousarray(self.live[key])
+            base = np.ascontiguousarray(live[key])
             shape: tuple[int, ...] = base.shape
         else:
-            indices, shape = record_indices(key, self.length)
-            base = self.to_base(indices)
+            indices, shape = record_indices(key, live.size)
+            base = live[indices.astype(np.intp, copy=False)]
         out = self._gather(base, shape)
         return out if rest is None else out[(slice(None),) * len(shape) + rest]
 
@@ -205,25 +257,21 @@ class OpenArray:
         self._grown()
         self._edited(data.nbytes)
 
-    def drop(self, indices: npt.NDArray[np.uint64], fs: OsFs) -> None:
-        """Drops rows ``indices`` (in range, any order, repeats allowed)
-        logically: one record in the delete log (`_arraydrop`), durable when
-        it returns unless ``durable=False``; nothing of the store changes."""
-        # A mask of the rows: O(rows), no sort (np.unique hashes slowly). Indices
-        # are below 2**63, so their int64 view is the same values (NumPy
-        # scatters with int64 several times faster than with uint64).
-        doomed = np.zeros(self.length, dtype=bool)
-        doomed[indices.view(np.int64)] = True
+    def drop(self, doomed: npt.NDArray[np.bool_], count: int, fs: OsFs) -> None:
+        """Drops the ``count`` rows set in ``doomed`` (a mask of the rows,
+        which the drop takes over) logically: one record in the delete log
+        (`_arraydrop`), durable when it returns unless ``durable=False``;
+        nothing of the store changes. A mask, not sorted indices: O(rows),
+        no sort (np.unique hashes slowly)."""
         if self.appended:
             self.sync()  # the rows the record names survive a power cut that keeps it
         if self.log is None:
             self.log = DeleteLog(
                 log_path(self.path), fs, generation_of(fs, self.path), self.durable
             )
-        live = self.live
-        count = int(np.count_nonzero(doomed))
-        # The record's bitmap of base rows: the mask itself, or its rows'
-        # base rows scattered a chunk at a time (no array of all of them).
+        live = self.live_rows
+        # The record's bitmap of base rows: the mask itself, or its rows
+        # placed at the kept base rows (no array of all of them).
         base = doomed if live is None else _base_mask(live, doomed, self.base_rows)
         what = f"drop of {count} rows of '{self.name}'"
         try:
@@ -239,12 +287,14 @@ class OpenArray:
             ) from failure.cause
         except OSError as exc:
             raise unchanged(what, exc) from exc
-        kept = np.logical_not(doomed, out=doomed)
-        # A new array (a read in flight keeps the old one); np.compress, not a
-        # boolean index, which is several times slower on a random mask.
-        self.live = (
-            np.flatnonzero(kept).view(np.uint64) if live is None else np.compress(kept, live)
-        )
+        # New live rows (a read in flight keeps the old ones): the kept base
+        # rows' mask only, made in the record's bitmap; the map of live rows
+        # is built when a read first needs it (`LiveRows`).
+        kept = np.logical_not(base, out=base)
+        if live is None:
+            self.live_rows = LiveRows(kept, self.base_rows - count)
+        else:
+            self.live_rows = LiveRows(np.logical_and(kept, live.kept, out=kept), live.count - count)
         if not self.durable:
             self.edited = True
 
@@ -396,13 +446,25 @@ _CHUNK_ROWS = 1 << 16  # a drop maps rows to base rows this many at a time
 
 
 def _base_mask(
-    live: npt.NDArray[np.uint64], doomed: npt.NDArray[np.bool_], base_rows: int
+    live: LiveRows, doomed: npt.NDArray[np.bool_], base_rows: int
 ) -> npt.NDArray[np.bool_]:
-    """The bitmap of the base rows of the rows ``doomed`` marks."""
+    """The bitmap of the base rows of the rows ``doomed`` marks (row i's
+    mark at the i-th kept base row), a chunk of base rows at a time: a
+    chunk without drops is one copy of its marks, any other one scatter
+    through its kept rows (no map of all live rows; a boolean-mask
+    assignment is several times slower on a random mask)."""
     mask = np.zeros(base_rows, dtype=bool)
-    for start in range(0, live.size, _CHUNK_ROWS):
-        end = start + _CHUNK_ROWS
-        mask[np.compress(doomed[start:end], live[start:end]).view(np.int64)] = True
+    kept = live.kept
+    row = 0  # the row of the chunk's first kept base row
+    for start in range(0, base_rows, _CHUNK_ROWS):
+        chunk = kept[start : start + _CHUNK_ROWS]
+        count = int(np.count_nonzero(chunk))
+        marks = doomed[row : row + count]
+        if count == chunk.size:
+            mask[start : start + count] = marks
+        elif count:
+            mask[start : start + chunk.size][np.flatnonzero(chunk)] = marks
+        row += count
     return mask
 
 

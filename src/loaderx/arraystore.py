@@ -319,7 +319,7 @@ class ArrayStore:
         entry = self._entry(name)
         if entry.scalar:
             raise ValueError(f"array '{name}' is 0-d: a dataset needs rows")
-        if entry.live is not None:
+        if entry.has_drops:
             # A dataset reads the directory's records: the dropped rows go first.
             with self._lock:
                 self._begin_write()
@@ -418,15 +418,15 @@ class ArrayStore:
                         f"array '{entry.name}' is 0-d: it has no rows to drop; drop the array "
                         f"with drop('{entry.name}')"
                     )
-                plans.append((entry, _drop_indices(rows, entry.length, entry.name)))
-            for entry, indices in plans:
-                if indices.size:
+                plans.append((entry, *_drop_mask(rows, entry.length, entry.name)))
+            for entry, doomed, count in plans:
+                if count:
                     if entry.log is None or entry.log.end == 0:
                         # A new log: the marker says version 3 first, and a
                         # deletion of an old log of the name waiting for the
                         # root's fsync must not delete the new one.
                         self._commits.before_log(entry.name)
-                    entry.drop(indices, self._fs)
+                    entry.drop(doomed, count, self._fs)
                     if entry.log is not None and entry.log.new_name:
                         # durable=False: the log's name becomes durable with the
                         # root's next fsync (sync() makes it).
@@ -452,7 +452,7 @@ class ArrayStore:
                     f"cannot clone '{src}' to '{dst}': ArrayStore '{self.path}' already has an "
                     f"array '{dst}'; drop('{dst}') it first, or clone to a new name",
                 )
-            if entry.live is not None:  # a copy of the live rows (the files hold dropped ones)
+            if entry.has_drops:  # a copy of the live rows (the files hold dropped ones)
                 self._commit({dst: _live_build(entry)}, [])
                 return
             if entry.edited:
@@ -475,7 +475,7 @@ class ArrayStore:
             self._begin_write()
             for name in self.get_member_list():
                 entry = self._entry(name)
-                if entry.live is not None:
+                if entry.has_drops:
                     self._rewrite_live(entry)
                 else:
                     entry.compact()
@@ -950,21 +950,23 @@ def _row_indices(key: Any, length: int, name: str) -> npt.NDArray[np.uint64]:
     return indices
 
 
-def _drop_indices(key: Any, length: int, name: str) -> npt.NDArray[np.uint64]:
-    """``_row_indices`` for a drop, which reads them at once and keeps none:
-    a flat int64 array of rows in range is taken as it is (its uint64 view),
-    no copy (a fresh 4 MB for 500,000 rows is page faults, most of a drop)."""
-    if (
-        isinstance(key, np.ndarray)
-        and key.dtype == np.int64
-        and key.ndim == 1
-        and key.size
-        and key.flags.c_contiguous
-        and int(key.min()) >= 0
-        and int(key.max()) < length
-    ):
-        return key.view(np.uint64)
-    return _row_indices(key, length, name)
+def _drop_mask(key: Any, length: int, name: str) -> tuple[npt.NDArray[np.bool_], int]:
+    """The rows ``key`` selects (as for ``_row_indices``) as a mask of the
+    array's ``length`` rows, and how many it marks (a repeat counts once).
+    A flat int64 array is scattered as it is, no copy and no pass of its
+    own: the scatter checks the range (NumPy counts a negative row from the
+    end, as ``_row_indices`` does), and on an IndexError ``_row_indices``
+    reads the selector again to say which row is out of range."""
+    mask = np.zeros(length, dtype=bool)
+    if isinstance(key, np.ndarray) and key.dtype == np.int64 and key.ndim == 1:
+        try:
+            mask[key] = True
+        except IndexError:
+            _row_indices(key, length, name)  # raises the store's IndexError
+            raise
+    else:
+        mask[_row_indices(key, length, name).view(np.int64)] = True
+    return mask, int(np.count_nonzero(mask))
 
 
 def _last_wins(
