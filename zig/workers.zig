@@ -4,6 +4,7 @@
 //! Invariant: a call with `threads = t` runs its work on at most `t` threads
 //! at once (the calling thread counts as one), whatever the pool's size.
 const std = @import("std");
+const io = @import("io.zig");
 const status = @import("status.zig");
 
 const assert = std.debug.assert;
@@ -36,9 +37,10 @@ fn workers() ?*Pool {
 
 /// How long an idle thread spins before it sleeps: a pool thread after its
 /// last task, for the next one (a loop of gathers calls again within tens
-/// of microseconds, and a futex wake-up per call costs a small gather a
-/// fifth of its time), and a caller for its tasks to finish. Bounded, so an
-/// idle process does not burn its cores.
+/// of microseconds; with a futex wake-up per call the memory ceiling of a
+/// 3 MiB gather drops to about 0.8x, scripts/gather_gap.py), and a caller
+/// for its tasks to finish. Bounded, so an idle process does not burn its
+/// cores.
 const spin_ns = 50 * std.time.ns_per_us;
 
 fn instant() ?std.time.Instant {
@@ -56,8 +58,36 @@ fn spinWhile(value: *const std.atomic.Value(u32), seen: u32, since: ?std.time.In
         }
         const current = instant() orelse return false;
         if (current.since(start) >= spin_ns) return value.load(.acquire) != seen;
+        // A loaded machine's other threads (this call's own caller or
+        // helper among them) run first; on an idle core this returns at once.
+        std.Thread.yield() catch {};
     }
 }
+
+/// Whether another thread wants this thread's core: on a loaded machine a
+/// spinning pool thread takes the core from the work (the caller's, or a
+/// helper's that then holds the caller up), so a thread that was preempted
+/// since its last idle spell does not spin for `quiet_ns` after.
+const Contention = struct {
+    switches: ?isize = null,
+    until: ?std.time.Instant = null,
+
+    const quiet_ns = 10 * std.time.ns_per_ms;
+
+    fn loaded(contention: *Contention, at: ?std.time.Instant) bool {
+        const switches = io.preemptions() orelse return false;
+        const current = at orelse return true;
+        defer contention.switches = switches;
+        if (contention.switches != null and switches != contention.switches.?) {
+            contention.until = current;
+            return true;
+        }
+        const since = contention.until orelse return false;
+        if (current.since(since) < quiet_ns) return true;
+        contention.until = null;
+        return false;
+    }
+};
 
 /// Work queued on the pool, `copies` times: each copy is one helper of a
 /// call. It lives in its caller's frame, which waits (`Batch.wait`) until
@@ -106,20 +136,26 @@ const Pool = struct {
     }
 
     fn worker(queue: *Pool) void {
-        // The start of the idle spell: a thread woken for a copy another
-        // thread took sleeps again at once instead of spinning anew.
-        var idle_since: ?std.time.Instant = null;
+        // An idle spell spins from its start (null: not at all), so a
+        // thread woken for a copy another thread took sleeps again at once.
+        var idle = false;
+        var spin_since: ?std.time.Instant = null;
+        var contention: Contention = .{};
         while (true) {
             const seen = queue.epoch.load(.seq_cst);
             if (queue.pop()) |task| {
                 task.run(task);
-                idle_since = null;
+                idle = false;
                 continue;
             }
-            if (idle_since == null) idle_since = instant();
-            _ = queue.spinning.fetchAdd(1, .seq_cst);
-            const changed = spinWhile(&queue.epoch, seen, idle_since);
-            _ = queue.spinning.fetchSub(1, .seq_cst);
+            if (!idle) {
+                idle = true;
+                const start = instant();
+                spin_since = if (contention.loaded(start)) null else start;
+            }
+            if (spin_since != null) _ = queue.spinning.fetchAdd(1, .seq_cst);
+            const changed = spinWhile(&queue.epoch, seen, spin_since);
+            if (spin_since != null) _ = queue.spinning.fetchSub(1, .seq_cst);
             if (changed) continue;
             _ = queue.sleeping.fetchAdd(1, .seq_cst);
             if (queue.epoch.load(.seq_cst) == seen) std.Thread.Futex.wait(&queue.epoch, seen);
