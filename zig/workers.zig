@@ -58,9 +58,6 @@ fn spinWhile(value: *const std.atomic.Value(u32), seen: u32, since: ?std.time.In
         }
         const current = instant() orelse return false;
         if (current.since(start) >= spin_ns) return value.load(.acquire) != seen;
-        // A loaded machine's other threads (this call's own caller or
-        // helper among them) run first; on an idle core this returns at once.
-        std.Thread.yield() catch {};
     }
 }
 
