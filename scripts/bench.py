@@ -34,7 +34,7 @@ import tempfile
 import time
 import warnings
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -964,7 +964,7 @@ def bench_store(quick: bool) -> str:
         f"chunk; zarr and TensorStore shard them 1000 to a file. {CEILING_NOTE}\n\n"
         f"### store ceilings: measured in the same run\n\n"
         f"{bench_ceilings.ceilings_table(limits, read_runs)}\n\n{cold_note}\n\n"
-        f"{_label_table(quick)}"
+        f"{_label_table(quick, limits.disk)}"
     )
 
 
@@ -983,12 +983,12 @@ CEILING_NOTE = (
 )
 
 
-def _memory_rounds(rows: np.ndarray, batches: np.ndarray):
-    """bench_ceilings.CeilingRounds for these batches and STORE_CODECS, or
-    None when its library cannot be built or loaded here (the ceilings then
-    say why)."""
+def _memory_rounds(rows: np.ndarray, batches: np.ndarray, codecs: tuple[str, ...] = STORE_CODECS):
+    """bench_ceilings.CeilingRounds for these batches and `codecs`, or None
+    when its library cannot be built or loaded here (the ceilings then say
+    why)."""
     try:
-        return bench_ceilings.CeilingRounds(rows, batches, codecs=STORE_CODECS)
+        return bench_ceilings.CeilingRounds(rows, batches, codecs=codecs)
     except (OSError, subprocess.SubprocessError, RuntimeError):
         return None
 
@@ -1179,37 +1179,60 @@ def _shuffle_ratios(results: list[StoreResult], codec: str) -> list[str]:
 LABELS_PER_RECORD = RECORD_BYTES // 8
 
 
-def _label_table(quick: bool) -> str:
+def _label_table(quick: bool, disk: bench_ceilings.Disk | None = None) -> str:
     """Plain against shuffled zstd on an integer-label column: int64 class ids
-    (0..999) in records of 12 KiB, as a per-position label column is stored."""
+    (0..999) in records of 12 KiB, as a per-position label column is stored;
+    every row as a fraction of its ceilings: its codec's decode measured on
+    these records, and `disk` (the store table's, the same run's)."""
     count, batch_count = (2000, 8) if quick else (20000, 200)
     write_runs, read_runs = (1, 1) if quick else (3, 5)
     labels = np.random.default_rng(5).integers(0, 1000, (count, LABELS_PER_RECORD), dtype=np.int64)
     batches = np.random.default_rng(1).integers(0, count, (batch_count, BATCH_SIZE))
     contenders = [
-        StoreContender("loaderx zstd", ("loaderx",), "-e .", *_loaderx("zstd")),
-        StoreContender("loaderx zstd_shuffle8", ("loaderx",), "-e .", *_loaderx("zstd_shuffle8")),
-        StoreContender(
-            "loaderx from_numpy auto", ("loaderx",), "-e .", *_loaderx_from_numpy("auto")
-        ),
+        _ours("loaderx zstd", "zstd", _loaderx("zstd")),
+        _ours("loaderx zstd_shuffle8", "zstd_shuffle8", _loaderx("zstd_shuffle8")),
+        _ours("loaderx from_numpy auto", "auto", _loaderx_from_numpy("auto")),
     ]
     with tempfile.TemporaryDirectory(prefix="loaderx-bench-labels-") as temporary:
         results, skipped = _write_stores(Path(temporary), labels, write_runs, contenders)
-        _time_reads(results, labels, batches, read_runs)
-        table_rows = [_store_row(result, labels.nbytes, batch_count) for result in results]
+        for result in results:
+            if result.contender.ceiling[0] == "auto" and not result.failure:
+                result.contender = replace(
+                    result.contender, ceiling=(_written_codec(result.directory), CORES)
+                )
+        codecs = tuple(dict.fromkeys(r.contender.ceiling[0] for r in results if not r.failure))
+        memory = _memory_rounds(labels, batches, codecs)
+        _time_reads(results, labels, batches, read_runs, None if memory is None else memory.round)
+        limits = replace(
+            bench_ceilings.measure(labels, batches, read_runs, 0, 0, codecs, False, memory),
+            disk=disk,
+        )
+        table_rows = [_store_row(result, labels.nbytes, batch_count, limits) for result in results]
         ratios = _shuffle_ratios(results, "zstd_shuffle8")
     ceilings, ceiling_note = _ceiling_rows(labels, 8, batch_count, read_runs)
     failures = [
         f"FAILED: {result.contender.name}: {result.failure}" for result in results if result.failure
     ]
-    table = markdown_table(STORE_HEADER, table_rows + ceilings)
-    notes = "\n".join(skipped + failures + ratios + [ceiling_note])
+    table = markdown_table(
+        [*STORE_HEADER, "write x ceiling", "gather x ceiling"],
+        table_rows + [[*row, "—", "—"] for row in ceilings],
+    )
+    notes = "\n".join(skipped + failures + ratios + [ceiling_note] + limits.notes)
     return (
         f"### store, integer labels: {count:,} records of {LABELS_PER_RECORD:,} int64 class ids "
         f"(0..999), {batch_count} random batches of {BATCH_SIZE}, warm page cache\n\n{table}\n\n"
         f"{notes}\n\nWrite: median of {write_runs}; gather: median of {read_runs} interleaved "
-        "runs, as above."
+        "runs, as above; `x ceiling` as in the store table (its disk ceilings, decode ceilings "
+        "measured on these records)."
     )
+
+
+def _written_codec(directory: Path) -> str:
+    """The codec a converter's `auto` picked for the store in `directory`."""
+    from loaderx import DenseDataset
+
+    with DenseDataset(directory / "store") as dataset:
+        return dataset.codec
 
 
 def _sharded_ratios(results: list[StoreResult]) -> list[str]:

@@ -85,6 +85,11 @@ def check_output(result):
     assert "| write x ceiling | gather x ceiling |" in result.stdout
     assert "| MiB cached per batch | x ceiling |" in result.stdout
     assert "| MiB/s | x ceiling |" in result.stdout
+    # The integer-label table too: each of its loaderx rows against its codec's decode.
+    labels = result.stdout.split("### store, integer labels:")[1].split("\n### ")[0]
+    assert "| write x ceiling | gather x ceiling |" in labels, labels
+    label_rows = [line for line in labels.splitlines() if line.startswith("| loaderx ")]
+    assert len(label_rows) == 3 and all(" decode x " in row for row in label_rows), label_rows
     rows = [line for line in result.stdout.splitlines() if line.startswith("| loaderx raw |")]
     # The store, cold and loader rows (the time-to-first-batch table has one too, without).
     fractions = [row for row in rows if "x (memcpy, " in row or "x (12 KiB" in row]

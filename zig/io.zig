@@ -416,6 +416,14 @@ pub fn processId() i32 {
     return backend.processId();
 }
 
+/// This thread's involuntary context switches so far, null where not
+/// counted: the worker pool's sign of a loaded machine (workers.zig). Not a
+/// file-system call, so the simulator does not stand in for it.
+pub fn preemptions() ?isize {
+    if (builtin.os.tag != .linux) return null;
+    return std.posix.getrusage(std.posix.rusage.THREAD).nivcsw;
+}
+
 // ---- the OS backend -----------------------------------------------------------
 
 const Os = struct {

@@ -4,30 +4,201 @@
 //! Invariant: a call with `threads = t` runs its work on at most `t` threads
 //! at once (the calling thread counts as one), whatever the pool's size.
 const std = @import("std");
+const io = @import("io.zig");
 const status = @import("status.zig");
 
 const assert = std.debug.assert;
 const allocator = std.heap.c_allocator;
 const Error = status.Error;
 
-var pool: std.Thread.Pool = undefined;
+var pool: Pool = .{};
 var pool_state = std.atomic.Value(u8).init(0); // 0 none, 1 ready, 2 failed
 var pool_mutex: std.Thread.Mutex = .{};
 
 /// The process-wide pool (one thread per core), started on first use and
 /// kept for the life of the process. Null if threads cannot be started; the
 /// caller then does the work itself.
-fn workers() ?*std.Thread.Pool {
+fn workers() ?*Pool {
     if (pool_state.load(.acquire) == 1) return &pool;
     pool_mutex.lock();
     defer pool_mutex.unlock();
     if (pool_state.load(.acquire) == 0) {
-        const options: std.Thread.Pool.Options = .{ .allocator = allocator, .n_jobs = cpuCount() };
-        const ok = if (pool.init(options)) true else |_| false;
-        pool_state.store(if (ok) 1 else 2, .release);
+        var started: u32 = 0;
+        for (0..cpuCount()) |_| {
+            const thread = std.Thread.spawn(.{}, Pool.worker, .{&pool}) catch break;
+            thread.detach();
+            started += 1;
+        }
+        pool.threads = started;
+        pool_state.store(if (started > 0) 1 else 2, .release);
     }
     return if (pool_state.load(.acquire) == 1) &pool else null;
 }
+
+/// How long an idle thread spins before it sleeps: a pool thread after its
+/// last task, for the next one (a loop of gathers calls again within tens
+/// of microseconds; with a futex wake-up per call the memory ceiling of a
+/// 3 MiB gather drops to about 0.8x, scripts/gather_gap.py), and a caller
+/// for its tasks to finish. Bounded, so an idle process does not burn its
+/// cores.
+const spin_ns = 50 * std.time.ns_per_us;
+
+fn instant() ?std.time.Instant {
+    return std.time.Instant.now() catch null;
+}
+
+/// Spins while `value` holds `seen`, until `since` + `spin_ns`; returns
+/// whether it changed. No clock, no spin.
+fn spinWhile(value: *const std.atomic.Value(u32), seen: u32, since: ?std.time.Instant) bool {
+    const start = since orelse return value.load(.acquire) != seen;
+    while (true) {
+        for (0..64) |_| {
+            if (value.load(.acquire) != seen) return true;
+            std.atomic.spinLoopHint();
+        }
+        const current = instant() orelse return false;
+        if (current.since(start) >= spin_ns) return value.load(.acquire) != seen;
+    }
+}
+
+/// Whether another thread wants this thread's core: on a loaded machine a
+/// spinning pool thread takes the core from the work (the caller's, or a
+/// helper's that then holds the caller up), so a thread that was preempted
+/// since its last idle spell does not spin for `quiet_ns` after.
+const Contention = struct {
+    switches: ?isize = null,
+    until: ?std.time.Instant = null,
+
+    const quiet_ns = 10 * std.time.ns_per_ms;
+
+    fn loaded(contention: *Contention, at: ?std.time.Instant) bool {
+        const switches = io.preemptions() orelse return false;
+        const current = at orelse return true;
+        defer contention.switches = switches;
+        if (contention.switches != null and switches != contention.switches.?) {
+            contention.until = current;
+            return true;
+        }
+        const since = contention.until orelse return false;
+        if (current.since(since) < quiet_ns) return true;
+        contention.until = null;
+        return false;
+    }
+};
+
+/// Work queued on the pool, `copies` times: each copy is one helper of a
+/// call. It lives in its caller's frame, which waits (`Batch.wait`) until
+/// every copy has run.
+const Task = struct {
+    run: *const fn (*Task) void,
+    copies: u32,
+    next: ?*Task = null,
+};
+
+/// A queue of tasks and the threads that run them. An idle thread spins on
+/// `epoch` (bumped after every push) for `spin_ns`, then sleeps on it; a
+/// push wakes sleepers only for the copies the spinning threads will not
+/// take. Liveness never rests on a wake-up: a caller runs the copies still
+/// queued itself before it waits.
+const Pool = struct {
+    mutex: std.Thread.Mutex = .{},
+    head: ?*Task = null,
+    threads: u32 = 0,
+    epoch: std.atomic.Value(u32) align(std.atomic.cache_line) = .init(0),
+    spinning: std.atomic.Value(u32) = .init(0),
+    sleeping: std.atomic.Value(u32) = .init(0),
+
+    fn push(queue: *Pool, task: *Task) void {
+        assert(task.copies > 0);
+        queue.mutex.lock();
+        task.next = queue.head;
+        queue.head = task;
+        queue.mutex.unlock();
+        // seq_cst with the idle side's counts and its re-check of `epoch`
+        // (`worker`): either this sees a thread that is about to sleep
+        // counted, or that thread sees this bump and does not sleep.
+        _ = queue.epoch.fetchAdd(1, .seq_cst);
+        const spinning = queue.spinning.load(.seq_cst);
+        if (spinning >= task.copies or queue.sleeping.load(.seq_cst) == 0) return;
+        std.Thread.Futex.wake(&queue.epoch, task.copies - spinning);
+    }
+
+    fn pop(queue: *Pool) ?*Task {
+        queue.mutex.lock();
+        defer queue.mutex.unlock();
+        const task = queue.head orelse return null;
+        task.copies -= 1;
+        if (task.copies == 0) queue.head = task.next;
+        return task;
+    }
+
+    fn worker(queue: *Pool) void {
+        // An idle spell spins from its start (null: not at all), so a
+        // thread woken for a copy another thread took sleeps again at once.
+        var idle = false;
+        var spin_since: ?std.time.Instant = null;
+        var contention: Contention = .{};
+        while (true) {
+            const seen = queue.epoch.load(.seq_cst);
+            if (queue.pop()) |task| {
+                task.run(task);
+                idle = false;
+                continue;
+            }
+            if (!idle) {
+                idle = true;
+                const start = instant();
+                spin_since = if (contention.loaded(start)) null else start;
+            }
+            if (spin_since != null) _ = queue.spinning.fetchAdd(1, .seq_cst);
+            const changed = spinWhile(&queue.epoch, seen, spin_since);
+            if (spin_since != null) _ = queue.spinning.fetchSub(1, .seq_cst);
+            if (changed) continue;
+            _ = queue.sleeping.fetchAdd(1, .seq_cst);
+            if (queue.epoch.load(.seq_cst) == seen) std.Thread.Futex.wait(&queue.epoch, seen);
+            _ = queue.sleeping.fetchSub(1, .seq_cst);
+        }
+    }
+};
+
+/// The copies of one call's task not finished yet, in steps of 2; the low
+/// bit says the caller sleeps on it.
+const Batch = struct {
+    pending: std.atomic.Value(u32),
+
+    fn init(copies: u32) Batch {
+        return .{ .pending = .init(2 * copies) };
+    }
+
+    fn finish(batch: *Batch) void {
+        // The old value says whether the caller sleeps, so nothing of
+        // `batch` is read once the caller may have returned (a wake on a
+        // stale address is harmless).
+        if (batch.pending.fetchSub(2, .release) == 3) std.Thread.Futex.wake(&batch.pending, 1);
+    }
+
+    /// Runs what is still queued (its own copies first in line, or a
+    /// nested call's: a pool thread waiting here must not hold up the
+    /// tasks it waits for), then spins, then sleeps until all are done.
+    fn wait(batch: *Batch, queue: *Pool) void {
+        while (batch.pending.load(.acquire) != 0) {
+            const task = queue.pop() orelse break;
+            task.run(task);
+        }
+        const since = instant();
+        while (true) {
+            const seen = batch.pending.load(.acquire);
+            if (seen == 0) return;
+            if (!spinWhile(&batch.pending, seen, since)) break;
+        }
+        _ = batch.pending.fetchOr(1, .acquire);
+        while (true) {
+            const state = batch.pending.load(.acquire);
+            if (state == 1) return;
+            std.Thread.Futex.wait(&batch.pending, state);
+        }
+    }
+};
 
 /// The CPUs this process may run on, counted once (one sched_getaffinity):
 /// the pool's size, and every open's default thread cap.
@@ -96,6 +267,8 @@ fn parallelForRanges(
         count: u64,
         range: u64,
         cursor: std.atomic.Value(u64) = .init(0),
+        task: Task,
+        batch: Batch,
 
         fn drain(shared: *@This()) void {
             while (true) {
@@ -104,14 +277,25 @@ fn parallelForRanges(
                 work(shared.context, start, @min(shared.count, start + shared.range));
             }
         }
+
+        fn help(task: *Task) void {
+            const shared: *@This() = @fieldParentPtr("task", task);
+            shared.drain();
+            shared.batch.finish();
+        }
     };
-    var shared = Shared{ .context = context, .count = count, .range = range };
-    var wait_group: std.Thread.WaitGroup = .{};
-    for (1..thread_count) |_| pool_pointer.spawnWg(&wait_group, Shared.drain, .{&shared});
+    // More helpers than pool threads could not run at once anyway.
+    const helpers: u32 = @intCast(@min(thread_count - 1, pool_pointer.threads));
+    var shared = Shared{
+        .context = context,
+        .count = count,
+        .range = range,
+        .task = .{ .run = Shared.help, .copies = helpers },
+        .batch = .init(helpers),
+    };
+    if (helpers > 0) pool_pointer.push(&shared.task);
     shared.drain();
-    // Run queued pool tasks while waiting: a caller that is itself a pool
-    // thread (a gather across shards) must not block the tasks it waits for.
-    pool_pointer.waitAndWork(&wait_group);
+    shared.batch.wait(pool_pointer);
 }
 
 /// The first failure among a batch's tasks, reported on the calling thread.
@@ -182,4 +366,55 @@ test "parallelFor runs on at most `threads` threads at once" {
         try std.testing.expect(probe.peak.load(.seq_cst) <= threads);
         try std.testing.expect(probe.peak.load(.seq_cst) >= 1);
     }
+}
+
+test "a call wakes the pool threads whether they spin or sleep" {
+    // Each range waits (up to a few seconds) for the other range to start:
+    // it passes only if a pool thread took one while the caller held the
+    // other, i.e. the call reached a thread that was spinning (back to
+    // back calls) or asleep (after a pause longer than the spin).
+    const Meet = struct {
+        arrived: std.atomic.Value(u32) = .init(0),
+        met: std.atomic.Value(u32) = .init(0),
+        fn run(self: *@This(), start: u64, end: u64) void {
+            _ = start;
+            _ = end;
+            const target = (self.arrived.fetchAdd(1, .seq_cst) / 2 + 1) * 2;
+            var waited: u64 = 0;
+            while (self.arrived.load(.seq_cst) < target) : (waited += 1) {
+                if (waited == 20_000) return; // 20,000 × 100 µs: no helper came
+                std.Thread.sleep(100 * std.time.ns_per_us);
+            }
+            _ = self.met.fetchAdd(1, .seq_cst);
+        }
+    };
+    var meet = Meet{};
+    for (0..40) |call| {
+        // Every fourth call after the pool threads fell asleep.
+        if (call % 4 == 0) std.Thread.sleep(5 * std.time.ns_per_ms);
+        parallelFor(2, 1 << 30, 2, &meet, Meet.run);
+    }
+    try std.testing.expectEqual(@as(u32, 80), meet.arrived.load(.seq_cst));
+    try std.testing.expectEqual(@as(u32, 80), meet.met.load(.seq_cst));
+}
+
+test "nested calls from pool threads finish" {
+    // A pool thread's task that makes a call of its own (a gather across
+    // shards) while every pool thread may be busy the same way.
+    const Inner = struct {
+        hits: std.atomic.Value(u64) = .init(0),
+        fn run(self: *@This(), start: u64, end: u64) void {
+            _ = self.hits.fetchAdd(end - start, .monotonic);
+        }
+    };
+    const Outer = struct {
+        inner: *Inner,
+        fn run(self: *const @This(), start: u64, end: u64) void {
+            for (start..end) |_| parallelFor(100, 1 << 30, 4, self.inner, Inner.run);
+        }
+    };
+    var inner = Inner{};
+    const outer = Outer{ .inner = &inner };
+    for (0..20) |_| parallelFor(16, 1 << 30, 4, &outer, Outer.run);
+    try std.testing.expectEqual(@as(u64, 20 * 16 * 100), inner.hits.load(.monotonic));
 }
