@@ -54,13 +54,12 @@ def build_ceiling(directory: Path) -> Path:
     return binary
 
 
-def ceiling_runs(
-    binary: Path, codecs: tuple[str, ...], records: Path, record_bytes: int, rounds: int
-) -> dict[str, tuple[int, list[float], list[float]]]:
-    """The helper's rounds: per codec, (payload bytes, library decode seconds
-    per round, codec.decode seconds per round) over all records."""
+def _helper_lines(
+    binary: Path, codecs: tuple[str, ...], records: Path, record_bytes: int, rounds: int, *options
+) -> dict[str, tuple[int, list[list[float]]]]:
+    """Per codec, (payload bytes, the `|`-separated sections of seconds per round)."""
     result = subprocess.run(
-        [str(binary), str(records), str(record_bytes), str(rounds), *codecs],
+        [str(binary), str(records), str(record_bytes), str(rounds), *options, *codecs],
         capture_output=True,
         text=True,
         check=True,
@@ -68,14 +67,46 @@ def ceiling_runs(
     )
     measured = {}
     for line in result.stdout.splitlines():
-        head, ours = line.split("|")
+        head, *sections = line.split("|")
         name, payload_bytes, *library = head.split()
         measured[name] = (
             int(payload_bytes),
-            [int(value) / 1e9 for value in library],
-            [int(value) / 1e9 for value in ours.split()],
+            [[int(value) / 1e9 for value in part] for part in (library, *map(str.split, sections))],
         )
     return measured
+
+
+def ceiling_runs(
+    binary: Path, codecs: tuple[str, ...], records: Path, record_bytes: int, rounds: int
+) -> dict[str, tuple[int, list[float], list[float]]]:
+    """The helper's rounds: per codec, (payload bytes, library decode seconds
+    per round, codec.decode seconds per round) over all records."""
+    return {
+        name: (payload_bytes, library, ours)
+        for name, (payload_bytes, (library, ours)) in _helper_lines(
+            binary, codecs, records, record_bytes, rounds
+        ).items()
+    }
+
+
+def batch_ceiling_runs(
+    binary: Path,
+    codecs: tuple[str, ...],
+    records: Path,
+    record_bytes: int,
+    rounds: int,
+    batches: np.ndarray,
+    directory: Path,
+) -> dict[str, tuple[list[float], list[float], list[float], list[float]]]:
+    """The helper's rounds with `batches` (one row of record indices per
+    batch): per codec, seconds per round of the library and of codec.decode
+    over all records in order into one record-sized buffer, then over every
+    batch, each record into its slot of one batch-sized buffer."""
+    indices = directory / "batches.int64"
+    np.ascontiguousarray(batches, dtype="<i8").tofile(indices)
+    options = ("--batches", str(indices), str(batches.shape[1]))
+    measured = _helper_lines(binary, codecs, records, record_bytes, rounds, *options)
+    return {name: tuple(sections) for name, (_, sections) in measured.items()}
 
 
 def gather_seconds(store, batches: np.ndarray, out: np.ndarray) -> float:
@@ -107,14 +138,20 @@ def loader_seconds(directory: Path, codec: str, workers: int, batch_size: int, s
 class Measured:
     """Seconds per round for every codec (gather passes over the batches;
     library and codec.decode passes over all records), the DataLoader's
-    seconds per batch and its fraction of the lz4_shuffle4 decode ceiling per
-    round, and each store's ratio."""
+    seconds per batch and its fraction of its codec's in-order and
+    random-batch decode ceilings per round (library and codec.decode passes
+    over the gather's batches), and each store's ratio."""
 
     gather: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in CODECS})
     library: dict[str, list[float]] = field(default_factory=dict)
     decode: dict[str, list[float]] = field(default_factory=dict)
+    batch_library: dict[str, list[float]] = field(default_factory=dict)
+    batch_decode: dict[str, list[float]] = field(default_factory=dict)
     loader: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in LOADER_CODECS})
     loader_fraction: dict[str, list[float]] = field(
+        default_factory=lambda: {c: [] for c in LOADER_CODECS}
+    )
+    loader_batch_fraction: dict[str, list[float]] = field(
         default_factory=lambda: {c: [] for c in LOADER_CODECS}
     )
     ratio: dict[str, float] = field(default_factory=dict)
@@ -153,20 +190,27 @@ def measure(rows: np.ndarray, batches: np.ndarray, rounds: int, loader_time: flo
         finally:
             for store in stores.values():
                 store.close()
-        for codec, (_, library, decode) in ceiling_runs(
-            binary, CODECS, records, record_bytes, rounds
+        for codec, (library, decode, batch_library, batch_decode) in batch_ceiling_runs(
+            binary, CODECS, records, record_bytes, rounds, batches, directory
         ).items():
             measured.library[codec], measured.decode[codec] = library, decode
+            measured.batch_library[codec] = batch_library
+            measured.batch_decode[codec] = batch_decode
         for _ in range(rounds):
             for codec in LOADER_CODECS:
                 per_batch = loader_seconds(
                     directory, codec, LOADER_WORKERS, BATCH_SIZE, loader_time
                 )
-                _, (library,), _ = ceiling_runs(binary, (codec,), records, record_bytes, 1)[codec]
+                (library,), _, (batch_library,), _ = batch_ceiling_runs(
+                    binary, (codec,), records, record_bytes, 1, batches, directory
+                )[codec]
                 measured.loader[codec].append(per_batch)
-                # The ceiling: every core decoding at the library's single-core speed.
+                # The ceilings: every core decoding at the library's single-core
+                # speed, in order into one record's buffer or into random batches.
                 ceiling = library / len(rows) * BATCH_SIZE / _cores()
                 measured.loader_fraction[codec].append(ceiling / per_batch)
+                batch_ceiling = batch_library / batches.shape[0] / _cores()
+                measured.loader_batch_fraction[codec].append(batch_ceiling / per_batch)
     return measured
 
 
@@ -187,6 +231,7 @@ def bench_codecs(quick: bool) -> str:
     for codec in CODECS:
         ours = speed(measured.gather[codec], batches.size * rows[0].nbytes)
         ceiling = speed(measured.library[codec], rows.nbytes)
+        batch_ceiling = speed(measured.batch_library[codec], batches.size * rows[0].nbytes)
         table_rows.append(
             [
                 codec,
@@ -195,6 +240,9 @@ def bench_codecs(quick: bool) -> str:
                 f"{speed(measured.decode[codec], rows.nbytes):,.0f}",
                 f"{ceiling:,.0f}",
                 f"{ours / ceiling:.2f}",
+                f"{speed(measured.batch_decode[codec], batches.size * rows[0].nbytes):,.0f}",
+                f"{batch_ceiling:,.0f}",
+                f"{ours / batch_ceiling:.2f}",
             ]
         )
     versus = [
@@ -211,13 +259,19 @@ def bench_codecs(quick: bool) -> str:
             "codec.decode, 1 core, MiB/s",
             "library decode ceiling, 1 core, MiB/s",
             "gather / ceiling",
+            "codec.decode of the batches, 1 core, MiB/s",
+            "library random-batch ceiling, 1 core, MiB/s",
+            "gather / random-batch ceiling",
         ],
         table_rows,
     )
     loaders = " ".join(
         f"{codec}: {1 / statistics.median(measured.loader[codec]):,.0f} batches/s, "
         f"{statistics.median(measured.loader_fraction[codec]):.2f}x its decode ceiling (rounds "
-        f"{', '.join(f'{value:.2f}' for value in measured.loader_fraction[codec])})."
+        f"{', '.join(f'{value:.2f}' for value in measured.loader_fraction[codec])}), "
+        f"{statistics.median(measured.loader_batch_fraction[codec]):.2f}x its random-batch "
+        "ceiling (rounds "
+        f"{', '.join(f'{value:.2f}' for value in measured.loader_batch_fraction[codec])})."
         for codec in LOADER_CODECS
     )
     return (
@@ -236,5 +290,10 @@ def bench_codecs(quick: bool) -> str:
         "`gather` is `Zrecord(threads=1).gather` over the random batches (index, checks, decode, "
         "unshuffle into the caller's array); `codec.decode` is loaderx's decode of every record "
         "in order in a native loop; the ceiling is the library alone (ZSTD_decompressDCtx, "
-        "LZ4F_decompress) on the same payloads, without the unshuffle (scripts/codec_ceiling.zig)."
+        "LZ4F_decompress) on the same payloads, without the unshuffle (scripts/codec_ceiling.zig), "
+        "in order into one record-sized buffer that stays in the core's cache. The random-batch "
+        "ceiling is the same library calls on the gather's own random batches, each record into "
+        "its slot of one batch-sized buffer reused across batches (as a loader's batch is): what "
+        "a gather of these batches could reach on one core; `codec.decode of the batches` is "
+        "loaderx's decode (unshuffle included) in that same loop."
     )
