@@ -214,9 +214,34 @@ def measure(rows: np.ndarray, batches: np.ndarray, rounds: int, loader_time: flo
     return measured
 
 
+def _codec_row(measured: Measured, codec: str, rows: np.ndarray, batches: np.ndarray) -> list[str]:
+    """`codec`'s row of the codec table: its gather against the in-order and
+    the random-batch ceilings (medians of the rounds, MiB/s)."""
+    from bench import MiB
+
+    def speed(seconds: list[float], byte_count: int) -> float:
+        return byte_count / statistics.median(seconds) / MiB
+
+    gathered = batches.size * rows[0].nbytes
+    ours = speed(measured.gather[codec], gathered)
+    ceiling = speed(measured.library[codec], rows.nbytes)
+    batch_ceiling = speed(measured.batch_library[codec], gathered)
+    return [
+        codec,
+        f"{measured.ratio[codec]:.2f}x",
+        f"{ours:,.0f}",
+        f"{speed(measured.decode[codec], rows.nbytes):,.0f}",
+        f"{ceiling:,.0f}",
+        f"{ours / ceiling:.2f}",
+        f"{speed(measured.batch_decode[codec], gathered):,.0f}",
+        f"{batch_ceiling:,.0f}",
+        f"{ours / batch_ceiling:.2f}",
+    ]
+
+
 def bench_codecs(quick: bool) -> str:
     """The codec table (see the module docstring)."""
-    from bench import BATCH_SIZE, LOADER_WORKERS, MiB, _cores, markdown_table, structured_rows
+    from bench import BATCH_SIZE, LOADER_WORKERS, _cores, markdown_table, structured_rows
 
     count, batch_count = (2000, 20) if quick else (20000, 50)
     rounds, loader_time = (1, 0.3) if quick else (15, 2.0)
@@ -224,27 +249,7 @@ def bench_codecs(quick: bool) -> str:
     batches = np.random.default_rng(1).integers(0, count, (batch_count, BATCH_SIZE))
     measured = measure(rows, batches, rounds, loader_time)
 
-    def speed(seconds: list[float], byte_count: int) -> float:
-        return byte_count / statistics.median(seconds) / MiB
-
-    table_rows = []
-    for codec in CODECS:
-        ours = speed(measured.gather[codec], batches.size * rows[0].nbytes)
-        ceiling = speed(measured.library[codec], rows.nbytes)
-        batch_ceiling = speed(measured.batch_library[codec], batches.size * rows[0].nbytes)
-        table_rows.append(
-            [
-                codec,
-                f"{measured.ratio[codec]:.2f}x",
-                f"{ours:,.0f}",
-                f"{speed(measured.decode[codec], rows.nbytes):,.0f}",
-                f"{ceiling:,.0f}",
-                f"{ours / ceiling:.2f}",
-                f"{speed(measured.batch_decode[codec], batches.size * rows[0].nbytes):,.0f}",
-                f"{batch_ceiling:,.0f}",
-                f"{ours / batch_ceiling:.2f}",
-            ]
-        )
+    table_rows = [_codec_row(measured, codec, rows, batches) for codec in CODECS]
     versus = [
         statistics.median(
             zstd / lz4 for zstd, lz4 in zip(seconds["zstd_shuffle4"], seconds["lz4_shuffle4"])

@@ -55,6 +55,7 @@ HEADERS = (
     "### store ceilings:",
     "### store, cold page cache:",
     "### loader:",
+    "### codecs:",
     "### numpack:",
     "### ragged:",
     "### packing:",
@@ -66,6 +67,18 @@ HEADERS = (
 def run(command):
     # The quick run takes about 15 s here; the limit leaves room for a busy CI box.
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def check_codecs(stdout):
+    """The codec table: every codec against its in-order and its random-batch
+    decode ceiling, and the DataLoader against both."""
+    codecs = stdout.split("### codecs:")[1].split("\n### ")[0]
+    assert "| library random-batch ceiling, 1 core, MiB/s | gather / random-batch ceiling |" in (
+        codecs
+    ), codecs
+    codec_rows = [line for line in codecs.splitlines() if line.startswith(("| zstd", "| lz4"))]
+    assert len(codec_rows) == 4 and all(row.count("|") == 10 for row in codec_rows), codec_rows
+    assert codecs.count("x its random-batch ceiling (rounds") == 2, codecs
 
 
 def check_output(result):
@@ -85,6 +98,7 @@ def check_output(result):
     assert "| write x ceiling | gather x ceiling |" in result.stdout
     assert "| MiB cached per batch | x ceiling |" in result.stdout
     assert "| MiB/s | x ceiling |" in result.stdout
+    check_codecs(result.stdout)
     # The integer-label table too: each of its loaderx rows against its codec's decode.
     labels = result.stdout.split("### store, integer labels:")[1].split("\n### ")[0]
     assert "| write x ceiling | gather x ceiling |" in labels, labels
