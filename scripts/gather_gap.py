@@ -76,27 +76,19 @@ def variants(rows, mapped, batches, stores, dataset, gather):
         return time.perf_counter() - begin
 
     table = {}
+    copies = [
+        ("libc memcpy, in memory", rows, "libc", out),
+        ("zig memcpy, in memory", rows, "zig", out),
+        ("libc memcpy, page cache", mapped, "libc", out),
+        ("zig memcpy, page cache", mapped, "zig", out),
+        ("libc, in memory, aligned out", rows, "libc", aligned),
+    ]
     for threads in (1, 2):
-        table[f"ceiling: libc memcpy, in memory, {threads}t"] = (
-            threads,
-            ceiling(rows, threads, "libc"),
-        )
-        table[f"ceiling: zig memcpy, in memory, {threads}t"] = (
-            threads,
-            ceiling(rows, threads, "zig"),
-        )
-        table[f"ceiling: libc memcpy, page cache, {threads}t"] = (
-            threads,
-            ceiling(mapped, threads, "libc"),
-        )
-        table[f"ceiling: zig memcpy, page cache, {threads}t"] = (
-            threads,
-            ceiling(mapped, threads, "zig"),
-        )
-        table[f"ceiling: libc, in memory, aligned out, {threads}t"] = (
-            threads,
-            ceiling(rows, threads, "libc", aligned),
-        )
+        for label, source, copy, target in copies:
+            table[f"ceiling: {label}, {threads}t"] = (
+                threads,
+                ceiling(source, threads, copy, target),
+            )
     for handoff in ("futex", "spin"):
         table[f"ceiling: libc, in memory, hand-off per batch ({handoff}), 2t"] = (
             2,
