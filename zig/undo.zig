@@ -177,6 +177,20 @@ pub const Undo = struct {
         return file;
     }
 
+    /// `protect` of the blocks a replace's runs touch (`sums`), and of the
+    /// tail block when they reach it.
+    fn protectTouched(
+        undo: *Undo,
+        dir: io.Dir,
+        target: journal.Target,
+        superblock: *const Superblock,
+        sums: *const journal.Sums,
+        poisoned: *bool,
+    ) Error!void {
+        const tail = sums.tail_checksum != null;
+        try undo.protect(dir, target, superblock, sums.blocks.items, tail, poisoned);
+    }
+
     /// Makes the synced image of every block in `blocks` (whole blocks,
     /// ascending) and of the tail block (`tail`) durable in the undo area,
     /// unless this interval saved it already. One fdatasync, or none.
@@ -300,16 +314,9 @@ pub fn replace(
     try journal.forEachRun(target, patches, scratch, &sums, journal.Sums.visit);
     assert(sums.runs > 0 and sums.blocks.items.len == sums.sums.items.len);
     const tail_checksum = sums.tail_checksum orelse tail_now;
-    if (!broken(.patch_before_undo)) {
-        try undo.protect(
-            dir,
-            target,
-            superblock,
-            sums.blocks.items,
-            sums.tail_checksum != null,
-            poisoned,
-        );
-    }
+    // The break hook moves the save after the patch; the save is the same.
+    const save_first = !broken(.patch_before_undo);
+    if (save_first) try undo.protectTouched(dir, target, superblock, &sums, poisoned);
     seqlock.lockPage(page);
     defer seqlock.unlockPage(page, superblock.generation, tail_checksum);
     const applied = if (sums.runs == 1) single: {
@@ -326,16 +333,7 @@ pub fn replace(
             .{},
         );
     };
-    if (broken(.patch_before_undo)) {
-        try undo.protect(
-            dir,
-            target,
-            superblock,
-            sums.blocks.items,
-            sums.tail_checksum != null,
-            poisoned,
-        );
-    }
+    if (!save_first) try undo.protectTouched(dir, target, superblock, &sums, poisoned);
     return tail_checksum;
 }
 
