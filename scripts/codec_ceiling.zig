@@ -22,6 +22,14 @@
 //! batch-sized buffer reused across batches (as a loader's batch is): the
 //! library alone, then codec.decode. The line then goes on with ` | <library
 //! seconds per round over all batches...> | <codec.decode seconds...>`.
+//!
+//! `--batches FILE SIZE --ring BUFFERS --threads THREADS` is a loader's
+//! ceiling instead: batch k goes into buffer k mod BUFFERS of a ring (a
+//! prefetching loader's batches outlive their decode, so they do not stay in
+//! the cache as one reused buffer does), and THREADS threads decode the
+//! batches side by side, thread t the batches t, t + THREADS, ..., each with
+//! its own decoder, sharing the memory bus as a loader's threads do. The
+//! batch seconds are then the wall time of all threads.
 const std = @import("std");
 const codec = @import("codec");
 const clib = codec.clib;
@@ -59,6 +67,16 @@ pub fn main() !void {
         if (batch_size == 0 or indices.len % batch_size != 0) return error.PartialBatch;
         names = names[3..];
     }
+    var ring: usize = 1;
+    var threads: usize = 1;
+    if (names.len >= 4 and std.mem.eql(u8, names[0], "--ring")) {
+        if (!std.mem.eql(u8, names[2], "--threads")) return error.Usage;
+        ring = try std.fmt.parseInt(usize, names[1], 10);
+        threads = try std.fmt.parseInt(usize, names[3], 10);
+        if (ring == 0 or threads == 0 or batch_size == 0) return error.Usage;
+        names = names[4..];
+    }
+    if (names.len == 0) return error.Usage;
     var scratch: codec.Scratch = .{};
     const encoder = try codec.takeEncoder();
     const all = try allocator.alloc(Payloads, names.len);
@@ -91,7 +109,9 @@ pub fn main() !void {
     }
     const decoder = try codec.takeDecoder();
     const target = try allocator.alloc(u8, record_bytes);
-    const batch = try allocator.alloc(u8, batch_size * record_bytes);
+    // Touched once, so no pass pays for first-touch page faults.
+    const ring_buffers = try allocator.alloc(u8, ring * batch_size * record_bytes);
+    @memset(ring_buffers, 0);
     for (0..rounds) |round| {
         for (all) |*payloads| {
             var timer = try std.time.Timer.start();
@@ -107,25 +127,15 @@ pub fn main() !void {
             }
             payloads.ours[round] = timer.lap();
             if (batch_size == 0) continue;
-            var start: usize = 0;
-            while (start < indices.len) : (start += batch_size) {
-                for (indices[start..][0..batch_size], 0..) |k, slot| {
-                    const frame = payloads.frames[k * payloads.bound ..][0..payloads.sizes[k]];
-                    const into = batch[slot * record_bytes ..][0..record_bytes];
-                    const written = try libraryDecode(decoder, payloads.record_codec, frame, into);
-                    if (written != record_bytes) return error.FrameDidNotDecode;
-                }
-            }
-            payloads.batch_library[round] = timer.lap();
-            start = 0;
-            while (start < indices.len) : (start += batch_size) {
-                for (indices[start..][0..batch_size], 0..) |k, slot| {
-                    const frame = payloads.frames[k * payloads.bound ..][0..payloads.sizes[k]];
-                    const into = batch[slot * record_bytes ..][0..record_bytes];
-                    try codec.decode(decoder, payloads.record_codec, null, frame, into, &scratch);
-                }
-            }
-            payloads.batch_ours[round] = timer.lap();
+            const batches: Batches = .{
+                .payloads = payloads,
+                .indices = indices,
+                .batch_size = batch_size,
+                .record_bytes = record_bytes,
+                .ring = ring_buffers,
+            };
+            payloads.batch_library[round] = try batches.wallTime(threads, true);
+            payloads.batch_ours[round] = try batches.wallTime(threads, false);
         }
     }
     var buffer: [4096]u8 = undefined;
@@ -146,6 +156,71 @@ pub fn main() !void {
     }
     try out.flush();
 }
+
+/// The batch passes of one codec: every batch of `indices`, each record into
+/// its slot of the ring buffer its batch number picks.
+const Batches = struct {
+    payloads: *const Payloads,
+    indices: []const usize,
+    batch_size: usize,
+    record_bytes: usize,
+    ring: []u8,
+
+    /// Nanoseconds for `threads` threads to decode every batch, with the
+    /// library alone or with codec.decode.
+    fn wallTime(batches: Batches, threads: usize, library: bool) !u64 {
+        const spawned = try allocator.alloc(std.Thread, threads - 1);
+        defer allocator.free(spawned);
+        const failures = try allocator.alloc(?anyerror, threads);
+        defer allocator.free(failures);
+        @memset(failures, null);
+        var timer = try std.time.Timer.start();
+        var started: usize = 0;
+        defer for (spawned[0..started]) |thread| thread.join();
+        for (spawned, 1..) |*thread, first| {
+            thread.* = try std.Thread.spawn(.{}, pass, .{ batches, first, threads, library, &failures[first] });
+            started += 1;
+        }
+        pass(batches, 0, threads, library, &failures[0]);
+        for (spawned) |thread| thread.join();
+        started = 0;
+        const elapsed = timer.read();
+        for (failures) |failure| if (failure) |err| return err;
+        return elapsed;
+    }
+
+    fn pass(batches: Batches, first: usize, step: usize, library: bool, failure: *?anyerror) void {
+        batches.decodeEvery(first, step, library) catch |err| {
+            failure.* = err;
+        };
+    }
+
+    /// Batches first, first + step, ... on the calling thread.
+    fn decodeEvery(batches: Batches, first: usize, step: usize, library: bool) !void {
+        const decoder = try codec.takeDecoder();
+        defer codec.giveDecoder(decoder);
+        var scratch: codec.Scratch = .{};
+        defer scratch.deinit();
+        const payloads = batches.payloads;
+        const batch_bytes = batches.batch_size * batches.record_bytes;
+        const ring_count = batches.ring.len / batch_bytes;
+        var number = first;
+        while (number * batches.batch_size < batches.indices.len) : (number += step) {
+            const batch = batches.ring[(number % ring_count) * batch_bytes ..][0..batch_bytes];
+            const records = batches.indices[number * batches.batch_size ..][0..batches.batch_size];
+            for (records, 0..) |k, slot| {
+                const frame = payloads.frames[k * payloads.bound ..][0..payloads.sizes[k]];
+                const into = batch[slot * batches.record_bytes ..][0..batches.record_bytes];
+                if (library) {
+                    const written = try libraryDecode(decoder, payloads.record_codec, frame, into);
+                    if (written != batches.record_bytes) return error.FrameDidNotDecode;
+                } else {
+                    try codec.decode(decoder, payloads.record_codec, null, frame, into, &scratch);
+                }
+            }
+        }
+    }
+};
 
 /// The record indices in `path` (little-endian int64), each below `count`.
 fn readIndices(path: []const u8, count: usize) ![]usize {

@@ -79,6 +79,8 @@ def check_codecs(stdout):
     codec_rows = [line for line in codecs.splitlines() if line.startswith(("| zstd", "| lz4"))]
     assert len(codec_rows) == 4 and all(row.count("|") == 10 for row in codec_rows), codec_rows
     assert codecs.count("x its random-batch ceiling (rounds") == 2, codecs
+    # And against what a prefetching loader can reach: every core into a ring of batches.
+    assert codecs.count("x its loader ceiling** (") == 2, codecs
 
 
 def check_output(result):
