@@ -16,6 +16,7 @@ from loaderx.zrecord import (
     CODECS,
     MAX_RECORD_LEN,
     DestinationOverlapError,
+    InvalidArgumentError,
     NoDictionaryError,
     StoreClosedError,
     StoreLockedError,
@@ -321,6 +322,62 @@ def test_reader_sees_a_consistent_prefix_after_refresh(tmp_path):
         assert read_all(reader) == [b"a", b"b"]  # its snapshot is intact
         reader.refresh()
         assert read_all(reader) == [b"b"]
+
+
+@pytest.mark.parametrize("as_array", [False, True], ids=["list", "uint64 array"])
+def test_offsets_that_skip_bytes_or_run_past_the_source_are_refused(tmp_path, as_array):
+    """A uint64 offsets array takes the fast path; its two checks refuse as
+    the full checks do, and nothing is written."""
+    with Zrecord(tmp_path / "s") as store:
+        store.append(b"abcd", [0, 2])
+
+        def offsets(values):
+            return np.array(values, dtype=np.uint64) if as_array else values
+
+        with pytest.raises(InvalidArgumentError, match=r"offsets\[0\] is 1"):
+            store.append(b"abcd", offsets([1, 2]))
+        with pytest.raises(InvalidArgumentError, match=r"offsets\[-1\] = 5 is past the end"):
+            store.replace([0, 1], b"abcd", offsets([0, 5]))
+        assert read_all(store) == [b"ab", b"cd"]
+
+
+def test_close_waits_for_calls_in_flight_and_wakes_when_the_last_ends(tmp_path):
+    """close() from another thread returns once the gathers in flight end
+    (the last one to leave wakes it), and no gather starts after it."""
+    rows = np.random.default_rng(0).random((4000, 256), dtype=np.float32)
+    store = Zrecord(tmp_path / "s", codec="zstd", threads=1)
+    store.append(rows, np.arange(len(rows), dtype=np.uint64) * rows[0].nbytes)
+    out = np.empty_like(rows)
+    indices = np.arange(len(rows), dtype=np.uint64)
+    started, outcomes, looping = threading.Barrier(3), [], threading.Event()
+
+    def gather_until_closed():
+        started.wait()
+        done = 0
+        try:
+            while True:
+                store.gather(indices, out)
+                done += 1
+                looping.set()
+        except StoreClosedError:
+            outcomes.append(done)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=gather_until_closed) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    started.wait()
+    assert looping.wait(30)  # the gathers are under way (each takes milliseconds)
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    closer.join(30)
+    assert not closer.is_alive(), "close() never returned: no call woke it"
+    assert store._active == 0
+    for thread in threads:
+        thread.join(30)
+    assert len(outcomes) == 2 and all(isinstance(done, int) for done in outcomes), outcomes
+    assert np.array_equal(out, rows)
 
 
 def test_use_after_close_raises_and_close_is_idempotent(tmp_path):

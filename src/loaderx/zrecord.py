@@ -261,6 +261,17 @@ def _write_buffer(target: Any, name: str) -> tuple[Any, int]:
 
 
 def _offsets(offsets: npt.ArrayLike, source_bytes: int) -> npt.NDArray[np.uint64]:
+    # The ArrayStore's hot path (cached uint64 offsets): only the two ends to check.
+    if (
+        type(offsets) is np.ndarray
+        and offsets.dtype == np.uint64
+        and offsets.ndim == 1
+        and offsets.size
+        and offsets.flags.c_contiguous
+        and offsets.item(0) == 0
+        and offsets.item(-1) <= source_bytes
+    ):
+        return offsets
     array = np.asarray(offsets)
     if array.ndim != 1:
         raise InvalidArgumentError(f"offsets must be one-dimensional, got shape {array.shape}")
@@ -350,7 +361,11 @@ class NativeHandle:
     _handle: Any
 
     def _init_lifetime(self) -> None:
-        self._state = threading.Condition()
+        # A plain lock (entered in C) around the count; the condition on it
+        # is notified only when a close() waits: a call pays two lock round
+        # trips and nothing of threading.Condition's Python code.
+        self._lock = threading.Lock()
+        self._state = threading.Condition(self._lock)
         self._active = 0
         self._closed = False
 
@@ -361,16 +376,18 @@ class NativeHandle:
         raise NotImplementedError
 
     def _enter(self) -> Any:
-        with self._state:
+        with self._lock:
             if self._closed:
                 raise StoreClosedError(self._closed_message())
             self._active += 1
         return self._handle
 
     def _leave(self) -> None:
-        with self._state:
+        with self._lock:
             self._active -= 1
-            if self._active == 0:
+            # close() sets _closed under this lock before it waits, so the
+            # last call to leave after that wakes it.
+            if self._active == 0 and self._closed:
                 self._state.notify_all()
 
     def _lengths_with(
