@@ -821,3 +821,136 @@ def test_an_intact_store_does_not_report_a_fall_back(store_copy):
     path, _ = store_copy(sorted(BUILDERS)[0])
     with Zrecord(path) as store:
         assert store.stats()["fell_back"] is False
+
+
+# ---- writes over damaged blocks: refused, never blessed ------------------------------
+#
+# A fixed store's writes that carry committed bytes into new checksums (an
+# in-place replace patches a block and sums it again, an append extends the
+# partial tail block, a delete rewrites the data, a replace in another codec
+# converts the store to entries checksummed from the data) would give a
+# damaged block the checksum of its damaged bytes: verify() would pass from
+# then on, and the wrong bytes would read as good. Each is refused instead.
+
+ROW_BYTES = 40  # ten float32
+FIXED_ROWS = 1000  # 40,000 bytes: blocks 0 and 1 whole, block 2 the partial tail
+BLOCK = 16 * 1024
+
+
+def fixed_raw_store(path: Path) -> np.ndarray:
+    values = np.arange(FIXED_ROWS * 10, dtype=np.float32).reshape(FIXED_ROWS, 10)
+    with Zrecord(path, codec="raw") as store:
+        store.append(values, np.arange(FIXED_ROWS, dtype=np.uint64) * ROW_BYTES)
+    return values
+
+
+def flip_data_byte(path: Path, offset: int) -> None:
+    (data,) = path.glob("data-*")
+    with open(data, "r+b") as file:
+        file.seek(offset)
+        byte = file.read(1)
+        file.seek(offset)
+        file.write(bytes([byte[0] ^ 0x10]))
+
+
+def rows_of(block: int) -> list[int]:
+    end = min((block + 1) * BLOCK, FIXED_ROWS * ROW_BYTES)
+    return list(range(block * BLOCK // ROW_BYTES, (end - 1) // ROW_BYTES + 1))
+
+
+def new_row(values: np.ndarray, index: int) -> np.ndarray:
+    return values[index] + 0.5
+
+
+WRITES_OVER_DAMAGE = {
+    # name: (the damaged block, the write)
+    "in-place replace": (
+        0,
+        lambda store, values: store.replace([7], new_row(values, 7), [0], codec="raw"),
+    ),
+    "in-place replace of the tail": (
+        2,
+        lambda store, values: store.replace([999], new_row(values, 999), [0], codec="raw"),
+    ),
+    "in-place replace of several rows": (
+        1,
+        lambda store, values: store.replace(
+            [3, 420, 600],
+            np.stack([new_row(values, i) for i in (3, 420, 600)]),
+            [0, 40, 80],
+            codec="raw",
+        ),
+    ),
+    "append": (
+        2,
+        lambda store, values: store.append(values[:3], np.arange(3, dtype=np.uint64) * 40),
+    ),
+    "delete": (1, lambda store, values: store.delete([5])),
+    "replace in another codec": (
+        1,
+        lambda store, values: store.replace([7], new_row(values, 7), [0], codec="zstd"),
+    ),
+}
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "durable=False"])
+@pytest.mark.parametrize("name", list(WRITES_OVER_DAMAGE))
+def test_a_write_over_a_damaged_block_is_refused_and_changes_nothing(tmp_path, name, durable):
+    block, write = WRITES_OVER_DAMAGE[name]
+    path = tmp_path / "s"
+    values = fixed_raw_store(path)
+    flip_data_byte(path, block * BLOCK + 21)
+    damaged = rows_of(block)
+    with Zrecord(path, durable=durable) as store:
+        assert store.verify() == damaged
+        with pytest.raises(
+            CorruptStoreError, match=rf"block {block} .*does not match its checksum"
+        ):
+            write(store, values)
+        # The handle goes on: a write that touches no damaged block works.
+        sound = next(i for i in range(FIXED_ROWS) if i not in damaged and i not in (3, 5, 7))
+        if name.startswith("in-place"):
+            store.replace([sound], new_row(values, sound), [0], codec="raw")
+            values[sound] = new_row(values, sound)
+        assert store.verify() == damaged
+    with Zrecord(path) as store:
+        assert len(store) == FIXED_ROWS
+        assert store.verify() == damaged  # still named: the damage was not blessed
+        out = np.empty_like(values)
+        store.gather(np.arange(FIXED_ROWS, dtype=np.uint64), out)
+        intact = np.setdiff1d(np.arange(FIXED_ROWS), damaged)
+        assert np.array_equal(out[intact], values[intact])
+
+
+@pytest.mark.parametrize("block", [0, 2], ids=["a whole block", "the tail"])
+def test_replacing_every_record_verify_names_repairs_the_store(tmp_path, block):
+    """The way out the refusal names: replace the damaged records whole."""
+    path = tmp_path / "s"
+    values = fixed_raw_store(path)
+    flip_data_byte(path, block * BLOCK + 5)
+    with Zrecord(path) as store:
+        damaged = store.verify()
+        assert damaged == rows_of(block)
+        rows = np.ascontiguousarray(values[damaged])
+        offsets = np.arange(len(damaged), dtype=np.uint64) * ROW_BYTES
+        store.replace(damaged, rows, offsets, codec="raw")
+        assert store.verify() == []
+    with Zrecord(path) as store:
+        out = np.empty_like(values)
+        store.gather(np.arange(FIXED_ROWS, dtype=np.uint64), out)
+        assert np.array_equal(out, values) and store.verify() == []
+
+
+def test_an_array_store_replace_over_a_damaged_block_is_refused(tmp_path):
+    from loaderx import ArrayStore
+
+    values = np.arange(FIXED_ROWS * 10, dtype=np.float32).reshape(FIXED_ROWS, 10)
+    with ArrayStore(tmp_path / "a") as arrays:
+        arrays.save({"x": values})
+    flip_data_byte(tmp_path / "a" / "x", 3 * ROW_BYTES + 2)
+    for durable in (True, False):
+        with ArrayStore(tmp_path / "a", durable=durable) as arrays:
+            with pytest.raises(CorruptStoreError, match="does not match its checksum"):
+                arrays.replace({"x": np.zeros((1, 10), np.float32)}, [0])
+    with Zrecord(tmp_path / "a" / "x") as store:
+        assert store.verify() == rows_of(0)

@@ -20,6 +20,8 @@ const Layout = format.Layout;
 const block_bytes = format.block_bytes;
 const assemble = @import("encode.zig").assemble;
 const journal = @import("journal.zig");
+const integrity = @import("integrity.zig");
+const Snapshot = @import("snapshot.zig").Snapshot;
 const Context = commit.Context;
 const Next = commit.Next;
 
@@ -53,6 +55,12 @@ pub fn append(
     // Blocks completed by this append get their checksums in the sums
     // file; the new partial tail block's checksum goes in the superblock.
     const first_block = old_bytes.len / block_bytes;
+    // The old partial tail goes into a new checksum: it must hold first.
+    if (!creating and old_bytes.len % block_bytes != 0) {
+        const tail = old_bytes[first_block * block_bytes ..];
+        if (format.blockChecksum(first_block, tail) != current.tailChecksum())
+            return damagedBlock(current, first_block, "append");
+    }
     const full_blocks = new_bytes / block_bytes;
     assert(full_blocks >= first_block);
     const sums = allocator.alloc(u64, full_blocks - first_block) catch return error.OutOfMemory;
@@ -161,6 +169,7 @@ fn openOrCreate(context: Context, creating: bool, kind: format.FileKind, id: u64
 pub fn rewrite(context: Context, new_count: u64, plan: anytype) Error!Next {
     const current = context.head;
     assert(current.layout() == .fixed);
+    try requireSound(current, "delete");
     var next = current.superblock;
     const id = next.generation + 1;
     const data = try commit.createFile(context, .data, id);
@@ -188,6 +197,7 @@ pub fn rewrite(context: Context, new_count: u64, plan: anytype) Error!Next {
 pub fn convertToIndexed(context: Context) Error!Next {
     const current = context.head;
     assert(current.layout() == .fixed);
+    try requireSound(current, "write");
     const plan = plans.ConvertPlan{
         .old = current.dataBytes(),
         .stride = current.superblock.record_bytes,
@@ -210,4 +220,27 @@ pub fn convertToIndexed(context: Context) Error!Next {
     // The commit closes the writer's journal (commit.finish).
     assert(next.record_count == current.count() and next.live_bytes <= next.data_bytes);
     return .{ .superblock = next, .replaced = current.superblock };
+}
+
+/// Refuses (error.Corrupt) to carry a fixed store's bytes into new
+/// checksums while a block does not match its own: the copy would bless
+/// the damage, and `verify` would pass from then on. O(data bytes), as the
+/// rewrite or conversion that follows.
+fn requireSound(current: *const Snapshot, what: []const u8) Error!void {
+    const block = integrity.firstUnsoundBlock(current) orelse return;
+    return damagedBlock(current, block, what);
+}
+
+fn damagedBlock(current: *const Snapshot, block: u64, what: []const u8) Error {
+    const stride = current.superblock.record_bytes;
+    assert(stride > 0);
+    const end = @min((block + 1) * block_bytes, current.superblock.data_bytes);
+    return status.fail(
+        error.Corrupt,
+        "block {d} of the data file (records {d} to {d}) does not match its checksum: it was " ++
+            "damaged on disk. The {s} changed nothing; run verify() to list the damaged " ++
+            "records, then replace each of them whole (same length, raw) or restore the " ++
+            "store from a copy",
+        .{ block, block * block_bytes / stride, (end - 1) / stride, what },
+    );
 }

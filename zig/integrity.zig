@@ -34,6 +34,16 @@ pub fn fixedRangeSound(snapshot: *const Snapshot, start: u64, bytes: u64) bool {
     return true;
 }
 
+/// The first block of a fixed store that does not hold, or null.
+pub fn firstUnsoundBlock(snapshot: *const Snapshot) ?u64 {
+    const data = snapshot.dataBytes();
+    const blocks = std.math.divCeil(usize, data.len, block_bytes) catch unreachable;
+    for (0..blocks) |block| {
+        if (!blockSound(snapshot, block)) return block;
+    }
+    return null;
+}
+
 pub fn recordSound(snapshot: *const Snapshot, index: u64) bool {
     if (snapshot.layout() == .fixed) {
         const stride = snapshot.superblock.record_bytes;

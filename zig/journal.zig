@@ -242,13 +242,24 @@ fn patchStart(patch: Patch, stride: u64) u64 {
     return patch.row * stride;
 }
 
+/// The committed checksums a live replace checks every block it reads
+/// against before it patches it: a block damaged on disk would otherwise
+/// get a checksum of its damaged bytes, and `verify` would pass from then
+/// on. Replay checks none: a crash may leave a block half applied.
+pub const Committed = struct {
+    /// The checksum of the partial last block (the superblock's).
+    tail_checksum: u64,
+};
+
 /// Calls `visit(context, first_block, image)` for every run of at most
 /// `run_blocks_max` blocks that `patches` (ascending rows) touch, with
-/// `image` the run's bytes as they are after the patches.
+/// `image` the run's bytes as they are after the patches. With
+/// `committed`, each block read is checked first (error.Corrupt).
 pub fn forEachRun(
     target: Target,
     patches: []const Patch,
     scratch: []u8,
+    committed: ?Committed,
     context: anytype,
     comptime visit: anytype,
 ) Error!void {
@@ -282,6 +293,7 @@ pub fn forEachRun(
                         .{target.data.name()},
                     );
                 }
+                if (committed) |sums| try checkImage(target, sums, block, image, patches[passed..]);
                 var k = passed;
                 while (k < patches.len and patchStart(patches[k], stride) < end) : (k += 1) {
                     const row_start = patchStart(patches[k], stride);
@@ -297,6 +309,59 @@ pub fn forEachRun(
             try visit(context, block, image);
             block = block_end;
         }
+    }
+}
+
+/// Checks the blocks of `image` (the data from block `first` on, as read)
+/// against their committed checksums (the sums file's, the tail's for a
+/// partial last block), but for blocks `patches` (ascending, from the first
+/// that reaches the image) replace whole: replacing every record of a
+/// damaged block is how it is repaired.
+fn checkImage(
+    target: Target,
+    committed: Committed,
+    first: u64,
+    image: []const u8,
+    patches: []const Patch,
+) Error!void {
+    assert(image.len > 0 and image.len <= run_blocks_max * block_bytes);
+    var stored: [run_blocks_max]u64 = undefined;
+    const whole = image.len / block_bytes;
+    const sums = std.mem.sliceAsBytes(stored[0..whole]);
+    if (whole > 0 and try io.read(target.sums, sums, first * 8) != sums.len) {
+        return status.fail(
+            error.Corrupt,
+            "sums file '{s}' is shorter than committed",
+            .{target.sums.name()},
+        );
+    }
+    const stride = target.stride;
+    var next: usize = 0; // the first patch not before the current block
+    var at: usize = 0;
+    var block = first;
+    while (at < image.len) : (block += 1) {
+        const bytes = image[at..@min(at + block_bytes, image.len)];
+        at += bytes.len;
+        const start = block * block_bytes;
+        const first_row = start / stride;
+        const last_row = (start + bytes.len - 1) / stride;
+        while (next < patches.len and patches[next].row < first_row) next += 1;
+        var rows: usize = 0; // rows of this block replaced (unique, ascending)
+        while (next + rows < patches.len and patches[next + rows].row <= last_row) rows += 1;
+        if (rows == last_row - first_row + 1) continue;
+        const expected = if (bytes.len == block_bytes)
+            stored[block - first]
+        else
+            committed.tail_checksum;
+        if (format.blockChecksum(block, bytes) == expected) continue;
+        return status.fail(
+            error.Corrupt,
+            "block {d} of data file '{s}' (records {d} to {d}) does not match its " ++
+                "checksum: it was damaged on disk. The replace changed nothing; run " ++
+                "verify() to list the damaged records, then replace each of them whole " ++
+                "or restore the store from a copy",
+            .{ block, target.data.name(), first_row, last_row },
+        );
     }
 }
 
@@ -431,7 +496,7 @@ pub fn apply(
     scratch: []u8,
 ) Error!void {
     assert(patches.len > 0 and blocks.len == sums.len);
-    try forEachRun(target, patches, scratch, &target, writeImage);
+    try forEachRun(target, patches, scratch, null, &target, writeImage);
     try writeSums(target, blocks, sums);
 }
 
@@ -506,7 +571,7 @@ pub fn replace(
     defer allocator.free(scratch);
     var sums = Sums{};
     defer sums.deinit();
-    try forEachRun(target, patches, scratch, &sums, Sums.visit);
+    try forEachRun(target, patches, scratch, .{ .tail_checksum = tail_now }, &sums, Sums.visit);
     assert(sums.runs > 0 and sums.blocks.items.len == sums.sums.items.len);
     const tail_checksum = sums.tail_checksum orelse tail_now;
     const record_bytes = try writeRecord(

@@ -311,7 +311,8 @@ pub fn replace(
     const scratch = try undo.scratchBuffer();
     var sums = journal.Sums{};
     defer sums.deinit();
-    try journal.forEachRun(target, patches, scratch, &sums, journal.Sums.visit);
+    const committed: journal.Committed = .{ .tail_checksum = tail_now };
+    try journal.forEachRun(target, patches, scratch, committed, &sums, journal.Sums.visit);
     assert(sums.runs > 0 and sums.blocks.items.len == sums.sums.items.len);
     const tail_checksum = sums.tail_checksum orelse tail_now;
     // The break hook moves the save after the patch; the save is the same.
