@@ -249,6 +249,8 @@ fn patchStart(patch: Patch, stride: u64) u64 {
 pub const Committed = struct {
     /// The checksum of the partial last block (the superblock's).
     tail_checksum: u64,
+    /// The sums file as the writer maps it (empty: read it).
+    sums: []const u64 = &.{},
 };
 
 /// Calls `visit(context, first_block, image)` for every run of at most
@@ -328,7 +330,9 @@ fn checkImage(
     var stored: [run_blocks_max]u64 = undefined;
     const whole = image.len / block_bytes;
     const sums = std.mem.sliceAsBytes(stored[0..whole]);
-    if (whole > 0 and try io.read(target.sums, sums, first * 8) != sums.len) {
+    if (first + whole <= committed.sums.len) {
+        @memcpy(stored[0..whole], committed.sums[first..][0..whole]);
+    } else if (whole > 0 and try io.read(target.sums, sums, first * 8) != sums.len) {
         return status.fail(
             error.Corrupt,
             "sums file '{s}' is shorter than committed",
@@ -559,7 +563,7 @@ pub fn replace(
     target: Target,
     superblock: *const Superblock,
     patches: []const Patch,
-    tail_now: u64,
+    committed: Committed,
     poisoned: *bool,
 ) Error!u64 {
     assert(patches.len > 0 and target.stride == superblock.record_bytes);
@@ -571,9 +575,9 @@ pub fn replace(
     defer allocator.free(scratch);
     var sums = Sums{};
     defer sums.deinit();
-    try forEachRun(target, patches, scratch, .{ .tail_checksum = tail_now }, &sums, Sums.visit);
+    try forEachRun(target, patches, scratch, committed, &sums, Sums.visit);
     assert(sums.runs > 0 and sums.blocks.items.len == sums.sums.items.len);
-    const tail_checksum = sums.tail_checksum orelse tail_now;
+    const tail_checksum = sums.tail_checksum orelse committed.tail_checksum;
     const record_bytes = try writeRecord(
         handle,
         superblock,

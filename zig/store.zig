@@ -730,7 +730,11 @@ pub const Store = struct {
         }
         const base = store.head();
         const target = try writer.target.get(store.dir, &base.superblock);
-        const tail_now = base.tailChecksum();
+        // What each block read is checked against before it is patched.
+        const committed: journal.Committed = .{
+            .tail_checksum = base.tailChecksum(),
+            .sums = base.blockSums(),
+        };
         if (!store.durable) {
             // No barrier per replace: each block's synced image goes to the
             // undo area once per sync interval (undo.zig).
@@ -740,7 +744,7 @@ pub const Store = struct {
                 target,
                 &base.superblock,
                 patches,
-                tail_now,
+                committed,
                 writer.page,
                 &writer.poisoned,
             );
@@ -754,7 +758,7 @@ pub const Store = struct {
             target,
             &base.superblock,
             patches,
-            tail_now,
+            committed,
             poisoned,
         );
         // The in-place state is published in the head's superblock and in

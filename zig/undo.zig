@@ -302,7 +302,7 @@ pub fn replace(
     target: journal.Target,
     superblock: *const Superblock,
     patches: []const Patch,
-    tail_now: u64,
+    committed: journal.Committed,
     page: io.WritableMemory,
     poisoned: *bool,
 ) Error!u64 {
@@ -311,10 +311,9 @@ pub fn replace(
     const scratch = try undo.scratchBuffer();
     var sums = journal.Sums{};
     defer sums.deinit();
-    const committed: journal.Committed = .{ .tail_checksum = tail_now };
     try journal.forEachRun(target, patches, scratch, committed, &sums, journal.Sums.visit);
     assert(sums.runs > 0 and sums.blocks.items.len == sums.sums.items.len);
-    const tail_checksum = sums.tail_checksum orelse tail_now;
+    const tail_checksum = sums.tail_checksum orelse committed.tail_checksum;
     // The break hook moves the save after the patch; the save is the same.
     const save_first = !broken(.patch_before_undo);
     if (save_first) try undo.protectTouched(dir, target, superblock, &sums, poisoned);
