@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -182,7 +183,7 @@ def measure(rows: np.ndarray, batches: np.ndarray, rounds: int, loader_time: flo
     ceilings, then DataLoader runs each paired with a ceiling pass."""
     # bench.py imports this module to register the table: its helpers are
     # imported when the table runs.
-    from bench import BATCH_SIZE, LOADER_WORKERS, _cores
+    from bench import BATCH_SIZE, LOADER_WORKERS
 
     from loaderx import from_numpy
     from loaderx.zrecord import Zrecord
@@ -216,43 +217,69 @@ def measure(rows: np.ndarray, batches: np.ndarray, rounds: int, loader_time: flo
             measured.library[codec], measured.decode[codec] = library, decode
             measured.batch_library[codec] = batch_library
             measured.batch_decode[codec] = batch_decode
+        ceilings = partial(batch_ceiling_runs, binary, records=records, batches=batches)
         for _ in range(rounds):
             for codec in LOADER_CODECS:
                 per_batch = loader_seconds(
                     directory, codec, LOADER_WORKERS, BATCH_SIZE, loader_time
                 )
-                (library,), _, (batch_library,), _ = batch_ceiling_runs(
-                    binary, (codec,), records, record_bytes, 1, batches, directory
-                )[codec]
-                measured.loader[codec].append(per_batch)
-                # The ceilings: every core decoding at the library's single-core
-                # speed, in order into one record's buffer or into random batches.
-                ceiling = library / len(rows) * BATCH_SIZE / _cores()
-                measured.loader_fraction[codec].append(ceiling / per_batch)
-                batch_ceiling = batch_library / batches.shape[0] / _cores()
-                measured.loader_batch_fraction[codec].append(batch_ceiling / per_batch)
-                # What a loader can reach: every core at once (sharing the
-                # memory bus), each batch into its own buffer of a ring.
-                _, _, (ring_library,), (ring_ours,) = batch_ceiling_runs(
-                    binary,
-                    (codec,),
-                    records,
-                    record_bytes,
-                    1,
-                    batches,
-                    directory,
-                    ring=LOADER_RING,
-                    threads=_cores(),
-                )[codec]
-                # The faster of the library alone and codec.decode (whose
-                # unshuffle writes the batch in wide stores from a cached
-                # scratch: faster than LZ4's own copies into a cold buffer).
-                ring_seconds = min(ring_library, ring_ours)
-                measured.loader_ring_fraction[codec].append(
-                    ring_seconds / batches.shape[0] / per_batch
-                )
-                measured.loader_ring_speed[codec].append(batches.size * record_bytes / ring_seconds)
+                _loader_round(measured, codec, per_batch, rows, batches, ceilings, directory)
     return measured
+
+
+def _loader_round(measured, codec, per_batch, rows, batches, ceilings, directory) -> None:
+    """One DataLoader run's seconds per batch, against ceiling passes run
+    right after it (`ceilings`: batch_ceiling_runs with the helper, the
+    records and the batches bound)."""
+    from bench import BATCH_SIZE, _cores
+
+    record_bytes = rows[0].nbytes
+    (library,), _, (batch_library,), _ = ceilings(
+        (codec,), record_bytes=record_bytes, rounds=1, directory=directory
+    )[codec]
+    measured.loader[codec].append(per_batch)
+    # The ceilings: every core decoding at the library's single-core
+    # speed, in order into one record's buffer or into random batches.
+    ceiling = library / len(rows) * BATCH_SIZE / _cores()
+    measured.loader_fraction[codec].append(ceiling / per_batch)
+    batch_ceiling = batch_library / batches.shape[0] / _cores()
+    measured.loader_batch_fraction[codec].append(batch_ceiling / per_batch)
+    # What a loader can reach: every core at once (sharing the memory
+    # bus), each batch into its own buffer of a ring.
+    _, _, (ring_library,), (ring_ours,) = ceilings(
+        (codec,),
+        record_bytes=record_bytes,
+        rounds=1,
+        directory=directory,
+        ring=LOADER_RING,
+        threads=_cores(),
+    )[codec]
+    # The faster of the library alone and codec.decode (whose unshuffle
+    # writes the batch in wide stores from a cached scratch: faster than
+    # LZ4's own copies into a cold buffer).
+    ring_seconds = min(ring_library, ring_ours)
+    measured.loader_ring_fraction[codec].append(ring_seconds / batches.shape[0] / per_batch)
+    measured.loader_ring_speed[codec].append(batches.size * record_bytes / ring_seconds)
+
+
+def _loader_sentence(measured: Measured, codec: str) -> str:
+    """The DataLoader on `codec` against its three ceilings, with the rounds."""
+    from bench import MiB
+
+    def fraction(values: list[float]) -> str:
+        rounds = ", ".join(f"{value:.2f}" for value in values)
+        return f"{statistics.median(values):.2f}x", rounds
+
+    decode, decode_rounds = fraction(measured.loader_fraction[codec])
+    batch, batch_rounds = fraction(measured.loader_batch_fraction[codec])
+    ring, ring_rounds = fraction(measured.loader_ring_fraction[codec])
+    speed = statistics.median(measured.loader_ring_speed[codec]) / MiB
+    return (
+        f"{codec}: {1 / statistics.median(measured.loader[codec]):,.0f} batches/s, {decode} its "
+        f"decode ceiling (rounds {decode_rounds}), {batch} its random-batch ceiling (rounds "
+        f"{batch_rounds}), **{ring} its loader ceiling** ({speed:,.0f} MiB/s; rounds "
+        f"{ring_rounds})."
+    )
 
 
 def _codec_row(measured: Measured, codec: str, rows: np.ndarray, batches: np.ndarray) -> list[str]:
@@ -282,7 +309,7 @@ def _codec_row(measured: Measured, codec: str, rows: np.ndarray, batches: np.nda
 
 def bench_codecs(quick: bool) -> str:
     """The codec table (see the module docstring)."""
-    from bench import BATCH_SIZE, LOADER_WORKERS, MiB, _cores, markdown_table, structured_rows
+    from bench import BATCH_SIZE, LOADER_WORKERS, _cores, markdown_table, structured_rows
 
     count, batch_count = (2000, 20) if quick else (20000, 50)
     rounds, loader_time = (1, 0.3) if quick else (15, 2.0)
@@ -311,18 +338,7 @@ def bench_codecs(quick: bool) -> str:
         ],
         table_rows,
     )
-    loaders = " ".join(
-        f"{codec}: {1 / statistics.median(measured.loader[codec]):,.0f} batches/s, "
-        f"{statistics.median(measured.loader_fraction[codec]):.2f}x its decode ceiling (rounds "
-        f"{', '.join(f'{value:.2f}' for value in measured.loader_fraction[codec])}), "
-        f"{statistics.median(measured.loader_batch_fraction[codec]):.2f}x its random-batch "
-        "ceiling (rounds "
-        f"{', '.join(f'{value:.2f}' for value in measured.loader_batch_fraction[codec])}), "
-        f"**{statistics.median(measured.loader_ring_fraction[codec]):.2f}x its loader ceiling** "
-        f"({statistics.median(measured.loader_ring_speed[codec]) / MiB:,.0f} MiB/s; rounds "
-        f"{', '.join(f'{value:.2f}' for value in measured.loader_ring_fraction[codec])})."
-        for codec in LOADER_CODECS
-    )
+    loaders = " ".join(_loader_sentence(measured, codec) for codec in LOADER_CODECS)
     return (
         f"### codecs: {count:,} records of {rows[0].nbytes // 1024} KiB (float32), one thread "
         f"per decode, {batch_count} random batches of {BATCH_SIZE}\n\n{table}\n\n"

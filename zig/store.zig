@@ -730,11 +730,7 @@ pub const Store = struct {
         }
         const base = store.head();
         const target = try writer.target.get(store.dir, &base.superblock);
-        // What each block read is checked against before it is patched.
-        const committed: journal.Committed = .{
-            .tail_checksum = base.tailChecksum(),
-            .sums = base.blockSums(),
-        };
+        const committed = committedSums(base);
         if (!store.durable) {
             // No barrier per replace: each block's synced image goes to the
             // undo area once per sync interval (undo.zig).
@@ -765,6 +761,11 @@ pub const Store = struct {
         // the shared page (journal.replace), not as a new generation.
         base.superblock.tail_checksum = tail;
         assert(writer.journalPending(&base.superblock) and base == store.head());
+    }
+
+    /// What a replace checks each block it reads against before patching it.
+    fn committedSums(base: *const Snapshot) journal.Committed {
+        return .{ .tail_checksum = base.tailChecksum(), .sums = base.blockSums() };
     }
 
     // ---- reads ----------------------------------------------------------
