@@ -235,12 +235,5 @@ fn damagedBlock(current: *const Snapshot, block: u64, what: []const u8) Error {
     const stride = current.superblock.record_bytes;
     assert(stride > 0);
     const end = @min((block + 1) * block_bytes, current.superblock.data_bytes);
-    return status.fail(
-        error.Corrupt,
-        "block {d} of the data file (records {d} to {d}) does not match its checksum: it was " ++
-            "damaged on disk. The {s} changed nothing; run verify() to list the damaged " ++
-            "records, then replace each of them whole (same length, raw) or restore the " ++
-            "store from a copy",
-        .{ block, block * block_bytes / stride, (end - 1) / stride, what },
-    );
+    return integrity.damagedBlock(block, block * block_bytes / stride, (end - 1) / stride, what);
 }

@@ -9,6 +9,7 @@
 const std = @import("std");
 const format = @import("format.zig");
 const Snapshot = @import("snapshot.zig").Snapshot;
+const status = @import("status.zig");
 
 const block_bytes = format.block_bytes;
 
@@ -32,6 +33,19 @@ pub fn fixedRangeSound(snapshot: *const Snapshot, start: u64, bytes: u64) bool {
         if (!blockSound(snapshot, block)) return false;
     }
     return true;
+}
+
+/// The refusal of a write (`what`) that would carry the damaged block
+/// `block` (records `first` to `last`) into new checksums.
+pub fn damagedBlock(block: u64, first: u64, last: u64, what: []const u8) status.Error {
+    return status.fail(
+        error.Corrupt,
+        "block {d} of the data file (records {d} to {d}) does not match its checksum: it was " ++
+            "damaged on disk. The {s} changed nothing; run verify() to list the damaged " ++
+            "records, then replace each of them whole (same length, raw) or restore the " ++
+            "store from a copy",
+        .{ block, first, last, what },
+    );
 }
 
 /// The first block of a fixed store that does not hold, or null.

@@ -25,6 +25,7 @@ const status = @import("status.zig");
 const io = @import("io.zig");
 const plans = @import("plans.zig");
 const seqlock = @import("seqlock.zig");
+const integrity = @import("integrity.zig");
 
 const assert = std.debug.assert;
 const allocator = std.heap.c_allocator;
@@ -358,14 +359,7 @@ fn checkImage(
         else
             committed.tail_checksum;
         if (format.blockChecksum(block, bytes) == expected) continue;
-        return status.fail(
-            error.Corrupt,
-            "block {d} of data file '{s}' (records {d} to {d}) does not match its " ++
-                "checksum: it was damaged on disk. The replace changed nothing; run " ++
-                "verify() to list the damaged records, then replace each of them whole " ++
-                "or restore the store from a copy",
-            .{ block, target.data.name(), first_row, last_row },
-        );
+        return integrity.damagedBlock(block, first_row, last_row, "replace");
     }
 }
 
