@@ -954,3 +954,170 @@ def test_an_array_store_replace_over_a_damaged_block_is_refused(tmp_path):
                 arrays.replace({"x": np.zeros((1, 10), np.float32)}, [0])
     with Zrecord(tmp_path / "a" / "x") as store:
         assert store.verify() == rows_of(0)
+
+
+# ---- ArrayStore's own rewrites: damage is refused, never carried over ----------------
+#
+# A rewrite (compact or clone of an array with dropped rows, a batch that
+# rewrites arrays whole, a pack) reads the raw rows unchecked and writes
+# them with fresh checksums: damage read there would pass every check
+# after. Each checks the rows it carries over first; rows it drops or
+# writes anew may be damaged (that is the way to repair).
+
+
+def damaged_array_store(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Arrays ``x`` (1,000 rows of 40 bytes, block 0 damaged at row 3) and ``y``."""
+    from loaderx import ArrayStore
+
+    x = np.arange(FIXED_ROWS * 10, dtype=np.float32).reshape(FIXED_ROWS, 10)
+    y = np.arange(50, dtype=np.int64)
+    with ArrayStore(path) as arrays:
+        arrays.save({"x": x, "y": y})
+    flip_data_byte(path / "x", 3 * ROW_BYTES + 2)
+    return x, y
+
+
+def x_verify(path: Path) -> list[int]:
+    with Zrecord(path / "x") as store:
+        return store.verify()
+
+
+def x_replace(arrays, rows):
+    arrays.replace({"x": np.full((len(rows), 10), -1, np.float32)}, rows)
+
+
+def x_edit_both(arrays):
+    x_replace(arrays, [500])  # block 1: sound
+    arrays.replace({"y": np.array([-1])}, [0])
+
+
+def x_append_in_batch(arrays):
+    arrays.append({"x": np.zeros((2, 10), np.float32)})
+
+
+def x_writable_both(arrays):
+    arrays.load("x")[500] = -1
+    arrays.load("y")[0] = -1
+
+
+ARRAY_REWRITES_OVER_DAMAGE = {
+    # name: (the call that rewrites x, what it refuses as)
+    "compact after a row drop": (
+        lambda arrays: (arrays.drop("x", [900]), arrays.compact()),
+        "compact",
+    ),
+    "clone of an array with row drops": (
+        lambda arrays: (arrays.drop("x", [900]), arrays.clone("x", "z")),
+        "clone 'x' to 'z'",
+    ),
+    "batch_mode over two arrays": (
+        lambda arrays: _in_batch(arrays.batch_mode, arrays, x_edit_both),
+        "commit the batch",
+    ),
+    "batch_mode append": (
+        lambda arrays: _in_batch(arrays.batch_mode, arrays, x_append_in_batch),
+        "commit the batch",
+    ),
+    "writable_batch_mode over two arrays": (
+        lambda arrays: _in_batch(arrays.writable_batch_mode, arrays, x_writable_both),
+        "commit the batch",
+    ),
+    "pack": (lambda arrays: arrays.pack(arrays.path + ".pack"), "pack"),
+}
+
+
+def _in_batch(mode, arrays, edit):
+    with mode():
+        edit(arrays)
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "durable=False"])
+@pytest.mark.parametrize("name", list(ARRAY_REWRITES_OVER_DAMAGE))
+def test_an_array_store_rewrite_refuses_to_carry_damage(tmp_path, name, durable):
+    from loaderx import ArrayStore
+
+    rewrite, what = ARRAY_REWRITES_OVER_DAMAGE[name]
+    path = tmp_path / "a"
+    x, y = damaged_array_store(path)
+    damaged = rows_of(0)
+    assert x_verify(path) == damaged
+    with ArrayStore(path, durable=durable) as arrays:
+        with pytest.raises(CorruptStoreError, match=rf"cannot {what}.*rows 0, 1, 2, 3, 4"):
+            rewrite(arrays)
+        assert not arrays.has_array("z")
+        assert np.array_equal(arrays.load("y"), y)  # a batch's other edits: discarded
+    assert not (tmp_path / "a.pack").exists()
+    assert x_verify(path) == damaged  # still named, not blessed
+    with ArrayStore(path) as arrays:
+        rows = np.arange(FIXED_ROWS)
+        if "drop" in name:
+            rows = np.delete(rows, 900)
+        loaded = arrays.load("x")
+        intact = ~np.isin(rows, damaged)
+        assert len(loaded) == rows.size
+        assert np.array_equal(loaded[intact], x[rows[intact]])
+
+
+def test_dropping_the_damaged_rows_then_compacting_repairs_the_array(tmp_path):
+    from loaderx import ArrayStore
+
+    path = tmp_path / "a"
+    x, _ = damaged_array_store(path)
+    damaged = rows_of(0)
+    with ArrayStore(path) as arrays:
+        arrays.drop("x", damaged)
+        arrays.compact()
+        assert np.array_equal(arrays.load("x"), x[len(damaged) :])
+    assert x_verify(path) == []
+
+
+@pytest.mark.parametrize("mode", ["batch_mode", "writable_batch_mode"])
+def test_a_batch_that_rewrites_every_damaged_row_repairs_the_array(tmp_path, mode):
+    """Rows a batch writes whole are not carried over, damaged or not."""
+    from loaderx import ArrayStore
+
+    path = tmp_path / "a"
+    x, y = damaged_array_store(path)
+    damaged = rows_of(0)
+    with ArrayStore(path) as arrays:
+        with getattr(arrays, mode)():
+            if mode == "batch_mode":
+                x_replace(arrays, damaged)
+                arrays.replace({"y": np.array([-1])}, [0])
+            else:
+                arrays.load("x")[damaged] = -1
+                arrays.load("y")[0] = -1
+        x[damaged] = -1
+        y[0] = -1
+        assert np.array_equal(arrays.load("x"), x) and np.array_equal(arrays.load("y"), y)
+    assert x_verify(path) == []
+
+
+def test_a_batch_that_drops_the_damaged_rows_commits(tmp_path):
+    from loaderx import ArrayStore
+
+    path = tmp_path / "a"
+    x, _ = damaged_array_store(path)
+    damaged = rows_of(0)
+    with ArrayStore(path) as arrays:
+        with arrays.batch_mode():
+            arrays.drop("x", damaged[:200])  # rows shift: the next drop names them anew
+            arrays.drop("x", list(range(len(damaged) - 200)))
+            arrays.append({"x": np.zeros((1, 10), np.float32)})
+        expect = np.concatenate([x[len(damaged) :], np.zeros((1, 10), np.float32)])
+        assert np.array_equal(arrays.load("x"), expect)
+    assert x_verify(path) == []
+
+
+def test_a_batch_that_saves_over_a_damaged_array_commits(tmp_path):
+    from loaderx import ArrayStore
+
+    path = tmp_path / "a"
+    damaged_array_store(path)
+    with ArrayStore(path) as arrays:
+        with arrays.batch_mode():
+            x = arrays.load("x")  # read (damaged) and then replaced whole
+            arrays.save({"x": np.ones_like(x)})
+            arrays.replace({"y": np.array([-1])}, [0])
+        assert np.array_equal(arrays.load("x"), np.ones_like(x))
+    assert x_verify(path) == []

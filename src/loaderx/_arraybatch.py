@@ -62,6 +62,9 @@ class Plan:
     rows: dict[str, tuple[npt.NDArray[np.uint64], np.ndarray]] = field(default_factory=dict)
     rewrite: dict[str, tuple[np.ndarray, str]] = field(default_factory=dict)
     drops: list[str] = field(default_factory=list)
+    # A rewritten array read from the disk: its open array, and which of its
+    # rows the rewrite carries over unchanged (they must check out first).
+    carried: dict[str, tuple[OpenArray, npt.NDArray[np.bool_]]] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -76,6 +79,50 @@ class Plan:
         for name in self.rows:
             self.rewrite[name] = (whole(name), codecs[name])
         self.rows = {}
+
+
+class Carried:
+    """Which rows of a batch's copy of an array still hold the bytes read
+    from the disk: ``origin`` (the disk row of each row, -1 for a row the
+    batch wrote), or while no append or row drop changed the rows, None
+    and the ``written`` indices."""
+
+    def __init__(self, entry: OpenArray) -> None:
+        self.entry = entry
+        self.rows = entry.length  # a 0-d array is one row
+        self.origin: npt.NDArray[np.int64] | None = None
+        self.written: list[npt.NDArray[np.uint64]] = []
+
+    def wrote(self, indices: npt.NDArray[np.uint64]) -> None:
+        if self.origin is None:
+            self.written.append(indices)
+        else:
+            self.origin[indices.astype(np.intp)] = -1
+
+    def reshaped(self, rows: int, deleted: npt.NDArray[np.uint64] | None) -> None:
+        """The copy after rows were appended (now ``rows`` rows) or ``deleted``."""
+        origin = self.origin
+        if origin is None:
+            origin = np.arange(self.rows, dtype=np.int64)
+            for indices in self.written:
+                origin[indices.astype(np.intp)] = -1
+            self.written = []
+        if deleted is not None:
+            origin = np.delete(origin, deleted.astype(np.intp))
+        else:
+            origin = np.concatenate([origin, np.full(rows - origin.size, -1, dtype=np.int64)])
+        self.origin = origin
+
+    def mask(self) -> npt.NDArray[np.bool_]:
+        """The disk rows the copy still holds unchanged."""
+        if self.origin is None:
+            kept = np.ones(self.rows, dtype=bool)
+            for indices in self.written:
+                kept[indices.astype(np.intp)] = False
+            return kept
+        kept = np.zeros(self.rows, dtype=bool)
+        kept[self.origin[self.origin >= 0]] = True
+        return kept
 
 
 class Batch:
@@ -113,6 +160,7 @@ class MemoryBatch(Batch):
         self.dropped: set[str] = set()
         # name -> (its open array, its length, the replaces in order)
         self.pending: dict[str, tuple[OpenArray, int, list[tuple[np.ndarray, np.ndarray]]]] = {}
+        self.sources: dict[str, Carried] = {}  # the touched arrays as read from the disk
 
     def touch(self, entry: OpenArray) -> np.ndarray:
         """The batch's copy of the array ``entry`` (read whole on first touch,
@@ -124,6 +172,7 @@ class MemoryBatch(Batch):
             self.scalar[entry.name] = entry.scalar
             self.codecs[entry.name] = entry.dataset.codec
             self.edited[entry.name] = []
+            self.sources[entry.name] = Carried(entry)
             for indices, rows in self.pending.pop(entry.name, (entry, 0, []))[2]:
                 self.replace(entry.name, indices, rows)
         return array
@@ -143,20 +192,31 @@ class MemoryBatch(Batch):
         self.edited[name] = None
         self.dropped.discard(name)  # a name dropped earlier in the batch: overwritten instead
         self.pending.pop(name, None)
+        self.sources.pop(name, None)  # nothing of the disk's copy is carried
 
     def replace(self, name: str, indices: npt.NDArray[np.uint64], rows: np.ndarray) -> None:
         self.arrays[name][indices] = rows  # a repeated index: the last row wins, as in NumPy
         edited = self.edited[name]
         if edited is not None:
             edited.append(indices)
+        source = self.sources.get(name)
+        if source is not None:
+            source.wrote(indices)
 
-    def reshape(self, name: str, array: np.ndarray) -> None:
-        """The array ``name`` after an append or a drop of rows: rewritten at the end."""
+    def reshape(
+        self, name: str, array: np.ndarray, deleted: npt.NDArray[np.uint64] | None = None
+    ) -> None:
+        """The array ``name`` after an append or a drop of the rows
+        ``deleted``: rewritten at the end."""
         self.arrays[name] = array
         self.edited[name] = None
+        source = self.sources.get(name)
+        if source is not None:
+            source.reshaped(len(array), deleted)
 
     def drop(self, name: str, on_disk: bool) -> None:
-        for table in (self.arrays, self.scalar, self.edited, self.codecs, self.pending):
+        tables = (self.arrays, self.scalar, self.edited, self.codecs, self.pending, self.sources)
+        for table in tables:
             table.pop(name, None)
         if on_disk:
             self.dropped.add(name)
@@ -173,6 +233,10 @@ class MemoryBatch(Batch):
             plan.rows[name] = _last_rows(replaces)
         plan.rows = {name: rows for name, rows in plan.rows.items() if rows[0].size}
         plan.settle(self.codecs, self.whole)
+        for name in plan.rewrite:
+            source = self.sources.get(name)
+            if source is not None:
+                plan.carried[name] = (source.entry, source.mask())
         return plan
 
     def whole(self, name: str) -> np.ndarray:
@@ -215,7 +279,13 @@ class MappedBatch(Batch):
             if changed.size:
                 array = copy.array.reshape(copy.rows, *copy.array.shape[1:])
                 plan.rows[name] = (changed, array[changed])
+        written = {name: changed for name, (changed, _) in plan.rows.items()}
         plan.settle(self.codecs, lambda name: self.copies[name].array)
+        for name in plan.rewrite:  # every row was read from the disk
+            copy = self.copies[name]
+            kept = np.ones(copy.rows, dtype=bool)
+            kept[written[name].astype(np.intp)] = False
+            plan.carried[name] = (copy.entry, kept)
         return plan
 
     def close(self) -> None:
@@ -232,6 +302,7 @@ class _MappedCopy:
     same memfd: what the caller edits)."""
 
     def __init__(self, entry: OpenArray) -> None:
+        self.entry = entry
         self.rows = entry.length  # a 0-d array is one row
         self.row_bytes = entry.row_bytes
         self.fd, self.shared = -1, None

@@ -20,13 +20,13 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from ._arraycommit import ArrayStoreIOError, generation_of, unchanged
+from ._arraycommit import STATUS_CODES, ArrayStoreIOError, generation_of, unchanged
 from ._arraydrop import DeleteLog, TakeBackFailed, kept_rows, log_path
 from ._fs import IoStats, OsFs
 from ._indexing import int_index, is_int, record_indices
 from .converter import build_dense_store
 from .dataset import DenseDataset
-from .zrecord import Zrecord
+from .zrecord import CorruptStoreError, Zrecord
 
 ARRAY_FILE = "array.msgpack"  # only in the directory of a 0-d array
 ARRAY_FILE_BYTES_MAX = 1 << 16
@@ -187,6 +187,46 @@ class OpenArray:
     @property
     def closed(self) -> bool:
         return self.dataset.closed
+
+    def damaged_rows(self) -> npt.NDArray[np.uint64]:
+        """The rows (logical, ascending) whose records fail their checksums:
+        every row of a damaged block (a dropped row is no row)."""
+        base = np.array(self.store.verify(), dtype=np.uint64)
+        live = self.live
+        if live is None or not base.size:
+            return base
+        at = np.searchsorted(live, base)
+        hit = at < live.size
+        hit[hit] = live[at[hit]] == base[hit]
+        return at[hit].astype(np.uint64)
+
+    def require_sound(
+        self,
+        what: str,
+        carried: npt.NDArray[np.bool_] | None = None,
+        outcome: str = "nothing was changed",
+    ) -> None:
+        """CorruptStoreError unless every row a rewrite carries over from the
+        disk checks out. A rewrite reads the rows without checking them (the
+        raw layout checks by blocks, on ``verify()``) and gives them fresh
+        checksums, so damage read here would pass every check after it.
+        ``carried``: which rows the rewrite copies (None: all of them)."""
+        damaged = self.damaged_rows()
+        if carried is not None and damaged.size:
+            damaged = damaged[carried[damaged.astype(np.intp)]]
+        if not damaged.size:
+            return
+        shown = ", ".join(str(int(row)) for row in damaged[:8])
+        more = f" and {damaged.size - 8} more" if damaged.size > 8 else ""
+        rows = "row" if damaged.size == 1 else "rows"
+        raise CorruptStoreError(
+            f"cannot {what}: {rows} {shown}{more} of array '{self.name}' do not match their "
+            "checksums (damaged on disk), and the rewrite would carry them over with new "
+            f"ones; {outcome}. Replace those rows with good data (a replace of "
+            "every row of a damaged block repairs it), drop them, or restore the array from "
+            "a copy; verify() lists them",
+            STATUS_CODES["corrupt"],
+        )
 
     def close(self) -> None:
         self.dataset.close()

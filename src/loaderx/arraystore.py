@@ -453,7 +453,7 @@ class ArrayStore:
                     f"array '{dst}'; drop('{dst}') it first, or clone to a new name",
                 )
             if entry.has_drops:  # a copy of the live rows (the files hold dropped ones)
-                self._commit({dst: _live_build(entry)}, [])
+                self._commit({dst: _live_build(entry, f"clone '{src}' to '{dst}'")}, [])
                 return
             if entry.edited:
                 entry.sync()  # the copy starts from a durable source
@@ -482,7 +482,7 @@ class ArrayStore:
 
     def _rewrite_live(self, entry: OpenArray) -> None:
         """Rewrites ``entry``'s array with its live rows only: one commit."""
-        self._commit({entry.name: _live_build(entry)}, [])
+        self._commit({entry.name: _live_build(entry, f"compact ArrayStore '{self.path}'")}, [])
 
     def reset(self) -> None:
         """Drops every array."""
@@ -556,6 +556,12 @@ class ArrayStore:
             data = np.ascontiguousarray(rows)
             entry.replace(indices, data)
             return
+        for entry, carried in plan.carried.values():
+            entry.require_sound(
+                f"commit the batch of ArrayStore '{self.path}'",
+                carried,
+                "nothing of the batch was written (it is discarded)",
+            )
         builds: dict[str, Callable[..., None]] = {
             name: functools.partial(write_array, array=array, codec=codec)
             for name, (array, codec) in plan.rewrite.items()
@@ -670,7 +676,7 @@ class ArrayStore:
             plans.append((member, array, _row_indices(rows, len(array), member)))
         for member, array, indices in plans:
             if indices.size:
-                batch.reshape(member, np.delete(array, indices.astype(np.intp), axis=0))
+                batch.reshape(member, np.delete(array, indices.astype(np.intp), axis=0), indices)
 
     # ---- internals
 
@@ -815,7 +821,10 @@ class ArrayStore:
         chunk_bytes = _arrayio.check_chunk_bytes(chunk_bytes)
         arrays = {}
         for name in self.get_member_list():
-            arrays[name] = (self._lazy(name), self._entry(name).dataset.codec)
+            entry = self._entry(name)
+            # The pack checksums what it reads: damage read here would pass its checks.
+            entry.require_sound(f"pack ArrayStore '{self.path}'", outcome="no pack was written")
+            arrays[name] = (LazyArray(entry), entry.dataset.codec)
         _arrayio.pack_store(os.fspath(path), arrays, chunk_bytes)
 
     @classmethod
@@ -895,9 +904,11 @@ def _builds(arrays: dict[str, np.ndarray], codec: str) -> dict[str, Callable[...
     }
 
 
-def _live_build(entry: OpenArray) -> Callable[..., None]:
+def _live_build(entry: OpenArray, what: str) -> Callable[..., None]:
     """The build of a new directory holding ``entry``'s live rows: read
-    whole when small, else in chunks of rows (a RowSource)."""
+    whole when small, else in chunks of rows (a RowSource). Damaged live
+    rows are refused first (``what``: the call, for the message)."""
+    entry.require_sound(what)
     if entry.length * entry.row_bytes <= STREAM_BYTES:
         rows: Any = entry.read_all()
     else:
