@@ -13,7 +13,8 @@ const status = @import("status.zig");
 
 const block_bytes = format.block_bytes;
 
-fn blockSound(snapshot: *const Snapshot, block: u64) bool {
+/// Whether block `block` of a fixed store's data matches its committed checksum.
+pub fn blockSound(snapshot: *const Snapshot, block: u64) bool {
     const data = snapshot.dataBytes();
     const start = block * block_bytes;
     const end = @min(start + block_bytes, data.len);

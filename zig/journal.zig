@@ -26,6 +26,7 @@ const io = @import("io.zig");
 const plans = @import("plans.zig");
 const seqlock = @import("seqlock.zig");
 const integrity = @import("integrity.zig");
+const Snapshot = @import("snapshot.zig").Snapshot;
 
 const assert = std.debug.assert;
 const allocator = std.heap.c_allocator;
@@ -243,26 +244,20 @@ fn patchStart(patch: Patch, stride: u64) u64 {
     return patch.row * stride;
 }
 
-/// The committed checksums a live replace checks every block it reads
-/// against before it patches it: a block damaged on disk would otherwise
-/// get a checksum of its damaged bytes, and `verify` would pass from then
-/// on. Replay checks none: a crash may leave a block half applied.
-pub const Committed = struct {
-    /// The checksum of the partial last block (the superblock's).
-    tail_checksum: u64,
-    /// The sums file as the writer maps it (empty: read it).
-    sums: []const u64 = &.{},
-};
-
 /// Calls `visit(context, first_block, image)` for every run of at most
 /// `run_blocks_max` blocks that `patches` (ascending rows) touch, with
-/// `image` the run's bytes as they are after the patches. With
-/// `committed`, each block read is checked first (error.Corrupt).
+/// `image` the run's bytes as they are after the patches. A live replace
+/// passes `committed`, the writer's snapshot of the generation it patches:
+/// each block is copied from its mapping and checked against its committed
+/// checksum first (error.Corrupt), since a block damaged on disk would
+/// otherwise get a checksum of its damaged bytes and `verify` would pass
+/// from then on. Replay reads the file and checks nothing: a crash may
+/// leave a block half applied.
 pub fn forEachRun(
     target: Target,
     patches: []const Patch,
     scratch: []u8,
-    committed: ?Committed,
+    committed: ?*const Snapshot,
     context: anytype,
     comptime visit: anytype,
 ) Error!void {
@@ -289,14 +284,16 @@ pub fn forEachRun(
             const end = @min(block_end * block_bytes, target.data_bytes);
             const image = covering(patches[passed..], stride, start, end) orelse image: {
                 const image = scratch[0 .. end - start];
-                if (try io.read(target.data, image, start) != image.len) {
+                if (committed) |snapshot| {
+                    try checkRun(snapshot, stride, block, end, patches[passed..]);
+                    @memcpy(image, snapshot.dataBytes()[start..end]);
+                } else if (try io.read(target.data, image, start) != image.len) {
                     return status.fail(
                         error.Corrupt,
                         "data file '{s}' is shorter than committed",
                         .{target.data.name()},
                     );
                 }
-                if (committed) |sums| try checkImage(target, sums, block, image, patches[passed..]);
                 var k = passed;
                 while (k < patches.len and patchStart(patches[k], stride) < end) : (k += 1) {
                     const row_start = patchStart(patches[k], stride);
@@ -315,51 +312,31 @@ pub fn forEachRun(
     }
 }
 
-/// Checks the blocks of `image` (the data from block `first` on, as read)
-/// against their committed checksums (the sums file's, the tail's for a
-/// partial last block), but for blocks `patches` (ascending, from the first
-/// that reaches the image) replace whole: replacing every record of a
-/// damaged block is how it is repaired.
-fn checkImage(
-    target: Target,
-    committed: Committed,
+/// Checks the blocks from `first` to data byte `end` against their
+/// committed checksums, but for blocks `patches` (ascending, from the first
+/// that reaches the run) replace whole: replacing every record of a damaged
+/// block is how it is repaired.
+fn checkRun(
+    snapshot: *const Snapshot,
+    stride: u64,
     first: u64,
-    image: []const u8,
+    end: u64,
     patches: []const Patch,
 ) Error!void {
-    assert(image.len > 0 and image.len <= run_blocks_max * block_bytes);
-    var stored: [run_blocks_max]u64 = undefined;
-    const whole = image.len / block_bytes;
-    const sums = std.mem.sliceAsBytes(stored[0..whole]);
-    if (first + whole <= committed.sums.len) {
-        @memcpy(stored[0..whole], committed.sums[first..][0..whole]);
-    } else if (whole > 0 and try io.read(target.sums, sums, first * 8) != sums.len) {
-        return status.fail(
-            error.Corrupt,
-            "sums file '{s}' is shorter than committed",
-            .{target.sums.name()},
-        );
-    }
-    const stride = target.stride;
+    assert(end > first * block_bytes and end <= snapshot.dataBytes().len);
     var next: usize = 0; // the first patch not before the current block
-    var at: usize = 0;
     var block = first;
-    while (at < image.len) : (block += 1) {
-        const bytes = image[at..@min(at + block_bytes, image.len)];
-        at += bytes.len;
+    while (block * block_bytes < end) : (block += 1) {
         const start = block * block_bytes;
         const first_row = start / stride;
-        const last_row = (start + bytes.len - 1) / stride;
+        const last_row = (@min(start + block_bytes, end) - 1) / stride;
         while (next < patches.len and patches[next].row < first_row) next += 1;
         var rows: usize = 0; // rows of this block replaced (unique, ascending)
         while (next + rows < patches.len and patches[next + rows].row <= last_row) rows += 1;
         if (rows == last_row - first_row + 1) continue;
-        const expected = if (bytes.len == block_bytes)
-            stored[block - first]
-        else
-            committed.tail_checksum;
-        if (format.blockChecksum(block, bytes) == expected) continue;
-        return integrity.damagedBlock(block, first_row, last_row, "replace");
+        if (!integrity.blockSound(snapshot, block)) {
+            return integrity.damagedBlock(block, first_row, last_row, "replace");
+        }
     }
 }
 
@@ -557,7 +534,7 @@ pub fn replace(
     target: Target,
     superblock: *const Superblock,
     patches: []const Patch,
-    committed: Committed,
+    committed: *const Snapshot,
     poisoned: *bool,
 ) Error!u64 {
     assert(patches.len > 0 and target.stride == superblock.record_bytes);
@@ -571,7 +548,7 @@ pub fn replace(
     defer sums.deinit();
     try forEachRun(target, patches, scratch, committed, &sums, Sums.visit);
     assert(sums.runs > 0 and sums.blocks.items.len == sums.sums.items.len);
-    const tail_checksum = sums.tail_checksum orelse committed.tail_checksum;
+    const tail_checksum = sums.tail_checksum orelse committed.tailChecksum();
     const record_bytes = try writeRecord(
         handle,
         superblock,

@@ -730,7 +730,6 @@ pub const Store = struct {
         }
         const base = store.head();
         const target = try writer.target.get(store.dir, &base.superblock);
-        const committed = committedSums(base);
         if (!store.durable) {
             // No barrier per replace: each block's synced image goes to the
             // undo area once per sync interval (undo.zig).
@@ -740,7 +739,7 @@ pub const Store = struct {
                 target,
                 &base.superblock,
                 patches,
-                committed,
+                base,
                 writer.page,
                 &writer.poisoned,
             );
@@ -754,18 +753,13 @@ pub const Store = struct {
             target,
             &base.superblock,
             patches,
-            committed,
+            base,
             poisoned,
         );
         // The in-place state is published in the head's superblock and in
         // the shared page (journal.replace), not as a new generation.
         base.superblock.tail_checksum = tail;
         assert(writer.journalPending(&base.superblock) and base == store.head());
-    }
-
-    /// What a replace checks each block it reads against before patching it.
-    fn committedSums(base: *const Snapshot) journal.Committed {
-        return .{ .tail_checksum = base.tailChecksum(), .sums = base.blockSums() };
     }
 
     // ---- reads ----------------------------------------------------------
