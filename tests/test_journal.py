@@ -580,3 +580,62 @@ def test_unsynced_replaces_after_an_intervals_first_sync_nothing_until_sync(tmp_
         expected[(k * 37) % count] = (2 + k) % 256
     with Zrecord(path, verify=True) as reopened:
         assert (read_rows(reopened) == expected).all() and reopened.verify() == []
+
+
+STRACE_SCATTERED = r"""
+import os, sys
+import numpy as np
+from loaderx.zrecord import Zrecord
+path, blocks = sys.argv[1], int(sys.argv[2])
+rows_per_block = 16384 // 40
+
+
+def marker():
+    try:
+        os.stat("/loaderx-strace-marker")
+    except FileNotFoundError:
+        pass
+
+
+store = Zrecord(path, codec="raw", durable=False)
+store.replace([0], np.full((1, 40), 7, np.uint8), np.zeros(1, np.uint64))
+store.sync()
+marker()  # 1: single-row edits of 100 different blocks, one call each
+for k in range(100):
+    row = ((k * 73) % blocks) * rows_per_block + 5
+    store.replace([row], np.full((1, 40), k, np.uint8), np.zeros(1, np.uint64))
+marker()  # 2: done
+store.close()
+"""
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_unsynced_edits_of_scattered_blocks_stop_paying_barriers(tmp_path):
+    """durable=False, counted with strace: each barrier of an interval saves
+    blocks ahead (2^(k-1) - 1 at the k-th, up to 64), so 100 single-row
+    edits of 100 different blocks of a 200-block store pay at most 9
+    fdatasyncs (saving only the touched blocks paid 100), and every edit
+    and every other row reads back, checked."""
+    path = tmp_path / "s"
+    blocks = 200
+    rows_per_block = 16384 // ROW
+    count = blocks * rows_per_block
+    make_store(path, count, durable=False).close()
+    log = tmp_path / "strace.log"
+    subprocess.run(
+        ["strace", "-f", "-y", "-o", str(log), "-e", "trace=fdatasync,fsync,stat,newfstatat"]
+        + [sys.executable, "-c", STRACE_SCATTERED, str(path), str(blocks)],
+        check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    phases = strace_phases(log.read_text())
+    assert len(phases) == 3, phases
+    edits = phases[1]
+    assert all("/undo>" in line for line in edits), edits
+    assert 1 <= len(edits) <= 9, edits
+    expected = rows_of(np.arange(count))
+    expected[0] = 7
+    for k in range(100):
+        expected[((k * 73) % blocks) * rows_per_block + 5] = k
+    with Zrecord(path, verify=True) as reopened:
+        assert (read_rows(reopened) == expected).all() and reopened.verify() == []
