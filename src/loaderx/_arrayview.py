@@ -166,9 +166,10 @@ class OpenArray:
 
     @property
     def length(self) -> int:
-        """The array's rows (a 0-d array: its one row)."""
+        """The array's rows (a 0-d array: its one row). ``base_rows`` follows
+        the store's count (open, ``refresh``, ``append``), so no native call."""
         live = self.live_rows
-        return len(self.dataset) if live is None else live.count
+        return self.base_rows if live is None else live.count
 
     def to_base(self, indices: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
         """The base rows of the rows ``indices`` (in range)."""
@@ -292,9 +293,12 @@ class OpenArray:
         self._edited(data.nbytes)
 
     def append(self, data: np.ndarray) -> None:
-        self.store.append(data, self.offsets(len(data)))
+        try:
+            self.store.append(data, self.offsets(len(data)))
+        finally:  # a failure after the commit point may leave the rows appended
+            if not self.closed:
+                self._grown()
         self.appended = True
-        self._grown()
         self._edited(data.nbytes)
 
     def drop(self, doomed: npt.NDArray[np.bool_], count: int, fs: OsFs) -> None:
