@@ -41,6 +41,19 @@ from typing import Callable
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+# The tables that live beside this script import by name.
+if str(ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(ROOT / "scripts"))
+from bench_common import (  # noqa: E402
+    BATCH_SIZE,
+    LOADER_WORKERS,
+    RECORD_BYTES,
+    RECORD_FLOATS,
+    MiB,
+    cores,
+    markdown_table,
+    structured_rows,
+)
 
 try:
     import loaderx  # noqa: F401
@@ -129,12 +142,6 @@ def time_interleaved(
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 # -- sampler ----------------------------------------------------------------------
 
 
@@ -197,33 +204,6 @@ def bench_sampler(quick: bool) -> str:
 
 
 # -- shared by the store and loader tables ----------------------------------------
-
-RECORD_FLOATS = 3072  # one record: 3072 float32, 12 KiB
-RECORD_BYTES = RECORD_FLOATS * 4
-BATCH_SIZE = 256
-MiB = 1 << 20
-
-
-def structured_rows(count: int, seed: int = 0) -> np.ndarray:
-    """`count` mildly compressible float32 records, like sensor or feature data.
-
-    Each row is a sum of three random sinusoids plus small Gaussian noise,
-    quantized to 2**-16: the quantization zeroes the low mantissa bits, so
-    zstd finds about 1.3x, far from the 5-15x of smooth images or text.
-    """
-    rng = np.random.default_rng(seed)
-    grid = np.linspace(0.0, 1.0, RECORD_FLOATS, dtype=np.float32)
-    rows = np.empty((count, RECORD_FLOATS), dtype=np.float32)
-    for start in range(0, count, 1024):
-        block = rows[start : start + 1024]
-        shape = (len(block), 3, 1)
-        frequency = rng.uniform(1.0, 8.0, shape).astype(np.float32)
-        phase = rng.uniform(0.0, 2 * np.pi, shape).astype(np.float32)
-        amplitude = rng.uniform(0.2, 1.0, shape).astype(np.float32)
-        signal = (amplitude * np.sin(2 * np.pi * frequency * grid + phase)).sum(axis=1)
-        signal += rng.standard_normal(signal.shape, dtype=np.float32) * np.float32(0.01)
-        block[:] = np.round(signal * 65536) / 65536
-    return rows
 
 
 def _files(directory: Path) -> list[Path]:
@@ -1079,12 +1059,6 @@ def zstd_single_core(rows: np.ndarray, runs: int) -> tuple[float, float, float]:
     )
 
 
-def _cores() -> int:
-    return (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    )
-
-
 def _ceiling_rows(
     rows: np.ndarray, element_bytes: int, batch_count: int, runs: int
 ) -> tuple[list[list[str]], str]:
@@ -1100,15 +1074,15 @@ def _ceiling_rows(
         }
     except (OSError, AttributeError) as exc:
         return [], f"ceiling rows skipped: the system libzstd could not be loaded ({exc})"
-    cores, table_rows = _cores(), []
+    count, table_rows = cores(), []
     gathered = batch_count * BATCH_SIZE * rows[0].nbytes
     for name, (compress, decode, ratio) in measured.items():
-        per_batch = decode / cores * gathered / rows.nbytes / batch_count
+        per_batch = decode / count * gathered / rows.nbytes / batch_count
         table_rows.append(
             [
-                f"ceiling: libzstd-3 x {cores} cores, {name}",
-                _mib_per_second(rows.nbytes * cores, compress),
-                _mib_per_second(rows.nbytes * cores, decode),
+                f"ceiling: libzstd-3 x {count} cores, {name}",
+                _mib_per_second(rows.nbytes * count, compress),
+                _mib_per_second(rows.nbytes * count, decode),
                 f"{per_batch * 1e3:.2f}",
                 "—",
                 f"{ratio:.2f}x",
@@ -1116,7 +1090,7 @@ def _ceiling_rows(
         )
     note = (
         f"Ceilings: single-core libzstd level 3 on the same {len(rows):,} records (one frame each, "
-        f"through ctypes, median of {runs}) times {cores} cores; write = compress, gather = "
+        f"through ctypes, median of {runs}) times {count} cores; write = compress, gather = "
         "decode, ratio = frames only."
     )
     return table_rows, note
@@ -1148,11 +1122,11 @@ def _paired_ceiling_ratios(rows: np.ndarray, element_bytes: int, rounds: int) ->
                 sync_tree(directory)
                 written = time.perf_counter() - start
                 compress, _, _ = zstd_single_core(limit_rows, 1)
-                ratios[name].append(compress / _cores() / written)
+                ratios[name].append(compress / cores() / written)
     return [
         f"from_numpy {name} writes at {statistics.median(values):.2f}x the compression limit "
         f"(paired: median of {rounds} rounds of one write and one single-core libzstd pass x "
-        f"{_cores()} cores; rounds {', '.join(f'{value:.2f}' for value in values)})."
+        f"{cores()} cores; rounds {', '.join(f'{value:.2f}' for value in values)})."
         for name, values in ratios.items()
     ]
 
@@ -1293,8 +1267,8 @@ def _cold_table(
                 _fraction(
                     gathered / seconds / MiB,
                     cold,
-                    f"{RECORD_BYTES // 1024} KiB preads, {threads or _cores()} thread"
-                    + "s" * ((threads or _cores()) > 1),
+                    f"{RECORD_BYTES // 1024} KiB preads, {threads or cores()} thread"
+                    + "s" * ((threads or cores()) > 1),
                 ),
             ]
         )
@@ -1326,7 +1300,6 @@ def _cold_table(
 # by `_write_loader_data`. Labels are a permutation of 0..count, so a batch is
 # checked against the source by its labels alone, whatever sampler made it.
 
-LOADER_WORKERS = 4
 Batch = tuple[np.ndarray, np.ndarray]
 Started = tuple[Callable[[], Batch], Callable[[], None]]
 
@@ -1834,8 +1807,6 @@ def _first_batch_table(directory: Path, runs: int) -> str:
 
 # -- registry ---------------------------------------------------------------------
 
-# The numpack table lives beside this script (it is long enough for a file).
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_ceilings  # noqa: E402
 from bench_codecs import bench_codecs  # noqa: E402
 from bench_numpack import bench_numpack  # noqa: E402

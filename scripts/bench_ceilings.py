@@ -46,8 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT / "scripts") not in sys.path:
     sys.path.insert(0, str(ROOT / "scripts"))
 import bench_codecs  # noqa: E402
+from bench_common import BATCH_SIZE, MiB, cores, markdown_table, structured_rows  # noqa: E402
 
-MiB = 1 << 20
 KiB = 1 << 10
 
 # The builds of one process, shared by every table that needs them and
@@ -158,12 +158,6 @@ class MemoryGather:
                 "memory_gather failed: a thread could not start or libc.so.6 has no memcpy"
             )
         return nanoseconds / 1e9
-
-
-def cores() -> int:
-    return (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    )
 
 
 class CeilingRounds:
@@ -428,7 +422,6 @@ def measure(
 
 def ceilings_table(ceilings: Ceilings, runs: int) -> str:
     """The ceilings as a markdown table, with how they were measured."""
-    from bench import markdown_table
 
     rows = [
         [
@@ -478,7 +471,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and one run")
     arguments = parser.parse_args(argv)
-    from bench import BATCH_SIZE, structured_rows
 
     count, batch_count, runs = (2000, 8, 1) if arguments.quick else (20000, 200, 5)
     rows = structured_rows(count)

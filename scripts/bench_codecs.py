@@ -23,6 +23,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+from bench_common import BATCH_SIZE, LOADER_WORKERS, MiB, cores, markdown_table, structured_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 CODECS = ("zstd", "zstd_shuffle4", "lz4", "lz4_shuffle4")
@@ -183,7 +184,6 @@ def measure(rows: np.ndarray, batches: np.ndarray, rounds: int, loader_time: flo
     ceilings, then DataLoader runs each paired with a ceiling pass."""
     # bench.py imports this module to register the table: its helpers are
     # imported when the table runs.
-    from bench import BATCH_SIZE, LOADER_WORKERS
 
     from loaderx import from_numpy
     from loaderx.zrecord import Zrecord
@@ -231,7 +231,6 @@ def _loader_round(measured, codec, per_batch, rows, batches, ceilings, directory
     """One DataLoader run's seconds per batch, against ceiling passes run
     right after it (`ceilings`: batch_ceiling_runs with the helper, the
     records and the batches bound)."""
-    from bench import BATCH_SIZE, _cores
 
     record_bytes = rows[0].nbytes
     (library,), _, (batch_library,), _ = ceilings(
@@ -240,9 +239,9 @@ def _loader_round(measured, codec, per_batch, rows, batches, ceilings, directory
     measured.loader[codec].append(per_batch)
     # The ceilings: every core decoding at the library's single-core
     # speed, in order into one record's buffer or into random batches.
-    ceiling = library / len(rows) * BATCH_SIZE / _cores()
+    ceiling = library / len(rows) * BATCH_SIZE / cores()
     measured.loader_fraction[codec].append(ceiling / per_batch)
-    batch_ceiling = batch_library / batches.shape[0] / _cores()
+    batch_ceiling = batch_library / batches.shape[0] / cores()
     measured.loader_batch_fraction[codec].append(batch_ceiling / per_batch)
     # What a loader can reach: every core at once (sharing the memory
     # bus), each batch into its own buffer of a ring.
@@ -252,7 +251,7 @@ def _loader_round(measured, codec, per_batch, rows, batches, ceilings, directory
         rounds=1,
         directory=directory,
         ring=LOADER_RING,
-        threads=_cores(),
+        threads=cores(),
     )[codec]
     # The faster of the library alone and codec.decode (whose unshuffle
     # writes the batch in wide stores from a cached scratch: faster than
@@ -264,7 +263,6 @@ def _loader_round(measured, codec, per_batch, rows, batches, ceilings, directory
 
 def _loader_sentence(measured: Measured, codec: str) -> str:
     """The DataLoader on `codec` against its three ceilings, with the rounds."""
-    from bench import MiB
 
     def fraction(values: list[float]) -> str:
         rounds = ", ".join(f"{value:.2f}" for value in values)
@@ -285,7 +283,6 @@ def _loader_sentence(measured: Measured, codec: str) -> str:
 def _codec_row(measured: Measured, codec: str, rows: np.ndarray, batches: np.ndarray) -> list[str]:
     """`codec`'s row of the codec table: its gather against the in-order and
     the random-batch ceilings (medians of the rounds, MiB/s)."""
-    from bench import MiB
 
     def speed(seconds: list[float], byte_count: int) -> float:
         return byte_count / statistics.median(seconds) / MiB
@@ -309,7 +306,6 @@ def _codec_row(measured: Measured, codec: str, rows: np.ndarray, batches: np.nda
 
 def bench_codecs(quick: bool) -> str:
     """The codec table (see the module docstring)."""
-    from bench import BATCH_SIZE, LOADER_WORKERS, _cores, markdown_table, structured_rows
 
     count, batch_count = (2000, 20) if quick else (20000, 50)
     rounds, loader_time = (1, 0.3) if quick else (15, 2.0)
@@ -346,7 +342,7 @@ def bench_codecs(quick: bool) -> str:
         f"{versus[1]:.2f}x, library decode {versus[2]:.2f}x (median of the {rounds} rounds' "
         "ratios).\n"
         f"DataLoader ({LOADER_WORKERS} workers, batches of {BATCH_SIZE}, features only; ceiling: "
-        f"the library's single-core speed x {_cores()} cores): {loaders}\n\n"
+        f"the library's single-core speed x {cores()} cores): {loaders}\n\n"
         f"Speeds: median of {rounds} rounds; within a round the codecs run back to back "
         "(gathers in this process, the native passes in the helper), so a burst of load on a "
         "shared machine hits them alike. The DataLoader's fraction pairs each of its runs with "
@@ -361,7 +357,7 @@ def bench_codecs(quick: bool) -> str:
         "its slot of one batch-sized buffer reused across batches (as a loader's batch is): what "
         "a gather of these batches could reach on one core; `codec.decode of the batches` is "
         "loaderx's decode (unshuffle included) in that same loop. The loader ceiling is what a "
-        f"prefetching loader can reach on this machine: the library on all {_cores()} cores at "
+        f"prefetching loader can reach on this machine: the library on all {cores()} cores at "
         f"once, each batch into the next of a ring of {LOADER_RING} batch buffers (the "
         f"DataLoader's {LOADER_PREFETCH} batches in flight and the consumer's), so the batches do "
         "not stay in the cache as one reused buffer does and the cores share the memory bus as "

@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench import BATCH_SIZE, markdown_table, structured_rows  # noqa: E402
+from bench_common import BATCH_SIZE, markdown_table, structured_rows  # noqa: E402
 
 from loaderx import Zrecord, _native  # noqa: E402
 from loaderx._native import ffi  # noqa: E402

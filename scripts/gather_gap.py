@@ -43,7 +43,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_ceilings
-from bench import BATCH_SIZE, MiB, markdown_table, structured_rows
+from bench_common import BATCH_SIZE, MiB, markdown_table, structured_rows
 
 
 def _faults() -> int:
