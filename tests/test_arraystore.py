@@ -1138,7 +1138,7 @@ def test_batch_mode_of_rows_of_one_array_is_one_replace_of_those_rows(root, monk
     a = np.arange(3000, dtype=np.int32).reshape(1000, 3)
     with ArrayStore(root) as store:
         store.save({"a": a, "b": np.zeros(5, np.int8)})
-        replaces = count_calls(monkeypatch, Zrecord, "replace")
+        replaces = count_calls(monkeypatch, Zrecord, "replace_checked")
         commits = count_calls(monkeypatch, store._commits, "commit")
         with store.batch_mode():
             for row in (900, 3, 500, 3):
@@ -1262,7 +1262,7 @@ def test_writable_batch_mode_commits_only_the_rows_that_changed(root, monkeypatc
     a = np.arange(200_000, dtype=np.float64).reshape(50_000, 4)
     with ArrayStore(root) as store:
         store.save({"a": a, "s": np.array(3)})
-        replaces = count_calls(monkeypatch, Zrecord, "replace")
+        replaces = count_calls(monkeypatch, Zrecord, "replace_checked")
         with store.writable_batch_mode():
             view = store.load("a")
             assert view is store.load("a") and view.flags.writeable

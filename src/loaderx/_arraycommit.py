@@ -153,9 +153,13 @@ def unchanged(what: str, exc: OSError) -> ArrayStoreIOError:
 def valid_name(name: object) -> bool:
     """Whether ``name`` can name an array: no name of the root's own files
     (they start with ``.``) and no path."""
+    return isinstance(name, str) and _valid_text(name)
+
+
+@functools.lru_cache(maxsize=1024)  # every edit checks its names: a hit costs a dict lookup
+def _valid_text(name: str) -> bool:
     return (
-        isinstance(name, str)
-        and name != ""
+        name != ""
         and not name.startswith(".")
         and "/" not in name
         and "\\" not in name

@@ -289,7 +289,8 @@ class OpenArray:
     # ---- row edits (each one native commit, counted in ``stats``)
 
     def replace(self, indices: npt.NDArray[np.uint64], data: np.ndarray) -> None:
-        self.store.replace(self.to_base(indices), data, self.offsets(indices.size))
+        base = np.ascontiguousarray(self.to_base(indices), dtype=np.uint64)
+        self.store.replace_checked(base, data, data.nbytes, self.offsets(indices.size))
         self._edited(data.nbytes)
 
     def append(self, data: np.ndarray) -> None:
@@ -535,6 +536,15 @@ def coerce_rows(
     """``rows`` for the array ``name`` of ``dtype`` and ``item_shape``: a
     C-contiguous ``(n, *item_shape)`` array (``n == count`` when given);
     ValueError otherwise."""
+    if (
+        type(rows) is np.ndarray
+        and rows.dtype == dtype
+        and rows.ndim == len(item_shape) + 1
+        and rows.shape[1:] == item_shape
+        and (count is None or len(rows) == count)
+        and rows.flags.c_contiguous
+    ):
+        return rows  # an edit's usual rows: nothing to convert or check
     array = np.asarray(rows)
     if array.shape == item_shape and count in (None, 1):
         array = array.reshape(1, *item_shape)  # one row given without its row axis

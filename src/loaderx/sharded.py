@@ -467,7 +467,7 @@ class ShardsView(NativeHandle):
         check(
             lib.lx_shards_open(
                 handles,
-                ffi.cast("uint64_t *", ffi.from_buffer(row_starts)),
+                u64_pointer(row_starts),
                 len(stores),
                 threads,
                 out,

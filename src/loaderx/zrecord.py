@@ -165,12 +165,8 @@ def shuffle_bytes(record: npt.NDArray[np.uint8], element_bytes: int) -> npt.NDAr
     element stay at the end)."""
     source = np.ascontiguousarray(record, dtype=np.uint8).reshape(-1)
     target = np.empty_like(source)
-    pointer = ffi.cast("uint8_t *", ffi.from_buffer(source)) if source.size else ffi.NULL
-    out = (
-        ffi.cast("uint8_t *", ffi.from_buffer(target, require_writable=True))
-        if source.size
-        else ffi.NULL
-    )
+    pointer = ffi.from_buffer("uint8_t[]", source) if source.size else ffi.NULL
+    out = ffi.from_buffer("uint8_t[]", target, require_writable=True) if source.size else ffi.NULL
     check(lib.lx_codec_shuffle(pointer, source.size, element_bytes, out))
     return target
 
@@ -184,7 +180,7 @@ def encoded_bytes(src: Any, offsets: npt.ArrayLike, codec: str | int) -> int:
     out = ffi.new("uint64_t *")
     check(
         lib.lx_encoded_bytes(
-            ffi.cast("uint8_t *", source),
+            source,
             source_bytes,
             u64_pointer(starts),
             starts.size,
@@ -222,13 +218,13 @@ def as_indices(idxs: npt.ArrayLike, name: str = "indices") -> npt.NDArray[np.uin
 
 
 def _read_buffer(source: Any, name: str) -> tuple[Any, int]:
-    """A cffi view of a C-contiguous bytes-like object, and its length."""
+    """A cffi uint8_t array over a C-contiguous bytes-like object, and its length."""
     if isinstance(source, np.ndarray):
         if not source.flags.c_contiguous:
             raise InvalidArgumentError(
                 f"{name} must be C-contiguous: pass np.ascontiguousarray({name})"
             )
-        return ffi.from_buffer(source), source.nbytes
+        return ffi.from_buffer("uint8_t[]", source), source.nbytes
     try:
         view = memoryview(source)
     except TypeError:
@@ -237,11 +233,11 @@ def _read_buffer(source: Any, name: str) -> tuple[Any, int]:
         ) from None
     if not view.c_contiguous:
         raise InvalidArgumentError(f"{name} must be C-contiguous")
-    return ffi.from_buffer(view), view.nbytes
+    return ffi.from_buffer("uint8_t[]", view), view.nbytes
 
 
 def _write_buffer(target: Any, name: str) -> tuple[Any, int]:
-    """A cffi view of a writable C-contiguous buffer, and its length."""
+    """A cffi uint8_t array over a writable C-contiguous buffer, and its length."""
     if isinstance(target, np.ndarray):
         if not target.flags.c_contiguous:
             raise InvalidArgumentError(
@@ -249,7 +245,7 @@ def _write_buffer(target: Any, name: str) -> tuple[Any, int]:
             )
         if not target.flags.writeable:
             raise InvalidArgumentError(f"{name} is read-only")
-        return ffi.from_buffer(target, require_writable=True), target.nbytes
+        return ffi.from_buffer("uint8_t[]", target, require_writable=True), target.nbytes
     view = memoryview(target)
     if view.readonly:
         raise InvalidArgumentError(
@@ -257,7 +253,7 @@ def _write_buffer(target: Any, name: str) -> tuple[Any, int]:
         )
     if not view.c_contiguous:
         raise InvalidArgumentError(f"{name} must be C-contiguous")
-    return ffi.from_buffer(view, require_writable=True), view.nbytes
+    return ffi.from_buffer("uint8_t[]", view, require_writable=True), view.nbytes
 
 
 def _offsets(offsets: npt.ArrayLike, source_bytes: int) -> npt.NDArray[np.uint64]:
@@ -318,7 +314,7 @@ def gather_arguments(
             )
         if indices.size > 1:
             _check_disjoint(lengths(indices), indices, target_offsets)
-    return indices, ffi.cast("uint8_t *", target), target_bytes, target_offsets
+    return indices, target, target_bytes, target_offsets
 
 
 def _check_disjoint(
@@ -348,7 +344,7 @@ def _check_disjoint(
 
 
 def u64_pointer(array: npt.NDArray[np.uint64]) -> Any:
-    return ffi.cast("uint64_t *", ffi.from_buffer(array)) if array.size else ffi.NULL
+    return ffi.from_buffer("uint64_t[]", array) if array.size else ffi.NULL
 
 
 class NativeHandle:
@@ -420,7 +416,7 @@ class NativeHandle:
         offsets are in bytes: call again with a larger target."""
         offsets = np.empty(indices.size + 1, dtype=np.int64)
         needed = ffi.new("uint64_t *")
-        pointer = ffi.NULL if target is None else ffi.cast("uint8_t *", ffi.from_buffer(target))
+        pointer = ffi.NULL if target is None else ffi.from_buffer("uint8_t[]", target)
         handle = self._enter()
         try:
             status = function(
@@ -430,7 +426,7 @@ class NativeHandle:
                 row_bytes,
                 pointer,
                 0 if target is None else target.nbytes,
-                ffi.cast("uint64_t *", ffi.from_buffer(offsets)),
+                ffi.from_buffer("uint64_t[]", offsets),
                 needed,
             )
         finally:
@@ -718,7 +714,7 @@ class Zrecord(NativeHandle):
         first = ffi.new("uint64_t *")
         self._call(
             lib.lx_store_append,
-            ffi.cast("uint8_t *", source),
+            source,
             source_bytes,
             u64_pointer(starts),
             starts.size,
@@ -737,22 +733,37 @@ class Zrecord(NativeHandle):
         """Gives records ``idxs`` new contents, packed in ``src`` as for ``append``."""
         codec_value = self._codec if codec is None else codec_id(codec)
         indices = as_indices(idxs)
-        source, source_bytes = _read_buffer(src, "src")
+        source_bytes = _read_buffer(src, "src")[1]
         starts = _offsets(offsets, source_bytes)
         if starts.size != indices.size:
             raise InvalidArgumentError(
                 f"replace got {indices.size} indices but {starts.size} records"
             )
+        self.replace_checked(indices, src, source_bytes, starts, codec_value)
+
+    def replace_checked(
+        self,
+        indices: npt.NDArray[np.uint64],
+        src: Any,
+        source_bytes: int,
+        starts: npt.NDArray[np.uint64],
+        codec: int | None = None,
+    ) -> None:
+        """``replace`` of arguments already converted: contiguous uint64
+        ``indices`` and ``starts``, a C-contiguous ``src`` of
+        ``source_bytes`` and a codec id (None: the store's). The native call
+        checks the rest (ranges, lengths). ArrayStore's edits convert their
+        rows themselves."""
         handle = self._enter()
         try:
             status = lib.lx_store_replace(
                 handle,
                 u64_pointer(indices),
                 indices.size,
-                ffi.cast("uint8_t *", source),
+                ffi.from_buffer("uint8_t[]", src),
                 source_bytes,
                 u64_pointer(starts),
-                codec_value,
+                self._codec if codec is None else codec,
             )
         finally:
             self._leave()
@@ -801,7 +812,7 @@ class Zrecord(NativeHandle):
         out = ffi.new("uint64_t *")
         self._call(
             lib.lx_store_train_dict,
-            ffi.cast("uint8_t *", source),
+            source,
             u64_pointer(sample_sizes),
             sample_sizes.size,
             int(target),
