@@ -1065,8 +1065,9 @@ def bench_unsynced_edits(quick: bool, runs: int = 7, rows: int | None = None) ->
         f"### durable=False edits after the first of a sync interval: a = {rows:,} x 10 float32\n\n"
         + "\n".join(lines)
         + f"\n\nMedian of {runs} runs. Each run syncs (untimed), makes the first edit (which "
-        "saves the blocks it touches to the undo area under one fdatasync; the 100 one-row "
-        "edits touch 100 blocks, one fdatasync each) and then the same edit again with other "
+        "saves the blocks it touches to the undo area under one fdatasync; of the 100 one-row "
+        "edits, on 100 blocks, each that finds its block unsaved pays one, and saves blocks "
+        "ahead too) and then the same edit again with other "
         "values (no sync). numpack 0.4.5 as it is (no sync; `not run`: not installed, or its "
         "replace of an index list of several rows writes wrong rows) and the stand-in, the same "
         "rows assigned into a writable np.memmap of an .npy file (page cache only, no sync "
