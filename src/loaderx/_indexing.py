@@ -23,6 +23,8 @@ __all__ = ["int_index", "is_int", "record_indices"]
 def is_int(key: object) -> bool:
     """An int, a NumPy integer, or a 0-d integer array (which NumPy indexes
     like an int; it used to fail inside reshape)."""
+    if type(key) is int:  # the usual key: none of the checks below
+        return True
     if isinstance(key, np.ndarray):
         return key.ndim == 0 and key.dtype.kind in "iu"
     return isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_))

@@ -948,8 +948,6 @@ def _array_to_save(name: str, value: npt.ArrayLike) -> np.ndarray:
 def _row_indices(key: Any, length: int, name: str) -> npt.NDArray[np.uint64]:
     """Row selector (int, slice, list, int array, bool mask; negative counts
     from the end) as flat uint64 indices; IndexError when out of range."""
-    if type(key) is int and -length <= key < length:  # one row: no checks of other types
-        return np.array([key + length if key < 0 else key], dtype=np.uint64)
     try:
         if is_int(key):
             return np.array([int_index(key, length)], dtype=np.uint64)
