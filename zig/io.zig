@@ -384,6 +384,31 @@ pub fn unmapWritable(memory: WritableMemory) void {
     backend.unmap(memory);
 }
 
+/// Maps `file` read-write and shared for in-place patches of its bytes
+/// (`writePatch`), reserving `reserve_bytes` of address space (past the
+/// file's end too, never written there). On ext4 a `pwrite` costs about
+/// 5 us whatever its length (the inode's times and the journal handle), a
+/// store through a mapping a fault on the page's first write after each
+/// write-back (about 1 us), then nothing.
+pub fn mapPatches(file: File, reserve_bytes: u64) Error!WritableMemory {
+    assert(reserve_bytes > 0);
+    return backend.mapPatches(file.handle, reserve_bytes) catch |err| failFile(
+        err,
+        "map",
+        file.dir_path,
+        file.name(),
+    );
+}
+
+/// Writes `bytes` at `offset` of `file` through `memory`, its `mapPatches`
+/// mapping: as durable as a `write` (a sync of the file makes it so; the
+/// kernel may write it back, page by page, any time before), and it cannot
+/// fail. The bytes must lie inside the file as it is.
+pub fn writePatch(file: File, memory: WritableMemory, bytes: []const u8, offset: u64) void {
+    assert(offset + bytes.len <= memory.len);
+    backend.writePatch(file.handle, memory, bytes, offset);
+}
+
 /// A hint only: a failure changes no result, so it is ignored.
 pub fn advise(memory: []const u8, advice: Advice) void {
     if (memory.len == 0) return;
@@ -613,6 +638,15 @@ const Os = struct {
             handle,
             0,
         );
+    }
+
+    fn mapPatches(handle: i32, reserve_bytes: u64) !WritableMemory {
+        return Os.mapWritable(handle, reserve_bytes);
+    }
+
+    fn writePatch(handle: i32, memory: WritableMemory, bytes: []const u8, offset: u64) void {
+        _ = handle;
+        @memcpy(memory[offset..][0..bytes.len], bytes);
     }
 
     fn unmap(memory: Memory) void {

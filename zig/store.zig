@@ -1656,6 +1656,61 @@ test "regression: a small record after one larger than a growth step does not ze
     for (target[stride..]) |byte| try testing.expectEqual(@as(u8, 3), byte);
 }
 
+test "a live replace stores small rows through the writer's mappings, large ones by pwrite" {
+    // Both modes: the journal's (durable) and the undo area's paths.
+    for ([_]bool{ true, false }) |durable| {
+        simulated.reset();
+        const stride = 40;
+        const count = 40_000; // 1.6 MB: more rows than `journal.patch_bytes_max` holds
+        const rows = try allocator.alloc(u8, count * stride);
+        defer allocator.free(rows);
+        const offsets = try allocator.alloc(u64, count);
+        defer allocator.free(offsets);
+        const all = try allocator.alloc(u64, count);
+        defer allocator.free(all);
+        for (offsets, all, 0..) |*offset, *index, k| {
+            offset.* = k * stride;
+            index.* = k;
+        }
+        @memset(rows, 1);
+        const store = try Store.open("patched", 1, true, durable);
+        defer store.close();
+        _ = try store.append(rows, offsets, .raw);
+        try store.sync();
+        // The first replace of a store creates its journal: not counted.
+        try store.replace(all[0..1], rows[0..stride], offsets[0..1], .raw);
+        // Three scattered rows: no pwrite of the data or sums files (the
+        // journal's record, or the undo area's, are written as before).
+        @memset(rows[0 .. 3 * stride], 2);
+        const scattered = [_]u64{ 7, 20_000, 39_999 };
+        const writes = simulated.kindCount(.write);
+        const patches = simulated.kindCount(.patch);
+        try store.replace(&scattered, rows[0 .. 3 * stride], offsets[0..3], .raw);
+        // A record (or block images), at most 2 writes; 3 rows and 2 sums
+        // stored (row 39,999 is in the partial last block, whose checksum
+        // is the superblock's).
+        try testing.expect(simulated.kindCount(.write) - writes <= 2);
+        try testing.expectEqual(patches + 5, simulated.kindCount(.patch));
+        // Every row: whole runs by pwrite, no store through a mapping.
+        @memset(rows, 3);
+        const before = simulated.kindCount(.patch);
+        try store.replace(all, rows, offsets, .raw);
+        try testing.expectEqual(before, simulated.kindCount(.patch));
+        @memset(rows[0 .. 3 * stride], 4);
+        try store.replace(&scattered, rows[0 .. 3 * stride], offsets[0..3], .raw);
+        const target = try allocator.alloc(u8, count * stride);
+        defer allocator.free(target);
+        try store.gather(all, target, null);
+        for (0..count) |row| {
+            const expected: u8 = if (row == 7 or row == 20_000 or row == 39_999) 4 else 3;
+            try testing.expect(std.mem.allEqual(u8, target[row * stride ..][0..stride], expected));
+        }
+        const damaged = try allocator.alloc(u64, count);
+        defer allocator.free(damaged);
+        try testing.expectEqual(@as(u64, 0), try store.verify(0, count, damaged));
+    }
+}
+
 test "a replace of rows back to back in memory (no copy) survives a kill and a reopen" {
     // Covers the zero-copy paths: runs the rows cover whole (`covering`,
     // with `runEnd` splitting off the two edge blocks) and rows written

@@ -363,12 +363,7 @@ pub fn replace(
     if (save_first) try undo.protectTouched(dir, target, superblock, &sums, poisoned);
     seqlock.lockPage(page);
     defer seqlock.unlockPage(page, superblock.generation, tail_checksum);
-    const applied = if (sums.runs == 1) single: {
-        journal.writeImage(&target, sums.last_first, sums.last_image) catch |err|
-            break :single err;
-        break :single journal.writeSums(target, sums.blocks.items, sums.sums.items);
-    } else journal.apply(target, patches, sums.blocks.items, sums.sums.items, scratch);
-    applied catch |err| {
+    journal.applyLive(&target, patches, &sums, scratch) catch |err| {
         poisoned.* = true;
         return status.wrap(
             err,

@@ -46,6 +46,9 @@ pub const Kind = enum {
     list,
     lock,
     map,
+    /// A store through a `mapPatches` mapping: it cannot fail, but power
+    /// can go before it.
+    patch,
 };
 pub const Fault = enum { eio, enospc, short_write, sync_fails };
 
@@ -653,6 +656,39 @@ pub fn mapWritable(handle: i32, bytes: u64) ![]align(page_size) u8 {
     if (node.visible_bytes < bytes) return error.InputOutput;
     node.mapped_writable = true;
     return node.visible;
+}
+
+/// A mapping for in-place patches is the visible buffer itself, as `map`'s.
+pub fn mapPatches(handle: i32, reserve_bytes: u64) ![]align(page_size) u8 {
+    disk.mutex.lock();
+    defer disk.mutex.unlock();
+    _ = reserve_bytes;
+    _ = try enter(.map);
+    assert(disk.handles.items[@intCast(handle)].?.writable);
+    return handleNode(handle).visible;
+}
+
+/// A store through a patch mapping: pending like a write (kept, dropped
+/// or torn by a power loss, durable at the file's next sync), since the
+/// kernel writes a dirty page back when it likes and a sync writes them
+/// all. Power gone before it: it never happened (the machine stopped).
+pub fn writePatch(handle: i32, memory: []align(page_size) u8, bytes: []const u8, offset: u64) void {
+    disk.mutex.lock();
+    defer disk.mutex.unlock();
+    _ = enter(.patch) catch return;
+    const node = handleNode(handle);
+    assert(memory.ptr == node.visible.ptr);
+    // Past the file's end a real mapping raises SIGBUS.
+    assert(offset + bytes.len <= node.visible_bytes);
+    if (trace) std.debug.print(
+        "  node {d} at {d}, {d} bytes\n",
+        .{ disk.handles.items[@intCast(handle)].?.node, offset, bytes.len },
+    );
+    if (bytes.len == 0) return;
+    @memcpy(node.visible[offset..][0..bytes.len], bytes);
+    const copy = disk.arena.allocator().dupe(u8, bytes) catch @panic("out of memory");
+    node.pending.append(backing, .{ .offset = offset, .bytes = copy }) catch
+        @panic("out of memory");
 }
 
 pub fn unmap(memory: Memory) void {
