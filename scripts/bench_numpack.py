@@ -1008,7 +1008,7 @@ def _timed(edit) -> float:
     return time.perf_counter() - started
 
 
-def bench_unsynced_edits(quick: bool, runs: int = 7, rows: int | None = None) -> str:
+def bench_unsynced_edits(quick: bool, runs: int = 21, rows: int | None = None) -> str:
     """``durable=False`` edits of an array in use, after the first edit of a
     sync interval, against numpack 0.4.5 as it is (no sync; when installed)
     and a writable ``np.memmap`` of an .npy file. Each run: ``sync()``

@@ -153,6 +153,44 @@ def test_replace_with_repeated_indices_takes_the_last_row(root):
         assert same(store.load("a"), np.array([[2, 2], [0, 0], [3, 3], [0, 0]], np.int32))
 
 
+ONE_ROW_KEYS = [3, -2, np.int64(3), np.array(3), [3], [-2], [np.uint8(3)]]
+
+
+@pytest.mark.parametrize("key", [*ONE_ROW_KEYS, np.array([3]), [3, 3], [[3]]])
+def test_a_replace_of_one_row_takes_the_one_record_path_and_matches_numpy(root, monkeypatch, key):
+    """A selector of one row (an int, or a list of one int) is one native
+    replace of one record, with no index arrays; it and the selectors
+    around it write what NumPy's assignment writes, before and after a
+    drop moves the rows."""
+    a = np.arange(40, dtype=np.int16).reshape(10, 4)
+    expected = a.copy()
+    with ArrayStore(root, durable=False) as store:
+        store.save({"a": a})
+        records = count_calls(monkeypatch, Zrecord, "replace_record")
+        for dropped in (None, [0, 1, 2]):
+            if dropped:
+                store.drop("a", dropped)
+                expected = np.delete(expected, dropped, 0)
+            if isinstance(key, list) and isinstance(key[0], list):
+                with pytest.raises(ValueError, match="as a flat list"):
+                    store.replace({"a": np.zeros((1, 4), np.int16)}, key)
+                continue
+            selected = np.arange(len(expected))[key].reshape(-1)
+            rows = (np.arange(selected.size * 4, dtype=np.int16) - 100).reshape(-1, 4)
+            expected[key] = rows if selected.size > 1 else rows[0]
+            store.replace({"a": rows}, key)
+            assert same(store.load("a"), expected)
+        one_row = any(key is other for other in ONE_ROW_KEYS)
+        assert len(records) == (2 if one_row else 0)
+        with pytest.raises(IndexError, match="array 'a': index 7 is out of range"):
+            store.replace({"a": np.zeros((1, 4), np.int16)}, [7])
+        with pytest.raises(ValueError, match=r"got shape \(2, 4\), expected \(1, 4\)"):
+            store.replace({"a": np.zeros((2, 4), np.int16)}, 0)
+        assert same(store.load("a"), expected)
+    with ArrayStore(root) as store:
+        assert same(store.load("a"), expected)
+
+
 def test_same_kind_casts_are_accepted_and_integers_must_fit(root):
     """Rows of another dtype are cast with same_kind casting; integer values
     that do not fit, and float into int, are refused."""

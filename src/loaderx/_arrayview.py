@@ -288,9 +288,17 @@ class OpenArray:
 
     # ---- row edits (each one native commit, counted in ``stats``)
 
-    def replace(self, indices: npt.NDArray[np.uint64], data: np.ndarray) -> None:
-        base = np.ascontiguousarray(self.to_base(indices), dtype=np.uint64)
-        self.store.replace_checked(base, data, data.nbytes, self.offsets(indices.size))
+    def replace(self, rows: int | npt.NDArray[np.uint64], data: np.ndarray) -> None:
+        """Gives ``rows`` (in range, no repeats; an int: one row) the rows
+        ``data`` in one native commit."""
+        if type(rows) is int:
+            live = self.live
+            self.store.replace_record(rows if live is None else int(live[rows]), data, data.nbytes)
+        elif rows.size:
+            base = np.ascontiguousarray(self.to_base(rows), dtype=np.uint64)
+            self.store.replace_checked(base, data, data.nbytes, self.offsets(rows.size))
+        else:
+            return
         self._edited(data.nbytes)
 
     def append(self, data: np.ndarray) -> None:

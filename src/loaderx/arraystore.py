@@ -361,12 +361,15 @@ class ArrayStore:
             plans = []
             for name, rows in items:
                 entry = self._row_entry(name, "replace")
+                row = _one_row(idx, entry.length, name)
+                if row is not None:
+                    plans.append((entry, row, entry.rows(rows, 1, "replace")))
+                    continue
                 indices = _row_indices(idx, entry.length, name)
                 data = entry.rows(rows, indices.size, "replace")
                 plans.append((entry, *_last_wins(indices, data, idx)))
-            for entry, indices, data in plans:
-                if indices.size:
-                    entry.replace(indices, data)
+            for entry, selected, data in plans:
+                entry.replace(selected, data)
 
     def append(self, arrays: Mapping[str, npt.ArrayLike]) -> None:
         """Appends rows to each named (existing) array."""
@@ -959,6 +962,19 @@ def _row_indices(key: Any, length: int, name: str) -> npt.NDArray[np.uint64]:
             f"array '{name}': give row indices as a flat list, got an index array of shape {shape}"
         )
     return indices
+
+
+def _one_row(key: Any, length: int, name: str) -> int | None:
+    """The row of a selector of one row (an int, or a list of one int) as
+    for ``_row_indices``; None for any other selector."""
+    if type(key) is list and len(key) == 1:
+        key = key[0]
+    if not is_int(key):
+        return None
+    try:
+        return int_index(key, length)
+    except IndexError as exc:
+        raise IndexError(f"array '{name}': {exc}") from None
 
 
 def _drop_mask(key: Any, length: int, name: str) -> tuple[npt.NDArray[np.bool_], int]:

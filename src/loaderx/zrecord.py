@@ -343,6 +343,9 @@ def _check_disjoint(
         )
 
 
+_FIRST_BYTE = ffi.new("uint64_t[1]")  # the offsets of one record that starts its src (read only)
+
+
 def u64_pointer(array: npt.NDArray[np.uint64]) -> Any:
     return ffi.from_buffer("uint64_t[]", array) if array.size else ffi.NULL
 
@@ -754,15 +757,29 @@ class Zrecord(NativeHandle):
         ``source_bytes`` and a codec id (None: the store's). The native call
         checks the rest (ranges, lengths). ArrayStore's edits convert their
         rows themselves."""
+        self._replace(
+            u64_pointer(indices), indices.size, src, source_bytes, u64_pointer(starts), codec
+        )
+
+    def replace_record(self, index: int, src: Any, source_bytes: int) -> None:
+        """``replace_checked`` of the one record ``index`` (an int >= 0)
+        holding all ``source_bytes`` of ``src``, in the store's codec: a
+        one-row edit's path, with no NumPy index or offset arrays (their
+        calls dominate a single edit on cold caches)."""
+        self._replace(ffi.new("uint64_t[1]", (index,)), 1, src, source_bytes, _FIRST_BYTE, None)
+
+    def _replace(
+        self, indices: Any, count: int, src: Any, source_bytes: int, starts: Any, codec: int | None
+    ) -> None:
         handle = self._enter()
         try:
             status = lib.lx_store_replace(
                 handle,
-                u64_pointer(indices),
-                indices.size,
+                indices,
+                count,
                 ffi.from_buffer("uint8_t[]", src),
                 source_bytes,
-                u64_pointer(starts),
+                starts,
                 self._codec if codec is None else codec,
             )
         finally:
