@@ -494,6 +494,31 @@ def test_damaged_schema_raises_value_error(dense, tmp_path, payload, message):
         DenseDataset(tmp_path / "dense")
 
 
+def test_a_schema_file_is_parsed_once_per_content(tmp_path, monkeypatch):
+    """Schema files with the same bytes are parsed once (the parsed schema is
+    immutable); other bytes are parsed, and a damaged file raises each time."""
+    from loaderx import schema as schema_module
+
+    parses = []
+    parse = schema_module.Schema.from_dict
+    monkeypatch.setattr(
+        schema_module.Schema,
+        "from_dict",
+        staticmethod(lambda data, where="schema": parses.append(where) or parse(data, where)),
+    )
+    monkeypatch.setattr(schema_module, "_PARSED", {})
+    for name, dtype in (("a", np.int16), ("b", np.int16), ("c", np.float32)):
+        (tmp_path / name).mkdir()
+        write_schema(tmp_path / name, Schema("dense", np.dtype(dtype), (3,), "raw"))
+    first, second, third = (read_schema(tmp_path / name) for name in "abc")
+    assert first is second and third.dtype == np.float32 and len(parses) == 2
+    (tmp_path / "b" / SCHEMA_FILE).write_bytes(b"\xc1")
+    for _ in range(2):
+        with pytest.raises(ValueError, match="damaged"):
+            read_schema(tmp_path / "b")
+    assert read_schema(tmp_path / "a") is first and len(parses) == 2
+
+
 def test_dense_store_not_matching_its_schema(tmp_path):
     """Records whose size is not the schema's item size are refused on open."""
     with Zrecord(tmp_path / "odd", codec="raw") as store:

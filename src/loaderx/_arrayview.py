@@ -291,7 +291,7 @@ class OpenArray:
     def replace(self, rows: int | npt.NDArray[np.uint64], data: np.ndarray) -> None:
         """Gives ``rows`` (in range, no repeats; an int: one row) the rows
         ``data`` in one native commit."""
-        if type(rows) is int:
+        if isinstance(rows, int):
             live = self.live
             self.store.replace_record(rows if live is None else int(live[rows]), data, data.nbytes)
         elif rows.size:

@@ -358,7 +358,7 @@ class ArrayStore:
             return
         with self._lock:
             self._begin_write()
-            plans = []
+            plans: list[tuple[OpenArray, int | npt.NDArray[np.uint64], np.ndarray]] = []
             for name, rows in items:
                 entry = self._row_entry(name, "replace")
                 row = _one_row(idx, entry.length, name)

@@ -140,7 +140,10 @@ class _Dataset:
                 ):
                     continue
                 raise
-            if path_identity(self.path) == before:
+            # The store's handle took its directory's identity as it opened
+            # (after the schema read), so the usual open stats it once.
+            after = self._store.identity if path == self.path else path_identity(self.path)
+            if after == before:
                 break  # the schema and the store are of one directory
             self._store.close()
             if attempt == _SWAPS_SEEN_MAX:
@@ -294,12 +297,14 @@ class DenseDataset(_Dataset):
     def _check_record_bytes(self) -> None:
         """A store whose records do not have the schema's size is not this dense
         store (written around the converters, or damaged): refuse it on open."""
-        stats = self._store.stats()
-        count = stats["records"]
-        if stats["layout"] == "fixed":
-            sizes = {stats["record_bytes"]}
-        elif count:
-            sizes = {int(size) for size in self._store.lengths([0, count - 1])}
+        store = self._store
+        assert not isinstance(store, RemoteStore)  # its shards are checked as they open
+        layout, record_bytes = store.layout()
+        if layout == "fixed":
+            sizes = {record_bytes}
+        elif layout == "indexed" and len(store):
+            count = len(store)
+            sizes = {int(size) for size in store.lengths([0, count - 1])}
         else:
             return
         if sizes != {self._item_bytes}:

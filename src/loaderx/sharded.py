@@ -647,6 +647,11 @@ class ShardedStore(ShardsView):
         }
         return {**totals, "layout": layout, "record_bytes": record_bytes, "shards": len(parts)}
 
+    def layout(self) -> tuple[str, int]:
+        """``stats()``'s ``layout`` and ``record_bytes``."""
+        stats = self.stats()
+        return stats["layout"], stats["record_bytes"]
+
     def verify(self) -> list[int]:
         """Checks every record's checksum; returns the global indices of damaged records."""
         damaged: list[int] = []

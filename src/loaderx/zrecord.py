@@ -98,6 +98,7 @@ MAX_RECORD_LEN = LIMITS["record_bytes_max"]
 #: 1024 is four times the cores of the largest common hosts.
 THREADS_MAX = 1024
 _VERIFY_CHUNK = 1 << 20
+LAYOUTS = ("empty", "fixed", "indexed")  # lx_store_info.layout
 
 _INFO_BYTES = ffi.sizeof("lx_store_info")
 if lib.lx_store_info_bytes() != _INFO_BYTES:  # pragma: no cover - a stale build
@@ -534,6 +535,12 @@ class Zrecord(NativeHandle):
         self._reopen_hint = "Zrecord(path)"
         self._init_lifetime()
 
+    @property
+    def identity(self) -> tuple[int, int] | None:
+        """The (device, inode) of the directory at ``path`` as this handle
+        opened it (taken just after the native open)."""
+        return self._inode
+
     def __reduce__(self) -> tuple[type[Zrecord], tuple[str, str, bool | None, int, bool, bool]]:
         # A native handle cannot cross processes: a pickled store is its path
         # and options, opened again on unpickling (spawn/forkserver workers).
@@ -655,7 +662,7 @@ class Zrecord(NativeHandle):
             "live_bytes": info.live_bytes,
             "chunk_bytes": info.chunk_bytes,
             "reclaimable": info.reclaimable,
-            "layout": ("empty", "fixed", "indexed")[info.layout],
+            "layout": LAYOUTS[info.layout],
             "record_bytes": info.record_bytes,
             "generation": info.generation,
             # True when a superblock slot does not decode and open took the
@@ -668,6 +675,12 @@ class Zrecord(NativeHandle):
             "damaged": bool(info.damaged),
             "fell_back_reason": self._fall_back_reason(),
         }
+
+    def layout(self) -> tuple[str, int]:
+        """``stats()``'s ``layout`` and ``record_bytes``, in one native call
+        (a dataset's open checks them)."""
+        info = self._info()
+        return LAYOUTS[info.layout], info.record_bytes
 
     def _fall_back_reason(self) -> str | None:
         """Why open fell back or found damage, or None."""
