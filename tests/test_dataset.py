@@ -648,3 +648,44 @@ def test_short_index_lists_are_checked_like_arrays(length, key):
     else:
         assert short == general
         assert short[0] == [index % length for index in key]
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        np.array([7, 0, 9, 7], np.int64),
+        np.array([7, 0, 9, 7], np.uint64),
+        np.array([-1, 3, -10], np.int64),
+        np.array([7, 0, 9], ">i8"),
+        np.array([7, 0, 9], np.int32),
+        np.arange(10, dtype=np.int64)[::3],
+        np.array([[1, 2], [3, 4]], np.int64),
+    ],
+)
+def test_index_arrays_read_what_numpy_indexes(dense, monkeypatch, key):
+    """An index array reads NumPy's rows whatever its dtype, byte order,
+    strides or shape; a flat native int64 or uint64 one in range goes to the
+    native gather as it is (its range checked there, not converted)."""
+    from loaderx import dataset as dataset_module
+
+    dataset, array = dense
+    conversions = []
+    convert = dataset_module.record_indices
+    monkeypatch.setattr(
+        dataset_module, "record_indices", lambda *a: conversions.append(a) or convert(*a)
+    )
+    assert np.array_equal(dataset[key], array[key])
+    as_is = (
+        key.ndim == 1 and key.dtype in (np.dtype("<i8"), np.dtype("<u8")) and key.strides == (8,)
+    )
+    assert len(conversions) == (0 if as_is and key.min() >= 0 else 1)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint64])
+def test_an_index_array_out_of_range_says_which_index(dense, dtype):
+    dataset, _ = dense
+    with pytest.raises(IndexError, match="index 10 is out of range for a dataset of 10 records"):
+        dataset[np.array([3, 10, 2], dtype)]
+    if dtype is np.int64:
+        with pytest.raises(IndexError, match="index -11 is out of range"):
+            dataset[np.array([3, -11], dtype)]
