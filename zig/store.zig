@@ -1656,22 +1656,43 @@ test "regression: a small record after one larger than a growth step does not ze
     for (target[stride..]) |byte| try testing.expectEqual(@as(u8, 3), byte);
 }
 
+/// A test's `count` rows of `stride` bytes: the rows, their packed
+/// offsets, and every index.
+const TestRows = struct {
+    rows: []u8,
+    offsets: []u64,
+    all: []u64,
+
+    fn init(count: usize, stride: usize) !TestRows {
+        const rows = try allocator.alloc(u8, count * stride);
+        errdefer allocator.free(rows);
+        const offsets = try allocator.alloc(u64, count);
+        errdefer allocator.free(offsets);
+        const all = try allocator.alloc(u64, count);
+        for (offsets, all, 0..) |*offset, *index, k| {
+            offset.* = k * stride;
+            index.* = k;
+        }
+        return .{ .rows = rows, .offsets = offsets, .all = all };
+    }
+
+    fn deinit(test_rows: TestRows) void {
+        allocator.free(test_rows.rows);
+        allocator.free(test_rows.offsets);
+        allocator.free(test_rows.all);
+    }
+};
+
 test "a live replace stores small rows through the writer's mappings, large ones by pwrite" {
     // Both modes: the journal's (durable) and the undo area's paths.
     for ([_]bool{ true, false }) |durable| {
         simulated.reset();
         const stride = 40;
         const count = 40_000; // 1.6 MB: more rows than `journal.patch_bytes_max` holds
-        const rows = try allocator.alloc(u8, count * stride);
-        defer allocator.free(rows);
-        const offsets = try allocator.alloc(u64, count);
-        defer allocator.free(offsets);
-        const all = try allocator.alloc(u64, count);
-        defer allocator.free(all);
-        for (offsets, all, 0..) |*offset, *index, k| {
-            offset.* = k * stride;
-            index.* = k;
-        }
+        const test_rows = try TestRows.init(count, stride);
+        defer test_rows.deinit();
+        const rows, const offsets = .{ test_rows.rows, test_rows.offsets };
+        const all = test_rows.all;
         @memset(rows, 1);
         const store = try Store.open("patched", 1, true, durable);
         defer store.close();
@@ -1711,6 +1732,59 @@ test "a live replace stores small rows through the writer's mappings, large ones
     }
 }
 
+test "durable=False: a replace finding many blocks unsaved saves its rows' ranges" {
+    // And a kill after a block saved by ranges was saved whole restores
+    // the last sync (the records are written back newest first).
+    simulated.reset();
+    const stride = 40; // rows cross block edges: 16 KiB is not a multiple
+    const count = 40_000; // 98 blocks, the last partial
+    const test_rows = try TestRows.init(count, stride);
+    defer test_rows.deinit();
+    const rows, const offsets = .{ test_rows.rows, test_rows.offsets };
+    const all = test_rows.all;
+    @memset(rows, 1);
+    const store = try Store.open("ranges", 1, true, false);
+    _ = try store.append(rows, offsets, .raw);
+    try store.replace(all[0..1], rows[0..stride], offsets[0..1], .raw); // creates the undo file
+    try store.sync();
+    // 100 rows 16,000 bytes apart, one or two per block, the last in the
+    // partial block: range records of 88 bytes (a row across a block edge
+    // makes two), not 98 block images.
+    var scattered: [100]u64 = undefined;
+    for (&scattered, 0..) |*row, k| row.* = k * 400;
+    scattered[99] = count - 1;
+    @memset(rows[0 .. 100 * stride], 2);
+    try store.replace(&scattered, rows[0 .. 100 * stride], offsets[0..100], .raw);
+    const saved = store.writer.?.undo.end;
+    try testing.expect(saved >= 100 * 88 and saved <= 102 * 88);
+    // Block 5 nearly whole (range-saved, row 2,400 patched): now saved as
+    // a block, its image holding the patched row, which the older range
+    // record of that row undoes on recovery.
+    const block_rows = format.block_bytes / stride;
+    const first = 5 * block_rows + 1;
+    const run = rows[0 .. block_rows * stride];
+    @memset(run, 3);
+    try store.replace(all[first..][0..block_rows], run, offsets[0..block_rows], .raw);
+    const target = try allocator.alloc(u8, count * stride);
+    defer allocator.free(target);
+    try store.gather(all, target, null);
+    for (0..count) |row| {
+        const in_run = row >= first and row < first + block_rows;
+        const scattered_row = (row % 400 == 0 and row < 99 * 400) or row == count - 1;
+        const expected: u8 = if (in_run) 3 else if (scattered_row) 2 else 1;
+        try testing.expectEqual(expected, target[row * stride]);
+    }
+    // Killed: the handle is dropped without close (no sync).
+    simulated.processCrash();
+    const reader = try Store.open("ranges", 1, true, true);
+    defer reader.close();
+    try reader.gather(all, target, null);
+    try testing.expect(std.mem.allEqual(u8, target, 1));
+    const damaged = try allocator.alloc(u64, count);
+    defer allocator.free(damaged);
+    try testing.expectEqual(@as(u64, 0), try reader.verify(0, count, damaged));
+}
+
 test "a replace of rows back to back in memory (no copy) survives a kill and a reopen" {
     // Covers the zero-copy paths: runs the rows cover whole (`covering`,
     // with `runEnd` splitting off the two edge blocks) and rows written
@@ -1720,18 +1794,12 @@ test "a replace of rows back to back in memory (no copy) survives a kill and a r
     simulated.reset();
     const stride = 100;
     const count = 2000;
-    const rows = try allocator.alloc(u8, count * stride);
-    defer allocator.free(rows);
+    const test_rows = try TestRows.init(count, stride);
+    defer test_rows.deinit();
+    const rows, const offsets = .{ test_rows.rows, test_rows.offsets };
+    const all = test_rows.all;
     const model = try allocator.alloc(u8, count * stride);
     defer allocator.free(model);
-    const offsets = try allocator.alloc(u64, count);
-    defer allocator.free(offsets);
-    const all = try allocator.alloc(u64, count);
-    defer allocator.free(all);
-    for (offsets, all, 0..) |*offset, *index, k| {
-        offset.* = k * stride;
-        index.* = k;
-    }
     for (model, 0..) |*byte, k| byte.* = @truncate(k *% 7);
     const store = try Store.open("direct", 1, true, true);
     _ = try store.append(model, offsets, .raw);

@@ -117,7 +117,8 @@ class _Dataset:
         # directory that has one): a store's schema is the one look-up.
         for attempt in range(_SWAPS_SEEN_MAX + 1):
             before = path_identity(self.path)
-            path = readable_path(self.path)  # the old directory, mid two-rename swap
+            # Where it is missing: the old directory, mid two-rename swap.
+            path = self.path if before is not None else readable_path(self.path)
             try:
                 schema = read_schema(path)
                 if schema is None and is_sharded(self.path):

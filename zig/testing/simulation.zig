@@ -327,6 +327,13 @@ const undo_operations = struct {
 /// Workload seeds from here on are the undo area's (`undo_operations`).
 const undo_seed_base = 1_000_000;
 
+/// Every other undo workload saves the rows of any replace that finds two
+/// blocks unsaved as range records (undo.zig), so its small stores mix
+/// range and block records, blocks saved by ranges and then whole.
+fn rangeBlocksMin(seed: u64) u64 {
+    return if (seed >= undo_seed_base and seed % 2 == 1) 2 else 64;
+}
+
 fn makeWorkload(seed: u64, length: usize, arena: std.mem.Allocator) ![]const Operation {
     var prng = std.Random.DefaultPrng.init(seed);
     // Every other workload keeps the store fixed: mostly in-place replaces,
@@ -856,11 +863,14 @@ test "power loss at every call and every fault at every call leave the store who
     trace_call = if (replay != 0) envNumber("LOADERX_SIM_TRACE", std.math.maxInt(u64)) else null;
     undo.sabotage = sabotageFromEnv();
     defer undo.sabotage = .none;
+    const range_blocks_min = undo.range_blocks_min;
+    defer undo.range_blocks_min = range_blocks_min;
     var counts = Counts{};
     const workloads = if (replay != 0) 1 else 12 * scale;
     for (0..workloads) |k| {
         const seed = if (replay != 0) replay else 1 + k;
         workload_durable = seed % 4 < 2 and seed < undo_seed_base;
+        undo.range_blocks_min = rangeBlocksMin(seed);
         const length: usize = if (seed < undo_seed_base) 10 else 14;
         try powerLossWorkload(seed, length, 2, &counts);
         try faultWorkload(seed, length, &counts);
@@ -871,6 +881,7 @@ test "power loss at every call and every fault at every call leave the store who
     for (0..undo_workloads) |k| {
         const seed = undo_seed_base + k;
         workload_durable = false;
+        undo.range_blocks_min = rangeBlocksMin(seed);
         try powerLossWorkload(seed, 14, 2, &counts);
         try faultWorkload(seed, 14, &counts);
         counts.workloads += 1;
