@@ -951,9 +951,10 @@ def _array_to_save(name: str, value: npt.ArrayLike) -> np.ndarray:
 def _row_indices(key: Any, length: int, name: str) -> npt.NDArray[np.uint64]:
     """Row selector (int, slice, list, int array, bool mask; negative counts
     from the end) as flat uint64 indices; IndexError when out of range."""
+    row = _one_row(key, length, name)
+    if row is not None:
+        return np.array([row], dtype=np.uint64)
     try:
-        if is_int(key):
-            return np.array([int_index(key, length)], dtype=np.uint64)
         indices, shape = record_indices(key, length)
     except IndexError as exc:
         raise IndexError(f"array '{name}': {exc}") from None
