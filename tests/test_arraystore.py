@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 import zlib
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -1350,6 +1351,40 @@ def test_writable_batch_mode_finds_rows_across_page_ends(root, monkeypatch, row_
                 expected[row] = view[row]
             assert same(store.load("a"), expected), (row_items, scan)
         shutil.rmtree(root)
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_writable_batch_mode_maps_the_data_file_unless_rows_were_dropped(root, durable):
+    """An array whose data file holds its rows as they are is edited over a
+    private mapping of that file (no copy; the file is unchanged until the
+    commit); with dropped rows the rows are copied into a memfd. Both
+    commit exactly the rows changed, and a reopen reads them."""
+    a = np.arange(60_000, dtype=np.float32).reshape(20_000, 3)
+    expected = a.copy()
+    with ArrayStore(root, durable=durable) as store:
+        store.save({"a": a, "b": a})
+        store.drop("b", [0, 7])
+        data_file = store._entry("a").store.fixed_data_file()
+        before = Path(data_file).read_bytes()
+        with store.writable_batch_mode():
+            view, other = store.load("a"), store.load("b")
+            backing = {
+                name: os.readlink(f"/proc/self/fd/{store._batch.copies[name].fd}")
+                for name in ("a", "b")
+            }
+            view[[5, 19_999]] = -1
+            other[3] = -2
+            assert Path(data_file).read_bytes() == before  # nothing written before the commit
+        assert backing["a"] == os.path.realpath(data_file)
+        assert backing["b"].startswith("/memfd:")
+        expected[[5, 19_999]] = -1
+        assert same(store.load("a"), expected) and not view.flags.writeable
+        kept = np.delete(a, [0, 7], 0)
+        kept[3] = -2
+        assert same(store.load("b"), kept)
+        store.sync()
+    with ArrayStore(root) as reopened:
+        assert same(reopened.load("a"), expected) and same(reopened.load("b"), kept)
 
 
 # ---- get_io_stats and clone -----------------------------------------------------------

@@ -74,10 +74,13 @@ pub const Info = extern struct {
     /// 1 when the superblock is damaged, not torn: the store may have
     /// opened older than its last commit (`Store.damaged`).
     damaged: u32,
+    /// The id in the name of the data file (`format.fileName`), 0: none. In
+    /// a fixed raw store, record i is bytes [i, i + 1) * record_bytes of it.
+    data_file: u64,
 };
 
 comptime {
-    assert(@sizeOf(Info) == 64);
+    assert(@sizeOf(Info) == 72);
 }
 
 const fall_back_reason_bytes_max = 400;
@@ -786,6 +789,7 @@ pub const Store = struct {
             .has_dict = @intFromBool(superblock.dict_file != 0),
             .fell_back = @intFromBool(store.fell_back),
             .damaged = @intFromBool(store.damaged),
+            .data_file = superblock.data_file,
         };
     }
 

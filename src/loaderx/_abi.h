@@ -24,6 +24,7 @@ typedef struct {
     uint32_t has_dict;
     uint32_t fell_back;      /* 1: open fell back past a superblock slot that does not decode */
     uint32_t damaged;        /* 1: that slot is damaged, not torn: verify fails, writes are refused */
+    uint64_t data_file;      /* the id in the data file's name (data-%016x), 0: none */
 } lx_store_info;
 
 uint64_t lx_store_info_bytes(void);

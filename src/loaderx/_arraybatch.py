@@ -14,9 +14,13 @@ before, through a crash or power cut. ``Plan`` picks the commit:
 
 ``MemoryBatch`` (``batch_mode``) holds each array it touched as a NumPy array.
 ``MappedBatch`` (``writable_batch_mode``) hands out arrays over a private
-(copy-on-write) mapping of an anonymous in-memory file (``memfd``) that holds
-the array as it was at its first load: the kernel copies a page on its first
-write, so the pages that changed are the ones no longer backed by the file,
+(copy-on-write) mapping of a file that holds the array as it was at its
+first load: the store's own data file where it holds the rows as they are
+(a fixed store with no dropped row: no copy at all; the batch holds the
+write lock, so the file stays as it was until the commit), else an
+anonymous in-memory file (``memfd``) the rows are copied into. The kernel
+copies a page on its first write, so the pages that changed are the ones
+no longer backed by the file,
 which ``/proc/self/pagemap`` says (bit 61 clear on a present page, or the page
 swapped out) without reading the data. Only the rows of those pages are
 compared with the file's copy, so finding the changes costs O(pages of the
@@ -298,8 +302,8 @@ class MappedBatch(Batch):
 
 class _MappedCopy:
     """One array of a ``MappedBatch``: ``original`` (a shared mapping of the
-    memfd, as read at the first load) and ``array`` (a private mapping of the
-    same memfd: what the caller edits)."""
+    store's data file or of a memfd, the rows as at the first load) and
+    ``array`` (a private mapping of the same file: what the caller edits)."""
 
     def __init__(self, entry: OpenArray) -> None:
         self.entry = entry
@@ -312,12 +316,19 @@ class _MappedCopy:
             self.array = np.zeros(entry.shape, dtype=entry.dataset.dtype)
             return
         try:
-            self.fd = os.memfd_create(f"loaderx-batch-{entry.name[:40]}", os.MFD_CLOEXEC)
-            os.ftruncate(self.fd, nbytes)
-            self.shared = mmap.mmap(self.fd, nbytes, flags=mmap.MAP_SHARED)
-            original = np.frombuffer(self.shared, dtype=np.uint8)
-            entry.store.gather(entry.base_range(0, self.rows), original)
-            private = mmap.mmap(self.fd, nbytes, flags=mmap.MAP_PRIVATE)
+            self.fd = _open_rows_file(entry)
+            if self.fd >= 0:  # the store's own data file: no copy
+                self.shared = mmap.mmap(self.fd, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+                original = np.frombuffer(self.shared, dtype=np.uint8)
+            else:
+                self.fd = os.memfd_create(f"loaderx-batch-{entry.name[:40]}", os.MFD_CLOEXEC)
+                os.ftruncate(self.fd, nbytes)
+                self.shared = mmap.mmap(self.fd, nbytes, flags=mmap.MAP_SHARED)
+                original = np.frombuffer(self.shared, dtype=np.uint8)
+                entry.store.gather(entry.base_range(0, self.rows), original)
+            private = mmap.mmap(
+                self.fd, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
+            )
         except BaseException:
             self.close()
             raise
@@ -358,6 +369,18 @@ class _MappedCopy:
         if self.fd >= 0:
             os.close(self.fd)  # the mappings keep the file alive while arrays use them
             self.fd = -1
+
+
+def _open_rows_file(entry: OpenArray) -> int:
+    """A read-only descriptor of the store's data file when it holds the
+    array's rows as they are (a fixed store: row i at ``i * row_bytes``, no
+    row dropped), else -1 (the batch copies the rows into a memfd). The
+    batch holds the write lock, so the file does not change before its
+    commit; a commit never cuts a data file below a committed length, so
+    the mapping of its rows stays valid while a view holds it."""
+    if entry.scalar or entry.has_drops:
+        return -1
+    return entry.store.open_records(entry.length)
 
 
 def written_pages(view: np.ndarray) -> npt.NDArray[np.int64]:

@@ -682,6 +682,30 @@ class Zrecord(NativeHandle):
         info = self._info()
         return LAYOUTS[info.layout], info.record_bytes
 
+    def fixed_data_file(self) -> str | None:
+        """The path of a fixed store's data file, in which record i is bytes
+        ``[i, i + 1) * record_bytes`` (raw); None for another layout. It
+        names the current generation's file: a later commit may write
+        another."""
+        info = self._info()
+        if LAYOUTS[info.layout] != "fixed" or not info.data_file:
+            return None
+        return os.path.join(self.path, f"data-{info.data_file:016x}")
+
+    def open_records(self, count: int) -> int:
+        """A read-only descriptor of the data file of a fixed store holding
+        records ``0..count`` as they are (``fixed_data_file``), for a
+        mapping of them; -1 for another layout or a shorter file. The
+        caller closes it."""
+        path = self.fixed_data_file()
+        if path is None:
+            return -1
+        descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        if os.fstat(descriptor).st_size < count * self._info().record_bytes:
+            os.close(descriptor)
+            return -1
+        return descriptor
+
     def _fall_back_reason(self) -> str | None:
         """Why open fell back or found damage, or None."""
         buffer = ffi.new("char[512]")
