@@ -1761,6 +1761,11 @@ test "durable=False: a replace finding many blocks unsaved saves its rows' range
     try store.replace(&scattered, rows[0 .. 100 * stride], offsets[0..100], .raw);
     const saved = store.writer.?.undo.end;
     try testing.expect(saved >= 100 * 88 and saved <= 102 * 88);
+    // The same rows again: their ranges are saved, so no record, no sync.
+    const syncs = simulated.kindCount(.sync_file);
+    try store.replace(&scattered, rows[0 .. 100 * stride], offsets[0..100], .raw);
+    try testing.expectEqual(saved, store.writer.?.undo.end);
+    try testing.expectEqual(syncs, simulated.kindCount(.sync_file));
     // Block 5 nearly whole (range-saved, row 2,400 patched): now saved as
     // a block, its image holding the patched row, which the older range
     // record of that row undoes on recovery.

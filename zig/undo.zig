@@ -178,6 +178,9 @@ pub const Undo = struct {
     end: u64 = 0,
     /// Blocks saved in this interval (the tail block is index `full`).
     saved: std.DynamicBitSetUnmanaged = .{},
+    /// Rows saved in this interval as range records (in blocks not saved):
+    /// later replaces of them need no record.
+    saved_rows: std.AutoHashMapUnmanaged(u64, void) = .empty,
     /// The interval's barriers so far (fdatasyncs of records).
     barriers: u32 = 0,
     /// The replaces' 1 MiB of scratch, kept: allocated per call, glibc
@@ -188,6 +191,7 @@ pub const Undo = struct {
         if (undo.file) |file| io.closeFile(file);
         undo.file = null;
         undo.saved.deinit(allocator);
+        undo.saved_rows.deinit(allocator);
         if (undo.scratch) |scratch| allocator.free(scratch);
         undo.* = .{};
     }
@@ -225,6 +229,7 @@ pub const Undo = struct {
         const geometry = Geometry.of(superblock);
         undo.saved.resize(allocator, geometry.full + 1, false) catch return error.OutOfMemory;
         undo.saved.unsetAll();
+        undo.saved_rows.clearRetainingCapacity();
         undo.generation = superblock.generation;
         undo.end = 0;
         undo.barriers = 0;
@@ -261,12 +266,34 @@ pub const Undo = struct {
         const geometry = Geometry.of(superblock);
         var fresh: u64 = @intFromBool(tail and !undo.saved.isSet(geometry.full));
         for (sums.blocks.items) |block| fresh += @intFromBool(!undo.saved.isSet(block));
+        if (fresh == 0) {
+            assert(undo.active);
+            return; // every block saved
+        }
+        // The rows of unsaved blocks that no range record holds yet.
+        var unsaved_rows: u64 = 0;
+        for (patches) |patch| {
+            unsaved_rows += @intFromBool(undo.rowUnsaved(patch.row, target.stride));
+        }
+        if (unsaved_rows == 0) {
+            assert(undo.active);
+            return; // saved as ranges earlier in the interval
+        }
         // At most two records per row (one across a block edge).
-        const range_bytes = patches.len * (recordBytes(target.stride) + @sizeOf(Record));
+        const range_bytes = unsaved_rows * (recordBytes(target.stride) + @sizeOf(Record));
         if (fresh >= range_blocks_min and range_bytes * 4 < fresh * block_bytes) {
             return undo.protectRanges(dir, target, superblock, patches, committed, poisoned);
         }
         try undo.protect(dir, target, superblock, sums.blocks.items, tail, poisoned);
+    }
+
+    /// Whether a replace of `row` needs a record: some block it lies in is
+    /// unsaved, and no range record of the interval holds it.
+    fn rowUnsaved(undo: *const Undo, row: u64, stride: u64) bool {
+        const first = row * stride / block_bytes;
+        const last = (row * stride + stride - 1) / block_bytes;
+        if (undo.saved.isSet(first) and undo.saved.isSet(last)) return false;
+        return !undo.saved_rows.contains(row);
     }
 
     /// Makes the current bytes of each row of `patches` in a block this
@@ -294,7 +321,12 @@ pub const Undo = struct {
         const file = try undo.ensureFile(dir);
         var at = undo.end;
         var fill: usize = 0;
+        // Marked saved once the records are durable; the hash map's room
+        // first, so marking them cannot fail.
+        undo.saved_rows.ensureUnusedCapacity(allocator, @intCast(patches.len)) catch
+            return error.OutOfMemory;
         for (patches) |patch| {
+            if (!undo.rowUnsaved(patch.row, stride)) continue;
             const end = patch.row * stride + stride;
             assert(end <= data.len);
             var start = patch.row * stride;
@@ -325,6 +357,7 @@ pub const Undo = struct {
         undo.end = at;
         undo.barriers +|= 1;
         undo.active = true;
+        for (patches) |patch| undo.saved_rows.putAssumeCapacity(patch.row, {});
     }
 
     /// Makes the synced image of every block in `blocks` (whole blocks,
