@@ -349,7 +349,15 @@ pub const Undo = struct {
         // `protectTouched` found a block unsaved, so some row lies in it.
         assert(fill > 0 or at > undo.end);
         try io.write(file, buffer[0..fill], at);
-        at += fill;
+        try undo.seal(file, at + fill, poisoned);
+        for (patches) |patch| undo.saved_rows.putAssumeCapacity(patch.row, {});
+    }
+
+    /// The barrier: makes the records written up to `at` durable, then the
+    /// interval's. A failed sync poisons the writer: its records may be
+    /// durable in part, and it cannot tell which.
+    fn seal(undo: *Undo, file: io.File, at: u64, poisoned: *bool) Error!void {
+        assert(at > undo.end);
         if (!broken(.skip_undo_sync)) io.sync(file) catch |err| {
             poisoned.* = true;
             return err;
@@ -357,7 +365,6 @@ pub const Undo = struct {
         undo.end = at;
         undo.barriers +|= 1;
         undo.active = true;
-        for (patches) |patch| undo.saved_rows.putAssumeCapacity(patch.row, {});
     }
 
     /// Makes the synced image of every block in `blocks` (whole blocks,
@@ -409,13 +416,7 @@ pub const Undo = struct {
             try io.write(file, buffer[0..fill], at);
             at += fill;
         }
-        if (!broken(.skip_undo_sync)) io.sync(file) catch |err| {
-            poisoned.* = true;
-            return err;
-        };
-        undo.end = at;
-        undo.barriers +|= 1;
-        undo.active = true;
+        try undo.seal(file, at, poisoned);
         assert(undo.generation == superblock.generation);
     }
 
