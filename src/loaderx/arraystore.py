@@ -365,7 +365,7 @@ class ArrayStore:
                 if row is not None:
                     plans.append((entry, row, entry.rows(rows, 1, "replace")))
                     continue
-                indices = _row_indices(idx, entry.length, name)
+                indices = _many_rows(idx, entry.length, name)
                 data = entry.rows(rows, indices.size, "replace")
                 plans.append((entry, *_last_wins(indices, data, idx)))
             for entry, selected, data in plans:
@@ -954,6 +954,11 @@ def _row_indices(key: Any, length: int, name: str) -> npt.NDArray[np.uint64]:
     row = _one_row(key, length, name)
     if row is not None:
         return np.array([row], dtype=np.uint64)
+    return _many_rows(key, length, name)
+
+
+def _many_rows(key: Any, length: int, name: str) -> npt.NDArray[np.uint64]:
+    """``_row_indices`` of a selector ``_one_row`` found not to be one row."""
     try:
         indices, shape = record_indices(key, length)
     except IndexError as exc:

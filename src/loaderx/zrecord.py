@@ -687,7 +687,9 @@ class Zrecord(NativeHandle):
         ``[i, i + 1) * record_bytes`` (raw); None for another layout. It
         names the current generation's file: a later commit may write
         another."""
-        info = self._info()
+        return self._fixed_data_file(self._info())
+
+    def _fixed_data_file(self, info: Any) -> str | None:
         if LAYOUTS[info.layout] != "fixed" or not info.data_file:
             return None
         return os.path.join(self.path, f"data-{info.data_file:016x}")
@@ -697,11 +699,12 @@ class Zrecord(NativeHandle):
         records ``0..count`` as they are (``fixed_data_file``), for a
         mapping of them; -1 for another layout or a shorter file. The
         caller closes it."""
-        path = self.fixed_data_file()
+        info = self._info()
+        path = self._fixed_data_file(info)
         if path is None:
             return -1
         descriptor = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        if os.fstat(descriptor).st_size < count * self._info().record_bytes:
+        if os.fstat(descriptor).st_size < count * info.record_bytes:
             os.close(descriptor)
             return -1
         return descriptor
