@@ -299,7 +299,7 @@ pub const Undo = struct {
     /// Makes the current bytes of each row of `patches` in a block this
     /// interval has not saved durable in the undo area as range records
     /// (one per row and block), read from the writer's mappings. The blocks
-    /// stay unsaved. One fdatasync, or none.
+    /// stay unsaved, the rows are marked saved. One fdatasync.
     fn protectRanges(
         undo: *Undo,
         dir: io.Dir,
