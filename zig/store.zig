@@ -1794,6 +1794,37 @@ test "durable=False: a replace finding many blocks unsaved saves its rows' range
     try testing.expectEqual(@as(u64, 0), try reader.verify(0, count, damaged));
 }
 
+test "durable=False: a row wider than a block saves the block inside it" {
+    // Rows 3 and 5 save blocks 3, 4, 6 and 7, the end blocks of row 4; a
+    // replace of row 4 alone must still save block 5, which lies inside it.
+    simulated.reset();
+    const stride = 20_000;
+    const count = 8;
+    const test_rows = try TestRows.init(count, stride);
+    defer test_rows.deinit();
+    const rows, const offsets = .{ test_rows.rows, test_rows.offsets };
+    const all = test_rows.all;
+    @memset(rows, 1);
+    const store = try Store.open("wide", 1, true, false);
+    _ = try store.append(rows, offsets, .raw);
+    try store.replace(all[0..1], rows[0..stride], offsets[0..1], .raw); // creates the undo file
+    try store.sync();
+    @memset(rows[0 .. 2 * stride], 2);
+    try store.replace(&.{ 3, 5 }, rows[0 .. 2 * stride], offsets[0..2], .raw);
+    const saved = store.writer.?.undo.end;
+    try testing.expect(!store.writer.?.undo.saved.isSet(5));
+    try store.replace(&.{4}, rows[0..stride], offsets[0..1], .raw);
+    try testing.expect(store.writer.?.undo.saved.isSet(5));
+    try testing.expect(store.writer.?.undo.end > saved);
+    simulated.processCrash();
+    const reader = try Store.open("wide", 1, true, true);
+    defer reader.close();
+    const target = try allocator.alloc(u8, count * stride);
+    defer allocator.free(target);
+    try reader.gather(all, target, null);
+    try testing.expect(std.mem.allEqual(u8, target, 1));
+}
+
 test "a replace of rows back to back in memory (no copy) survives a kill and a reopen" {
     // Covers the zero-copy paths: runs the rows cover whole (`covering`,
     // with `runEnd` splitting off the two edge blocks) and rows written

@@ -128,6 +128,8 @@ const Generator = struct {
     /// Runs of unsynced in-place replaces across sync() boundaries (the
     /// undo area's workloads, durable=False).
     undo_runs: bool = false,
+    /// The length of the fixed layout's records.
+    row_bytes: usize = fixed_record_bytes,
 
     fn record(generator: *Generator, length: usize, compressible: bool) ![]const u8 {
         const bytes = try generator.arena.alloc(u8, length);
@@ -162,7 +164,7 @@ const Generator = struct {
         const list = try generator.arena.alloc([]const u8, count);
         for (list) |*item| {
             const length = if (fixed)
-                fixed_record_bytes
+                generator.row_bytes
             else
                 generator.random.uintAtMost(usize, 1500);
             item.* = try generator.record(length, record_codec != .raw);
@@ -285,8 +287,10 @@ const undo_operations = struct {
     fn next(generator: *Generator) !Operation {
         const roll = generator.random.uintLessThan(u8, 100);
         if (generator.count == 0 or roll < 6) {
+            // A few blocks whatever the rows' width.
+            const first_rows = @max(4, 33 * fixed_record_bytes / generator.row_bytes);
             const count = if (generator.count == 0)
-                33 + generator.random.uintLessThan(usize, 40)
+                first_rows + generator.random.uintLessThan(usize, first_rows + 7)
             else
                 1 + generator.random.uintLessThan(usize, 5);
             generator.count += count;
@@ -334,6 +338,19 @@ fn rangeBlocksMin(seed: u64) u64 {
     return if (seed >= undo_seed_base and seed % 2 == 1) 2 else 64;
 }
 
+/// The last two of every six undo workloads have rows wider than a block
+/// (a row then lies in two or three blocks, the middle one its own).
+fn rowBytes(seed: u64) usize {
+    const wide = seed >= undo_seed_base and (seed - undo_seed_base) % 6 >= 4;
+    return if (wide) 40_000 else fixed_record_bytes;
+}
+
+/// Operations per workload: the undo area's are longer, the wide ones most.
+fn workloadLength(seed: u64) usize {
+    if (seed < undo_seed_base) return 10;
+    return if (rowBytes(seed) > fixed_record_bytes) 20 else 14;
+}
+
 fn makeWorkload(seed: u64, length: usize, arena: std.mem.Allocator) ![]const Operation {
     var prng = std.Random.DefaultPrng.init(seed);
     // Every other workload keeps the store fixed: mostly in-place replaces,
@@ -343,6 +360,7 @@ fn makeWorkload(seed: u64, length: usize, arena: std.mem.Allocator) ![]const Ope
         .arena = arena,
         .fixed_only = seed % 2 == 0,
         .undo_runs = seed >= undo_seed_base,
+        .row_bytes = rowBytes(seed),
     };
     const operations = try arena.alloc(Operation, length);
     for (operations) |*operation| operation.* = try generator.next();
@@ -871,19 +889,20 @@ test "power loss at every call and every fault at every call leave the store who
         const seed = if (replay != 0) replay else 1 + k;
         workload_durable = seed % 4 < 2 and seed < undo_seed_base;
         undo.range_blocks_min = rangeBlocksMin(seed);
-        const length: usize = if (seed < undo_seed_base) 10 else 14;
+        const length = workloadLength(seed);
         try powerLossWorkload(seed, length, 2, &counts);
         try faultWorkload(seed, length, &counts);
         counts.workloads += 1;
     }
     // Runs of unsynced replaces across sync() boundaries (undo.zig), longer.
-    const undo_workloads = if (replay != 0) 0 else 4 * scale;
+    const undo_workloads = if (replay != 0) 0 else 6 * scale;
     for (0..undo_workloads) |k| {
         const seed = undo_seed_base + k;
         workload_durable = false;
         undo.range_blocks_min = rangeBlocksMin(seed);
-        try powerLossWorkload(seed, 14, 2, &counts);
-        try faultWorkload(seed, 14, &counts);
+        const length = workloadLength(seed);
+        try powerLossWorkload(seed, length, 2, &counts);
+        try faultWorkload(seed, length, &counts);
         counts.workloads += 1;
         counts.undo_workloads += 1;
     }
