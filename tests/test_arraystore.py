@@ -1210,6 +1210,31 @@ def test_batch_mode_of_rows_of_one_array_is_one_replace_of_those_rows(root, monk
         assert same(store.load("b"), np.array([0, 0, 0, 0, 9], np.int8))
 
 
+@pytest.mark.parametrize("durable", [True, False])
+def test_batch_mode_keeps_the_rows_a_replace_was_given_not_the_callers_array(root, durable):
+    """A caller refilling one buffer for every replace in a batch commits
+    each row as it was at its call, with or without the row axis, whether
+    the batch holds a copy of the array yet or not."""
+    with ArrayStore(root, durable=durable) as store:
+        store.save({"a": np.zeros((6, 3), np.float32), "b": np.zeros((6, 3), np.float32)})
+        row = np.zeros(3, np.float32)
+        rows = np.zeros((1, 3), np.float32)
+        with store.batch_mode():
+            store.load("b")  # the batch holds b whole; a only as replaces kept aside
+            for i in range(6):
+                row[:] = i
+                rows[:] = 10 + i
+                store.replace({"a": row, "b": rows}, i)
+                if i >= 3:  # rows 0-2 again, from the other buffer
+                    store.replace({"a": rows}, [i - 3])
+            row[:] = -1
+            rows[:] = -1
+        expected = np.repeat(np.arange(6, dtype=np.float32)[:, None], 3, axis=1)
+        expected[[0, 1, 2]] = (10 + np.arange(3, 6, dtype=np.float32))[:, None]
+        assert same(store.load("a"), expected)
+        assert same(store.load("b"), 10 + np.repeat(np.arange(6, dtype=np.float32)[:, None], 3, 1))
+
+
 def test_an_exception_in_a_batch_discards_it(root):
     """Nothing of a batch that raised is written, in memory or on disk; the
     store works on (the next batch starts from the disk)."""

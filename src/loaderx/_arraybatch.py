@@ -185,9 +185,11 @@ class MemoryBatch(Batch):
         self, entry: OpenArray, length: int, indices: npt.NDArray[np.uint64], rows: np.ndarray
     ) -> None:
         """A replace of rows of ``entry`` (``length`` rows), an array the batch
-        holds no copy of."""
+        holds no copy of. The rows are copied: the caller may change its
+        array before the batch ends."""
         self.codecs[entry.name] = entry.dataset.codec
-        self.pending.setdefault(entry.name, (entry, length, []))[2].append((indices, rows))
+        replaces = self.pending.setdefault(entry.name, (entry, length, []))[2]
+        replaces.append((indices, rows.copy()))
 
     def save(self, name: str, array: np.ndarray, codec: str) -> None:
         self.arrays[name] = np.array(array, copy=True)  # the caller may change its array later

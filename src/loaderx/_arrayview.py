@@ -553,6 +553,14 @@ def coerce_rows(
         and rows.flags.c_contiguous
     ):
         return rows  # an edit's usual rows: nothing to convert or check
+    if (
+        type(rows) is np.ndarray
+        and rows.dtype == dtype
+        and rows.shape == item_shape
+        and count in (None, 1)
+        and rows.flags.c_contiguous
+    ):
+        return rows.reshape(1, *item_shape)  # one row without its row axis, as it is
     array = np.asarray(rows)
     if array.shape == item_shape and count in (None, 1):
         array = array.reshape(1, *item_shape)  # one row given without its row axis
