@@ -35,6 +35,7 @@ import contextlib
 import mmap
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -162,8 +163,7 @@ class MemoryBatch(Batch):
         self.scalar: dict[str, bool] = {}
         self.edited: dict[str, list[npt.NDArray[np.uint64]] | None] = {}
         self.dropped: set[str] = set()
-        # name -> (its open array, its length, the replaces in order)
-        self.pending: dict[str, tuple[OpenArray, int, list[tuple[np.ndarray, np.ndarray]]]] = {}
+        self.pending: dict[str, Pending] = {}
         self.sources: dict[str, Carried] = {}  # the touched arrays as read from the disk
 
     def touch(self, entry: OpenArray) -> np.ndarray:
@@ -177,19 +177,22 @@ class MemoryBatch(Batch):
             self.codecs[entry.name] = entry.dataset.codec
             self.edited[entry.name] = []
             self.sources[entry.name] = Carried(entry)
-            for indices, rows in self.pending.pop(entry.name, (entry, 0, []))[2]:
-                self.replace(entry.name, indices, rows)
+            pending = self.pending.pop(entry.name, None)
+            if pending is not None:
+                for indices, rows in pending.replaces():
+                    self.replace(entry.name, indices, rows)
         return array
 
     def defer(
-        self, entry: OpenArray, length: int, indices: npt.NDArray[np.uint64], rows: np.ndarray
+        self, entry: OpenArray, length: int, key: int | npt.NDArray[np.uint64], rows: np.ndarray
     ) -> None:
-        """A replace of rows of ``entry`` (``length`` rows), an array the batch
-        holds no copy of. The rows are copied: the caller may change its
-        array before the batch ends."""
+        """A replace of rows ``key`` (a row, or row indices) of ``entry``
+        (``length`` rows), an array the batch holds no copy of."""
         self.codecs[entry.name] = entry.dataset.codec
-        replaces = self.pending.setdefault(entry.name, (entry, length, []))[2]
-        replaces.append((indices, rows.copy()))
+        pending = self.pending.get(entry.name)
+        if pending is None:
+            pending = self.pending[entry.name] = Pending(entry, length)
+        pending.add(key, rows)
 
     def save(self, name: str, array: np.ndarray, codec: str) -> None:
         self.arrays[name] = np.array(array, copy=True)  # the caller may change its array later
@@ -235,8 +238,8 @@ class MemoryBatch(Batch):
             elif edited:
                 indices = np.unique(np.concatenate(edited))
                 plan.rows[name] = (indices, self.arrays[name][indices])
-        for name, (_, _, replaces) in self.pending.items():
-            plan.rows[name] = _last_rows(replaces)
+        for name, pending in self.pending.items():
+            plan.rows[name] = pending.last_rows()
         plan.rows = {name: rows for name, rows in plan.rows.items() if rows[0].size}
         plan.settle(self.codecs, self.whole)
         for name in plan.rewrite:
@@ -248,15 +251,43 @@ class MemoryBatch(Batch):
     def whole(self, name: str) -> np.ndarray:
         """The batch's whole array ``name`` (read now if only pending)."""
         pending = self.pending.get(name)
-        return self.arrays[name] if pending is None else self.touch(pending[0])
+        return self.arrays[name] if pending is None else self.touch(pending.entry)
 
 
-def _last_rows(replaces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """The rows that replaces in order leave: each index once, its last row."""
-    indices = np.concatenate([indices for indices, _ in replaces])
-    rows = np.concatenate([rows for _, rows in replaces])
-    unique, first_reversed = np.unique(indices[::-1], return_index=True)
-    return unique, rows[indices.size - 1 - first_reversed]
+class Pending:
+    """The replaces of an array a batch holds no copy of, in order: each
+    one's rows (a row index, or an index array) and their contents, copied
+    (the caller may change its array before the batch ends)."""
+
+    __slots__ = ("entry", "length", "keys", "rows")
+
+    def __init__(self, entry: OpenArray, length: int):
+        self.entry = entry
+        self.length = length
+        self.keys: list[int | npt.NDArray[np.uint64]] = []
+        self.rows: list[np.ndarray] = []
+
+    def add(self, key: int | npt.NDArray[np.uint64], rows: np.ndarray) -> None:
+        self.keys.append(key)
+        self.rows.append(rows.copy())
+
+    def replaces(self) -> Iterator[tuple[npt.NDArray[np.uint64], np.ndarray]]:
+        for key, rows in zip(self.keys, self.rows):
+            yield _as_indices(key), rows
+
+    def last_rows(self) -> tuple[npt.NDArray[np.uint64], np.ndarray]:
+        """The rows the replaces in order leave: each index once, its last row."""
+        if all(type(key) is int for key in self.keys):
+            indices = np.array(self.keys, dtype=np.uint64)
+        else:
+            indices = np.concatenate([_as_indices(key) for key in self.keys])
+        rows = np.concatenate(self.rows)
+        unique, first_reversed = np.unique(indices[::-1], return_index=True)
+        return unique, rows[indices.size - 1 - first_reversed]
+
+
+def _as_indices(key: int | npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    return np.array([key], dtype=np.uint64) if isinstance(key, int) else key
 
 
 class MappedBatch(Batch):

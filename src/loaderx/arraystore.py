@@ -620,14 +620,16 @@ class ArrayStore:
 
     def _batch_replace(self, items: list[tuple[str, Any]], idx: Any) -> None:
         batch = self._batch_now()
-        plans: list[tuple[str, Any, npt.NDArray[np.uint64], np.ndarray]] = []
+        plans: list[tuple[str, Any, Any, np.ndarray]] = []
         for name, rows in items:
             if isinstance(batch, MemoryBatch) and name not in batch.arrays:
                 # No copy yet: kept as rows only (the disk does not change in a batch).
                 entry, length = self._pending_entry(batch, name)
-                indices = _row_indices(idx, length, name)
-                data = entry.rows(rows, indices.size, "replace")
-                plans.append((name, (entry, length), indices, data))
+                key: int | npt.NDArray[np.uint64] | None = _one_row(idx, length, name)
+                if key is None:
+                    key = _many_rows(idx, length, name)
+                count = 1 if isinstance(key, int) else key.size
+                plans.append((name, (entry, length), key, entry.rows(rows, count, "replace")))
                 continue
             if isinstance(batch, MemoryBatch):
                 array = self._batch_array(batch, name)
@@ -655,7 +657,7 @@ class ArrayStore:
         """The open array ``name`` and its length, for a replace kept aside."""
         held = batch.pending.get(name)
         if held is not None:
-            return held[0], held[1]
+            return held.entry, held.length
         self._require(name)  # knows the batch's drops
         entry = self._row_entry(name, "replace")
         return entry, entry.length
