@@ -1352,6 +1352,28 @@ def test_writable_batch_mode_commits_only_the_rows_that_changed(root, monkeypatc
         assert same(reopened.load("a"), expected)
 
 
+def test_changed_offsets_finds_every_changed_byte_of_the_pages_given():
+    """The word-wise compare, a few pages at a time, finds exactly the bytes
+    that differ within the pages it is given (none elsewhere): changes at
+    every byte of a word, several chunks of pages, and the partial last page."""
+    from loaderx import _arraybatch
+
+    page = _arraybatch.PAGE_BYTES
+    rng = np.random.default_rng(3)
+    size = page * (3 * _arraybatch.COMPARE_PAGES + 5) + 100
+    original = rng.integers(0, 256, size, dtype=np.uint8)
+    edited = original.copy()
+    spots = rng.choice(size, 600, replace=False)
+    edited[spots] ^= rng.integers(1, 256, spots.size, dtype=np.uint8)
+    edited[size - 1] ^= 1  # the partial last page
+    pages = np.unique(np.concatenate([spots // page, [size // page]]))
+    given = pages[rng.random(pages.size) < 0.7]  # some changed pages not given
+    found = _arraybatch.changed_offsets(edited, original, given)
+    differ = np.flatnonzero(edited != original)
+    assert found.tolist() == differ[np.isin(differ // page, given)].tolist()
+    assert _arraybatch.changed_offsets(edited, original, given[:0]).size == 0
+
+
 @pytest.mark.parametrize("row_items", [1, 3, 1500])
 def test_writable_batch_mode_finds_rows_across_page_ends(root, monkeypatch, row_items):
     """Rows smaller than a page, straddling page ends, and larger than a page

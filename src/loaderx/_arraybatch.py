@@ -433,6 +433,9 @@ def written_pages(view: np.ndarray) -> npt.NDArray[np.int64]:
     return np.flatnonzero(written) + (first - address // PAGE_BYTES)
 
 
+COMPARE_PAGES = 32  # pages compared at a time (two buffers of 128 KiB)
+
+
 def changed_offsets(
     edited: npt.NDArray[np.uint8], original: npt.NDArray[np.uint8], pages: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.int64]:
@@ -440,11 +443,26 @@ def changed_offsets(
     ``original`` within ``pages`` (ascending page numbers from the start)."""
     full = edited.size // PAGE_BYTES
     body = pages[pages < full]
-    shape = (full, PAGE_BYTES)
-    edited_pages = edited[: full * PAGE_BYTES].reshape(shape)[body]
-    original_pages = original[: full * PAGE_BYTES].reshape(shape)[body]
-    differ = np.flatnonzero(edited_pages != original_pages)  # 1-d: nonzero of 2-d is slower
-    found = [body[differ // PAGE_BYTES] * PAGE_BYTES + differ % PAGE_BYTES]
+    # By 8-byte words, COMPARE_PAGES pages at a time copied into two small
+    # buffers (copies of all the pages at once cost a page fault per page
+    # of fresh memory: 5.6 against 1.2 ms for 1,000 pages), then the bytes
+    # of the words that differ.
+    words = PAGE_BYTES // 8
+    shape = (full, words)
+    edited_words = edited[: full * PAGE_BYTES].view(np.uint64).reshape(shape)
+    original_words = original[: full * PAGE_BYTES].view(np.uint64).reshape(shape)
+    edited_pages = np.empty((COMPARE_PAGES, words), dtype=np.uint64)
+    original_pages = np.empty_like(edited_pages)
+    found = [np.zeros(0, dtype=np.int64)]
+    for start in range(0, body.size, COMPARE_PAGES):
+        part = body[start : start + COMPARE_PAGES]
+        np.take(edited_words, part, axis=0, out=edited_pages[: part.size])
+        np.take(original_words, part, axis=0, out=original_pages[: part.size])
+        # 1-d: nonzero of 2-d is slower
+        differ = np.flatnonzero(edited_pages[: part.size] != original_pages[: part.size])
+        word_at = part[differ // words] * PAGE_BYTES + differ % words * 8
+        byte_at = (word_at[:, None] + np.arange(8)).reshape(-1)
+        found.append(byte_at[edited[byte_at] != original[byte_at]])
     if edited.size > full * PAGE_BYTES and np.any(pages == full):  # the last, partial page
         tail = slice(full * PAGE_BYTES, None)
         found.append(np.flatnonzero(edited[tail] != original[tail]) + full * PAGE_BYTES)
