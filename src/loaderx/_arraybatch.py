@@ -188,10 +188,10 @@ class MemoryBatch(Batch):
     ) -> None:
         """A replace of rows ``key`` (a row, or row indices) of ``entry``
         (``length`` rows), an array the batch holds no copy of."""
-        self.codecs[entry.name] = entry.dataset.codec
         pending = self.pending.get(entry.name)
         if pending is None:
             pending = self.pending[entry.name] = Pending(entry, length)
+            self.codecs[entry.name] = entry.dataset.codec
         pending.add(key, rows)
 
     def save(self, name: str, array: np.ndarray, codec: str) -> None:

@@ -339,7 +339,7 @@ fn rangeBlocksMin(seed: u64) u64 {
 }
 
 /// The last two of every six undo workloads have rows wider than a block
-/// (a row then lies in two or three blocks, the middle one its own).
+/// (a 40,000-byte row lies in three or four blocks, those inside it its own).
 fn rowBytes(seed: u64) usize {
     const wide = seed >= undo_seed_base and (seed - undo_seed_base) % 6 >= 4;
     return if (wide) 40_000 else fixed_record_bytes;
