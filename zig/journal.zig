@@ -284,15 +284,20 @@ pub fn forEachRun(
         var last = (patchStart(patches[next], stride) + stride - 1) / block_bytes;
         next += 1;
         while (next < patches.len and
-            patchStart(patches[next], stride) / block_bytes <= last + 1) : (next += 1)
+            patchStart(patches[next], stride) / block_bytes <= last + 1)
         {
-            last = @max(last, (patchStart(patches[next], stride) + stride - 1) / block_bytes);
+            // Rows that continue this one's numbering lie back to back: all join.
+            next += consecutiveRows(patches[next..], patches.len - next);
+            last = @max(last, (patchStart(patches[next - 1], stride) + stride - 1) / block_bytes);
         }
         var block = first;
         while (block <= last) {
             const start = block * block_bytes;
-            while (passed < patches.len and patchStart(patches[passed], stride) + stride <= start)
-                passed += 1;
+            while (passed < patches.len and patchStart(patches[passed], stride) + stride <= start) {
+                // Of rows that continue this one's numbering, the first ending past `start`.
+                const run = consecutiveRows(patches[passed..], patches.len - passed);
+                passed += @min(run, start / stride - patches[passed].row);
+            }
             const block_end = runEnd(patches[passed..], stride, block, last);
             const end = @min(block_end * block_bytes, target.data_bytes);
             const image = covering(patches[passed..], stride, start, end) orelse image: {
@@ -371,14 +376,7 @@ fn runEnd(patches: []const Patch, stride: u64, block: u64, last: u64) u64 {
         patches.len,
         std.math.divCeil(u64, reach - first_byte, stride) catch unreachable,
     );
-    // Rows ascend and repeat none, so `row - k` never falls: the patches
-    // that continue patches[0]'s rows are a prefix, found by halving.
-    var rows: usize = 1;
-    var beyond: usize = rows_max;
-    while (rows < beyond) {
-        const middle = rows + (beyond - rows) / 2;
-        if (patches[middle].row == patches[0].row + middle) rows = middle + 1 else beyond = middle;
-    }
+    const rows = consecutiveRows(patches, rows_max);
     // Back to back in memory at both ends; `covering` checks every row.
     const first_row_at = @intFromPtr(patches[0].bytes.ptr);
     const last_row_at = @intFromPtr(patches[rows - 1].bytes.ptr);
@@ -390,6 +388,28 @@ fn runEnd(patches: []const Patch, stride: u64, block: u64, last: u64) u64 {
         block + run_blocks_max,
     ) else plain_end;
     return @min(plain_end, covered_start);
+}
+
+/// How many of the first `limit` of `patches` (ascending, unique rows)
+/// continue the first's row numbering, the first included. Rows ascend and
+/// repeat none, so `row - k` never falls and they are a prefix: found by
+/// galloping, then halving (O(log n) for n of them, O(1) for one).
+fn consecutiveRows(patches: []const Patch, limit: usize) usize {
+    assert(limit >= 1 and limit <= patches.len);
+    const first = patches[0].row;
+    var rows: usize = 1; // patches[0..rows] continue
+    var reach: usize = 1;
+    while (rows + reach <= limit and patches[rows + reach - 1].row == first + rows + reach - 1) {
+        rows += reach;
+        reach *= 2;
+    }
+    // patches[beyond] does not continue, or lies past the limit.
+    var beyond = @min(limit, rows + reach - 1);
+    while (rows < beyond) {
+        const middle = rows + (beyond - rows) / 2;
+        if (patches[middle].row == first + middle) rows = middle + 1 else beyond = middle;
+    }
+    return rows;
 }
 
 /// Fewer whole blocks than this are read with their edges, as one run:
