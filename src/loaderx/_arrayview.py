@@ -544,23 +544,13 @@ def coerce_rows(
     """``rows`` for the array ``name`` of ``dtype`` and ``item_shape``: a
     C-contiguous ``(n, *item_shape)`` array (``n == count`` when given);
     ValueError otherwise."""
-    if (
-        type(rows) is np.ndarray
-        and rows.dtype == dtype
-        and rows.ndim == len(item_shape) + 1
-        and rows.shape[1:] == item_shape
-        and (count is None or len(rows) == count)
-        and rows.flags.c_contiguous
-    ):
-        return rows  # an edit's usual rows: nothing to convert or check
-    if (
-        type(rows) is np.ndarray
-        and rows.dtype == dtype
-        and rows.shape == item_shape
-        and count in (None, 1)
-        and rows.flags.c_contiguous
-    ):
-        return rows.reshape(1, *item_shape)  # one row without its row axis, as it is
+    if type(rows) is np.ndarray and rows.dtype == dtype and rows.flags.c_contiguous:
+        # An edit's usual rows: nothing to convert or check.
+        if rows.shape[1:] == item_shape and rows.ndim == len(item_shape) + 1:
+            if count is None or len(rows) == count:
+                return rows
+        elif rows.shape == item_shape and count in (None, 1):
+            return rows.reshape(1, *item_shape)  # one row without its row axis, as it is
     array = np.asarray(rows)
     if array.shape == item_shape and count in (None, 1):
         array = array.reshape(1, *item_shape)  # one row given without its row axis
