@@ -1235,6 +1235,31 @@ def test_batch_mode_keeps_the_rows_a_replace_was_given_not_the_callers_array(roo
         assert same(store.load("b"), 10 + np.repeat(np.arange(6, dtype=np.float32)[:, None], 3, 1))
 
 
+def test_a_refused_replace_in_a_batch_keeps_none_of_its_arrays(root):
+    """A replace in a batch that one of its arrays refuses (a row out of
+    range, rows of the wrong shape) keeps nothing of any array it names,
+    whether the batch holds the array whole or its replaces only; a negative
+    row counts from the end, as outside a batch."""
+    with ArrayStore(root) as store:
+        store.save({"a": np.zeros((4, 3), np.int32), "b": np.zeros((4, 2), np.int32)})
+        with store.batch_mode():
+            store.replace({"a": [1, 1, 1]}, 0)  # a: kept aside, b: not touched yet
+            with pytest.raises(ValueError, match="expected"):
+                store.replace({"a": [2, 2, 2], "b": [1, 2, 3]}, 1)
+            with pytest.raises(IndexError, match="'b': index 4 is out of range"):
+                store.replace({"b": [5, 5], "a": [2, 2, 2]}, 4)
+            with pytest.raises(IndexError, match="'a'"):
+                store.replace({"a": [2, 2, 2]}, -5)
+            store.load("b")  # b now held whole
+            with pytest.raises(ValueError, match="expected"):
+                store.replace({"b": [6, 6], "a": [[2, 2, 2], [2, 2, 2]]}, 2)
+            store.replace({"a": [3, 3, 3]}, -1)
+        expected = np.zeros((4, 3), np.int32)
+        expected[0], expected[3] = 1, 3
+        assert same(store.load("a"), expected)
+        assert same(store.load("b"), np.zeros((4, 2), np.int32))
+
+
 def test_an_exception_in_a_batch_discards_it(root):
     """Nothing of a batch that raised is written, in memory or on disk; the
     store works on (the next batch starts from the disk)."""

@@ -546,11 +546,16 @@ def coerce_rows(
     ValueError otherwise."""
     if type(rows) is np.ndarray and rows.dtype == dtype and rows.flags.c_contiguous:
         # An edit's usual rows: nothing to convert or check.
-        if rows.shape[1:] == item_shape and rows.ndim == len(item_shape) + 1:
-            if count is None or len(rows) == count:
-                return rows
-        elif rows.shape == item_shape and count in (None, 1):
-            return rows.reshape(1, *item_shape)  # one row without its row axis, as it is
+        shape = rows.shape
+        if shape == item_shape:
+            if count is None or count == 1:
+                return rows[None]  # one row without its row axis, as it is
+        elif (
+            shape[1:] == item_shape
+            and len(shape) == len(item_shape) + 1
+            and (count is None or shape[0] == count)
+        ):
+            return rows
     array = np.asarray(rows)
     if array.shape == item_shape and count in (None, 1):
         array = array.reshape(1, *item_shape)  # one row given without its row axis

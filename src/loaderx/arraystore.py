@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _arrayio, zrecord
-from ._arraybatch import ArrayStoreBatchError, Batch, MappedBatch, MemoryBatch
+from ._arraybatch import ArrayStoreBatchError, Batch, MappedBatch, MemoryBatch, Pending
 from ._arraycommit import COMMIT_FILE as COMMIT_FILE
 from ._arraycommit import (
     FORMAT_NAME,
@@ -353,8 +353,9 @@ class ArrayStore:
         names to rows of shape ``(len(idx), *row_shape)``; a repeated index
         takes its last row."""
         items = _named(arrays, "replace")
-        if self._batch_now() is not None:
-            self._batch_replace(items, idx)
+        batch = self._batch_now()
+        if batch is not None:
+            self._batch_replace(batch, items, idx)
             return
         with self._lock:
             self._begin_write()
@@ -618,18 +619,22 @@ class ArrayStore:
             return None if copy is None else copy.array
         return None
 
-    def _batch_replace(self, items: list[tuple[str, Any]], idx: Any) -> None:
-        batch = self._batch_now()
+    def _batch_replace(self, batch: Batch, items: list[tuple[str, Any]], idx: Any) -> None:
+        """A replace inside ``batch``: every array's rows checked before any
+        is kept, so a refused replace changes nothing."""
         plans: list[tuple[str, Any, Any, np.ndarray]] = []
         for name, rows in items:
             if isinstance(batch, MemoryBatch) and name not in batch.arrays:
                 # No copy yet: kept as rows only (the disk does not change in a batch).
-                entry, length = self._pending_entry(batch, name)
+                held = batch.pending.get(name)
+                entry, length = (held.entry, held.length) if held else self._pending_entry(name)
                 key: int | npt.NDArray[np.uint64] | None = _one_row(idx, length, name)
                 if key is None:
                     key = _many_rows(idx, length, name)
-                count = 1 if isinstance(key, int) else key.size
-                plans.append((name, (entry, length), key, entry.rows(rows, count, "replace")))
+                count = 1 if type(key) is int else key.size
+                plans.append(
+                    (name, held or (entry, length), key, entry.rows(rows, count, "replace"))
+                )
                 continue
             if isinstance(batch, MemoryBatch):
                 array = self._batch_array(batch, name)
@@ -645,7 +650,9 @@ class ArrayStore:
             data = coerce_rows(name, array.dtype, array.shape[1:], rows, indices.size, "replace")
             plans.append((name, array, indices, data))
         for name, target, indices, data in plans:
-            if isinstance(target, tuple):
+            if isinstance(target, Pending):
+                target.add(indices, data)
+            elif isinstance(target, tuple):
                 assert isinstance(batch, MemoryBatch)
                 batch.defer(target[0], target[1], indices, data)
             elif isinstance(batch, MemoryBatch):
@@ -653,11 +660,9 @@ class ArrayStore:
             else:
                 target[indices] = data
 
-    def _pending_entry(self, batch: MemoryBatch, name: str) -> tuple[OpenArray, int]:
-        """The open array ``name`` and its length, for a replace kept aside."""
-        held = batch.pending.get(name)
-        if held is not None:
-            return held.entry, held.length
+    def _pending_entry(self, name: str) -> tuple[OpenArray, int]:
+        """The open array ``name`` and its length, for the first replace a
+        batch keeps aside."""
         self._require(name)  # knows the batch's drops
         entry = self._row_entry(name, "replace")
         return entry, entry.length
@@ -975,6 +980,8 @@ def _many_rows(key: Any, length: int, name: str) -> npt.NDArray[np.uint64]:
 def _one_row(key: Any, length: int, name: str) -> int | None:
     """The row of a selector of one row (an int, or a list of one int) as
     for ``_row_indices``; None for any other selector."""
+    if type(key) is int and 0 <= key < length:  # the usual row: none of the checks below
+        return key
     if type(key) is list and len(key) == 1:
         key = key[0]
     if not is_int(key):
