@@ -33,7 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from loaderx import ArrayStore, ArrayStoreBatchError, DataLoader, DenseDataset
 from loaderx._fs import OS_FS, copy_file
 from loaderx.arraystore import LazyArray
-from loaderx.zrecord import StoreClosedError, StoreLockedError, Zrecord
+from loaderx.zrecord import StoreClosedError, StoreLockedError, Zrecord, ZrecordError
 
 DTYPES = [
     np.bool_,
@@ -1377,26 +1377,36 @@ def test_writable_batch_mode_commits_only_the_rows_that_changed(root, monkeypatc
         assert same(reopened.load("a"), expected)
 
 
-def test_changed_offsets_finds_every_changed_byte_of_the_pages_given():
-    """The word-wise compare, a few pages at a time, finds exactly the bytes
-    that differ within the pages it is given (none elsewhere): changes at
-    every byte of a word, several chunks of pages, and the partial last page."""
-    from loaderx import _arraybatch
+@pytest.mark.parametrize("row_bytes", [1, 24, 4096, 12_000])
+def test_changed_rows_finds_exactly_the_changed_rows_of_the_pages_given(row_bytes):
+    """The native compare finds exactly the rows that differ among the rows
+    overlapping the pages it is given (a row reaching into a page not given
+    compared whole, none found elsewhere), rows smaller and larger than a
+    page and a partial last page; it refuses pages out of order."""
+    from loaderx import _arraybatch, zrecord
 
     page = _arraybatch.PAGE_BYTES
-    rng = np.random.default_rng(3)
-    size = page * (3 * _arraybatch.COMPARE_PAGES + 5) + 100
-    original = rng.integers(0, 256, size, dtype=np.uint8)
+    rng = np.random.default_rng(row_bytes)
+    rows = (page * 40 + 100) // row_bytes + 1
+    original = rng.integers(0, 256, rows * row_bytes, dtype=np.uint8)
     edited = original.copy()
-    spots = rng.choice(size, 600, replace=False)
+    spots = rng.choice(edited.size, 60, replace=False)
     edited[spots] ^= rng.integers(1, 256, spots.size, dtype=np.uint8)
-    edited[size - 1] ^= 1  # the partial last page
-    pages = np.unique(np.concatenate([spots // page, [size // page]]))
-    given = pages[rng.random(pages.size) < 0.7]  # some changed pages not given
-    found = _arraybatch.changed_offsets(edited, original, given)
-    differ = np.flatnonzero(edited != original)
-    assert found.tolist() == differ[np.isin(differ // page, given)].tolist()
-    assert _arraybatch.changed_offsets(edited, original, given[:0]).size == 0
+    edited[-1] ^= 1  # the partial last page
+    last_page = (edited.size - 1) // page
+    pages = np.unique(np.concatenate([spots // page, [last_page]])).astype(np.uint64)
+    given = pages[rng.random(pages.size) < 0.7]
+    found = zrecord.changed_rows(edited, original, row_bytes, given, page)
+    differ = np.any(edited.reshape(rows, row_bytes) != original.reshape(rows, row_bytes), axis=1)
+    starts = np.arange(rows) * row_bytes
+    overlapping = np.zeros(rows, dtype=bool)
+    for number in given.tolist():
+        overlapping |= (starts < (number + 1) * page) & (starts + row_bytes > number * page)
+    assert found.tolist() == np.flatnonzero(differ & overlapping).tolist()
+    assert zrecord.changed_rows(edited, original, row_bytes, given[:0], page).size == 0
+    if given.size > 1:
+        with pytest.raises(ZrecordError, match="page numbers must ascend"):
+            zrecord.changed_rows(edited, original, row_bytes, given[::-1], page)
 
 
 @pytest.mark.parametrize("row_items", [1, 3, 1500])

@@ -372,6 +372,67 @@ export fn lx_codec_shuffle(
     return status.ok;
 }
 
+// ---- writable_batch_mode ----------------------------------------------------
+
+const changes = @import("changes.zig");
+
+/// The rows of `edited` that differ from `original` among those overlapping
+/// `pages` (see changes.changedRows), into `rows_out`, their count into
+/// `count_out`; InvalidArgument when a size is zero, a page number does not
+/// ascend or `capacity` is short of `changes.rowsCapacity`.
+export fn lx_changed_rows(
+    edited: ?[*]const u8,
+    original: ?[*]const u8,
+    rows: u64,
+    row_bytes: u64,
+    pages: ?[*]const u64,
+    page_count: u64,
+    page_bytes: u64,
+    rows_out: ?[*]u64,
+    capacity: u64,
+    count_out: *u64,
+) c_int {
+    status.clear();
+    count_out.* = 0;
+    const bytes = std.math.mul(u64, rows, row_bytes) catch return result(status.fail(
+        error.InvalidArgument,
+        "{d} rows of {d} bytes overflow 64 bits",
+        .{ rows, row_bytes },
+    ));
+    if (row_bytes == 0 or page_bytes == 0) {
+        return result(status.fail(
+            error.InvalidArgument,
+            "rows of {d} bytes in pages of {d} bytes: both must be positive",
+            .{ row_bytes, page_bytes },
+        ));
+    }
+    const page_list = slice(u64, pages, page_count);
+    for (page_list[0..page_list.len -| 1], page_list[@min(1, page_list.len)..]) |a, b| {
+        if (b <= a) return result(status.fail(
+            error.InvalidArgument,
+            "page numbers must ascend: {d} follows {d}",
+            .{ b, a },
+        ));
+    }
+    const needed = changes.rowsCapacity(rows, row_bytes, page_count, page_bytes);
+    if (capacity < needed) {
+        return result(status.fail(
+            error.InvalidArgument,
+            "room for {d} rows, the {d} pages need {d}",
+            .{ capacity, page_count, needed },
+        ));
+    }
+    count_out.* = changes.changedRows(
+        slice(u8, edited, bytes),
+        slice(u8, original, bytes),
+        row_bytes,
+        page_list,
+        page_bytes,
+        sliceMut(u64, rows_out, capacity),
+    );
+    return status.ok;
+}
+
 // ---- zsampler ------------------------------------------------------------
 
 const sampler = @import("sampler.zig");
@@ -469,6 +530,7 @@ test {
     _ = @import("codec.zig");
     _ = @import("workers.zig");
     _ = @import("plans.zig");
+    _ = changes;
     _ = @import("commit.zig");
     _ = @import("testing/simulation.zig");
 }

@@ -98,6 +98,18 @@ int lx_codec_get(uint32_t index, char *name, size_t capacity, uint32_t *id_out,
 int lx_codec_shuffle(const uint8_t *source, uint64_t bytes, uint32_t element_bytes,
                      uint8_t *target);
 
+/* ---- writable_batch_mode (zig/changes.zig) ------------------------------ */
+
+/* The rows (ascending, each once) of `edited` whose bytes differ from
+ * `original`'s (both rows * row_bytes bytes), among the rows overlapping
+ * `pages` (ascending numbers of page_bytes pages): into rows_out (room for
+ * capacity rows, at least min(rows, page_count * (page_bytes / row_bytes +
+ * 2))), their count into count_out. */
+int lx_changed_rows(const uint8_t *edited, const uint8_t *original, uint64_t rows,
+                    uint64_t row_bytes, const uint64_t *pages, uint64_t page_count,
+                    uint64_t page_bytes, uint64_t *rows_out, uint64_t capacity,
+                    uint64_t *count_out);
+
 /* ---- zsampler --------------------------------------------------------- */
 
 /* Every batch is a pure function of (config, step); see zig/sampler.zig. */

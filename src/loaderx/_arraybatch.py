@@ -23,8 +23,9 @@ copies a page on its first write, so the pages that changed are the ones
 no longer backed by the file,
 which ``/proc/self/pagemap`` says (bit 61 clear on a present page, or the page
 swapped out) without reading the data. Only the rows of those pages are
-compared with the file's copy, so finding the changes costs O(pages of the
-array / 512) pagemap bytes plus O(rows written). Where the pagemap says
+compared with the file's copy (natively, 32 bytes a compare: zig/changes.zig),
+so finding the changes costs O(pages of the array / 512) pagemap bytes plus
+O(pages written). Where the pagemap says
 nothing (no procfs, another kernel), a probe at the first use finds that out
 and the batch compares every row instead (exact, O(array)).
 """
@@ -43,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._arrayview import OpenArray
+from .zrecord import changed_rows
 
 PAGE_BYTES = mmap.PAGESIZE
 _PAGEMAP = "/proc/self/pagemap"
@@ -377,11 +379,9 @@ class _MappedCopy:
         edited = self.array.reshape(rows, -1).view(np.uint8)
         if use_pagemap:
             flat = edited.reshape(-1)
-            offsets = changed_offsets(flat, self.original.reshape(-1), written_pages(flat))
-            changed = offsets // self.row_bytes  # ascending: a row's repeats are adjacent
-            keep = np.ones(changed.size, dtype=bool)
-            keep[1:] = changed[1:] != changed[:-1]
-            return changed[keep].astype(np.uint64)
+            pages = written_pages(flat).astype(np.uint64)
+            original = self.original.reshape(-1)
+            return changed_rows(flat, original, self.row_bytes, pages, PAGE_BYTES)
         step = max(1, COMPARE_ROWS_BYTES // self.row_bytes)
         found = []
         for start in range(0, rows, step):
@@ -431,42 +431,6 @@ def written_pages(view: np.ndarray) -> npt.NDArray[np.int64]:
     present_private = (entries & _PRESENT != 0) & (entries & _FILE_PAGE == 0)
     written = present_private | (entries & _SWAPPED != 0)
     return np.flatnonzero(written) + (first - address // PAGE_BYTES)
-
-
-COMPARE_PAGES = 32  # pages compared at a time (two buffers of 128 KiB)
-
-
-def changed_offsets(
-    edited: npt.NDArray[np.uint8], original: npt.NDArray[np.uint8], pages: npt.NDArray[np.int64]
-) -> npt.NDArray[np.int64]:
-    """The byte offsets, ascending, where the flat ``edited`` differs from
-    ``original`` within ``pages`` (ascending page numbers from the start)."""
-    full = edited.size // PAGE_BYTES
-    body = pages[pages < full]
-    # By 8-byte words, COMPARE_PAGES pages at a time copied into two small
-    # buffers (copies of all the pages at once cost a page fault per page
-    # of fresh memory: 5.6 against 1.2 ms for 1,000 pages), then the bytes
-    # of the words that differ.
-    words = PAGE_BYTES // 8
-    shape = (full, words)
-    edited_words = edited[: full * PAGE_BYTES].view(np.uint64).reshape(shape)
-    original_words = original[: full * PAGE_BYTES].view(np.uint64).reshape(shape)
-    edited_pages = np.empty((COMPARE_PAGES, words), dtype=np.uint64)
-    original_pages = np.empty_like(edited_pages)
-    found = [np.zeros(0, dtype=np.int64)]
-    for start in range(0, body.size, COMPARE_PAGES):
-        part = body[start : start + COMPARE_PAGES]
-        np.take(edited_words, part, axis=0, out=edited_pages[: part.size])
-        np.take(original_words, part, axis=0, out=original_pages[: part.size])
-        # 1-d: nonzero of 2-d is slower
-        differ = np.flatnonzero(edited_pages[: part.size] != original_pages[: part.size])
-        word_at = part[differ // words] * PAGE_BYTES + differ % words * 8
-        byte_at = (word_at[:, None] + np.arange(8)).reshape(-1)
-        found.append(byte_at[edited[byte_at] != original[byte_at]])
-    if edited.size > full * PAGE_BYTES and np.any(pages == full):  # the last, partial page
-        tail = slice(full * PAGE_BYTES, None)
-        found.append(np.flatnonzero(edited[tail] != original[tail]) + full * PAGE_BYTES)
-    return np.concatenate(found).astype(np.int64)
 
 
 _PROBE: list[bool] = []

@@ -631,7 +631,7 @@ class ArrayStore:
                 key: int | npt.NDArray[np.uint64] | None = _one_row(idx, length, name)
                 if key is None:
                     key = _many_rows(idx, length, name)
-                count = 1 if type(key) is int else key.size
+                count = 1 if isinstance(key, int) else key.size
                 plans.append(
                     (name, held or (entry, length), key, entry.rows(rows, count, "replace"))
                 )

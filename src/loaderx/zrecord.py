@@ -172,6 +172,42 @@ def shuffle_bytes(record: npt.NDArray[np.uint8], element_bytes: int) -> npt.NDAr
     return target
 
 
+def changed_rows(
+    edited: npt.NDArray[np.uint8],
+    original: npt.NDArray[np.uint8],
+    row_bytes: int,
+    pages: npt.NDArray[np.uint64],
+    page_bytes: int,
+) -> npt.NDArray[np.uint64]:
+    """The rows (ascending, each once) where the flat contiguous bytes
+    ``edited`` and ``original`` (whole rows of ``row_bytes``) differ, among
+    the rows that overlap ``pages`` (ascending numbers of ``page_bytes``
+    pages from the start), each compared whole (zig/changes.zig)."""
+    assert edited.flags.c_contiguous and original.flags.c_contiguous
+    assert edited.size == original.size and edited.size % row_bytes == 0
+    rows = edited.size // row_bytes
+    pages = np.ascontiguousarray(pages, dtype=np.uint64)
+    capacity = min(rows, pages.size * (page_bytes // row_bytes + 2))
+    out = np.empty(capacity, dtype=np.uint64)
+    count = ffi.new("uint64_t *")
+    if pages.size and rows:
+        check(
+            lib.lx_changed_rows(
+                ffi.from_buffer("uint8_t[]", edited),
+                ffi.from_buffer("uint8_t[]", original),
+                rows,
+                row_bytes,
+                u64_pointer(pages),
+                pages.size,
+                page_bytes,
+                u64_pointer(out),
+                capacity,
+                count,
+            )
+        )
+    return out[: count[0]]
+
+
 def encoded_bytes(src: Any, offsets: npt.ArrayLike, codec: str | int) -> int:
     """The bytes the records packed in ``src`` (as for ``append``) would take
     in a store with ``codec``, records that a frame does not shrink counted
