@@ -1297,15 +1297,19 @@ def test_batches_do_not_nest_or_cross_threads_and_refuse_what_they_cannot_do(roo
             errors = []
 
             def other():
-                try:
-                    store.load("a")
-                except ArrayStoreBatchError as exc:
-                    errors.append(str(exc))
+                for call in (
+                    lambda: store.load("a"),
+                    lambda: store.replace({"a": [7]}, 2),  # a's replaces are kept aside
+                ):
+                    try:
+                        call()
+                    except ArrayStoreBatchError as exc:
+                        errors.append(str(exc))
 
             thread = threading.Thread(target=other)
             thread.start()
             thread.join(timeout=30)
-            assert errors and "another thread" in errors[0]
+            assert len(errors) == 2 and all("another thread" in error for error in errors)
             outside = os.path.join(os.path.dirname(str(root)), "out")
             for call in (
                 store.compact,

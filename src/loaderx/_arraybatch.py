@@ -38,7 +38,7 @@ import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -148,6 +148,12 @@ class Batch:
         """The batch's one commit."""
         raise NotImplementedError
 
+    def replace_row(self, arrays: dict[str, Any], row: int) -> bool:
+        """A replace of one row given at once, when the batch can keep it
+        without the general checks; False otherwise (nothing done: the
+        caller takes the general way, which says what is wrong)."""
+        return False
+
 
 class MemoryBatch(Batch):
     """``batch_mode``: each array the batch touched, whole in memory.
@@ -195,6 +201,18 @@ class MemoryBatch(Batch):
             pending = self.pending[entry.name] = Pending(entry, length)
             self.codecs[entry.name] = entry.dataset.codec
         pending.add(key, rows)
+
+    def replace_row(self, arrays: dict[str, Any], row: int) -> bool:
+        # One array whose replaces are kept aside (its name was checked at
+        # its first), a row in range, the batch's own thread: as `defer`.
+        if not self.owned():
+            return False
+        ((name, rows),) = arrays.items()
+        pending = self.pending.get(name)
+        if pending is None or not 0 <= row < pending.length:
+            return False
+        pending.add(row, pending.entry.rows(rows, 1, "replace"))
+        return True
 
     def save(self, name: str, array: np.ndarray, codec: str) -> None:
         self.arrays[name] = np.array(array, copy=True)  # the caller may change its array later

@@ -352,6 +352,15 @@ class ArrayStore:
         each named array new contents, in place and atomically. ``arrays`` maps
         names to rows of shape ``(len(idx), *row_shape)``; a repeated index
         takes its last row."""
+        batch = self._batch
+        if (
+            batch is not None
+            and type(idx) is int
+            and type(arrays) is dict
+            and len(arrays) == 1
+            and batch.replace_row(arrays, idx)  # the usual call in a batch: one row, at once
+        ):
+            return
         items = _named(arrays, "replace")
         batch = self._batch_now()
         if batch is not None:
