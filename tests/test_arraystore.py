@@ -1413,6 +1413,33 @@ def test_changed_rows_finds_exactly_the_changed_rows_of_the_pages_given(row_byte
             zrecord.changed_rows(edited, original, row_bytes, given[::-1], page)
 
 
+def test_a_store_compares_edited_records_with_its_committed_ones(tmp_path):
+    """``Zrecord.changed_rows`` finds what the module's compare finds against
+    a copy of the committed records, reading them through the store; it
+    refuses a store that is not of fixed-size records, and more bytes than
+    the store holds."""
+    from loaderx import _arraybatch, zrecord
+
+    page = _arraybatch.PAGE_BYTES
+    rng = np.random.default_rng(11)
+    committed = rng.integers(0, 256, (3000, 24), dtype=np.uint8)
+    with Zrecord(tmp_path / "fixed", codec="raw") as store:
+        store.append(committed, np.arange(3000, dtype=np.uint64) * 24)
+        edited = committed.copy().reshape(-1)
+        spots = rng.choice(edited.size, 30, replace=False)
+        edited[spots] += 1
+        pages = np.unique(spots // page).astype(np.uint64)
+        expected = zrecord.changed_rows(edited, committed.reshape(-1), 24, pages, page)
+        assert expected.size == np.unique(spots // 24).size
+        assert store.changed_rows(edited, pages, page).tolist() == expected.tolist()
+        with pytest.raises(ZrecordError, match="does not hold"):
+            store.changed_rows(np.zeros(edited.size + 24, np.uint8), pages, page)
+    with Zrecord(tmp_path / "indexed", codec="zstd") as store:
+        store.append(committed, np.arange(3000, dtype=np.uint64) * 24)
+        with pytest.raises(ZrecordError, match="layout: indexed"):
+            store.changed_rows(edited, pages, page)
+
+
 @pytest.mark.parametrize("row_items", [1, 3, 1500])
 def test_writable_batch_mode_finds_rows_across_page_ends(root, monkeypatch, row_items):
     """Rows smaller than a page, straddling page ends, and larger than a page

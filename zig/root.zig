@@ -399,21 +399,10 @@ export fn lx_changed_rows(
         "{d} rows of {d} bytes overflow 64 bits",
         .{ rows, row_bytes },
     ));
-    if (row_bytes == 0 or page_bytes == 0) {
-        return result(status.fail(
-            error.InvalidArgument,
-            "rows of {d} bytes in pages of {d} bytes: both must be positive",
-            .{ row_bytes, page_bytes },
-        ));
+    if (row_bytes == 0) {
+        return result(status.fail(error.InvalidArgument, "rows of 0 bytes", .{}));
     }
-    const page_list = slice(u64, pages, page_count);
-    for (page_list[0..page_list.len -| 1], page_list[@min(1, page_list.len)..]) |a, b| {
-        if (b <= a) return result(status.fail(
-            error.InvalidArgument,
-            "page numbers must ascend: {d} follows {d}",
-            .{ b, a },
-        ));
-    }
+    const page_list = checkPages(pages, page_count, page_bytes) catch |err| return result(err);
     const needed = changes.rowsCapacity(rows, row_bytes, page_count, page_bytes);
     if (capacity < needed) {
         return result(status.fail(
@@ -431,6 +420,45 @@ export fn lx_changed_rows(
         sliceMut(u64, rows_out, capacity),
     );
     return status.ok;
+}
+
+/// `lx_changed_rows` against the committed records of a fixed store
+/// (Store.changedRows): `edited` holds records 0.. of it.
+export fn lx_store_changed_rows(
+    store: *Store,
+    edited: ?[*]const u8,
+    edited_bytes: u64,
+    pages: ?[*]const u64,
+    page_count: u64,
+    page_bytes: u64,
+    rows_out: ?[*]u64,
+    capacity: u64,
+    count_out: *u64,
+) c_int {
+    count_out.* = 0;
+    const page_list = checkPages(pages, page_count, page_bytes) catch |err| return result(err);
+    count_out.* = store.changedRows(
+        slice(u8, edited, edited_bytes),
+        page_list,
+        page_bytes,
+        sliceMut(u64, rows_out, capacity),
+    ) catch |err| return result(err);
+    return status.ok;
+}
+
+/// The page numbers of a changed-rows call, checked: positive pages, ascending.
+fn checkPages(pages: ?[*]const u64, page_count: u64, page_bytes: u64) status.Error![]const u64 {
+    status.clear();
+    if (page_bytes == 0) return status.fail(error.InvalidArgument, "pages of 0 bytes", .{});
+    const page_list = slice(u64, pages, page_count);
+    for (page_list[0..page_list.len -| 1], page_list[@min(1, page_list.len)..]) |a, b| {
+        if (b <= a) return status.fail(
+            error.InvalidArgument,
+            "page numbers must ascend: {d} follows {d}",
+            .{ b, a },
+        );
+    }
+    return page_list;
 }
 
 // ---- zsampler ------------------------------------------------------------

@@ -45,6 +45,7 @@ const workers = @import("workers.zig");
 const journal = @import("journal.zig");
 const undo = @import("undo.zig");
 const seqlock = @import("seqlock.zig");
+const changes = @import("changes.zig");
 
 const assert = std.debug.assert;
 const allocator = std.heap.c_allocator;
@@ -800,6 +801,40 @@ pub const Store = struct {
         assert(store.snapshots.in_flight.load(.seq_cst) > 0);
         if (!store.verify_reads) return read.lengths(snapshot, false, indices, out);
         return store.consistentRead(snapshot, read.lengths, .{ snapshot, true, indices, out });
+    }
+
+    /// The records of a fixed store (record i at `i * record_bytes`) whose
+    /// bytes in `edited` (records 0.. as many as it holds) differ from the
+    /// committed ones, among those overlapping `pages` (ascending page
+    /// numbers of `page_bytes`), into `out`; returns how many
+    /// (changes.changedRows). It compares through the store's own mapping,
+    /// so a replace of them that follows finds the blocks it checks mapped.
+    pub fn changedRows(
+        store: *Store,
+        edited: []const u8,
+        pages: []const u64,
+        page_bytes: u64,
+        out: []u64,
+    ) Error!usize {
+        status.clear();
+        const snapshot = store.snapshots.acquire();
+        defer store.snapshots.release();
+        const stride = snapshot.superblock.record_bytes;
+        const data = snapshot.dataBytes();
+        if (snapshot.layout() != .fixed or stride == 0 or edited.len % stride != 0 or
+            edited.len > data.len)
+        {
+            return status.fail(
+                error.InvalidArgument,
+                "store '{s}' does not hold {d} bytes of fixed-size records to compare with " ++
+                    "(its layout: {s}, {d} data bytes)",
+                .{ store.path, edited.len, @tagName(snapshot.layout()), data.len },
+            );
+        }
+        if (out.len < changes.rowsCapacity(edited.len / stride, stride, pages.len, page_bytes)) {
+            return status.fail(error.InvalidArgument, "too little room for the changed rows", .{});
+        }
+        return changes.changedRows(edited, data[0..edited.len], stride, pages, page_bytes, out);
     }
 
     /// Decodes records `indices` into `target`: record k at byte

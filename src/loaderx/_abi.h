@@ -110,6 +110,12 @@ int lx_changed_rows(const uint8_t *edited, const uint8_t *original, uint64_t row
                     uint64_t page_bytes, uint64_t *rows_out, uint64_t capacity,
                     uint64_t *count_out);
 
+/* lx_changed_rows against the committed records of a fixed store (record i
+ * at i * record bytes): `edited` holds edited_bytes of records 0.. of it. */
+int lx_store_changed_rows(lx_store *store, const uint8_t *edited, uint64_t edited_bytes,
+                          const uint64_t *pages, uint64_t page_count, uint64_t page_bytes,
+                          uint64_t *rows_out, uint64_t capacity, uint64_t *count_out);
+
 /* ---- zsampler --------------------------------------------------------- */
 
 /* Every batch is a pure function of (config, step); see zig/sampler.zig. */

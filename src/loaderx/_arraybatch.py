@@ -363,6 +363,7 @@ class _MappedCopy:
         self.rows = entry.length  # a 0-d array is one row
         self.row_bytes = entry.row_bytes
         self.fd, self.shared = -1, None
+        self.store_file = False
         self.original: np.ndarray | None = None
         nbytes = self.rows * self.row_bytes
         if not nbytes:  # no byte to edit: a plain array
@@ -370,7 +371,8 @@ class _MappedCopy:
             return
         try:
             self.fd = _open_rows_file(entry)
-            if self.fd >= 0:  # the store's own data file: no copy
+            self.store_file = self.fd >= 0
+            if self.store_file:  # the store's own data file: no copy
                 self.shared = mmap.mmap(self.fd, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
                 original = np.frombuffer(self.shared, dtype=np.uint8)
             else:
@@ -398,6 +400,8 @@ class _MappedCopy:
         if use_pagemap:
             flat = edited.reshape(-1)
             pages = written_pages(flat).astype(np.uint64)
+            if self.store_file:  # through the store's mapping, which its replace reads next
+                return self.entry.store.changed_rows(flat, pages, PAGE_BYTES)
             original = self.original.reshape(-1)
             return changed_rows(flat, original, self.row_bytes, pages, PAGE_BYTES)
         step = max(1, COMPARE_ROWS_BYTES // self.row_bytes)

@@ -730,6 +730,34 @@ class Zrecord(NativeHandle):
             return None
         return os.path.join(self.path, f"data-{info.data_file:016x}")
 
+    def changed_rows(
+        self, edited: npt.NDArray[np.uint8], pages: npt.NDArray[np.uint64], page_bytes: int
+    ) -> npt.NDArray[np.uint64]:
+        """``changed_rows`` (the module's) of ``edited``, records 0.. of this
+        fixed store, against the committed records, compared through the
+        store's own mapping (a replace of them that follows finds their
+        blocks mapped); InvalidArgumentError for another layout."""
+        assert edited.flags.c_contiguous
+        info = self._info()
+        row_bytes = max(1, info.record_bytes)
+        pages = np.ascontiguousarray(pages, dtype=np.uint64)
+        capacity = min(edited.size // row_bytes, pages.size * (page_bytes // row_bytes + 2))
+        out = np.empty(capacity, dtype=np.uint64)
+        count = ffi.new("uint64_t *")
+        if pages.size and edited.size:
+            self._call(
+                lib.lx_store_changed_rows,
+                ffi.from_buffer("uint8_t[]", edited),
+                edited.size,
+                u64_pointer(pages),
+                pages.size,
+                page_bytes,
+                u64_pointer(out),
+                capacity,
+                count,
+            )
+        return out[: count[0]]
+
     def open_records(self, count: int) -> int:
         """A read-only descriptor of the data file of a fixed store holding
         records ``0..count`` as they are (``fixed_data_file``), for a
