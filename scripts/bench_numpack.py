@@ -443,6 +443,7 @@ class Draws:
     warm_access: np.ndarray
     scattered: np.ndarray
     scattered_rows: np.ndarray
+    clustered: np.ndarray
 
     @classmethod
     def of(cls, a: np.ndarray, seed: int) -> Draws:
@@ -462,6 +463,8 @@ class Draws:
         warm_access = rng.integers(0, rows, 10)
         scattered = rng.choice(rows, min(EDITS, rows), replace=False)
         scattered_rows = rng.random((len(scattered), a.shape[1]), dtype=np.float32)
+        # As many edits, within 10,000 rows (about 100 pages of a): several a page.
+        clustered = rng.choice(block, min(EDITS, block), replace=False) + start
         return cls(
             one_row,
             block_rows,
@@ -475,6 +478,7 @@ class Draws:
             warm_access,
             scattered,
             scattered_rows,
+            clustered,
         )
 
 
@@ -598,7 +602,8 @@ EDIT_MODES = {
 
 
 def _batch_operations(a: np.ndarray, draws: Draws) -> list[Operation]:
-    """1,000 scattered one-row edits of ``a``, as each side's users write them."""
+    """1,000 scattered one-row edits of ``a``, and 1,000 within 10,000 rows
+    (several a page), as each side's users write them."""
     indices, rows = draws.scattered, draws.scattered_rows
     expected = _replaced(a, indices, rows)
     return [
@@ -610,6 +615,18 @@ def _batch_operations(a: np.ndarray, draws: Draws) -> list[Operation]:
             floor_bytes=rows.nbytes,
         )
         for mode, text in EDIT_MODES.items()
+    ] + [
+        Operation(
+            f"{len(draws.clustered):,} 1-row edits within {draws.block_rows.shape[0]:,} rows, {text}",
+            lambda ops, handle, path, mode=mode: ops.edits(
+                handle, "a", rows[: len(draws.clustered)], draws.clustered, mode
+            ),
+            _loaded_equal("a", _replaced(a, draws.clustered, rows[: len(draws.clustered)])),
+            setup="fresh",
+            floor_bytes=rows[: len(draws.clustered)].nbytes,
+        )
+        for mode, text in EDIT_MODES.items()
+        if mode != "calls"
     ]
 
 
