@@ -4,7 +4,45 @@
 //! which pages hold a private copy), so a batch that wrote k pages costs
 //! O(k pages) of compares however large the array is.
 const std = @import("std");
+const status = @import("status.zig");
 const assert = std.debug.assert;
+
+/// `changedRows` of arguments from outside (the C ABI), checked first:
+/// InvalidArgument for rows or pages of 0 bytes, buffers of other sizes or
+/// not whole rows, page numbers that do not ascend, or too small an `out`.
+pub fn checkedChangedRows(
+    edited: []const u8,
+    original: []const u8,
+    row_bytes: u64,
+    pages: []const u64,
+    page_bytes: u64,
+    out: []u64,
+) status.Error!usize {
+    if (row_bytes == 0 or page_bytes == 0 or edited.len != original.len or
+        edited.len % row_bytes != 0)
+    {
+        return status.fail(
+            error.InvalidArgument,
+            "{d} and {d} bytes of rows of {d} bytes in pages of {d} bytes: both must be the " ++
+                "same whole rows, rows and pages of at least a byte",
+            .{ edited.len, original.len, row_bytes, page_bytes },
+        );
+    }
+    if (pages.len > 1) for (pages[0 .. pages.len - 1], pages[1..]) |a, b| {
+        if (b <= a) return status.fail(
+            error.InvalidArgument,
+            "page numbers must ascend: {d} follows {d}",
+            .{ b, a },
+        );
+    };
+    const needed = rowsCapacity(edited.len / row_bytes, row_bytes, pages.len, page_bytes);
+    if (out.len < needed) return status.fail(
+        error.InvalidArgument,
+        "room for {d} rows, the {d} pages need {d}",
+        .{ out.len, pages.len, needed },
+    );
+    return changedRows(edited, original, row_bytes, pages, page_bytes, out);
+}
 
 /// Writes into `out` the rows (ascending, each once) of `edited` whose bytes
 /// differ from `original`'s, looking only at the rows that overlap `pages`

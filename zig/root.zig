@@ -377,9 +377,8 @@ export fn lx_codec_shuffle(
 const changes = @import("changes.zig");
 
 /// The rows of `edited` that differ from `original` among those overlapping
-/// `pages` (see changes.changedRows), into `rows_out`, their count into
-/// `count_out`; InvalidArgument when a size is zero, a page number does not
-/// ascend or `capacity` is short of `changes.rowsCapacity`.
+/// `pages` (see changes.checkedChangedRows), into `rows_out`, their count
+/// into `count_out`.
 export fn lx_changed_rows(
     edited: ?[*]const u8,
     original: ?[*]const u8,
@@ -399,26 +398,14 @@ export fn lx_changed_rows(
         "{d} rows of {d} bytes overflow 64 bits",
         .{ rows, row_bytes },
     ));
-    if (row_bytes == 0) {
-        return result(status.fail(error.InvalidArgument, "rows of 0 bytes", .{}));
-    }
-    const page_list = checkPages(pages, page_count, page_bytes) catch |err| return result(err);
-    const needed = changes.rowsCapacity(rows, row_bytes, page_count, page_bytes);
-    if (capacity < needed) {
-        return result(status.fail(
-            error.InvalidArgument,
-            "room for {d} rows, the {d} pages need {d}",
-            .{ capacity, page_count, needed },
-        ));
-    }
-    count_out.* = changes.changedRows(
+    count_out.* = changes.checkedChangedRows(
         slice(u8, edited, bytes),
         slice(u8, original, bytes),
         row_bytes,
-        page_list,
+        slice(u64, pages, page_count),
         page_bytes,
         sliceMut(u64, rows_out, capacity),
-    );
+    ) catch |err| return result(err);
     return status.ok;
 }
 
@@ -436,29 +423,13 @@ export fn lx_store_changed_rows(
     count_out: *u64,
 ) c_int {
     count_out.* = 0;
-    const page_list = checkPages(pages, page_count, page_bytes) catch |err| return result(err);
     count_out.* = store.changedRows(
         slice(u8, edited, edited_bytes),
-        page_list,
+        slice(u64, pages, page_count),
         page_bytes,
         sliceMut(u64, rows_out, capacity),
     ) catch |err| return result(err);
     return status.ok;
-}
-
-/// The page numbers of a changed-rows call, checked: positive pages, ascending.
-fn checkPages(pages: ?[*]const u64, page_count: u64, page_bytes: u64) status.Error![]const u64 {
-    status.clear();
-    if (page_bytes == 0) return status.fail(error.InvalidArgument, "pages of 0 bytes", .{});
-    const page_list = slice(u64, pages, page_count);
-    for (page_list[0..page_list.len -| 1], page_list[@min(1, page_list.len)..]) |a, b| {
-        if (b <= a) return status.fail(
-            error.InvalidArgument,
-            "page numbers must ascend: {d} follows {d}",
-            .{ b, a },
-        );
-    }
-    return page_list;
 }
 
 // ---- zsampler ------------------------------------------------------------

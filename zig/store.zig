@@ -807,7 +807,7 @@ pub const Store = struct {
     /// bytes in `edited` (records 0.. as many as it holds) differ from the
     /// committed ones, among those overlapping `pages` (ascending page
     /// numbers of `page_bytes`), into `out`; returns how many
-    /// (changes.changedRows). It compares through the store's own mapping,
+    /// (changes.checkedChangedRows). It compares through the store's own mapping,
     /// so a replace of them that follows finds the blocks it checks mapped.
     pub fn changedRows(
         store: *Store,
@@ -831,10 +831,8 @@ pub const Store = struct {
                 .{ store.path, edited.len, @tagName(snapshot.layout()), data.len },
             );
         }
-        if (out.len < changes.rowsCapacity(edited.len / stride, stride, pages.len, page_bytes)) {
-            return status.fail(error.InvalidArgument, "too little room for the changed rows", .{});
-        }
-        return changes.changedRows(edited, data[0..edited.len], stride, pages, page_bytes, out);
+        const committed = data[0..edited.len];
+        return changes.checkedChangedRows(edited, committed, stride, pages, page_bytes, out);
     }
 
     /// Decodes records `indices` into `target`: record k at byte

@@ -184,27 +184,32 @@ def changed_rows(
     the rows that overlap ``pages`` (ascending numbers of ``page_bytes``
     pages from the start), each compared whole (zig/changes.zig)."""
     assert edited.flags.c_contiguous and original.flags.c_contiguous
-    assert edited.size == original.size and edited.size % row_bytes == 0
     rows = edited.size // row_bytes
+
+    def call(*found: Any) -> None:
+        edited_bytes = ffi.from_buffer("uint8_t[]", edited)
+        original_bytes = ffi.from_buffer("uint8_t[]", original)
+        check(lib.lx_changed_rows(edited_bytes, original_bytes, rows, row_bytes, *found))
+
+    return changed_rows_with(call, rows, row_bytes, pages, page_bytes)
+
+
+def changed_rows_with(
+    call: Callable[..., None],
+    rows: int,
+    row_bytes: int,
+    pages: npt.NDArray[np.uint64],
+    page_bytes: int,
+) -> npt.NDArray[np.uint64]:
+    """Runs a native changed-rows call, ``call(pages, page_count,
+    page_bytes, rows_out, capacity, count_out)``, with room for every row
+    that ``pages`` overlap; returns the rows it found."""
     pages = np.ascontiguousarray(pages, dtype=np.uint64)
     capacity = min(rows, pages.size * (page_bytes // row_bytes + 2))
     out = np.empty(capacity, dtype=np.uint64)
     count = ffi.new("uint64_t *")
     if pages.size and rows:
-        check(
-            lib.lx_changed_rows(
-                ffi.from_buffer("uint8_t[]", edited),
-                ffi.from_buffer("uint8_t[]", original),
-                rows,
-                row_bytes,
-                u64_pointer(pages),
-                pages.size,
-                page_bytes,
-                u64_pointer(out),
-                capacity,
-                count,
-            )
-        )
+        call(u64_pointer(pages), pages.size, page_bytes, u64_pointer(out), capacity, count)
     return out[: count[0]]
 
 
@@ -738,25 +743,13 @@ class Zrecord(NativeHandle):
         store's own mapping (a replace of them that follows finds their
         blocks mapped); InvalidArgumentError for another layout."""
         assert edited.flags.c_contiguous
-        info = self._info()
-        row_bytes = max(1, info.record_bytes)
-        pages = np.ascontiguousarray(pages, dtype=np.uint64)
-        capacity = min(edited.size // row_bytes, pages.size * (page_bytes // row_bytes + 2))
-        out = np.empty(capacity, dtype=np.uint64)
-        count = ffi.new("uint64_t *")
-        if pages.size and edited.size:
-            self._call(
-                lib.lx_store_changed_rows,
-                ffi.from_buffer("uint8_t[]", edited),
-                edited.size,
-                u64_pointer(pages),
-                pages.size,
-                page_bytes,
-                u64_pointer(out),
-                capacity,
-                count,
-            )
-        return out[: count[0]]
+        row_bytes = max(1, self._info().record_bytes)
+
+        def call(*found: Any) -> None:
+            edited_bytes = ffi.from_buffer("uint8_t[]", edited)
+            self._call(lib.lx_store_changed_rows, edited_bytes, edited.size, *found)
+
+        return changed_rows_with(call, edited.size // row_bytes, row_bytes, pages, page_bytes)
 
     def open_records(self, count: int) -> int:
         """A read-only descriptor of the data file of a fixed store holding
