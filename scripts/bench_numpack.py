@@ -606,6 +606,8 @@ def _batch_operations(a: np.ndarray, draws: Draws) -> list[Operation]:
     (several a page), as each side's users write them."""
     indices, rows = draws.scattered, draws.scattered_rows
     expected = _replaced(a, indices, rows)
+    clustered = draws.clustered
+    clustered_rows = rows[: len(clustered)]
     return [
         Operation(
             f"{len(indices):,} scattered 1-row edits, {text}",
@@ -617,13 +619,13 @@ def _batch_operations(a: np.ndarray, draws: Draws) -> list[Operation]:
         for mode, text in EDIT_MODES.items()
     ] + [
         Operation(
-            f"{len(draws.clustered):,} 1-row edits within {draws.block_rows.shape[0]:,} rows, {text}",
+            f"{len(clustered):,} 1-row edits within {len(draws.block_rows):,} rows, {text}",
             lambda ops, handle, path, mode=mode: ops.edits(
-                handle, "a", rows[: len(draws.clustered)], draws.clustered, mode
+                handle, "a", clustered_rows, clustered, mode
             ),
-            _loaded_equal("a", _replaced(a, draws.clustered, rows[: len(draws.clustered)])),
+            _loaded_equal("a", _replaced(a, clustered, clustered_rows)),
             setup="fresh",
-            floor_bytes=rows[: len(draws.clustered)].nbytes,
+            floor_bytes=clustered_rows.nbytes,
         )
         for mode, text in EDIT_MODES.items()
         if mode != "calls"
