@@ -922,6 +922,26 @@ def test_a_write_over_a_damaged_block_is_refused_and_changes_nothing(tmp_path, n
         assert np.array_equal(out[intact], values[intact])
 
 
+@pytest.mark.parametrize("chunk", [1, 137, 409, 410, 1 << 20])
+@pytest.mark.parametrize("blocks", [(0,), (1,), (0, 1), (0, 2), (0, 1, 2)])
+def test_verify_names_every_record_of_each_damaged_block_in_ranges_of_any_size(
+    tmp_path, monkeypatch, blocks, chunk
+):
+    """verify() hashes each block once for all the records in it: a record
+    across two damaged blocks is named once, one across a damaged and a sound
+    block is named, and a range that starts or ends inside a block (verify
+    asks the core ``chunk`` records at a time) names the same records."""
+    from loaderx import zrecord
+
+    path = tmp_path / "s"
+    fixed_raw_store(path)
+    for block in blocks:
+        flip_data_byte(path, block * BLOCK + 3)
+    monkeypatch.setattr(zrecord, "_VERIFY_CHUNK", chunk)
+    with Zrecord(path) as store:
+        assert store.verify() == sorted({row for block in blocks for row in rows_of(block)})
+
+
 @pytest.mark.parametrize("block", [0, 2], ids=["a whole block", "the tail"])
 def test_replacing_every_record_verify_names_repairs_the_store(tmp_path, block):
     """The way out the refusal names: replace the damaged records whole."""

@@ -11,6 +11,7 @@ const format = @import("format.zig");
 const Snapshot = @import("snapshot.zig").Snapshot;
 const status = @import("status.zig");
 
+const assert = std.debug.assert;
 const block_bytes = format.block_bytes;
 
 /// Whether block `block` of a fixed store's data matches its committed checksum.
@@ -34,6 +35,37 @@ pub fn fixedRangeSound(snapshot: *const Snapshot, start: u64, bytes: u64) bool {
         if (!blockSound(snapshot, block)) return false;
     }
     return true;
+}
+
+/// Writes into `out` the records of [start, end) of a fixed store that are
+/// not sound (ascending) and returns how many. Each block is hashed once,
+/// however many records share it: records of 40 bytes checked one by one
+/// hashed their 16 KiB block 400 times over (300 ms for a 40 MB store).
+pub fn fixedUnsoundRecords(snapshot: *const Snapshot, start: u64, end: u64, out: []u64) u64 {
+    assert(snapshot.layout() == .fixed and start <= end and out.len >= end - start);
+    const stride = snapshot.superblock.record_bytes;
+    if (stride == 0) return 0;
+    var found: u64 = 0;
+    var checked: ?u64 = null; // the last block hashed, and its verdict
+    var checked_sound = true;
+    for (start..end) |index| {
+        const first = index * stride / block_bytes;
+        const last = (index * stride + stride - 1) / block_bytes;
+        var sound = true;
+        for (first..last + 1) |block| {
+            if (checked != block) {
+                assert(checked == null or block > checked.?); // records ascend
+                checked = block;
+                checked_sound = blockSound(snapshot, block);
+            }
+            sound = sound and checked_sound;
+        }
+        if (!sound) {
+            out[found] = index;
+            found += 1;
+        }
+    }
+    return found;
 }
 
 /// The refusal of a write (`what`) that would carry the damaged block

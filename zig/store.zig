@@ -1201,6 +1201,10 @@ fn findDamaged(
     found: *u64,
 ) Error!void {
     assert(start <= end and end <= snapshot.count() and out.len >= end - start);
+    if (snapshot.layout() == .fixed) {
+        found.* = integrity.fixedUnsoundRecords(snapshot, start, end, out);
+        return;
+    }
     found.* = 0;
     for (start..end) |index| {
         if (!integrity.recordSound(snapshot, index)) {
