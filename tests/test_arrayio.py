@@ -11,16 +11,20 @@ truncated, and each damage must raise CorruptPackError and leave no store.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import subprocess
 import sys
 import textwrap
+import zlib
+from typing import Callable
 
+import msgpack
 import numpy as np
 import pytest
 
-from loaderx import ArrayStore, CorruptPackError
+from loaderx import ArrayStore, CorruptPackError, zrecord
 from loaderx import _arrayio as arrayio
 from loaderx._arrayview import OpenArray
 
@@ -450,7 +454,7 @@ def packed_store(tmp_path) -> dict[str, np.ndarray]:
 
 
 def small_pack(tmp_path, monkeypatch) -> bytes:
-    """A pack of three arrays in 4 KiB frames, raw and zlib ones, for the damage tests."""
+    """A pack of three arrays in 4 KiB frames, raw and coded ones, for the damage tests."""
     monkeypatch.setattr(arrayio, "FRAME_RAW_MAX", 4096)
     rng = np.random.default_rng(1)
     with ArrayStore(tmp_path / "s", durable=False) as store:
@@ -471,6 +475,126 @@ def test_pack_round_trip(tmp_path):
         assert codecs["z"] == "zstd" and codecs["d"] == "zstd_dict" and codecs["big"] == "raw"
     with pytest.raises(FileExistsError, match="pick a new path"):
         ArrayStore.unpack(tmp_path / "s.lxpack", tmp_path / "u")
+
+
+def test_pack_frames_are_zstd_of_the_bytes_shuffled_by_the_element_size(tmp_path):
+    smooth = {
+        "f8": np.linspace(0, 1000, 600_000),
+        "f4": np.linspace(0, 1, 300_000, dtype=np.float32).reshape(-1, 3),
+        "i2": (np.arange(200_000) % 1000).astype(np.int16),
+        "c16": np.linspace(0, 1, 20_000) * (1 + 2j),
+        "u1": (np.arange(100_000) % 17).astype(np.uint8),
+    }
+    with ArrayStore(tmp_path / "s") as store:
+        store.save(smooth)
+        store.pack(tmp_path / "s.lxpack")
+    data = (tmp_path / "s.lxpack").read_bytes()
+    frames, metas = {}, {}
+    for offset, kind in frame_starts(data):
+        _, stored, raw = arrayio.FRAME.unpack_from(data, offset)
+        if kind == arrayio.ARRAY_FRAME:
+            name = frame_meta(data, offset)["name"]
+            metas[name] = frame_meta(data, offset)
+        elif kind != arrayio.END_FRAME:
+            frames.setdefault(name, []).append((kind, stored, raw))
+    assert {name: meta["frames"] for name, meta in metas.items()} == {
+        "f8": "zstd_shuffle8",
+        "f4": "zstd_shuffle4",
+        "i2": "zstd_shuffle2",
+        "c16": "zstd",
+        "u1": "zstd",
+    }
+    for name, array in smooth.items():
+        assert {kind for kind, _, _ in frames[name]} == {arrayio.CODED_FRAME}, name
+        assert sum(raw for _, _, raw in frames[name]) == array.nbytes
+        # Every frame is smaller than zlib level 1 (what packs held before) makes of it.
+        stored = sum(size for _, size, _ in frames[name])
+        assert stored < len(zlib.compress(array.tobytes(), 1)), name
+    with ArrayStore.unpack(tmp_path / "s.lxpack", tmp_path / "u") as copy:
+        for name, array in smooth.items():
+            assert same(copy.load(name), array), name
+
+
+def rewrite_pack(data: bytes, frame: Callable[[int, bytes, int], tuple[int, bytes, int]]) -> bytes:
+    """``data`` with each frame but the closing one replaced by ``frame(kind,
+    payload, raw)``, each frame's checksum and the closing digest made anew."""
+    start = len(arrayio.PACK_MAGIC) + 4
+    out, digest, arrays = [data[:start]], hashlib.sha256(data[:start]), 0
+    for offset, kind in frame_starts(data):
+        _, stored, raw = arrayio.FRAME.unpack_from(data, offset)
+        payload = data[offset + arrayio.FRAME.size : offset + arrayio.FRAME.size + stored]
+        if kind == arrayio.END_FRAME:
+            kind, payload, raw = (
+                kind,
+                msgpack.packb({"arrays": arrays, "sha256": digest.hexdigest()}),
+                0,
+            )
+        else:
+            arrays += kind == arrayio.ARRAY_FRAME
+            kind, payload, raw = frame(kind, payload, raw)
+        header = arrayio.FRAME.pack(kind, len(payload), raw)
+        whole = header + payload + hashlib.sha256(header + payload).digest()
+        if kind != arrayio.END_FRAME:
+            digest.update(whole)
+        out.append(whole)
+    return b"".join(out)
+
+
+def test_a_pack_file_of_zlib_frames_written_before_zstd_still_unpacks(tmp_path):
+    arrays = packed_store(tmp_path)
+    codecs = []
+
+    def as_zlib(kind: int, payload: bytes, raw: int) -> tuple[int, bytes, int]:
+        if kind == arrayio.ARRAY_FRAME:  # the old header had no "frames"
+            meta = msgpack.unpackb(payload)
+            codecs.append(meta.pop("frames"))
+            return kind, msgpack.packb(meta), raw
+        if kind == arrayio.CODED_FRAME:
+            decoded = bytearray(raw)
+            zrecord.decode_buffer(payload, codecs[-1], decoded)
+            return arrayio.ZLIB_FRAME, zlib.compress(bytes(decoded), 1), raw
+        return kind, payload, raw
+
+    old = rewrite_pack((tmp_path / "s.lxpack").read_bytes(), as_zlib)
+    assert arrayio.ZLIB_FRAME in {kind for _, kind in frame_starts(old)}
+    with ArrayStore.unpack(_write(tmp_path / "old.lxpack", old), tmp_path / "u") as store:
+        assert store.get_member_list() == sorted(arrays)
+        for name, array in arrays.items():
+            assert same(store.load(name), array), name
+
+
+@pytest.mark.parametrize("frames", [None, "zstd_dict", "zstd_shuffle3", ["zstd"]])
+def test_unpack_refuses_coded_frames_its_array_header_does_not_decode(
+    tmp_path, monkeypatch, frames
+):
+    """An array header that names no frame codec (its first coded frame is
+    refused), or one that needs a dictionary, does not exist or is no name
+    (the header is refused)."""
+    data = small_pack(tmp_path, monkeypatch)
+
+    def renamed(kind: int, payload: bytes, raw: int) -> tuple[int, bytes, int]:
+        if kind == arrayio.ARRAY_FRAME:
+            meta = msgpack.unpackb(payload)
+            if meta["name"] == "z":
+                meta["frames"] = frames
+                if frames is None:
+                    del meta["frames"]
+            return kind, msgpack.packb(meta), raw
+        return kind, payload, raw
+
+    damaged = rewrite_pack(data, renamed)
+    starts = frame_starts(damaged)
+    header = next(
+        o for o, k in starts if k == arrayio.ARRAY_FRAME and frame_meta(damaged, o)["name"] == "z"
+    )
+    first_coded = next(o for o, k in starts if o > header and k == arrayio.CODED_FRAME)
+    assert_refused(tmp_path, damaged, first_coded if frames is None else header, f"frames-{frames}")
+
+
+def frame_meta(data: bytes, offset: int) -> dict:
+    """The msgpack map of the header or closing frame at ``offset``."""
+    _, stored, _ = arrayio.FRAME.unpack_from(data, offset)
+    return msgpack.unpackb(data[offset + arrayio.FRAME.size : offset + arrayio.FRAME.size + stored])
 
 
 def frame_starts(data: bytes) -> list[tuple[int, int]]:
@@ -499,7 +623,7 @@ def test_unpack_refuses_flipped_bytes(tmp_path, monkeypatch):
     data = small_pack(tmp_path, monkeypatch)
     frames = frame_starts(data)
     kinds = {kind for _, kind in frames}
-    assert kinds == {arrayio.ARRAY_FRAME, arrayio.RAW_FRAME, arrayio.ZLIB_FRAME, arrayio.END_FRAME}
+    assert kinds == {arrayio.ARRAY_FRAME, arrayio.RAW_FRAME, arrayio.CODED_FRAME, arrayio.END_FRAME}
     picked = {}
     for offset, kind in frames:
         picked.setdefault(kind, []).append(offset)

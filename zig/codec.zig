@@ -290,9 +290,78 @@ fn decodeLz4(
     }
 }
 
+/// One buffer (not a store record) encoded with `codec`, which uses no
+/// dictionary, through a pooled context: the frame a record of that codec
+/// would store, into `target` (at least `compressBound` bytes); returns its
+/// length. What pack files compress their data frames with.
+pub fn encodeBuffer(codec: Codec, source: []const u8, target: []u8) status.Error!usize {
+    std.debug.assert(!codec.usesDictionary());
+    std.debug.assert(target.len >= compressBound(codec, source.len));
+    if (codec == .raw) {
+        @memcpy(target[0..source.len], source);
+        return source.len;
+    }
+    const encoder = try takeEncoder();
+    defer giveEncoder(encoder);
+    var scratch: Scratch = .{};
+    defer scratch.deinit();
+    return compress(encoder, codec, null, source, target, &scratch) catch |err| switch (err) {
+        error.OutOfMemory => error.OutOfMemory,
+        error.Codec => status.fail(
+            error.Codec,
+            "{s} could not encode {d} bytes",
+            .{ @tagName(codec), source.len },
+        ),
+    };
+}
+
+/// `payload`, a frame `encodeBuffer` wrote with `codec`, decoded into
+/// exactly `target`: Corrupt if it is not such a frame of `target.len` bytes.
+pub fn decodeBuffer(codec: Codec, payload: []const u8, target: []u8) status.Error!void {
+    std.debug.assert(!codec.usesDictionary());
+    const decoder = if (codec == .raw) null else try takeDecoder();
+    defer if (decoder) |taken| giveDecoder(taken);
+    var scratch: Scratch = .{};
+    defer scratch.deinit();
+    decode(decoder, codec, null, payload, target, &scratch) catch |err| switch (err) {
+        error.OutOfMemory => return error.OutOfMemory,
+        error.NoDictionary => unreachable,
+        error.Corrupt => return status.fail(
+            error.Corrupt,
+            "{d} bytes are not a {s} frame of {d} bytes",
+            .{ payload.len, @tagName(codec), target.len },
+        ),
+    };
+}
+
 test {
     _ = shuffle;
     _ = clib;
+}
+
+test "a buffer round-trips through every codec without a dictionary; a damaged frame is Corrupt" {
+    var values: [3000]f32 = undefined;
+    for (&values, 0..) |*value, index| value.* = @as(f32, @floatFromInt(index % 16)) * 0.25;
+    const source = std.mem.sliceAsBytes(&values);
+    const frame = try allocator.alloc(u8, compressBound(.lz4_shuffle8, source.len) + 4096);
+    defer allocator.free(frame);
+    var target: [values.len * 4]u8 = undefined;
+    for (std.enums.values(Codec)) |buffer_codec| {
+        if (buffer_codec.usesDictionary()) continue;
+        const written = try encodeBuffer(buffer_codec, source, frame);
+        if (buffer_codec != .raw) try std.testing.expect(written < source.len);
+        @memset(&target, 0);
+        try decodeBuffer(buffer_codec, frame[0..written], &target);
+        try std.testing.expectEqualSlices(u8, source, &target);
+        try std.testing.expectError(
+            error.Corrupt,
+            decodeBuffer(buffer_codec, frame[0..written], target[0 .. target.len - 1]),
+        );
+        try std.testing.expectError(
+            error.Corrupt,
+            decodeBuffer(buffer_codec, frame[0 .. written - 1], &target),
+        );
+    }
 }
 
 test "a zstd round trip through pooled contexts restores the bytes" {

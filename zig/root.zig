@@ -12,7 +12,7 @@ const ragged = @import("ragged.zig");
 
 /// Bumped whenever the ABI or the on-disk format changes; `_native.py`
 /// refuses a library whose version differs from the one it was written for.
-pub const abi_version: u32 = 5;
+pub const abi_version: u32 = 6;
 
 export fn lx_version() u32 {
     return abi_version;
@@ -316,6 +316,7 @@ export fn lx_encoded_bytes(
 // ---- codecs ---------------------------------------------------------------
 
 const shuffle = @import("shuffle.zig");
+const codec_module = @import("codec.zig");
 
 /// How many codecs format.Codec has: Python builds its codec table from
 /// `lx_codec_get`, so the table has one definition.
@@ -369,6 +370,72 @@ export fn lx_codec_shuffle(
         ));
     }
     shuffle.shuffle(element_bytes, slice(u8, source, bytes), sliceMut(u8, target, bytes));
+    return status.ok;
+}
+
+/// A codec for one buffer (lx_codec_bound, lx_codec_encode, lx_codec_decode):
+/// any codec but those that need a store's dictionary.
+fn bufferCodecFrom(value: u32) status.Error!format.Codec {
+    const buffer_codec = try codecFrom(value);
+    if (buffer_codec.usesDictionary()) return status.fail(
+        error.InvalidArgument,
+        "{s} needs a store's dictionary: a buffer is encoded with a codec that needs none",
+        .{@tagName(buffer_codec)},
+    );
+    return buffer_codec;
+}
+
+/// The most bytes lx_codec_encode writes for `source_bytes` with `codec`.
+export fn lx_codec_bound(codec: u32, source_bytes: u64, bound_out: *u64) c_int {
+    status.clear();
+    const buffer_codec = bufferCodecFrom(codec) catch |err| return result(err);
+    bound_out.* = codec_module.compressBound(buffer_codec, source_bytes);
+    return status.ok;
+}
+
+/// `source_bytes` of `source` encoded with `codec` (no dictionary) as a
+/// record of that codec is stored, into `target` (room for `capacity`
+/// bytes, at least lx_codec_bound); the frame's length into `written_out`.
+export fn lx_codec_encode(
+    codec: u32,
+    source: ?[*]const u8,
+    source_bytes: u64,
+    target: ?[*]u8,
+    capacity: u64,
+    written_out: *u64,
+) c_int {
+    status.clear();
+    const buffer_codec = bufferCodecFrom(codec) catch |err| return result(err);
+    const bound = codec_module.compressBound(buffer_codec, source_bytes);
+    if (capacity < bound) return result(status.fail(
+        error.BufferTooSmall,
+        "room for {d} bytes; encoding {d} bytes with {s} needs {d}",
+        .{ capacity, source_bytes, @tagName(buffer_codec), bound },
+    ));
+    written_out.* = codec_module.encodeBuffer(
+        buffer_codec,
+        slice(u8, source, source_bytes),
+        sliceMut(u8, target, capacity),
+    ) catch |err| return result(err);
+    return status.ok;
+}
+
+/// The frame `payload` (lx_codec_encode's, with `codec`) decoded into
+/// exactly `target_bytes` of `target`: LX corrupt if it is not one.
+export fn lx_codec_decode(
+    codec: u32,
+    payload: ?[*]const u8,
+    payload_bytes: u64,
+    target: ?[*]u8,
+    target_bytes: u64,
+) c_int {
+    status.clear();
+    const buffer_codec = bufferCodecFrom(codec) catch |err| return result(err);
+    codec_module.decodeBuffer(
+        buffer_codec,
+        slice(u8, payload, payload_bytes),
+        sliceMut(u8, target, target_bytes),
+    ) catch |err| return result(err);
     return status.ok;
 }
 

@@ -98,6 +98,18 @@ int lx_codec_get(uint32_t index, char *name, size_t capacity, uint32_t *id_out,
 int lx_codec_shuffle(const uint8_t *source, uint64_t bytes, uint32_t element_bytes,
                      uint8_t *target);
 
+/* One buffer (not a store record) with a codec that uses no dictionary:
+ * lx_codec_bound gives the most bytes lx_codec_encode writes for
+ * source_bytes; lx_codec_encode writes the frame a record of that codec
+ * stores into target (capacity at least the bound), its length into
+ * written_out; lx_codec_decode decodes such a frame into exactly
+ * target_bytes (corrupt if it is not one). Pack files use them. */
+int lx_codec_bound(uint32_t codec, uint64_t source_bytes, uint64_t *bound_out);
+int lx_codec_encode(uint32_t codec, const uint8_t *source, uint64_t source_bytes,
+                    uint8_t *target, uint64_t capacity, uint64_t *written_out);
+int lx_codec_decode(uint32_t codec, const uint8_t *payload, uint64_t payload_bytes,
+                    uint8_t *target, uint64_t target_bytes);
+
 /* ---- writable_batch_mode (zig/changes.zig) ------------------------------ */
 
 /* The rows (ascending, each once) of `edited` whose bytes differ from

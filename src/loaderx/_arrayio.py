@@ -15,10 +15,10 @@ Pack files (``pack_store``/``unpack_store``): a store as one file of frames,
 each ``kind, stored bytes, raw bytes`` (three little-endian uint32), its
 payload, and the SHA-256 of header and payload; the closing frame carries
 the SHA-256 of everything before it, so a damaged, truncated, reordered or
-extended file is refused with its offset. Data frames are compressed with
-the standard library's zlib (level 1) when that saves space: loaderx's
-native zstd encodes store records only (its C ABI has no buffer-to-buffer
-call), and run-time dependencies stay numpy, cffi and msgpack. An unpack
+extended file is refused with its offset. Data frames are zstd frames of
+the bytes shuffled by the array's element size (the core's record codecs,
+through ``zrecord.encode_buffer``) where that saves space, else raw; the
+zlib frames of pack files written before 2026-12-07 are still read. An unpack
 builds the store in a staging directory beside the target and renames it
 into place after the closing frame checked out.
 
@@ -48,6 +48,15 @@ import numpy as np
 from ._arrayview import LazyArray
 from ._checks import check_int
 from .dataset import DenseDataset
+from .zrecord import (
+    CODEC_TABLE,
+    CODECS,
+    SHUFFLE_ELEMENT_BYTES,
+    CorruptStoreError,
+    decode_buffer,
+    encode_buffer,
+    shuffled_codec,
+)
 
 FORMATS = (
     "npy",
@@ -91,8 +100,10 @@ FRAME = struct.Struct("<III")  # kind, stored bytes, raw bytes
 DIGEST_BYTES = 32
 FRAME_RAW_MAX = 4 << 20  # data bytes per frame
 META_BYTES_MAX = 1 << 20
-ARRAY_FRAME, RAW_FRAME, ZLIB_FRAME, END_FRAME = 1, 2, 3, 4
-ZLIB_LEVEL = 1
+# A CODED_FRAME holds a frame of the codec its array's header names ("frames");
+# ZLIB_FRAME, zlib level 1, is what pack files held until 2026-12-07: read, not written.
+ARRAY_FRAME, RAW_FRAME, ZLIB_FRAME, END_FRAME, CODED_FRAME = 1, 2, 3, 4, 5
+DATA_FRAMES = (RAW_FRAME, ZLIB_FRAME, CODED_FRAME)
 
 
 class CorruptPackError(ValueError):
@@ -1006,15 +1017,31 @@ class _PackWriter:
             self.file.write(part)
             self.digest.update(part)
 
-    def data(self, chunk: np.ndarray) -> None:
+    def array(self, name: str, array: LazyArray, codec: str, chunk_bytes: int) -> None:
+        """An array's header frame (``codec``: the store's), then its data frames."""
+        frames = frame_codec(array.dtype)
+        meta = {"name": name, "dtype": array.dtype.str, "shape": list(array.shape)}
+        meta.update(codec=codec, frames=frames)
+        self.frame(ARRAY_FRAME, msgpack.packb(meta), 0)
+        for_chunks(array, chunk_bytes, lambda _, rows: self.data(rows, frames))
+
+    def data(self, chunk: np.ndarray, codec: str) -> None:
         raw = chunk.reshape(-1).view(np.uint8).data
         for start in range(0, len(raw), FRAME_RAW_MAX):
             part = raw[start : start + FRAME_RAW_MAX]
-            packed = zlib.compress(part, ZLIB_LEVEL)
+            packed = encode_buffer(part, codec)
             if len(packed) < len(part):
-                self.frame(ZLIB_FRAME, packed, len(part))
+                self.frame(CODED_FRAME, packed, len(part))
             else:
                 self.frame(RAW_FRAME, part, len(part))
+
+
+def frame_codec(dtype: np.dtype[Any]) -> str:
+    """The codec of an array's data frames: zstd, of the bytes shuffled by
+    the element size where the core shuffles elements of that size."""
+    if dtype.itemsize in SHUFFLE_ELEMENT_BYTES:
+        return shuffled_codec("zstd", dtype.itemsize)
+    return "zstd"
 
 
 def pack_store(path: str, arrays: dict[str, tuple[LazyArray, str]], chunk_bytes: int) -> None:
@@ -1025,10 +1052,7 @@ def pack_store(path: str, arrays: dict[str, tuple[LazyArray, str]], chunk_bytes:
     with atomic_output(path) as temporary, open(temporary, "wb") as file:
         writer = _PackWriter(file)
         for name, (array, codec) in arrays.items():
-            meta = {"name": name, "dtype": array.dtype.str, "shape": list(array.shape)}
-            meta["codec"] = codec
-            writer.frame(ARRAY_FRAME, msgpack.packb(meta), 0)
-            for_chunks(array, chunk_bytes, lambda start, rows: writer.data(rows))
+            writer.array(name, array, codec, chunk_bytes)
         end = {"arrays": len(arrays), "sha256": writer.digest.hexdigest()}
         writer.frame(END_FRAME, msgpack.packb(end), 0)
 
@@ -1059,11 +1083,12 @@ class _PackReader:
         return data
 
     def frame(self) -> tuple[int, bytes, int]:
-        """The next frame's kind, payload (decompressed) and raw size."""
+        """The next frame's kind, payload and raw size: a zlib frame's payload
+        inflated, a coded one's as stored (``data_into`` decodes it)."""
         header = self._exactly(FRAME.size, "header")
         kind, stored, raw = FRAME.unpack(header)
         limit = META_BYTES_MAX if kind in (ARRAY_FRAME, END_FRAME) else FRAME_RAW_MAX
-        if kind not in (ARRAY_FRAME, RAW_FRAME, ZLIB_FRAME, END_FRAME) or stored > limit + 64:
+        if kind not in (ARRAY_FRAME, END_FRAME, *DATA_FRAMES) or stored > limit + 64:
             raise self.fail(f"a frame header that is not one (kind {kind}, {stored} bytes)")
         if raw > FRAME_RAW_MAX:
             raise self.fail(f"a frame header that is not one ({raw} raw bytes)")
@@ -1101,15 +1126,25 @@ class _PackReader:
             raise self.fail("a header frame that is not a map", start)
         return data
 
-    def data_into(self, out: memoryview) -> None:
-        """Fills ``out`` from the next data frames."""
+    def data_into(self, out: memoryview, codec: str | None) -> None:
+        """Fills ``out`` from the next data frames; ``codec`` decodes the coded
+        ones (None: the array's header named none)."""
         done = 0
         while done < len(out):
             start = self.offset
             kind, payload, raw = self.frame()
-            if kind not in (RAW_FRAME, ZLIB_FRAME) or raw > len(out) - done:
+            if kind not in DATA_FRAMES or raw > len(out) - done:
                 raise self.fail("the frames do not hold the array its header describes", start)
-            out[done : done + raw] = payload
+            target = out[done : done + raw]
+            if kind != CODED_FRAME:
+                target[:] = payload
+            elif codec is None:
+                raise self.fail("a coded data frame of an array that names no frame codec", start)
+            else:
+                try:
+                    decode_buffer(payload, codec, target)
+                except CorruptStoreError as exc:
+                    raise self.fail(f"a data frame that does not decode ({exc})", start) from None
             done += raw
 
 
@@ -1120,7 +1155,9 @@ def _pack_array(reader: _PackReader) -> tuple[str, str, Any]:  # name, codec, va
         name, codec = str(meta["name"]), str(meta["codec"])
         dtype = np.dtype(meta["dtype"])
         shape = tuple(int(n) for n in meta["shape"])
-        valid = all(n >= 0 for n in shape) and not dtype.hasobject
+        frames = meta.get("frames")
+        known = frames is None or (frames in CODECS and not CODEC_TABLE[frames].uses_dictionary)
+        valid = all(n >= 0 for n in shape) and not dtype.hasobject and known
     except (KeyError, TypeError, ValueError):
         valid = False
     if not valid:
@@ -1130,7 +1167,7 @@ def _pack_array(reader: _PackReader) -> tuple[str, str, Any]:  # name, codec, va
     def read(first: int, end: int) -> np.ndarray:
         assert first == position[0], "an unpack reads the rows in order"
         out = np.empty((end - first, *shape[1:]) if shape else (), dtype=dtype)
-        reader.data_into(out.reshape(-1).view(np.uint8).data)
+        reader.data_into(out.reshape(-1).view(np.uint8).data, frames)
         position[0] = end
         return out
 

@@ -834,8 +834,9 @@ class ArrayStore:
         return _arrayio.export_arrays(path, format, arrays, chunk_bytes)
 
     def pack(self, path: StrPath, *, chunk_bytes: int = _arrayio.CHUNK_BYTES) -> None:
-        """Writes the whole store to the one file ``path``: zlib-compressed,
-        every frame checksummed (SHA-256), streamed; ``unpack`` reads it."""
+        """Writes the whole store to the one file ``path``: zstd-compressed
+        (byte-shuffled by the element size), every frame checksummed
+        (SHA-256), streamed; ``unpack`` reads it."""
         self._refuse_in_batch("pack()")  # it reads the committed arrays
         chunk_bytes = _arrayio.check_chunk_bytes(chunk_bytes)
         arrays = {}

@@ -388,6 +388,31 @@ def _check_disjoint(
 _FIRST_BYTE = ffi.new("uint64_t[1]")  # the offsets of one record that starts its src (read only)
 
 
+def encode_buffer(data: Any, codec: str) -> memoryview:
+    """The contiguous bytes ``data`` encoded with ``codec`` (one that needs no
+    dictionary) as a record of that codec is stored: one zstd or LZ4 frame,
+    of the bytes shuffled first for a shuffled codec. The caller keeps the
+    raw bytes where the frame is not smaller."""
+    source, source_bytes = _read_buffer(data, "data")
+    value = codec_id(codec)
+    bound = ffi.new("uint64_t *")
+    check(lib.lx_codec_bound(value, source_bytes, bound))
+    target = np.empty(max(int(bound[0]), 1), dtype=np.uint8)
+    written = ffi.new("uint64_t *")
+    out = ffi.from_buffer("uint8_t[]", target, require_writable=True)
+    check(lib.lx_codec_encode(value, source, source_bytes, out, target.size, written))
+    return target.data[: written[0]]
+
+
+def decode_buffer(payload: Any, codec: str, target: Any) -> None:
+    """Decodes ``payload``, a frame ``encode_buffer`` wrote with ``codec``,
+    into the writable buffer ``target``, which it must fill exactly:
+    CorruptStoreError if it is not such a frame."""
+    source, source_bytes = _read_buffer(payload, "payload")
+    out, target_bytes = _write_buffer(target, "target")
+    check(lib.lx_codec_decode(codec_id(codec), source, source_bytes, out, target_bytes))
+
+
 def u64_pointer(array: npt.NDArray[np.uint64]) -> Any:
     return ffi.from_buffer("uint64_t[]", array) if array.size else ffi.NULL
 
