@@ -90,6 +90,14 @@ class ArrayStoreOps:
     def clone(self, handle, name, new):
         handle.clone(name, new)
 
+    def pack(self, handle, names, out):
+        """The whole store to one file in ``out`` and back into memory: pack,
+        unpack into a new store, load its arrays."""
+        os.makedirs(out)
+        handle.pack(os.path.join(out, "arrays.lxpack"))
+        with ArrayStore.unpack(os.path.join(out, "arrays.lxpack"), os.path.join(out, "u")) as copy:
+            return {name: copy.load(name) for name in names}
+
     def edits(self, handle, name, rows, indices, mode):
         """One-row edits of ``rows`` at ``indices``: one call each (``mode``
         "calls"), or inside ``batch_mode`` ("batch") or ``writable_batch_mode``
@@ -166,6 +174,9 @@ class NumpackOps(ArrayStoreOps):
     def clone(self, handle, name, new):
         """numpack 0.4.5 has no clone (0.7 has): a load and a save of the copy."""
         handle.save({new: np.array(handle.load(name))})
+
+    def pack(self, handle, names, out):
+        raise RuntimeError("numpack 0.4.5 has no pack (0.7 has), so it is not run")
 
     def edits(self, handle, name, rows, indices, mode):
         """numpack 0.4.5 has no batch mode: one call per edit, whatever ``mode``."""
@@ -296,6 +307,9 @@ class NpyOps:
     def clone(self, path, name, new):
         shutil.copyfile(self._file(path, name), self._file(path, new))
 
+    def pack(self, path, names, out):
+        return _savez_compressed_and_back({name: self.load(path, name) for name in names}, out)
+
     def getitem(self, path, name, indices):
         return np.load(self._file(path, name), mmap_mode="r")[indices]
 
@@ -365,6 +379,9 @@ class NpzOps:
         arrays = self._all(path)
         np.savez(self._file(path), **arrays, **{new: arrays[name]})
 
+    def pack(self, path, names, out):
+        return _savez_compressed_and_back(self._all(path), out)
+
     def getitem(self, path, name, indices):
         return self.load(path, name)[indices]
 
@@ -373,6 +390,15 @@ class NpzOps:
 
     def settle(self, path):
         pass
+
+
+def _savez_compressed_and_back(arrays: dict, out: str) -> dict:
+    """NumPy's one compressed file of many arrays (a zip of deflated .npy
+    members), written to ``out`` and read back: the NPY and NPZ pack."""
+    os.makedirs(out)
+    np.savez_compressed(os.path.join(out, "arrays.npz"), **arrays)
+    with np.load(os.path.join(out, "arrays.npz")) as archive:
+        return {name: archive[name] for name in archive.files}
 
 
 def fsync_tree(path) -> None:
@@ -696,6 +722,17 @@ def _resize_operations(a: np.ndarray, b: np.ndarray, draws: Draws) -> list[Opera
             setup="fresh",
         ),
         Operation(
+            # NPY and NPZ: np.savez_compressed and np.load of it; loaderx: pack, unpack, load.
+            "pack to one compressed file and back (a and b)",
+            lambda ops, handle, path: ops.pack(handle, ["a", "b"], pack_output(path)),
+            lambda ops, handle, path, result: (
+                result.keys() == {"a", "b"}
+                and np.array_equal(result["a"], a)
+                and np.array_equal(result["b"], b)
+            ),
+            setup="fresh",
+        ),
+        Operation(
             f"append {len(b):,} rows (to b)",
             lambda ops, handle, path: ops.append(handle, "b", b),
             _loaded_equal("b", np.concatenate([b, b])),
@@ -725,6 +762,11 @@ def _access_operations(a: np.ndarray, draws: Draws) -> list[Operation]:
 # ---- running ---------------------------------------------------------------------------
 
 
+def pack_output(path: str) -> str:
+    """Where the pack row writes its file and copy, beside the store at ``path``."""
+    return f"{path}-pack"
+
+
 def _prepare(ops, operation, work: Path, saved: Path):
     """The untimed setup; returns (handle, path) for ``run``. It ends with
     ``os.sync()`` so no write-back of earlier runs overlaps the timed one."""
@@ -732,6 +774,7 @@ def _prepare(ops, operation, work: Path, saved: Path):
         handle, path = ops.open(str(saved)), str(saved)
     else:
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(pack_output(str(work)), ignore_errors=True)
         if operation.setup == "empty":
             handle, path = None, str(work)
         else:
