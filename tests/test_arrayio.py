@@ -493,8 +493,9 @@ def test_pack_frames_are_zstd_of_the_bytes_shuffled_by_the_element_size(tmp_path
     for offset, kind in frame_starts(data):
         _, stored, raw = arrayio.FRAME.unpack_from(data, offset)
         if kind == arrayio.ARRAY_FRAME:
-            name = frame_meta(data, offset)["name"]
-            metas[name] = frame_meta(data, offset)
+            meta = frame_meta(data, offset)
+            name = meta["name"]
+            metas[name] = meta
         elif kind != arrayio.END_FRAME:
             frames.setdefault(name, []).append((kind, stored, raw))
     assert {name: meta["frames"] for name, meta in metas.items()} == {

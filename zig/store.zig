@@ -1200,18 +1200,7 @@ fn findDamaged(
     out: []u64,
     found: *u64,
 ) Error!void {
-    assert(start <= end and end <= snapshot.count() and out.len >= end - start);
-    if (snapshot.layout() == .fixed) {
-        found.* = integrity.fixedUnsoundRecords(snapshot, start, end, out);
-        return;
-    }
-    found.* = 0;
-    for (start..end) |index| {
-        if (!integrity.recordSound(snapshot, index)) {
-            out[found.*] = index;
-            found.* += 1;
-        }
-    }
+    found.* = integrity.unsoundRecords(snapshot, start, end, out);
 }
 
 // ---- batch helpers -------------------------------------------------------------
