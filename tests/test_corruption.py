@@ -976,6 +976,46 @@ def test_an_array_store_replace_over_a_damaged_block_is_refused(tmp_path):
         assert store.verify() == rows_of(0)
 
 
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "durable=False"])
+@pytest.mark.parametrize("blocks", [(100, 400), (400,)], ids=["both parts", "the second part"])
+def test_a_scattered_replace_over_damaged_blocks_names_the_first_and_changes_nothing(
+    tmp_path, durable, blocks
+):
+    """A replace of rows in hundreds of blocks checks them on two threads,
+    each a part of the rows; with damage in either part or both it reports
+    the first damaged block, as one thread would (a pool thread's message
+    stays on that thread), and writes no row."""
+    rows_total, step = 200_000, 1_000  # rows 40,000 bytes apart: a group each
+    values = np.arange(rows_total * 10, dtype=np.float32).reshape(rows_total, 10)
+    path = tmp_path / "s"
+    with Zrecord(path, codec="raw") as store:
+        store.append(values, np.arange(rows_total, dtype=np.uint64) * ROW_BYTES)
+    # Blocks 100 and 400 lie in the first and second half of the rows; rows
+    # 41,000 and 164,000 lie in them, neither replaced whole.
+    for block in blocks:
+        flip_data_byte(path, block * BLOCK + 7)
+    indices = np.arange(0, rows_total, step, dtype=np.uint64)
+    assert {41_000 * ROW_BYTES // BLOCK, 164_000 * ROW_BYTES // BLOCK} == {100, 400}
+    rows = np.full((len(indices), 10), -1, np.float32)
+    offsets = np.arange(len(indices), dtype=np.uint64) * ROW_BYTES
+    with Zrecord(path, durable=durable) as store:
+        first = blocks[0]
+        named = rf"^block {first} of the data file \(records {first * BLOCK // ROW_BYTES} "
+        with pytest.raises(CorruptStoreError, match=named):
+            store.replace(indices, rows, offsets, codec="raw")
+        store.sync()
+    with Zrecord(path, verify=False) as store:
+        out = np.empty_like(values)
+        store.gather(np.arange(rows_total, dtype=np.uint64), out)
+        differ = np.flatnonzero(out.view(np.uint8).reshape(-1) != values.view(np.uint8).reshape(-1))
+        assert differ.tolist() == [block * BLOCK + 7 for block in blocks]  # the flips, no row
+        assert store.verify() == [
+            row
+            for block in blocks
+            for row in range(block * BLOCK // ROW_BYTES, ((block + 1) * BLOCK - 1) // ROW_BYTES + 1)
+        ]
+
+
 # ---- ArrayStore's own rewrites: damage is refused, never carried over ----------------
 #
 # A rewrite (compact or clone of an array with dropped rows, a batch that

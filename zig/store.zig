@@ -745,20 +745,20 @@ pub const Store = struct {
                 patches,
                 base,
                 writer.page,
+                store.threads,
                 &writer.poisoned,
             );
             assert(writer.journalPending(&base.superblock) and base == store.head());
             return;
         }
-        const handle = &writer.journal.?;
-        const poisoned = &writer.poisoned;
         const tail = try journal.replace(
-            handle,
+            &writer.journal.?,
             target,
             &base.superblock,
             patches,
             base,
-            poisoned,
+            store.threads,
+            &writer.poisoned,
         );
         // The in-place state is published in the head's superblock and in
         // the shared page (journal.replace), not as a new generation.
@@ -1714,6 +1714,65 @@ const TestRows = struct {
         allocator.free(test_rows.all);
     }
 };
+
+test "computeSums on two threads finds the blocks, sums and tail the one-thread walk does" {
+    simulated.reset();
+    const stride = 40; // rows cross block edges
+    const count = 200_000; // 489 blocks, the last partial
+    const test_rows = try TestRows.init(count, stride);
+    defer test_rows.deinit();
+    for (test_rows.rows, 0..) |*byte, k| byte.* = @truncate(k *% 7);
+    const rows, const offsets = .{ test_rows.rows, test_rows.offsets };
+    const store = try Store.open("sums", 2, true, true);
+    defer store.close();
+    _ = try store.append(rows, offsets, .raw);
+    try store.replace(test_rows.all[0..1], rows[0..stride], offsets[0..1], .raw);
+    const base = store.head();
+    const target = try store.writer.?.target.get(store.dir, &base.superblock);
+    const scratch = try allocator.alloc(u8, journal.run_blocks_max * format.block_bytes);
+    defer allocator.free(scratch);
+    const patches = try allocator.alloc(plans.Patch, count);
+    defer allocator.free(patches);
+    var prng = std.Random.DefaultPrng.init(29);
+    // Rows 1,000 apart (40,000 bytes: each its own group), 819 apart (the
+    // next block or the one after: groups of one row and of several),
+    // random gaps of up to 2,000 rows, and 3,000 adjacent rows (one group:
+    // nothing to split); the sparse ones end at the last row, in the
+    // partial block.
+    const Spacing = struct { step: u64, rows: usize, split: bool };
+    for ([_]Spacing{
+        .{ .step = 1_000, .rows = 200, .split = true },
+        .{ .step = 819, .rows = 244, .split = true },
+        .{ .step = 0, .rows = 190, .split = true },
+        .{ .step = 1, .rows = 3_000, .split = false },
+    }) |spacing| {
+        var used: usize = 0;
+        var row: u64 = 0;
+        while (used < spacing.rows and row < count - 1) : (used += 1) {
+            const source = (count - 1 - row) * stride; // rows of other values
+            patches[used] = .{ .row = row, .bytes = rows[source..][0..stride] };
+            const random_gap = 1 + prng.random().uintLessThan(u64, 2_000);
+            row += if (spacing.step == 0) random_gap else spacing.step;
+        }
+        if (spacing.split) {
+            patches[used] = .{ .row = count - 1, .bytes = rows[0..stride] };
+            used += 1;
+        }
+        var one = journal.Sums{};
+        defer one.deinit();
+        try journal.forEachRun(target, patches[0..used], scratch, base, &one, journal.Sums.visit);
+        var two = journal.Sums{};
+        defer two.deinit();
+        try journal.computeSums(target, patches[0..used], scratch, base, 2, &two);
+        try testing.expectEqualSlices(u64, one.blocks.items, two.blocks.items);
+        try testing.expectEqualSlices(u64, one.sums.items, two.sums.items);
+        try testing.expectEqual(one.tail_checksum, two.tail_checksum);
+        try testing.expectEqual(one.runs, two.runs);
+        try testing.expectEqual(spacing.split, one.tail_checksum != null);
+        // A split merges the parts' lists and leaves no image to write again.
+        try testing.expectEqual(spacing.split, two.last_image.len == 0);
+    }
+}
 
 test "a live replace stores small rows through the writer's mappings, large ones by pwrite" {
     // Both modes: the journal's (durable) and the undo area's paths.

@@ -521,6 +521,7 @@ pub fn replace(
     patches: []const Patch,
     committed: *const Snapshot,
     page: io.WritableMemory,
+    threads: u32,
     poisoned: *bool,
 ) Error!u64 {
     assert(patches.len > 0 and target.stride == superblock.record_bytes);
@@ -528,7 +529,7 @@ pub fn replace(
     const scratch = try undo.scratchBuffer();
     var sums = journal.Sums{};
     defer sums.deinit();
-    try journal.forEachRun(target, patches, scratch, committed, &sums, journal.Sums.visit);
+    try journal.computeSums(target, patches, scratch, committed, threads, &sums);
     assert(sums.runs > 0 and sums.blocks.items.len == sums.sums.items.len);
     const tail_checksum = sums.tail_checksum orelse committed.tailChecksum();
     // The break hook moves the save after the patch; the save is the same.
