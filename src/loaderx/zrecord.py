@@ -399,8 +399,8 @@ def encode_buffer(data: Any, codec: str) -> memoryview:
     check(lib.lx_codec_bound(value, source_bytes, bound))
     target = np.empty(max(int(bound[0]), 1), dtype=np.uint8)
     written = ffi.new("uint64_t *")
-    out = ffi.from_buffer("uint8_t[]", target, require_writable=True)
-    check(lib.lx_codec_encode(value, source, source_bytes, out, target.size, written))
+    out, capacity = _write_buffer(target, "target")
+    check(lib.lx_codec_encode(value, source, source_bytes, out, capacity, written))
     return target.data[: written[0]]
 
 
