@@ -103,7 +103,7 @@ class OpenArray:
     ) -> OpenArray:
         # Row edits go through the dataset's store handle, so with
         # durable=False that one handle defers its fsyncs.
-        dataset = DenseDataset(fs.real_path(path), _durable=durable)
+        dataset = DenseDataset._of_array(fs.real_path(path), durable)
         try:
             scalar = _read_scalar_marker(path, dataset, fs)
         except BaseException:

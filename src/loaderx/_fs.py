@@ -593,6 +593,8 @@ class CountingFs:
             stats.calls += 1
             return value(*args, **kwargs)
 
+        # The inner seam's methods are fixed: the next call finds this one.
+        setattr(self, attribute, counted)
         return counted
 
     def read_file(self, path: str, bytes_max: int) -> bytes:

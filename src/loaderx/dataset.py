@@ -113,6 +113,21 @@ class _Dataset:
             self._open_remote(verify, threads, _source)
             return
         self._refuse_remote_options()
+        self._open_local(verify, threads, _durable)
+
+    @classmethod
+    def _of_array(cls: type[_DatasetT], path: str, durable: bool) -> _DatasetT:
+        """ArrayStore's open of one of its arrays (a local store, default
+        options): the open of ``__init__`` without its argument checks, which
+        a lazy load of many arrays would pay for each."""
+        dataset = cls.__new__(cls)
+        dataset.path = path
+        dataset._remote = (None, None, None)
+        dataset._open_local(None, 0, durable)
+        return dataset
+
+    def _open_local(self, verify: bool | None, threads: int, durable: bool) -> None:
+        """Opens the local store at ``self.path`` (checked options)."""
         # A sharded dataset has no schema at its top (write_shard refuses a
         # directory that has one): a store's schema is the one look-up.
         for attempt in range(_SWAPS_SEEN_MAX + 1):
@@ -130,13 +145,8 @@ class _Dataset:
                     self._schema = self._store.schema
                     break
                 self._schema = open_schema(path, self._kind, schema)
-                self._store = Zrecord(
-                    path,
-                    codec=self._schema.codec,
-                    verify=verify,
-                    threads=threads,
-                    durable=_durable,
-                    _existing=True,
+                self._store = Zrecord._existing_store(
+                    path, self._schema.codec, verify, threads, durable
                 )
             except (ZrecordError, OSError, ValueError) as exc:
                 # A file gone mid-open is what a swap does to a reader of the
@@ -160,6 +170,14 @@ class _Dataset:
                     "open it again when its writer is done"
                 )
         self._opened(verify, threads)
+        try:
+            self._check_opened()
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_opened(self) -> None:
+        """What a kind of dataset checks of the local store it opened."""
 
     def _refuse_remote_options(self) -> None:
         if self._remote != (None, None, None):
@@ -276,37 +294,7 @@ class DenseDataset(_Dataset):
 
     _kind = "dense"
 
-    def __init__(
-        self,
-        path: StrPath,
-        verify: bool | None = None,
-        threads: int = 0,
-        *,
-        cache_dir: StrPath | None = None,
-        cache_bytes: int | None = None,
-        storage_options: dict[str, Any] | None = None,
-        _durable: bool = True,
-        _source: Any = None,
-    ) -> None:
-        super().__init__(
-            path,
-            verify=verify,
-            threads=threads,
-            cache_dir=cache_dir,
-            cache_bytes=cache_bytes,
-            storage_options=storage_options,
-            _durable=_durable,
-            _source=_source,
-        )
-        if isinstance(self._store, RemoteStore):
-            return  # each shard's record size is checked as it is first opened
-        try:
-            self._check_record_bytes()
-        except BaseException:
-            self.close()
-            raise
-
-    def _check_record_bytes(self) -> None:
+    def _check_opened(self) -> None:
         """A store whose records do not have the schema's size is not this dense
         store (written around the converters, or damaged): refuse it on open."""
         store = self._store

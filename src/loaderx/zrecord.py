@@ -426,12 +426,14 @@ class NativeHandle:
 
     _handle: Any
 
+    # The condition close() waits on while calls are in flight; made by the
+    # close() that finds some, so an open pays nothing of threading.Condition.
+    _state: threading.Condition | None = None
+
     def _init_lifetime(self) -> None:
-        # A plain lock (entered in C) around the count; the condition on it
-        # is notified only when a close() waits: a call pays two lock round
-        # trips and nothing of threading.Condition's Python code.
+        # A plain lock (entered in C) around the count: a call pays two lock
+        # round trips and nothing of threading.Condition's Python code.
         self._lock = threading.Lock()
-        self._state = threading.Condition(self._lock)
         self._active = 0
         self._closed = False
 
@@ -451,9 +453,10 @@ class NativeHandle:
     def _leave(self) -> None:
         with self._lock:
             self._active -= 1
-            # close() sets _closed under this lock before it waits, so the
-            # last call to leave after that wakes it.
+            # close() sets _closed (and makes _state) under this lock before
+            # it waits, so the last call to leave after that wakes it.
             if self._active == 0 and self._closed:
+                assert self._state is not None
                 self._state.notify_all()
 
     def _lengths_with(
@@ -507,12 +510,14 @@ class NativeHandle:
 
     def close(self) -> None:
         """Closes the handle (idempotent); waits for calls in flight on other threads."""
-        with self._state:
+        with self._lock:
             if self._closed:
                 return
             self._closed = True
-            while self._active:
-                self._state.wait()
+            if self._active:
+                self._state = threading.Condition(self._lock)
+                while self._active:
+                    self._state.wait()
         self._release()
 
     def __del__(self) -> None:
@@ -559,20 +564,39 @@ class Zrecord(NativeHandle):
         _staged: bool = False,
         _existing: bool = False,
     ) -> None:
-        self.path = os.fspath(path)
-        self.codec = codec
-        self._codec = codec_id(codec)
+        path = os.fspath(path)
         verify = check_verify(verify)
         create, durable = check_flag("create", create), check_flag("durable", durable)
         threads = check_int("threads", threads, 0, THREADS_MAX)
         # _existing: the caller knows a store is there (a dataset read its
         # schema): the native open creates nothing, so no look-up first.
         if not create and not _existing:
-            _refuse_foreign_directory(self.path)
-        handle = ffi.new("lx_store **")
+            _refuse_foreign_directory(path)
         # _staged: a new store in a directory nobody opens until its owner
         # renames it into place (ArrayStore's saves) is created without
         # syncs; sync() makes it durable (the owner syncs the parent).
+        extra = (lib.LX_OPEN_STAGED if _staged else 0) | (lib.LX_OPEN_EXISTING if _existing else 0)
+        self._open(path, codec, verify, threads, durable, extra)
+
+    @classmethod
+    def _existing_store(
+        cls, path: str, codec: str, verify: bool | None, threads: int, durable: bool
+    ) -> Zrecord:
+        """The store a dataset found by its schema: the options checked by
+        the dataset, the codec by the schema, so the open checks none again
+        (a lazy load opens one per array)."""
+        store = cls.__new__(cls)
+        store._open(path, codec, verify, threads, durable, lib.LX_OPEN_EXISTING)
+        return store
+
+    def _open(
+        self, path: str, codec: str, verify: bool | None, threads: int, durable: bool, extra: int
+    ) -> None:
+        """The native open of checked options; ``extra``: the LX_OPEN_ flags
+        beyond the checks and durability."""
+        self.path = path
+        self.codec = codec
+        self._codec = codec_id(codec)
         checks = (
             lib.LX_OPEN_VERIFY_INDEXED
             if verify is None
@@ -580,24 +604,20 @@ class Zrecord(NativeHandle):
             if verify
             else 0
         )
-        flags = (
-            checks
-            | (0 if durable else lib.LX_OPEN_DEFER_SYNC)
-            | (lib.LX_OPEN_STAGED if _staged else 0)
-            | (lib.LX_OPEN_EXISTING if _existing else 0)
-        )
+        flags = checks | (0 if durable else lib.LX_OPEN_DEFER_SYNC) | extra
+        handle = ffi.new("lx_store **")
         check(
-            lib.lx_store_open(self.path.encode(), threads, flags, handle),
-            f"cannot open store '{self.path}'",
+            lib.lx_store_open(path.encode(), threads, flags, handle),
+            f"cannot open store '{path}'",
         )
         self._handle = handle[0]
         # None: the default checks (indexed layout); True/False: every read or none.
-        self.verify_reads: bool | None = None if verify is None else bool(verify)
-        self.durable = bool(durable)
+        self.verify_reads: bool | None = verify
+        self.durable = durable
         self._threads = threads
         # Which directory this handle opened, to tell "replaced since" apart
         # from damage when a refresh finds no superblock.
-        self._inode = path_identity(self.path)
+        self._inode = path_identity(path)
         self._reopen_hint = "Zrecord(path)"
         self._init_lifetime()
 
