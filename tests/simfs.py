@@ -317,6 +317,8 @@ class SimFs:
 
     def real_path(self, path: str) -> str:
         inode, real = self._lookup(path)
+        if inode is None:
+            raise FileNotFoundError(errno.ENOENT, f"no '{path}' in the simulation")
         if real is None:
             raise AssertionError(f"'{path}' is not a store directory in the simulation")
         return real

@@ -466,6 +466,36 @@ def test_lazy_mask_tuple_and_zero_d(root):
             len(scalar)
 
 
+def test_a_reader_opens_each_array_once_by_the_usual_open(root, monkeypatch):
+    """A reader's first load of an array opens it in one native call (not
+    the general open), keyed by its directory's inode, so later loads reuse
+    it until another process replaces it; a missing name is a KeyError at
+    once, with no general open either."""
+    from loaderx import dataset as dataset_module
+
+    general = []
+    open_any = dataset_module._Dataset._open_any
+    monkeypatch.setattr(
+        dataset_module._Dataset,
+        "_open_any",
+        lambda self, *args: general.append(self.path) or open_any(self, *args),
+    )
+    with ArrayStore(root) as writer:
+        writer.save({"a": np.arange(6.0), "b": np.arange(4)})
+    with ArrayStore(root) as reader:
+        first = reader.load("a", lazy=True)
+        entry = reader._arrays["a"]
+        assert entry.inode == os.lstat(os.path.join(root, "a")).st_ino
+        assert same(first[1:3], np.arange(6.0)[1:3])
+        assert reader.load("a", lazy=True)[5] == 5.0 and reader._arrays["a"] is entry
+        with pytest.raises(KeyError, match="no array named 'c'"):
+            reader.load("c")
+        with ArrayStore(root) as writer:
+            writer.save({"a": np.arange(3.0) + 10})
+        assert same(reader.load("a"), np.arange(3.0) + 10) and reader._arrays["a"] is not entry
+    assert general == []
+
+
 def test_lazy_arrays_see_edits_and_stop_after_overwrite(root):
     """A lazy array shows in-place edits, and fails clearly once its array is
     overwritten, dropped or the store closed."""

@@ -519,13 +519,47 @@ def test_a_schema_file_is_parsed_once_per_content(tmp_path, monkeypatch):
     assert read_schema(tmp_path / "a") is first and len(parses) == 2
 
 
-def test_dense_store_not_matching_its_schema(tmp_path):
+@pytest.mark.parametrize("codec", ["raw", "zstd"])  # the fixed layout, and the indexed
+def test_dense_store_not_matching_its_schema(tmp_path, codec):
     """Records whose size is not the schema's item size are refused on open."""
-    with Zrecord(tmp_path / "odd", codec="raw") as store:
+    with Zrecord(tmp_path / "odd", codec=codec) as store:
         store.append(np.zeros(12, np.uint8), [0, 6])
-    write_schema(tmp_path / "odd", Schema("dense", np.dtype("<f4"), (2,), "raw"))
-    with pytest.raises(ValueError, match="does not match its schema"):
+    write_schema(tmp_path / "odd", Schema("dense", np.dtype("<f4"), (2,), codec))
+    with pytest.raises(ValueError, match=r"holds records of \[6\] bytes.*does not match"):
         DenseDataset(tmp_path / "odd")
+
+
+def test_the_usual_open_reads_schema_and_store_in_one_call(dense, tmp_path, monkeypatch):
+    """A store with its schema opens in one native call (no look-up of the
+    general open), whose identity is the directory's; a schema over the
+    call's 4 KiB, and a store of the other kind, take the general open,
+    which reads them whole and names the kind."""
+    from loaderx import dataset as dataset_module
+
+    general = []
+    open_any = dataset_module._Dataset._open_any
+    monkeypatch.setattr(
+        dataset_module._Dataset,
+        "_open_any",
+        lambda self, *args: general.append(self.path) or open_any(self, *args),
+    )
+    with DenseDataset(tmp_path / "dense") as reopened:
+        np.testing.assert_array_equal(reopened[:], dense[1])
+        found = os.stat(tmp_path / "dense")
+        assert reopened.store.identity == (found.st_dev, found.st_ino)
+        assert reopened.store.codec == reopened.schema.codec
+    assert general == []
+    fields = [(f"field_{i:03d}_{'x' * 40}", "<u1") for i in range(96)]
+    wide = np.zeros(4, dtype=np.dtype(fields))
+    wide[f"field_007_{'x' * 40}"] = np.arange(4)
+    from_numpy(tmp_path / "wide", wide)
+    assert os.path.getsize(tmp_path / "wide" / SCHEMA_FILE) >= 4096
+    with DenseDataset(tmp_path / "wide") as opened:
+        np.testing.assert_array_equal(opened[:], wide)
+    assert general == [str(tmp_path / "wide")]
+    with pytest.raises(ValueError, match="is a dense store: open it with DenseDataset"):
+        RaggedDataset(tmp_path / "dense")
+    assert general[-1] == str(tmp_path / "dense")
 
 
 # ---- regressions of issue 11 ---------------------------------------------------------

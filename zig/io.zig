@@ -267,6 +267,32 @@ pub fn closeFile(file: File) void {
     backend.close(file.handle);
 }
 
+/// The first `buffer.len` bytes of the small file `name` of `dir` (all of
+/// a shorter one), read by one call where it is shorter; null where `dir`
+/// has no such file. The bytes read are returned.
+pub fn readSmallFile(dir: Dir, name: []const u8, buffer: []u8) Error!?usize {
+    const handle = backend.openFile(dir.handle, name, false) catch |err| switch (err) {
+        error.FileNotFound => return null,
+        else => return failFile(err, "open", dir.path, name),
+    };
+    defer backend.close(handle);
+    var total: usize = 0;
+    while (total < buffer.len) {
+        const count = backend.preadOnce(handle, buffer[total..], total) catch |err| {
+            return failFile(err, "read", dir.path, name);
+        };
+        total += count;
+        if (count < buffer.len - total + count) break; // the file ended (or a signal cut the read)
+    }
+    return total;
+}
+
+/// The (device, inode) of directory `dir`: which directory the handle
+/// opened, as a stat of its path then gave.
+pub fn identity(dir: Dir) Error![2]u64 {
+    return backend.identity(dir.handle) catch |err| failDir(err, "stat", dir.path);
+}
+
 /// Reads until `buffer` is full or the file ends; returns the bytes read.
 pub fn read(file: File, buffer: []u8, offset: u64) Error!usize {
     return backend.pread(file.handle, buffer, offset) catch |err| failFile(
@@ -601,6 +627,17 @@ const Os = struct {
 
     fn pread(handle: i32, buffer: []u8, offset: u64) !usize {
         return fileOf(handle).preadAll(buffer, offset);
+    }
+
+    /// One `pread`: fewer bytes than asked where the file ends (or, rarely,
+    /// on an interrupt; the caller reads on until it gets none).
+    fn preadOnce(handle: i32, buffer: []u8, offset: u64) !usize {
+        return posix.pread(handle, buffer, offset);
+    }
+
+    fn identity(handle: i32) ![2]u64 {
+        const stat = try posix.fstat(handle);
+        return .{ @intCast(stat.dev), @intCast(stat.ino) };
     }
 
     fn pwrite(handle: i32, bytes: []const u8, offset: u64) !void {

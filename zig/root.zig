@@ -12,7 +12,7 @@ const ragged = @import("ragged.zig");
 
 /// Bumped whenever the ABI or the on-disk format changes; `_native.py`
 /// refuses a library whose version differs from the one it was written for.
-pub const abi_version: u32 = 6;
+pub const abi_version: u32 = 7;
 
 export fn lx_version() u32 {
     return abi_version;
@@ -126,6 +126,48 @@ export fn lx_store_open(path: [*:0]const u8, threads: u32, flags: u32, out: *?*S
     ) catch |err| return result(err);
     store.verify_indexed_reads = flags & 16 != 0;
     out.* = store;
+    return status.ok;
+}
+
+/// `lx_store_open` of an existing store (flags as there, LX_OPEN_EXISTING
+/// implied) that first reads the directory's file `side_name` (a dataset's
+/// schema) into `side`, through the directory handle the store opens by,
+/// and gives the (device, inode) of that directory in `identity` and the
+/// store's `lx_store_info_get` in `info`. `side_bytes` is the bytes read
+/// (up to `side_capacity`); it is UINT64_MAX, and `out` null, where the
+/// directory has no such file.
+export fn lx_store_open_beside(
+    path: [*:0]const u8,
+    threads: u32,
+    flags: u32,
+    side_name: [*:0]const u8,
+    side: [*]u8,
+    side_capacity: usize,
+    side_bytes: *u64,
+    identity: *[2]u64,
+    info: *store_module.Info,
+    out: *?*Store,
+) c_int {
+    status.clear();
+    out.* = null;
+    side_bytes.* = std.math.maxInt(u64);
+    const opened = Store.openBeside(
+        std.mem.span(path),
+        threads,
+        flags & 1 != 0,
+        flags & 2 == 0,
+        std.mem.span(side_name),
+        side[0..side_capacity],
+    ) catch |err| return result(err);
+    const found = opened orelse return status.ok;
+    identity.* = found.store.identity() catch |err| {
+        found.store.close();
+        return result(err);
+    };
+    found.store.verify_indexed_reads = flags & 16 != 0;
+    info.* = found.store.info();
+    side_bytes.* = found.side_bytes;
+    out.* = found.store;
     return status.ok;
 }
 

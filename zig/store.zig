@@ -155,6 +155,50 @@ pub const Store = struct {
         else
             try openOrCreateDir(path_copy);
         errdefer io.closeDir(dir);
+        return openIn(dir, path_copy, threads, verify_reads, durable, missing);
+    }
+
+    /// `openWith` of an existing store (`.refuse`) that first reads the
+    /// directory's file `side_name` (a dataset's schema) into `side`,
+    /// through the one directory handle the store opens by: the file and
+    /// the store are of one directory, however its path is swapped
+    /// meanwhile. Returns the bytes read (fewer than `side.len` where the
+    /// file ends) and the store; null, with no store opened, where the
+    /// directory has no such file.
+    pub fn openBeside(
+        path: []const u8,
+        threads: u32,
+        verify_reads: bool,
+        durable: bool,
+        side_name: []const u8,
+        side: []u8,
+    ) Error!?struct { store: *Store, side_bytes: usize } {
+        status.clear();
+        if (path.len == 0) return status.fail(error.InvalidArgument, "store path is empty", .{});
+        const path_copy = allocator.dupe(u8, path) catch return error.OutOfMemory;
+        errdefer allocator.free(path_copy);
+        const dir = try io.openDir(path_copy);
+        errdefer io.closeDir(dir);
+        const side_bytes = try io.readSmallFile(dir, side_name, side) orelse {
+            io.closeDir(dir);
+            allocator.free(path_copy);
+            return null;
+        };
+        const store = try openIn(dir, path_copy, threads, verify_reads, durable, .refuse);
+        return .{ .store = store, .side_bytes = side_bytes };
+    }
+
+    /// The store in the open directory `dir` of path `path_copy` (both
+    /// its own on success; on failure the caller closes and frees them).
+    fn openIn(
+        dir: io.Dir,
+        path_copy: []u8,
+        threads: u32,
+        verify_reads: bool,
+        durable: bool,
+        missing: Missing,
+    ) Error!*Store {
+        assert(dir.path.ptr == path_copy.ptr);
         const store = allocator.create(Store) catch return error.OutOfMemory;
         errdefer allocator.destroy(store);
         store.* = .{
@@ -182,6 +226,11 @@ pub const Store = struct {
         assert(store.head() == snapshot and store.writer == null);
         store.invariant();
         return store;
+    }
+
+    /// The (device, inode) of the directory this store opened.
+    pub fn identity(store: *const Store) Error![2]u64 {
+        return io.identity(store.dir);
     }
 
     /// Checkpoints the journal and, with durable=False, syncs first (a
@@ -1482,6 +1531,64 @@ test "an open that refuses a missing store creates nothing" {
     created.close();
     const reopened = try Store.openWith("empty", 1, false, true, .refuse);
     reopened.close();
+}
+
+test "an open beside a side file reads it through the store's directory handle" {
+    simulated.reset();
+    const path = "beside";
+    var buffer: [8]u8 = undefined;
+    // No side file: nothing opened (the testing allocator finds any leak).
+    const created = try Store.open(path, 1, false, true);
+    _ = try created.append("abcd", &.{0}, .raw);
+    created.close();
+    try testing.expect(try Store.openBeside(path, 1, false, true, "side", &buffer) == null);
+    try testing.expectError(
+        error.NotFound,
+        Store.openBeside("missing", 1, false, true, "side", &buffer),
+    );
+    const dir = try io.openDir(path);
+    const file = try io.createFile(dir, "side", true);
+    try io.write(file, "0123456789", 0);
+    io.closeFile(file);
+    io.closeDir(dir);
+    // A longer file: its first buffer.len bytes, with the store.
+    const long = (try Store.openBeside(path, 1, false, true, "side", &buffer)).?;
+    try testing.expectEqual(@as(usize, 8), long.side_bytes);
+    try testing.expectEqualStrings("01234567", &buffer);
+    try testing.expectEqual(@as(u64, 1), long.store.count());
+    const identity = try long.store.identity();
+    long.store.close();
+    // A shorter one: all of it; the same directory, so the same identity.
+    var wide: [64]u8 = undefined;
+    const short = (try Store.openBeside(path, 1, false, true, "side", &wide)).?;
+    defer short.store.close();
+    try testing.expectEqualStrings("0123456789", wide[0..short.side_bytes]);
+    try testing.expectEqual(identity, try short.store.identity());
+    // A directory with the side file but no store is refused, as `.refuse` does.
+    try io.makePath("no-store");
+    const bare = try io.openDir("no-store");
+    const side = try io.createFile(bare, "side", true);
+    io.closeFile(side);
+    io.closeDir(bare);
+    try testing.expectError(
+        error.NotAStore,
+        Store.openBeside("no-store", 1, false, true, "side", &buffer),
+    );
+    // Each of its calls failing in turn: an error (or an open that took
+    // another way past it: the settle check's journal), and no handle left.
+    const handles = simulated.openHandles();
+    for ([_]simulated.Kind{ .open, .read, .length, .lock, .map }) |kind| {
+        for (0..12) |at| {
+            simulated.injectFault(kind, simulated.kindCount(kind) + at, .eio);
+            const outcome = Store.openBeside(path, 1, false, true, "side", &buffer);
+            const fired = simulated.clearFault();
+            if (outcome) |opened| {
+                try testing.expectEqual(@as(u64, 1), opened.?.store.count());
+                opened.?.store.close();
+            } else |_| try testing.expect(fired);
+            try testing.expectEqual(handles, simulated.openHandles());
+        }
+    }
 }
 
 test "delete in both modes matches repeated swap-remove and order-keeping removal" {

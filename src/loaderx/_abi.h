@@ -48,6 +48,16 @@ void lx_limits(lx_limits_t *out);
 #define LX_OPEN_VERIFY_INDEXED 16  /* check the reads of the indexed layout */
 
 int lx_store_open(const char *path, uint32_t threads, uint32_t flags, lx_store **out);
+/* lx_store_open of an existing store that first reads the directory's file
+   side_name (a dataset's schema) into side, through the directory handle the
+   store opens by, and gives that directory's (device, inode) in identity and
+   the store's lx_store_info_get in info. *side_bytes: the bytes read (up to
+   side_capacity); UINT64_MAX, and *out NULL, where the directory has no such
+   file. */
+int lx_store_open_beside(const char *path, uint32_t threads, uint32_t flags,
+                         const char *side_name, uint8_t *side, size_t side_capacity,
+                         uint64_t *side_bytes, uint64_t identity[2], lx_store_info *info,
+                         lx_store **out);
 void lx_store_close(lx_store *store);
 int lx_store_refresh(lx_store *store);
 uint64_t lx_store_count(lx_store *store);

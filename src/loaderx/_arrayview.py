@@ -81,7 +81,16 @@ class OpenArray:
     edit maps its rows with one NumPy index; ``length`` is the logical row
     count. ``live`` is built on first use after a drop (`LiveRows`)."""
 
-    def __init__(self, name: str, path: str, inode: int, dataset: DenseDataset, scalar: bool):
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        inode: int,
+        dataset: DenseDataset,
+        scalar: bool,
+        durable: bool,
+        stats: IoStats,
+    ):
         self.name = name
         self.path = path
         self.inode = inode
@@ -90,8 +99,8 @@ class OpenArray:
         self.scalar = scalar
         self.row_bytes = dataset.dtype.itemsize * math.prod(dataset.item_shape)
         self.edited = False  # a row edit since the last sync()
-        self.stats = IoStats()  # the ArrayStore's counters, once it opened this array
-        self.durable = True  # whether each row edit syncs before it returns (the store's option)
+        self.stats = stats  # the ArrayStore's counters
+        self.durable = durable  # whether each row edit syncs before it returns (the store's option)
         self.base_rows = len(dataset)  # the store's records, dropped ones included
         self.live_rows: LiveRows | None = None  # None: no drops, row i is base row i
         self.log: DeleteLog | None = None
@@ -101,22 +110,50 @@ class OpenArray:
     def open(
         cls, name: str, path: str, inode: int, fs: OsFs, durable: bool, stats: IoStats
     ) -> OpenArray:
+        """The array at ``path``, whose directory had inode ``inode``."""
         # Row edits go through the dataset's store handle, so with
         # durable=False that one handle defers its fsyncs.
-        dataset = DenseDataset._of_array(fs.real_path(path), durable)
+        dataset = DenseDataset(fs.real_path(path), _durable=durable)
+        return cls._around(name, path, inode, dataset, fs, durable, stats)
+
+    @classmethod
+    def open_usual(
+        cls, name: str, path: str, fs: OsFs, durable: bool, stats: IoStats
+    ) -> OpenArray | None:
+        """``open`` of the usual case, in one native call that also gives the
+        directory's inode (a lazy load of many arrays opens each); None, with
+        nothing left open, otherwise (``open`` sorts it out)."""
+        try:
+            real = fs.real_path(path)
+        except FileNotFoundError:
+            return None
+        dataset = DenseDataset._of_array(real, durable)
+        if dataset is None:
+            return None
+        identity = cast(Zrecord, dataset.store).identity
+        assert identity is not None  # the native open gives it
+        return cls._around(name, path, identity[1], dataset, fs, durable, stats)
+
+    @classmethod
+    def _around(
+        cls,
+        name: str,
+        path: str,
+        inode: int,
+        dataset: DenseDataset,
+        fs: OsFs,
+        durable: bool,
+        stats: IoStats,
+    ) -> OpenArray:
+        """The open array around its open ``dataset`` (closed on failure)."""
         try:
             scalar = _read_scalar_marker(path, dataset, fs)
+            entry = cls(name, path, inode, dataset, scalar, durable, stats)
+            if not scalar and fs.exists(log_path(path)):
+                entry.load_drops(fs)
         except BaseException:
             dataset.close()
             raise
-        entry = cls(name, path, inode, dataset, scalar)
-        entry.stats, entry.durable = stats, durable
-        if not scalar and fs.exists(log_path(path)):
-            try:
-                entry.load_drops(fs)
-            except BaseException:
-                dataset.close()
-                raise
         return entry
 
     def load_drops(self, fs: OsFs) -> None:

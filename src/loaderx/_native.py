@@ -26,7 +26,7 @@ import cffi
 
 from ._errors import StoreFullError, StoreOSError, StoreReadOnlyError, ZrecordError, class_for_errno
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 _HERE = Path(__file__).resolve().parent
 _REBUILD = (

@@ -725,6 +725,11 @@ class ArrayStore:
             if entry is not None and self._commits.writing:
                 return entry
             path = os.path.join(self.path, name)
+            if entry is None:  # the usual first open: its directory's inode comes with it
+                entry = OpenArray.open_usual(name, path, self._fs, self.durable, self._io)
+                if entry is not None:
+                    self._arrays[name] = entry
+                    return entry
             inode = self._fs.identity(path)
             if entry is not None:
                 if inode == entry.inode:

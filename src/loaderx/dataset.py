@@ -45,6 +45,7 @@ from .schema import (
 from .schema import (
     open_schema as open_schema,
 )
+from .schema import parse_schema
 from .schema import (
     read_schema as read_schema,
 )
@@ -79,6 +80,10 @@ _GATHER_ATTEMPTS = 4
 # tight loop, which gets an error instead of an endless retry. (A damaged
 # store costs as many extra opens before its error.)
 _SWAPS_SEEN_MAX = 8
+
+# The schema bytes the usual open reads with its store: a larger schema is
+# read by the open that handles everything else (``_open_local``'s loop).
+_SCHEMA_PIECE_BYTES = 4096
 
 
 class _Dataset:
@@ -116,18 +121,78 @@ class _Dataset:
         self._open_local(verify, threads, _durable)
 
     @classmethod
-    def _of_array(cls: type[_DatasetT], path: str, durable: bool) -> _DatasetT:
-        """ArrayStore's open of one of its arrays (a local store, default
-        options): the open of ``__init__`` without its argument checks, which
-        a lazy load of many arrays would pay for each."""
+    def _of_array(cls: type[_DatasetT], path: str, durable: bool) -> _DatasetT | None:
+        """ArrayStore's open of one of its arrays (default options): the usual
+        open of ``__init__`` without its argument checks, which a lazy load
+        of many arrays would pay for each. None, with nothing left open,
+        where it is not the usual case (the caller opens it as ``__init__``
+        does, which names what is wrong)."""
         dataset = cls.__new__(cls)
         dataset.path = path
         dataset._remote = (None, None, None)
-        dataset._open_local(None, 0, durable)
+        shape = dataset._open_usual(None, 0, durable)
+        if shape is None:
+            return None
+        dataset._finish_open(None, 0, shape)
         return dataset
 
     def _open_local(self, verify: bool | None, threads: int, durable: bool) -> None:
         """Opens the local store at ``self.path`` (checked options)."""
+        shape = self._open_usual(verify, threads, durable)
+        if shape is None:
+            self._open_any(verify, threads, durable)
+            store = self._store
+            assert not isinstance(store, RemoteStore)  # a local path
+            shape = (*store.layout(), len(store))
+        self._finish_open(verify, threads, shape)
+
+    def _finish_open(self, verify: bool | None, threads: int, shape: tuple[str, int, int]) -> None:
+        """The dataset's fields, once its store is open; ``shape``: the store's
+        ``layout()`` and record count, which the kind of dataset checks."""
+        self._opened(verify, threads)
+        try:
+            self._check_opened(*shape)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_usual(
+        self, verify: bool | None, threads: int, durable: bool
+    ) -> tuple[str, int, int] | None:
+        """The usual open: the schema and the store, of one directory in one
+        native call; returns the store's layout and record count. None, with
+        nothing left open, for anything else (no schema: a sharded dataset
+        or none; a large schema; a swap or damage under way; a store of
+        another kind), which ``_open_any`` sorts out and names."""
+        try:
+            opened = Zrecord._beside(
+                self.path, SCHEMA_FILE, _SCHEMA_PIECE_BYTES, verify, threads, durable
+            )
+        except (ZrecordError, OSError):
+            return None
+        if opened is None:
+            return None
+        store, payload, shape = opened
+        try:
+            if len(payload) == _SCHEMA_PIECE_BYTES:
+                raise ValueError("a schema this large is read whole by _open_any")
+            schema = parse_schema(payload, self.path)
+            if schema.kind != self._kind:
+                raise ValueError("a store of another kind: _open_any names it")
+            store._set_codec(schema.codec)
+        except (ValueError, ZrecordError):
+            store.close()
+            return None
+        except BaseException:
+            store.close()
+            raise
+        self._store, self._schema = store, schema
+        return shape
+
+    def _open_any(self, verify: bool | None, threads: int, durable: bool) -> None:
+        """The open of every case: the store at ``self.path``, or while a
+        two-rename swap is between its renames the old directory; a sharded
+        dataset; or the error that says what is there instead."""
         # A sharded dataset has no schema at its top (write_shard refuses a
         # directory that has one): a store's schema is the one look-up.
         for attempt in range(_SWAPS_SEEN_MAX + 1):
@@ -169,15 +234,10 @@ class _Dataset:
                     f"'{self.path}' was replaced {attempt + 1} times while it was being opened: "
                     "open it again when its writer is done"
                 )
-        self._opened(verify, threads)
-        try:
-            self._check_opened()
-        except BaseException:
-            self.close()
-            raise
 
-    def _check_opened(self) -> None:
-        """What a kind of dataset checks of the local store it opened."""
+    def _check_opened(self, layout: str, record_bytes: int, count: int) -> None:
+        """What a kind of dataset checks of the local store it opened, given
+        its ``layout()`` and record count."""
 
     def _refuse_remote_options(self) -> None:
         if self._remote != (None, None, None):
@@ -294,16 +354,14 @@ class DenseDataset(_Dataset):
 
     _kind = "dense"
 
-    def _check_opened(self) -> None:
+    def _check_opened(self, layout: str, record_bytes: int, count: int) -> None:
         """A store whose records do not have the schema's size is not this dense
         store (written around the converters, or damaged): refuse it on open."""
         store = self._store
         assert not isinstance(store, RemoteStore)  # its shards are checked as they open
-        layout, record_bytes = store.layout()
         if layout == "fixed":
             sizes = {record_bytes}
-        elif layout == "indexed" and len(store):
-            count = len(store)
+        elif layout == "indexed" and count:
             sizes = {int(size) for size in store.lengths([0, count - 1])}
         else:
             return

@@ -173,8 +173,15 @@ def read_schema(path: StrPath) -> Schema | None:
         return None
     if len(payload) > _SCHEMA_BYTES_MAX:
         raise ValueError(f"{file} is over {_SCHEMA_BYTES_MAX} bytes: not a loaderx schema")
+    return parse_schema(payload, path)
+
+
+def parse_schema(payload: bytes, path: StrPath) -> Schema:
+    """The schema whose file in the store at ``path`` holds ``payload``
+    (parsed once per payload); ValueError when it is not one."""
     schema = _PARSED.get(payload)
     if schema is None:
+        file = schema_path(path)
         try:
             data = msgpack.unpackb(payload, raw=False, strict_map_key=False)
         except Exception as exc:  # msgpack raises several unrelated types for bad bytes

@@ -589,42 +589,96 @@ class Zrecord(NativeHandle):
         store._open(path, codec, verify, threads, durable, lib.LX_OPEN_EXISTING)
         return store
 
+    @classmethod
+    def _beside(
+        cls,
+        path: str,
+        file: str,
+        bytes_max: int,
+        verify: bool | None,
+        threads: int,
+        durable: bool,
+    ) -> tuple[Zrecord, bytes, tuple[str, int, int]] | None:
+        """The existing store at ``path`` (checked options, as ``_existing_store``)
+        with the first ``bytes_max`` bytes of its directory's ``file``, both
+        read through one directory handle in one native call: of one
+        directory however the path is swapped meanwhile; and the store's
+        ``layout()`` and record count. None where the directory has no
+        ``file``. The caller sets the store's codec (``_set_codec``), from
+        the file."""
+        side = ffi.new("uint8_t[]", bytes_max)
+        side_bytes = ffi.new("uint64_t *")
+        identity = ffi.new("uint64_t[2]")
+        info = ffi.new("lx_store_info *")
+        handle = ffi.new("lx_store **")
+        flags = _open_flags(verify, durable)
+        check(
+            lib.lx_store_open_beside(
+                path.encode(),
+                threads,
+                flags,
+                file.encode(),
+                side,
+                bytes_max,
+                side_bytes,
+                identity,
+                info,
+                handle,
+            ),
+            f"cannot open store '{path}'",
+        )
+        if handle[0] == ffi.NULL:
+            return None
+        store = cls.__new__(cls)
+        store._handle = handle[0]
+        store._opened(path, verify, threads, durable, (identity[0], identity[1]))
+        shape = (LAYOUTS[info.layout], int(info.record_bytes), int(info.records))
+        return store, ffi.buffer(side, side_bytes[0])[:], shape
+
+    def _set_codec(self, codec: str) -> None:
+        """The default codec of appends and replaces (a valid one)."""
+        self._codec = codec_id(codec)
+        self.codec = codec
+
     def _open(
         self, path: str, codec: str, verify: bool | None, threads: int, durable: bool, extra: int
     ) -> None:
         """The native open of checked options; ``extra``: the LX_OPEN_ flags
         beyond the checks and durability."""
-        self.path = path
-        self.codec = codec
-        self._codec = codec_id(codec)
-        checks = (
-            lib.LX_OPEN_VERIFY_INDEXED
-            if verify is None
-            else lib.LX_OPEN_VERIFY_ALL
-            if verify
-            else 0
-        )
-        flags = checks | (0 if durable else lib.LX_OPEN_DEFER_SYNC) | extra
+        codec_number = codec_id(codec)
         handle = ffi.new("lx_store **")
         check(
-            lib.lx_store_open(path.encode(), threads, flags, handle),
+            lib.lx_store_open(path.encode(), threads, _open_flags(verify, durable) | extra, handle),
             f"cannot open store '{path}'",
         )
         self._handle = handle[0]
+        self._opened(path, verify, threads, durable, path_identity(path))
+        self.codec, self._codec = codec, codec_number
+
+    def _opened(
+        self,
+        path: str,
+        verify: bool | None,
+        threads: int,
+        durable: bool,
+        identity: tuple[int, int] | None,
+    ) -> None:
+        """The fields of a store whose native handle just opened (but its codec)."""
+        self.path = path
         # None: the default checks (indexed layout); True/False: every read or none.
         self.verify_reads: bool | None = verify
         self.durable = durable
         self._threads = threads
         # Which directory this handle opened, to tell "replaced since" apart
         # from damage when a refresh finds no superblock.
-        self._inode = path_identity(path)
+        self._inode = identity
         self._reopen_hint = "Zrecord(path)"
         self._init_lifetime()
 
     @property
     def identity(self) -> tuple[int, int] | None:
         """The (device, inode) of the directory at ``path`` as this handle
-        opened it (taken just after the native open)."""
+        opened it (from the native open, or a stat just after it)."""
         return self._inode
 
     def __reduce__(self) -> tuple[type[Zrecord], tuple[str, str, bool | None, int, bool, bool]]:
@@ -982,6 +1036,14 @@ class Zrecord(NativeHandle):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self)} records"
         return f"Zrecord({self.path!r}, codec={self.codec!r}, {state})"
+
+
+def _open_flags(verify: bool | None, durable: bool) -> int:
+    """The LX_OPEN_ flags of a store's read checks and durability."""
+    checks = (
+        lib.LX_OPEN_VERIFY_INDEXED if verify is None else lib.LX_OPEN_VERIFY_ALL if verify else 0
+    )
+    return checks | (0 if durable else lib.LX_OPEN_DEFER_SYNC)
 
 
 def path_identity(path: str) -> tuple[int, int] | None:
