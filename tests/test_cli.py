@@ -209,13 +209,13 @@ def test_verify_opens_each_array_of_an_arraystore_once(tmp_path, monkeypatch, ca
     with ArrayStore(tmp_path / "arrays") as store:
         store.save({"x": np.zeros((10, 3), np.float32), "y": np.arange(5)})
     opened = []
-    real_init = Zrecord.__init__
+    real_opened = Zrecord._opened  # every open of a store, by any constructor, runs it
 
-    def counting_init(self, path, *args, **kwargs):
+    def counting_opened(self, path, *args):
         opened.append(os.path.basename(os.fspath(path)))
-        real_init(self, path, *args, **kwargs)
+        real_opened(self, path, *args)
 
-    monkeypatch.setattr(Zrecord, "__init__", counting_init)
+    monkeypatch.setattr(Zrecord, "_opened", counting_opened)
     assert main(["verify", str(tmp_path / "arrays"), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["ok"] and [entry["records"] for entry in result["stores"]] == [10, 5]
