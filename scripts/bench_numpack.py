@@ -822,11 +822,12 @@ def _time_operation(contenders, operation, root: Path, runs: int) -> dict:
     for run in range(runs):
         if operation.floor_bytes:
             floors.append(_floor_seconds(root, operation.floor_bytes))
-        # Each run starts at the next contender: whoever runs first after
-        # the previous operation's heaviest contender (NPZ) finds the caches
-        # cold, and in a fixed order that was always loaderx durable.
-        shift = run % len(contenders)
-        for ops in contenders[shift:] + contenders[:shift]:
+        # Whoever runs right after the heaviest contender (NPZ) finds the
+        # caches cold: a rotation kept that one contender (loaderx durable)
+        # for all runs but the first. The orders of a Williams design give
+        # each contender every other one as its predecessor equally often.
+        for position in williams_order(run, len(contenders)):
+            ops = contenders[position]
             if ops.name in failures:
                 continue
             stem = ops.name.replace(" ", "_")
@@ -855,6 +856,22 @@ def _time_operation(contenders, operation, root: Path, runs: int) -> dict:
 
 
 FLOOR = "floor: new bytes overwritten + fdatasync"
+
+
+def williams_order(run: int, count: int) -> list[int]:
+    """Run ``run``'s order of ``count`` contenders, from a Williams design:
+    over ``count`` runs (``2 * count`` for an odd count) each contender runs
+    right after each other one equally often, and first equally often."""
+    first = [0]
+    low, high = 1, count - 1
+    while len(first) < count:
+        first.append(low)
+        low += 1
+        if len(first) < count:
+            first.append(high)
+            high -= 1
+    order = [(position + run) % count for position in first]
+    return order[::-1] if count % 2 and (run // count) % 2 else order
 
 
 PAIRINGS = (("loaderx durable", "numpack + fsync"), ("loaderx durable=False", "numpack"))
@@ -898,7 +915,7 @@ def bench_numpack(quick: bool, only: str | None = None) -> str:
     """numpack's benchmark table; returns markdown. ``only``: just the rows
     whose label contains it."""
     rows = 100_000 if quick else 1_000_000
-    runs = 3 if quick else 12  # 12: each of the six contenders starts two runs
+    runs = 3 if quick else 12  # 12: two cycles of the six contenders' Williams orders
     rng = np.random.default_rng(42)
     a = rng.random((rows, 10), dtype=np.float32)
     b = rng.random((rows // 2, 5), dtype=np.float32)
@@ -938,27 +955,27 @@ def bench_numpack(quick: bool, only: str | None = None) -> str:
     header = ["operation"] + [ops.name for ops in contenders] + [FLOOR]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows]
-    table = "\n".join(lines)
-    text = "\n".join(notes + errors)
+    table, text = "\n".join(lines), "\n".join(notes + errors)
     return (
         f"### numpack: arrays a = {rows:,} x 10 and b = {rows // 2:,} x 5 float32, "
         "warm page cache\n\n"
         f"{table}\n\n"
         + (f"{text}\n\n" if text else "")
-        + f"Median of {runs} interleaved runs, each starting at the next contender; each "
-        "contender's results checked against NumPy on the first run. Two pairings: `loaderx "
-        "durable` (every call durable when it returns) against `numpack + fsync` (each write "
-        "followed, inside the timing, by an fsync of numpack's data_<name>.npkd files, "
-        "metadata.npkm and the directory), and `loaderx durable=False` (atomic through SIGKILL, "
-        "durable at sync() and close(); the save row includes the close, so its syncs) against "
-        "numpack as it is; the fastest of each pairing in bold. NPY and NPZ are references without "
-        "fsync. Edits run on a fresh copy of the saved arrays (copied untimed); reads on an open "
-        "store. The rows `..., array in use` first make one untimed call of the same kind on `a` "
-        "(an edit of another row with its settling fsync), so loaderx's open of the array is out "
-        "of their timing (numpack, NPY and NPZ open their files in every call). NPY and NPZ edits "
-        "are load, modify, save (numpack's README method). numpack and loaderx drop rows by "
-        "marking them (compacted later); `rewrite a ...` saves the kept rows over `a`. Random "
-        "access: `getitem` (loaderx, numpack), a memory map (NPY), a full member read (NPZ). "
+        + f"Median of {runs} interleaved runs in Williams-design orders (each contender runs right "
+        "after each other one, and first, equally often), results checked against NumPy on the "
+        "first. Two pairings: `loaderx durable` (every call durable when it returns) against "
+        "`numpack + fsync` (each write followed, inside the timing, by an fsync of numpack's "
+        "data_<name>.npkd files, metadata.npkm and the directory), and `loaderx durable=False` "
+        "(atomic through SIGKILL, durable at sync() and close(); the save row includes the close,"
+        " so its syncs) against numpack as it is; the fastest of each pairing in bold. NPY and "
+        "NPZ are references without fsync. Edits run on a fresh copy of the saved arrays (copied "
+        "untimed); reads on an open store. The rows `..., array in use` first make one untimed "
+        "call of the same kind on `a` (an edit of another row with its settling fsync), so "
+        "loaderx's open of the array is out of their timing (numpack, NPY and NPZ open their "
+        "files in every call). NPY and NPZ edits are load, modify, save (numpack's README "
+        "method). numpack and loaderx drop rows by marking them (compacted later); `rewrite a "
+        "...` saves the kept rows over `a`. Random access: `getitem` (loaderx, numpack), a memory"
+        " map (NPY), a full member read (NPZ). "
         f"`{FLOOR}`: one overwrite of the operation's new bytes in an allocated, synced file and "
         "its fdatasync, timed in the same runs: a durable write cannot cost less, and an atomic "
         "in-place replace must make its new rows durable somewhere (a journal) before it may "

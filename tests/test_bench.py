@@ -9,6 +9,7 @@ whether or not `.[bench]` is installed.
 
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -258,6 +259,26 @@ def test_numpack_rows_of_an_array_in_use_run_their_warm_call_first(tmp_path):
                 assert ops.calls == [("getitem", 10), ("getitem", 100)], ops.calls
             # The replace's check expects both rows replaced: it holds only after the warm call.
             assert checked == (warm or not operation.writes), (operation.label, warm)
+
+
+@pytest.mark.parametrize("count", [2, 3, 4, 5, 6])
+def test_numpack_runs_balance_who_runs_after_whom(count):
+    """The numpack table's run orders (a Williams design): over a full cycle
+    each contender runs right after each other one equally often (so none
+    always follows the heaviest, NPZ, and finds the caches cold) and runs
+    first equally often."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import bench_numpack
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    cycle = count if count % 2 == 0 else 2 * count
+    orders = [bench_numpack.williams_order(run, count) for run in range(cycle)]
+    assert all(sorted(order) == list(range(count)) for order in orders)
+    follows = Counter(pair for order in orders for pair in zip(order, order[1:]))
+    assert len(follows) == count * (count - 1) and len(set(follows.values())) == 1
+    firsts = Counter(order[0] for order in orders)
+    assert len(firsts) == count and len(set(firsts.values())) == 1
 
 
 def test_numpack_unsynced_table_checks_every_side_against_numpy():

@@ -41,7 +41,7 @@ import zlib
 import numpy as np
 import numpy.typing as npt
 
-from ._fs import OsFs, parent_of, sibling
+from ._fs import OsFs, parent_of
 from .zrecord import CorruptStoreError
 
 DELETES_PREFIX = ".deletes-"
@@ -57,8 +57,11 @@ LOG_BYTES_MAX = 1 << 40  # read whole: a log is compacted away long before this
 
 
 def log_path(array_path: str) -> str:
-    """``<root>/.deletes-<name>`` of the array directory ``<root>/<name>``."""
-    return sibling(array_path, DELETES_PREFIX)
+    """``<root>/.deletes-<name>`` of the array directory ``<root>/<name>``,
+    as ``os.path.join(root, DELETES_PREFIX + name)`` spells it (a lazy load
+    looks for it on every open)."""
+    root, separator, name = array_path.rpartition("/")  # POSIX paths: loaderx runs on Linux
+    return f"{root}{separator}{DELETES_PREFIX}{name}"
 
 
 def header(generation: str | None) -> bytes:

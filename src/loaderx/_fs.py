@@ -597,6 +597,19 @@ class CountingFs:
         setattr(self, attribute, counted)
         return counted
 
+    # The calls of every array open, spelled out: no wrapper made per store.
+    def real_path(self, path: str) -> str:
+        self._stats.calls += 1
+        return self._inner.real_path(path)
+
+    def exists(self, path: str) -> bool:
+        self._stats.calls += 1
+        return self._inner.exists(path)
+
+    def identity(self, path: str) -> int | None:
+        self._stats.calls += 1
+        return self._inner.identity(path)
+
     def read_file(self, path: str, bytes_max: int) -> bytes:
         payload = self._inner.read_file(path, bytes_max)
         self._stats.read(len(payload))
