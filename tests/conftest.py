@@ -21,3 +21,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "soak" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def general_opens(monkeypatch):
+    """The paths datasets opened with the general open (``_open_any``)
+    rather than the usual one-call open, in order."""
+    from loaderx import dataset
+
+    opened = []
+    open_any = dataset._Dataset._open_any
+    monkeypatch.setattr(
+        dataset._Dataset,
+        "_open_any",
+        lambda self, *args: opened.append(self.path) or open_any(self, *args),
+    )
+    return opened

@@ -466,20 +466,12 @@ def test_lazy_mask_tuple_and_zero_d(root):
             len(scalar)
 
 
-def test_a_reader_opens_each_array_once_by_the_usual_open(root, monkeypatch):
+def test_a_reader_opens_each_array_once_by_the_usual_open(root, general_opens):
     """A reader's first load of an array opens it in one native call (not
     the general open), keyed by its directory's inode, so later loads reuse
     it until another process replaces it; a missing name is a KeyError at
     once, with no general open either."""
-    from loaderx import dataset as dataset_module
-
-    general = []
-    open_any = dataset_module._Dataset._open_any
-    monkeypatch.setattr(
-        dataset_module._Dataset,
-        "_open_any",
-        lambda self, *args: general.append(self.path) or open_any(self, *args),
-    )
+    general = general_opens
     with ArrayStore(root) as writer:
         writer.save({"a": np.arange(6.0), "b": np.arange(4)})
     with ArrayStore(root) as reader:

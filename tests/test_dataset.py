@@ -529,20 +529,12 @@ def test_dense_store_not_matching_its_schema(tmp_path, codec):
         DenseDataset(tmp_path / "odd")
 
 
-def test_the_usual_open_reads_schema_and_store_in_one_call(dense, tmp_path, monkeypatch):
+def test_the_usual_open_reads_schema_and_store_in_one_call(dense, tmp_path, general_opens):
     """A store with its schema opens in one native call (no look-up of the
     general open), whose identity is the directory's; a schema over the
     call's 4 KiB, and a store of the other kind, take the general open,
     which reads them whole and names the kind."""
-    from loaderx import dataset as dataset_module
-
-    general = []
-    open_any = dataset_module._Dataset._open_any
-    monkeypatch.setattr(
-        dataset_module._Dataset,
-        "_open_any",
-        lambda self, *args: general.append(self.path) or open_any(self, *args),
-    )
+    general = general_opens
     with DenseDataset(tmp_path / "dense") as reopened:
         np.testing.assert_array_equal(reopened[:], dense[1])
         found = os.stat(tmp_path / "dense")
