@@ -82,7 +82,7 @@ _GATHER_ATTEMPTS = 4
 _SWAPS_SEEN_MAX = 8
 
 # The schema bytes the usual open reads with its store: a larger schema is
-# read by the open that handles everything else (``_open_local``'s loop).
+# read by the open that handles everything else (``_open_any``).
 _SCHEMA_PIECE_BYTES = 4096
 
 
