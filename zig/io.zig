@@ -268,23 +268,21 @@ pub fn closeFile(file: File) void {
 }
 
 /// The first `buffer.len` bytes of the small file `name` of `dir` (all of
-/// a shorter one), read by one call where it is shorter; null where `dir`
-/// has no such file. The bytes read are returned.
+/// a shorter one), read by one call: no second call to find the end. A
+/// regular file reads short only at its end; the caller checks the bytes.
+/// Null where `dir` has no such file. The bytes read are returned.
 pub fn readSmallFile(dir: Dir, name: []const u8, buffer: []u8) Error!?usize {
     const handle = backend.openFile(dir.handle, name, false) catch |err| switch (err) {
         error.FileNotFound => return null,
         else => return failFile(err, "open", dir.path, name),
     };
     defer backend.close(handle);
-    var total: usize = 0;
-    while (total < buffer.len) {
-        const count = backend.preadOnce(handle, buffer[total..], total) catch |err| {
-            return failFile(err, "read", dir.path, name);
-        };
-        total += count;
-        if (count < buffer.len - total + count) break; // the file ended (or a signal cut the read)
-    }
-    return total;
+    return backend.preadOnce(handle, buffer, 0) catch |err| failFile(
+        err,
+        "read",
+        dir.path,
+        name,
+    );
 }
 
 /// The (device, inode) of directory `dir`: which directory the handle
@@ -629,8 +627,7 @@ const Os = struct {
         return fileOf(handle).preadAll(buffer, offset);
     }
 
-    /// One `pread`: fewer bytes than asked where the file ends (or, rarely,
-    /// on an interrupt; the caller reads on until it gets none).
+    /// One `pread`: fewer bytes than asked where the file ends.
     fn preadOnce(handle: i32, buffer: []u8, offset: u64) !usize {
         return posix.pread(handle, buffer, offset);
     }
