@@ -593,8 +593,6 @@ class CountingFs:
             stats.calls += 1
             return value(*args, **kwargs)
 
-        # The inner seam's methods are fixed: the next call finds this one.
-        setattr(self, attribute, counted)
         return counted
 
     # The calls of every array open, spelled out: no wrapper made per store.
