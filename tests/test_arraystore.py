@@ -466,6 +466,27 @@ def test_lazy_mask_tuple_and_zero_d(root):
             len(scalar)
 
 
+def test_a_zero_d_array_is_its_marker_and_a_bad_marker_is_damage(root):
+    """A one-row array of scalars is 0-d only where its directory's marker
+    says so; a marker that says otherwise, or is not msgpack, is damage,
+    named on load (lazy or not)."""
+    with ArrayStore(root) as store:
+        store.save({"s": np.float64(2.5), "one": np.array([2.5])})
+    with ArrayStore(root) as store:
+        assert store.load("s").shape == () and store.load("s", lazy=True).shape == ()
+        assert same(store.load("one"), np.array([2.5]))
+    marker = os.path.join(root, "s", "array.msgpack")
+    for payload, says in (
+        (msgpack.packb({"shape": [1]}), "says a 0-d array"),
+        (b"\xc1", "damaged"),
+    ):
+        with open(marker, "wb") as file:
+            file.write(payload)
+        for lazy in (False, True):
+            with ArrayStore(root) as store, pytest.raises(ValueError, match=says):
+                store.load("s", lazy=lazy)
+
+
 def test_a_reader_opens_each_array_once_by_the_usual_open(root, general_opens):
     """A reader's first load of an array opens it in one native call (not
     the general open), keyed by its directory's inode, so later loads reuse

@@ -86,22 +86,25 @@ class OpenArray:
         name: str,
         path: str,
         inode: int,
-        dataset: DenseDataset,
+        opened: tuple[DenseDataset, Zrecord, int],
         scalar: bool,
         durable: bool,
         stats: IoStats,
     ):
+        # ``opened``: the dataset, its store (an ArrayStore array is one
+        # store, never sharded) and the store's record count at open.
+        dataset, store, count = opened
         self.name = name
         self.path = path
         self.inode = inode
         self.dataset = dataset
-        self.store = cast(Zrecord, dataset.store)  # an ArrayStore array is one store, never sharded
+        self.store = store
         self.scalar = scalar
         self.row_bytes = dataset.dtype.itemsize * math.prod(dataset.item_shape)
         self.edited = False  # a row edit since the last sync()
         self.stats = stats  # the ArrayStore's counters
         self.durable = durable  # whether each row edit syncs before it returns (the store's option)
-        self.base_rows = len(dataset)  # the store's records, dropped ones included
+        self.base_rows = count  # the store's records, dropped ones included
         self.live_rows: LiveRows | None = None  # None: no drops, row i is base row i
         self.log: DeleteLog | None = None
         self.appended = False  # appends since the last sync (a drop record must not outlive them)
@@ -114,7 +117,8 @@ class OpenArray:
         # Row edits go through the dataset's store handle, so with
         # durable=False that one handle defers its fsyncs.
         dataset = DenseDataset(fs.real_path(path), _durable=durable)
-        return cls._around(name, path, inode, dataset, fs, durable, stats)
+        store = cast(Zrecord, dataset.store)
+        return cls._around(name, path, inode, (dataset, store, len(store)), fs, durable, stats)
 
     @classmethod
     def open_usual(
@@ -127,12 +131,12 @@ class OpenArray:
             real = fs.real_path(path)
         except FileNotFoundError:
             return None
-        dataset = DenseDataset._of_array(real, durable)
-        if dataset is None:
+        opened = DenseDataset._of_array(real, durable)
+        if opened is None:
             return None
-        identity = cast(Zrecord, dataset.store).identity
+        identity = opened[1].identity
         assert identity is not None  # the native open gives it
-        return cls._around(name, path, identity[1], dataset, fs, durable, stats)
+        return cls._around(name, path, identity[1], opened, fs, durable, stats)
 
     @classmethod
     def _around(
@@ -140,15 +144,18 @@ class OpenArray:
         name: str,
         path: str,
         inode: int,
-        dataset: DenseDataset,
+        opened: tuple[DenseDataset, Zrecord, int],
         fs: OsFs,
         durable: bool,
         stats: IoStats,
     ) -> OpenArray:
-        """The open array around its open ``dataset`` (closed on failure)."""
+        """The open array around its open dataset (``opened``: as ``__init__``
+        takes it; the dataset is closed on failure)."""
+        dataset, _, count = opened
         try:
-            scalar = _read_scalar_marker(path, dataset, fs)
-            entry = cls(name, path, inode, dataset, scalar, durable, stats)
+            # Only a one-row array of scalars can be a 0-d array.
+            scalar = count == 1 and dataset.item_shape == () and _read_scalar_marker(path, fs)
+            entry = cls(name, path, inode, opened, scalar, durable, stats)
             if not scalar and fs.exists(log_path(path)):
                 entry.load_drops(fs)
         except BaseException:
@@ -611,9 +618,8 @@ def coerce_rows(
     return np.ascontiguousarray(_cast(array, dtype, context, from_python))
 
 
-def _read_scalar_marker(path: str, dataset: DenseDataset, fs: OsFs) -> bool:
-    if dataset.item_shape != () or len(dataset) != 1:
-        return False  # only a one-row array of scalars can be a 0-d array: no open to find out
+def _read_scalar_marker(path: str, fs: OsFs) -> bool:
+    """Whether the one-row array of scalars at ``path`` is a 0-d array."""
     file = os.path.join(path, ARRAY_FILE)
     try:
         payload = fs.read_file(file, ARRAY_FILE_BYTES_MAX + 1)
@@ -625,8 +631,8 @@ def _read_scalar_marker(path: str, dataset: DenseDataset, fs: OsFs) -> bool:
         raise ValueError(f"{file} is damaged: {exc}") from exc
     if not isinstance(data, dict) or data.get("shape") != []:
         raise ValueError(
-            f"{file} says a 0-d array, but the store holds {len(dataset)} rows of shape "
-            f"{dataset.item_shape}: the array is damaged"
+            f"{file} says a 0-d array, but the store holds one row of shape (): the "
+            "array is damaged"
         )
     return True
 

@@ -96,6 +96,7 @@ class ArrayStore:
 
     def __init__(self, path: StrPath, durable: bool = True, *, _fs: OsFs = OS_FS) -> None:
         self.path = os.fspath(path)
+        self._prefix = os.path.join(self.path, "")  # + name: os.path.join(self.path, name)
         # durable="no" is truthy: refused, not taken as True.
         self.durable = check_flag("durable", durable)
         self._io = IoStats()  # get_io_stats(): counted at the seam and around native calls
@@ -204,11 +205,12 @@ class ArrayStore:
         """The whole array (one native gather into a fresh array), or with
         ``lazy=True`` at once a ``LazyArray`` that reads only the rows asked for."""
         lazy = check_flag("lazy", lazy)
-        batch = self._batch_now()
-        if isinstance(batch, MemoryBatch):
-            return self._batch_array(batch, name).copy()
-        if isinstance(batch, MappedBatch):
-            return batch.load(self._entry(name))
+        if self._batch is not None:
+            batch = self._batch_now()
+            if isinstance(batch, MemoryBatch):
+                return self._batch_array(batch, name).copy()
+            if isinstance(batch, MappedBatch):
+                return batch.load(self._entry(name))
         entry = self._entry(name)
         return LazyArray(entry) if lazy else entry.read_all()
 
@@ -718,13 +720,17 @@ class ArrayStore:
         the inode, so the number cannot be reused) and refreshes the store
         to see other processes' commits.
         """
-        _check_name(name)
+        # The usual case in as few calls as it can: a lazy load of many
+        # arrays pays each of them on cold caches.
+        if not valid_name(name):
+            _check_name(name)
         with self._lock:
-            self._check_open()
+            if self._closed or self._commits.unfinished:
+                self._check_open()
             entry = self._arrays.get(name)
             if entry is not None and self._commits.writing:
                 return entry
-            path = os.path.join(self.path, name)
+            path = self._prefix + name
             if entry is None:  # the usual first open: its directory's inode comes with it
                 entry = OpenArray.open_usual(name, path, self._fs, self.durable, self._io)
                 if entry is not None:

@@ -121,29 +121,35 @@ class _Dataset:
         self._open_local(verify, threads, _durable)
 
     @classmethod
-    def _of_array(cls: type[_DatasetT], path: str, durable: bool) -> _DatasetT | None:
+    def _of_array(
+        cls: type[_DatasetT], path: str, durable: bool
+    ) -> tuple[_DatasetT, Zrecord, int] | None:
         """ArrayStore's open of one of its arrays (default options): the usual
         open of ``__init__`` without its argument checks, which a lazy load
-        of many arrays would pay for each. None, with nothing left open,
-        where it is not the usual case (the caller opens it as ``__init__``
-        does, which names what is wrong)."""
+        of many arrays would pay for each; the dataset, its store and its
+        record count. None, with nothing left open, where it is not the
+        usual case (the caller opens it as ``__init__`` does, which names
+        what is wrong)."""
         dataset = cls.__new__(cls)
         dataset.path = path
         dataset._remote = (None, None, None)
-        shape = dataset._open_usual(None, 0, durable)
-        if shape is None:
+        opened = dataset._open_usual(None, 0, durable)
+        if opened is None:
             return None
+        store, shape = opened
         dataset._finish_open(None, 0, shape)
-        return dataset
+        return dataset, store, shape[2]
 
     def _open_local(self, verify: bool | None, threads: int, durable: bool) -> None:
         """Opens the local store at ``self.path`` (checked options)."""
-        shape = self._open_usual(verify, threads, durable)
-        if shape is None:
+        opened = self._open_usual(verify, threads, durable)
+        if opened is None:
             self._open_any(verify, threads, durable)
             store = self._store
             assert not isinstance(store, RemoteStore)  # a local path
             shape = (*store.layout(), len(store))
+        else:
+            shape = opened[1]
         self._finish_open(verify, threads, shape)
 
     def _finish_open(self, verify: bool | None, threads: int, shape: tuple[str, int, int]) -> None:
@@ -158,9 +164,9 @@ class _Dataset:
 
     def _open_usual(
         self, verify: bool | None, threads: int, durable: bool
-    ) -> tuple[str, int, int] | None:
+    ) -> tuple[Zrecord, tuple[str, int, int]] | None:
         """The usual open: the schema and the store, of one directory in one
-        native call; returns the store's layout and record count. None, with
+        native call; returns the store and its layout and record count. None, with
         nothing left open, for anything else (no schema: a sharded dataset
         or none; a large schema; a swap or damage under way; a store of
         another kind), which ``_open_any`` sorts out and names."""
@@ -187,7 +193,7 @@ class _Dataset:
             store.close()
             raise
         self._store, self._schema = store, schema
-        return shape
+        return store, shape
 
     def _open_any(self, verify: bool | None, threads: int, durable: bool) -> None:
         """The open of every case: the store at ``self.path``, or while a
