@@ -205,12 +205,11 @@ class ArrayStore:
         """The whole array (one native gather into a fresh array), or with
         ``lazy=True`` at once a ``LazyArray`` that reads only the rows asked for."""
         lazy = check_flag("lazy", lazy)
-        if self._batch is not None:
-            batch = self._batch_now()
-            if isinstance(batch, MemoryBatch):
-                return self._batch_array(batch, name).copy()
-            if isinstance(batch, MappedBatch):
-                return batch.load(self._entry(name))
+        batch = self._batch_now()
+        if isinstance(batch, MemoryBatch):
+            return self._batch_array(batch, name).copy()
+        if isinstance(batch, MappedBatch):
+            return batch.load(self._entry(name))
         entry = self._entry(name)
         return LazyArray(entry) if lazy else entry.read_all()
 
@@ -720,13 +719,9 @@ class ArrayStore:
         the inode, so the number cannot be reused) and refreshes the store
         to see other processes' commits.
         """
-        # The usual case in as few calls as it can: a lazy load of many
-        # arrays pays each of them on cold caches.
-        if not valid_name(name):
-            _check_name(name)
+        _check_name(name)
         with self._lock:
-            if self._closed or self._commits.unfinished:
-                self._check_open()
+            self._check_open()
             entry = self._arrays.get(name)
             if entry is not None and self._commits.writing:
                 return entry

@@ -611,20 +611,21 @@ class Zrecord(NativeHandle):
         identity = ffi.new("uint64_t[2]")
         info = ffi.new("lx_store_info *")
         handle = ffi.new("lx_store **")
-        status = lib.lx_store_open_beside(
-            path.encode(),
-            threads,
-            _open_flags(verify, durable),
-            file.encode(),
-            side,
-            bytes_max,
-            side_bytes,
-            identity,
-            info,
-            handle,
+        check(
+            lib.lx_store_open_beside(
+                path.encode(),
+                threads,
+                _open_flags(verify, durable),
+                file.encode(),
+                side,
+                bytes_max,
+                side_bytes,
+                identity,
+                info,
+                handle,
+            ),
+            f"cannot open store '{path}'",
         )
-        if status:
-            check(status, f"cannot open store '{path}'")
         if handle[0] == ffi.NULL:
             return None
         store = cls.__new__(cls)
