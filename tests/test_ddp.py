@@ -29,9 +29,10 @@ ROWS, BATCH, WORLD, STEPS, SAVE_AT, SEED = 960, 24, 2, 40, 25, 7  # 20 steps per
 
 
 def environment(root: Path) -> dict:
-    """One thread per process, and temporary files (torchrun's log
-    directories) under the test's own directory."""
-    return dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(root))
+    """One thread per process, temporary files (torchrun's log directories)
+    under the test's own directory, and Python's fault handler on, so that a
+    rank killed by a signal prints where each of its threads was."""
+    return dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(root), PYTHONFAULTHANDLER="1")
 
 
 def common_arguments() -> list:
